@@ -1,0 +1,18 @@
+"""The Django app: ``"celery_deadlines"`` in ``INSTALLED_APPS``."""
+
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class CeleryDeadlinesConfig(AppConfig):
+    name = "celery_deadlines"
+    label = "celery_deadlines"
+    verbose_name = "Celery deadlines"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import checks  # noqa: F401 - registers the system checks
+        from .install import install
+
+        install()

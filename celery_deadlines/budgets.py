@@ -1,0 +1,148 @@
+"""Pure rules for where a deadline comes from. No Celery, no settings, no clock reads.
+
+Precedence (first level that says anything wins)::
+
+    call option  >  task attribute  >  per-task setting  >  default setting  >  no deadline
+
+At every level :data:`UNSET` means "ask the next level" and ``None`` means "no
+deadline" (so a task can opt out of a project-wide default). A child task can only
+shorten the deadline it inherits (Go's ``context.WithDeadline``): :func:`govern`.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Final, Literal, TypeAlias, TypeVar
+
+from .errors import InvalidDeadline
+
+
+class _Unset(enum.Enum):
+    UNSET = "UNSET"
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+#: "Not said at this level; ask the next one."
+UNSET: Final = _Unset.UNSET
+Unset: TypeAlias = Literal[_Unset.UNSET]
+
+#: A duration as users may write it: seconds or a timedelta.
+DurationLike: TypeAlias = int | float | timedelta
+
+T = TypeVar("T")
+
+Source = Literal["call", "task", "setting", "default", "scope", "parent"]
+
+
+def parse_duration(value: object, *, name: str, allow_zero: bool = False) -> timedelta:
+    """Seconds (int or float) or a timedelta, as a timedelta; raise :class:`InvalidDeadline`.
+
+    Booleans, NaN, infinities and negative values are refused, and so is zero unless
+    ``allow_zero`` (a reserve may be zero, a budget may not). ``name`` is what the
+    error message calls the value.
+    """
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise InvalidDeadline(
+            f"{name} must be a number of seconds or a timedelta, got {type(value).__name__} "
+            f"{value!r}"
+        )
+    if not math.isfinite(seconds):
+        raise InvalidDeadline(f"{name} must be finite, got {value!r}")
+    if seconds < 0 or (seconds == 0 and not allow_zero):
+        bound = "zero or more" if allow_zero else "more than zero"
+        raise InvalidDeadline(f"{name} must be {bound} seconds, got {value!r}")
+    return timedelta(seconds=seconds)
+
+
+def parse_budget(value: object, *, name: str, maximum: timedelta) -> timedelta | None:
+    """A budget (``None`` = no deadline), refusing one longer than ``maximum``."""
+    if value is None:
+        return None
+    budget = parse_duration(value, name=name)
+    if budget > maximum:
+        raise InvalidDeadline(
+            f"{name} of {budget} is longer than the maximum budget {maximum} "
+            "(setting deadlines_max_budget)"
+        )
+    return budget
+
+
+def parse_instant(value: object, *, name: str) -> datetime:
+    """An aware datetime, or :class:`InvalidDeadline` (naive datetimes are refused)."""
+    if not isinstance(value, datetime):
+        raise InvalidDeadline(f"{name} must be an aware datetime, got {type(value).__name__}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidDeadline(
+            f"{name} must be timezone-aware, got the naive datetime {value.isoformat()}"
+        )
+    return value
+
+
+def first_said(levels: Iterable[tuple[Source, T | Unset]]) -> tuple[Source, T] | None:
+    """The first level whose value is not :data:`UNSET`, with its name; ``None`` if none."""
+    for source, value in levels:
+        if value is not UNSET:
+            return source, value
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Governed:
+    """The deadline a message will carry, and whether an inherited one cut it short."""
+
+    deadline: datetime | None
+    source: Source | None
+    clamped_from: datetime | None = None
+
+
+def govern(
+    own: datetime | None,
+    own_source: Source | None,
+    inherited: datetime | None,
+    inherited_source: Source,
+) -> Governed:
+    """Combine a task's own deadline with the one it inherits: the earlier one wins.
+
+    An own deadline later than the inherited one is clamped to it and the original is
+    reported in ``clamped_from`` so the caller can make the clamp visible.
+    """
+    if inherited is None:
+        return Governed(own, own_source if own is not None else None)
+    if own is None:
+        return Governed(inherited, inherited_source)
+    if own > inherited:
+        return Governed(inherited, inherited_source, clamped_from=own)
+    return Governed(own, own_source)
+
+
+@dataclass(frozen=True, slots=True)
+class Anchor:
+    """An attempt's budget, anchored once on the monotonic clock when the attempt starts.
+
+    The wall clock is read exactly once (``started_at``) to turn the absolute deadline
+    into ``budget_at_start``; after that only monotonic readings are used, so a wall
+    clock jump during the attempt neither adds nor removes time.
+    """
+
+    deadline: datetime
+    started_at: datetime
+    started_monotonic: float
+    budget_at_start: timedelta
+
+    @classmethod
+    def at(cls, deadline: datetime, now: datetime, monotonic: float) -> Anchor:
+        return cls(deadline, now, monotonic, deadline - now)
+
+    def remaining(self, monotonic: float) -> timedelta:
+        """Budget left at the monotonic reading ``monotonic`` (negative once overrun)."""
+        return self.budget_at_start - timedelta(seconds=monotonic - self.started_monotonic)

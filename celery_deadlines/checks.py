@@ -1,0 +1,42 @@
+"""Django system checks: ``manage.py check`` names the setting to fix.
+
+Settings are read the way Celery reads them with ``namespace="CELERY"``: every
+``CELERY_DEADLINES_*`` name in Django's settings. An unknown name (a typo) is an error
+too, since it would otherwise be ignored without a word.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.apps import AppConfig
+from django.conf import settings as django_settings
+from django.core import checks
+
+from .conf import SETTINGS, Settings
+
+PREFIX = "CELERY_DEADLINES_"
+
+
+@checks.register()
+def check_settings(app_configs: list[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """E001: a setting has a bad value. E002: a ``CELERY_DEADLINES_*`` name is unknown."""
+    given = {
+        name[len("CELERY_") :].lower(): getattr(django_settings, name)
+        for name in dir(django_settings)
+        if name.startswith(PREFIX)
+    }
+    known = {setting.name for setting in SETTINGS}
+    messages: list[checks.CheckMessage] = [
+        checks.Error(
+            f"CELERY_{name.upper()} is not a celery-deadlines setting.",
+            hint="Known settings: " + ", ".join(sorted(f"CELERY_{k.upper()}" for k in known)),
+            id="celery_deadlines.E002",
+        )
+        for name in sorted(given.keys() - known)
+    ]
+    for error in Settings(given).check():
+        messages.append(
+            checks.Error(str(error), hint="See docs/settings.md.", id="celery_deadlines.E001")
+        )
+    return messages

@@ -1,0 +1,87 @@
+"""The one place that reads the time.
+
+Two readings, two purposes (seed 000: persist instants, measure durations locally):
+
+* ``now()`` is an aware UTC wall-clock instant. It is what goes on the wire and what a
+  deadline is compared with when a worker first sees a message.
+* ``monotonic()`` is seconds on a clock that never jumps. Once an attempt has started,
+  every "how long is left" question is answered on it, so an NTP step, a VM resume or an
+  operator changing the date during the attempt neither adds nor removes budget.
+
+Tests inject a :class:`celery_deadlines.testing.FakeClock`. Worker *subprocesses* in the
+integration tests cannot take an object, so :class:`SystemClock` has one test-only seam:
+when the environment variable ``CELERY_DEADLINES_TESTING_WALL_CLOCK_SHIFT_FILE`` names a
+file, the number of seconds written in it is added to every wall-clock reading (re-read
+on each call, so a test can jump a running worker's clock). It is off unless that
+variable is set, and it never touches ``monotonic()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+logger = logging.getLogger(__name__)
+
+#: Environment variable that enables the wall-clock shift seam (tests only).
+WALL_CLOCK_SHIFT_FILE_ENV = "CELERY_DEADLINES_TESTING_WALL_CLOCK_SHIFT_FILE"
+
+
+class Clock(Protocol):
+    """What celery-deadlines needs from a clock."""
+
+    def now(self) -> datetime:
+        """The current instant, an aware UTC datetime."""
+        ...
+
+    def monotonic(self) -> float:
+        """Seconds on a clock that never goes backwards; only differences mean anything."""
+        ...
+
+
+class SystemClock:
+    """The operating system's clocks (with the test-only wall-clock seam described above)."""
+
+    def __init__(self, shift_file: str | None = None) -> None:
+        self._shift_file = shift_file
+        if shift_file:
+            logger.warning(
+                "celery-deadlines: wall clock is shifted by the contents of %s "
+                "(test seam %s is set; never set it in production)",
+                shift_file,
+                WALL_CLOCK_SHIFT_FILE_ENV,
+            )
+
+    def now(self) -> datetime:
+        instant = datetime.now(UTC)
+        if self._shift_file:
+            instant += timedelta(seconds=self._read_shift())
+        return instant
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def _read_shift(self) -> float:
+        try:
+            with open(self._shift_file or "", encoding="ascii") as handle:
+                return float(handle.read().strip() or 0)
+        except (OSError, ValueError):
+            return 0.0
+
+
+_clock: Clock = SystemClock(os.environ.get(WALL_CLOCK_SHIFT_FILE_ENV) or None)
+
+
+def get_clock() -> Clock:
+    """The clock every gate and task reads."""
+    return _clock
+
+
+def set_clock(clock: Clock) -> Clock:
+    """Install ``clock`` for the whole process and return the previous one (tests use this)."""
+    global _clock
+    previous, _clock = _clock, clock
+    return previous

@@ -1,0 +1,163 @@
+"""Settings, read lazily through the Celery app's configuration.
+
+Plain Celery users write ``app.conf.deadlines_default_budget = 30``; Django users who
+load settings with ``namespace="CELERY"`` write ``CELERY_DEADLINES_DEFAULT_BUDGET = 30``.
+Nothing is read at import: each value is read when a task is published or claimed, so
+changing the configuration (``override_settings`` included) takes effect at once.
+A bad value raises :class:`ConfigurationError` naming the setting in both spellings.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Final, Generic, TypeVar
+
+from .budgets import parse_budget, parse_duration
+from .errors import ConfigurationError, InvalidDeadline
+
+T = TypeVar("T")
+
+#: Budgets longer than this are refused as a unit or clock error (override per project).
+DEFAULT_MAX_BUDGET: Final = timedelta(days=7)
+
+
+@dataclass(frozen=True, slots=True)
+class Setting(Generic[T]):
+    """One setting: its Celery name, its default and how a raw value is checked."""
+
+    name: str
+    default: object
+    parse: Callable[[object, str, "Settings"], T]
+    doc: str
+
+    @property
+    def django_name(self) -> str:
+        return f"CELERY_{self.name.upper()}"
+
+    def describe(self) -> str:
+        return f"setting {self.name} (Django: {self.django_name})"
+
+
+def _optional_budget(value: object, name: str, settings: Settings) -> timedelta | None:
+    return parse_budget(value, name=name, maximum=settings.max_budget)
+
+
+def _budgets(value: object, name: str, settings: Settings) -> dict[str, timedelta | None]:
+    if not isinstance(value, Mapping):
+        raise InvalidDeadline(
+            f"{name} must map task names to budgets, got {type(value).__name__}"
+        )
+    parsed: dict[str, timedelta | None] = {}
+    for task_name, budget in value.items():
+        if not isinstance(task_name, str):
+            raise InvalidDeadline(f"{name} keys must be task names, got {task_name!r}")
+        parsed[task_name] = _optional_budget(budget, f"{name}[{task_name!r}]", settings)
+    return parsed
+
+
+def _reserve(value: object, name: str, settings: Settings) -> timedelta:
+    return parse_duration(value, name=name, allow_zero=True)
+
+
+def _optional_duration(value: object, name: str, settings: Settings) -> timedelta | None:
+    return None if value is None else parse_duration(value, name=name)
+
+
+def _max_budget(value: object, name: str, settings: Settings) -> timedelta:
+    return parse_duration(value, name=name)
+
+
+DEFAULT_BUDGET: Final = Setting(
+    "deadlines_default_budget", None, _optional_budget,
+    "Budget of a DeadlineTask that names none; None: no deadline.",
+)
+BUDGETS: Final = Setting(
+    "deadlines_budgets", {}, _budgets,
+    "Per-task budgets, {task name: seconds | timedelta | None}.",
+)
+DEFAULT_DELIVERY_BUDGET: Final = Setting(
+    "deadlines_default_delivery_budget", None, _optional_budget,
+    "Delivery budget of a DeadlineTask that names none; None: no delivery deadline.",
+)
+DEFAULT_RESERVE: Final = Setting(
+    "deadlines_default_reserve", 0, _reserve,
+    "Least time that must be left for a task to start, when it names no reserve.",
+)
+DEFAULT_ATTEMPT_TIMEOUT: Final = Setting(
+    "deadlines_default_attempt_timeout", None, _optional_duration,
+    "What one attempt may take, for the retry gate, when a task names neither "
+    "attempt_timeout nor time_limit; None: count the countdown only.",
+)
+CLOCK_SKEW_ALLOWANCE: Final = Setting(
+    "deadlines_clock_skew_allowance", 0.5, _reserve,
+    "Added to every retry reservation for the difference between worker clocks.",
+)
+MAX_BUDGET: Final = Setting(
+    "deadlines_max_budget", DEFAULT_MAX_BUDGET, _max_budget,
+    "Longest budget accepted, and how far ahead a deadline header may lie.",
+)
+
+#: Every setting, in documentation order.
+SETTINGS: Final[tuple[Setting[Any], ...]] = (
+    DEFAULT_BUDGET,
+    BUDGETS,
+    DEFAULT_DELIVERY_BUDGET,
+    DEFAULT_RESERVE,
+    DEFAULT_ATTEMPT_TIMEOUT,
+    CLOCK_SKEW_ALLOWANCE,
+    MAX_BUDGET,
+)
+
+
+class Settings:
+    """Typed, lazy view of one Celery app's celery-deadlines settings."""
+
+    def __init__(self, conf: Mapping[str, Any]) -> None:
+        self._conf = conf
+        # raw value -> parsed value, re-parsed only when the raw object changes
+        self._parsed: dict[str, tuple[object, object]] = {}
+
+    def get(self, setting: Setting[T]) -> T:
+        """The parsed value of ``setting``, or :class:`ConfigurationError` naming it."""
+        raw = self._conf.get(setting.name, setting.default)
+        cached = self._parsed.get(setting.name)
+        if cached is not None and cached[0] is raw:
+            return cached[1]  # type: ignore[return-value]
+        try:
+            value = setting.parse(raw, setting.name, self)
+        except InvalidDeadline as exc:
+            raise ConfigurationError(f"{setting.describe()}: {exc}") from exc
+        self._parsed[setting.name] = (raw, value)
+        return value
+
+    def check(self) -> list[ConfigurationError]:
+        """Every setting's error, for system checks (empty when all are fine)."""
+        errors = []
+        for setting in SETTINGS:
+            try:
+                self.get(setting)
+            except ConfigurationError as exc:
+                errors.append(exc)
+        return errors
+
+    @property
+    def max_budget(self) -> timedelta:
+        return self.get(MAX_BUDGET)
+
+
+_by_app: weakref.WeakKeyDictionary[object, Settings] = weakref.WeakKeyDictionary()
+
+
+def settings_for(app: Any) -> Settings:
+    """The :class:`Settings` of a Celery app (one instance per app; proxies unwrapped)."""
+    unwrap = getattr(app, "_get_current_object", None)
+    if unwrap is not None:
+        app = unwrap()
+    try:
+        return _by_app[app]
+    except KeyError:
+        settings = _by_app[app] = Settings(app.conf)
+        return settings

@@ -1,0 +1,75 @@
+"""The exceptions celery-deadlines raises, one root and a short hierarchy.
+
+::
+
+    DeadlineError                      root: catch this to catch everything below
+    ├── DeadlineRefused                a gate refused to start (or restart) work
+    ├── InvalidDeadline (ValueError)   a caller passed a deadline or budget that cannot work
+    └── ConfigurationError             a setting has a bad value; the message names the setting
+
+``DeadlineRefused`` crosses the result backend: the worker stores it as the task's
+failure and ``AsyncResult.get()`` raises it again in the caller, with the gate, the
+reason, the deadline and the clock reading that decided it. Its ``args`` are plain
+JSON values so that Celery's JSON serializer rebuilds the same class on the client.
+Celery's ``Ignore``/``Reject``/``Retry`` appear only at the edge, in ``task.py`` and
+``request.py``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+
+class DeadlineError(Exception):
+    """Something about a task's deadline went wrong."""
+
+
+class DeadlineRefused(DeadlineError):
+    """A gate refused to start work that could not finish before its deadline.
+
+    ``gate`` is where the decision was taken (``enqueue``, ``claim``, ``attempt``,
+    ``retry``), ``reason`` a stable code (see :class:`celery_deadlines.gates.Reason`),
+    ``deadline`` and ``clock_reading`` ISO-8601 UTC instants (``deadline`` is ``None``
+    when the header could not be read), ``detail`` one human sentence.
+    """
+
+    def __init__(
+        self,
+        gate: str,
+        reason: str,
+        deadline: str | None,
+        clock_reading: str,
+        detail: str = "",
+    ) -> None:
+        super().__init__(gate, reason, deadline, clock_reading, detail)
+        self.gate = gate
+        self.reason = reason
+        self.deadline = deadline
+        self.clock_reading = clock_reading
+        self.detail = detail
+
+    @property
+    def deadline_at(self) -> datetime | None:
+        """The deadline as an aware datetime, or ``None`` if it was unreadable."""
+        return datetime.fromisoformat(self.deadline) if self.deadline else None
+
+    @property
+    def clock_read_at(self) -> datetime:
+        """The clock reading the decision was taken at, as an aware datetime."""
+        return datetime.fromisoformat(self.clock_reading)
+
+    def __str__(self) -> str:
+        deadline = self.deadline or "unreadable"
+        text = (
+            f"{self.gate} gate refused: {self.reason} "
+            f"(deadline {deadline}, clock read {self.clock_reading})"
+        )
+        return f"{text}: {self.detail}" if self.detail else text
+
+
+class InvalidDeadline(DeadlineError, ValueError):
+    """A deadline or budget given by the caller cannot be used (naive, negative, absurd)."""
+
+
+class ConfigurationError(DeadlineError):
+    """A celery-deadlines setting has a value that cannot work; the message names it."""

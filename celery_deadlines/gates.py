@@ -1,0 +1,166 @@
+"""The gates, as pure functions of instants, durations and a clock reading.
+
+Each returns a :class:`Decision` with a stable reason code; nothing here reads a clock,
+a setting or a message, so every rule is testable with plain values. The Celery glue
+(``task.py``, ``request.py``) only gathers the inputs and acts on the decision.
+
+=========  ====================================================================
+gate       refuses when
+=========  ====================================================================
+enqueue    the deadline has passed, or less than ``reserve`` would be left when
+           the message may first start (``eta``/``countdown`` included)
+claim      same rule, when a worker actually takes the message (time spent in
+           the queue and behind busy pool processes has been spent)
+attempt    never refuses by itself: it caps the attempt's time limits at the
+           budget left (:func:`cap_time_limits`)
+retry      ``countdown + attempt_timeout + skew_allowance > remaining``
+=========  ====================================================================
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from .errors import DeadlineRefused
+
+ZERO = timedelta(0)
+
+
+class Gate(enum.StrEnum):
+    """Where a decision is taken."""
+
+    ENQUEUE = "enqueue"
+    CLAIM = "claim"
+    ATTEMPT = "attempt"
+    RETRY = "retry"
+
+
+class Reason(enum.StrEnum):
+    """Why a gate refused. The values are stable: store them, alert on them."""
+
+    DEADLINE_PASSED = "deadline_passed"
+    INSUFFICIENT_BUDGET = "insufficient_budget"
+    RETRY_BUDGET_EXHAUSTED = "retry_budget_exhausted"
+    INVALID_DEADLINE = "invalid_deadline"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A gate's verdict and everything needed to explain it."""
+
+    gate: Gate
+    reason: Reason | None
+    deadline: datetime | None
+    clock_reading: datetime
+    remaining: timedelta | None
+    detail: str = ""
+
+    @property
+    def allowed(self) -> bool:
+        return self.reason is None
+
+    def refusal(self) -> DeadlineRefused:
+        """The exception that reports this refusal to the caller."""
+        if self.reason is None:
+            raise ValueError("an allowed decision is not a refusal")
+        return DeadlineRefused(
+            self.gate.value,
+            self.reason.value,
+            self.deadline.isoformat() if self.deadline else None,
+            self.clock_reading.isoformat(),
+            self.detail,
+        )
+
+
+def admit(
+    gate: Gate,
+    deadline: datetime,
+    now: datetime,
+    reserve: timedelta = ZERO,
+    starts_at: datetime | None = None,
+) -> Decision:
+    """May work that must finish by ``deadline`` start at ``starts_at`` (default ``now``)?
+
+    Used by the enqueue and claim gates. Refused with ``deadline_passed`` when no time
+    is left at the start, and with ``insufficient_budget`` when less than ``reserve``
+    is (``remaining == reserve`` is still allowed).
+    """
+    start = now if starts_at is None or starts_at < now else starts_at
+    remaining = deadline - start
+    if remaining <= ZERO:
+        waited = "" if start == now else f" at its earliest start {start.isoformat()}"
+        return Decision(
+            gate,
+            Reason.DEADLINE_PASSED,
+            deadline,
+            now,
+            remaining,
+            f"deadline passed {_seconds(-remaining)} ago{waited}",
+        )
+    if remaining < reserve:
+        return Decision(
+            gate,
+            Reason.INSUFFICIENT_BUDGET,
+            deadline,
+            now,
+            remaining,
+            f"{_seconds(remaining)} left, below the reserve of {_seconds(reserve)}",
+        )
+    return Decision(gate, None, deadline, now, remaining)
+
+
+def invalid(gate: Gate, now: datetime, detail: str) -> Decision:
+    """The refusal for a deadline header that cannot be read."""
+    return Decision(gate, Reason.INVALID_DEADLINE, None, now, None, detail)
+
+
+def allow_retry(
+    deadline: datetime,
+    now: datetime,
+    remaining: timedelta,
+    countdown: timedelta,
+    attempt_timeout: timedelta,
+    skew_allowance: timedelta,
+) -> Decision:
+    """May a retry that waits ``countdown`` and then runs up to ``attempt_timeout`` go ahead?
+
+    ``remaining`` is measured on the monotonic clock since the attempt started; ``now``
+    and ``deadline`` are only for the explanation.
+    """
+    needed = countdown + attempt_timeout + skew_allowance
+    if needed > remaining:
+        return Decision(
+            Gate.RETRY,
+            Reason.RETRY_BUDGET_EXHAUSTED,
+            deadline,
+            now,
+            remaining,
+            f"a retry needs {_seconds(needed)} (countdown {_seconds(countdown)} + attempt "
+            f"timeout {_seconds(attempt_timeout)} + skew allowance "
+            f"{_seconds(skew_allowance)}) but {_seconds(remaining)} left",
+        )
+    return Decision(Gate.RETRY, None, deadline, now, remaining)
+
+
+def cap_time_limits(
+    remaining: timedelta,
+    hard: float | None,
+    soft: float | None,
+    floor: float,
+) -> tuple[float, float | None]:
+    """The attempt gate: hard and soft time limits (seconds) capped at the budget left.
+
+    The hard limit is always set (an attempt never outlives the deadline); the soft one
+    only if the task has one. ``floor`` keeps a nearly spent budget from becoming 0,
+    which billiard reads as "no limit".
+    """
+    budget = max(remaining.total_seconds(), floor)
+    capped_hard = budget if hard is None or hard <= 0 else min(hard, budget)
+    capped_soft = None if soft is None or soft <= 0 else min(soft, budget)
+    return capped_hard, capped_soft
+
+
+def _seconds(duration: timedelta) -> str:
+    return f"{duration.total_seconds():.3f} s"

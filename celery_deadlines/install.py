@@ -1,0 +1,18 @@
+"""Connect the publish hook, once per process (idempotent, no import side effects)."""
+
+from __future__ import annotations
+
+from celery.signals import before_task_publish
+
+from .propagation import on_before_task_publish
+
+_DISPATCH_UID = "celery_deadlines.propagation.on_before_task_publish"
+
+
+def install() -> None:
+    """Connect the ``before_task_publish`` receiver that stamps and propagates deadlines.
+
+    Called for you when a :class:`DeadlineTask` is bound to an app and when the Django
+    app is ready; call it yourself in a process that only sends tasks by name.
+    """
+    before_task_publish.connect(on_before_task_publish, dispatch_uid=_DISPATCH_UID, weak=False)

@@ -1,0 +1,103 @@
+"""The claim gate and the time-limit cap, in the worker's main process.
+
+Celery calls ``Request.revoked()`` when a message arrives (because ``expires`` is set)
+and again right before handing it to the pool, so the claim gate here sees the time a
+message spent in the queue *and* behind busy pool processes. A refused message is
+acknowledged (never requeued), its failure is stored with the typed
+:class:`DeadlineRefused`, and ``deadline_refused`` is sent.
+
+``execute_using_pool`` reads ``time_limits`` right before ``pool.apply_async``; the
+property below caps them at the budget left at that instant (the attempt gate). Only
+the prefork pool enforces both limits; see docs/concepts.md for the other pools.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery.worker.request import Request
+
+from . import gates, propagation
+from .clock import get_clock
+from .conf import settings_for
+from .signals import report_refusal
+
+#: Smallest time limit handed to billiard: 0 would mean "no limit at all".
+MIN_TIME_LIMIT = 0.01
+
+
+class DeadlineRequest(Request):
+    """A worker request that refuses to start work its deadline no longer allows."""
+
+    _deadlines: propagation.Inherited | None = None
+    _raw_time_limits: tuple[float | None, float | None] = (None, None)
+
+    def revoked(self) -> bool:
+        if self._already_revoked:
+            return True
+        decision = self._claim_decision()
+        if decision is not None and not decision.allowed:
+            self._refuse(decision)
+            return True
+        return bool(super().revoked())
+
+    @property  # type: ignore[override]
+    def time_limits(self) -> tuple[float | None, float | None]:
+        deadline = self._carried().deadline
+        hard, soft = self._raw_time_limits
+        if deadline is None:
+            return hard, soft
+        remaining = deadline - get_clock().now()
+        return gates.cap_time_limits(
+            remaining,
+            hard or self.task.time_limit,
+            soft or self.task.soft_time_limit,
+            MIN_TIME_LIMIT,
+        )
+
+    @time_limits.setter
+    def time_limits(self, value: Any) -> None:
+        hard, soft = value
+        self._raw_time_limits = (hard, soft)
+
+    def _carried(self) -> propagation.Inherited:
+        if self._deadlines is None:
+            # Parsed once per message; a parse error must not escape into the consumer.
+            self._deadlines = propagation.read_headers(
+                self._request_dict,
+                get_clock().now(),
+                settings_for(self._app or self.task.app).max_budget,
+                self.id,
+            )
+        return self._deadlines
+
+    def _claim_decision(self) -> gates.Decision | None:
+        now = get_clock().now()
+        try:
+            carried = self._carried()
+            if carried.unreadable is not None:
+                return gates.invalid(
+                    gates.Gate.CLAIM, now, f"unreadable deadline header {carried.unreadable!r}"
+                )
+            if carried.deadline is None:
+                return None
+            reserve = self.task.reserve_duration()
+        except Exception as exc:  # a bad message or setting must never crash the consumer
+            return gates.invalid(gates.Gate.CLAIM, now, f"cannot judge the deadline: {exc}")
+        return gates.admit(gates.Gate.CLAIM, carried.deadline, now, reserve)
+
+    def _refuse(self, decision: gates.Decision) -> None:
+        """Acknowledge, store the typed failure, announce: never requeue, never run."""
+        exc = decision.refusal()
+        report_refusal(self.task, self.id, self.name, decision)
+        from celery.worker.state import task_ready
+
+        task_ready(self)
+        self.send_event("task-failed", exception=repr(exc), traceback="")
+        self.task.backend.mark_as_failure(
+            self.id, exc, request=self._context, store_result=self.store_errors
+        )
+        self.acknowledge()
+        self._already_revoked = True
+
+

@@ -1,0 +1,46 @@
+"""The ``deadline_refused`` signal, and the one function every gate reports through.
+
+Every refusal is logged (logger ``celery_deadlines``, WARNING) *and* sent as a signal,
+so applications can count, alert or persist refusals without parsing logs::
+
+    from celery_deadlines import deadline_refused
+
+    @deadline_refused.connect
+    def count(sender, task_id, task_name, decision, **kwargs):
+        metrics.increment(f"refused.{decision.gate}.{decision.reason}")
+
+``sender`` is the task (or the task name, for ``send_task``); ``decision`` is the
+:class:`celery_deadlines.gates.Decision`. Receivers run synchronously in the process
+that refused (the caller for enqueue, the worker for claim, attempt and retry); an
+exception in a receiver is logged by Celery and never changes the decision.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery.utils.dispatch import Signal
+
+from .gates import Decision
+
+logger = logging.getLogger("celery_deadlines")
+
+deadline_refused = Signal(
+    name="deadline_refused",
+    providing_args={"task_id", "task_name", "decision"},
+)
+
+
+def report_refusal(sender: object, task_id: str | None, task_name: str, decision: Decision) -> None:
+    """Log a refusal and send :data:`deadline_refused`."""
+    logger.warning(
+        "%s[%s] refused at %s gate: %s; deadline %s, clock read %s%s",
+        task_name,
+        task_id,
+        decision.gate,
+        decision.reason,
+        decision.deadline.isoformat() if decision.deadline else "unreadable",
+        decision.clock_reading.isoformat(),
+        f"; {decision.detail}" if decision.detail else "",
+    )
+    deadline_refused.send(sender=sender, task_id=task_id, task_name=task_name, decision=decision)

@@ -1,0 +1,308 @@
+"""``DeadlineTask``: the Celery glue for the enqueue, attempt and retry gates.
+
+The claim gate and the time-limit cap run in the worker's main process, in
+:class:`celery_deadlines.request.DeadlineRequest`; everything else is here. All rules
+are in :mod:`celery_deadlines.gates`; this module gathers their inputs (settings, task
+attributes, headers, the clock) and turns refusals into Celery outcomes:
+
+* enqueue: :class:`DeadlineRefused` raised from ``apply_async``; nothing is published;
+* attempt: the refusal is stored as the task's failure, then ``Ignore`` (body not run);
+* retry: :class:`DeadlineRefused` raised from ``retry()``, so the run fails with
+  ``retry_budget_exhausted`` instead of publishing a retry that would die unseen.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta
+from typing import Any, ClassVar
+
+from celery import Task
+from celery.exceptions import Ignore
+from celery.utils.time import maybe_make_aware
+
+from . import conf, gates, propagation, wire
+from .budgets import UNSET, Anchor, Source, first_said, govern, parse_budget, parse_duration
+from .clock import get_clock
+from .conf import settings_for
+from .propagation import Inherited
+from .signals import report_refusal
+
+
+class DeadlineTask(Task):  # type: ignore[type-arg]
+    """A Celery task that honours one deadline, stamped once and inherited everywhere.
+
+    Task options (``@app.task(base=DeadlineTask, ...)``), each overriding a setting:
+
+    ``budget``           seconds or timedelta from the first publish; ``None``: no deadline
+    ``delivery_budget``  the same for the delivery deadline
+    ``reserve``          least time that must be left for the task to start
+    ``attempt_timeout``  what one attempt may take, reserved by the retry gate
+                         (default: ``time_limit``, then the setting)
+
+    Call options (``apply_async(budget=...)``): ``budget`` or ``deadline`` (an aware
+    datetime), ``delivery_budget`` or ``delivery_deadline``.
+    """
+
+    Request = "celery_deadlines.request:DeadlineRequest"
+
+    budget: ClassVar[object] = UNSET
+    delivery_budget: ClassVar[object] = UNSET
+    reserve: ClassVar[object] = UNSET
+    attempt_timeout: ClassVar[object] = UNSET
+
+    @classmethod
+    def bind(cls, app: Any) -> Any:
+        from .install import install
+
+        install()
+        return super().bind(app)
+
+    # -- enqueue gate --------------------------------------------------------------
+
+    def apply_async(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        task_id: str | None = None,
+        producer: Any = None,
+        link: Any = None,
+        link_error: Any = None,
+        shadow: str | None = None,
+        **options: Any,
+    ) -> Any:
+        """Publish with the governing deadline, or raise :class:`DeadlineRefused`.
+
+        Raises :class:`InvalidDeadline` for bad call options (naive datetime, negative
+        or absurd budget, both ``budget`` and ``deadline``) and
+        :class:`ConfigurationError` for a bad setting. Either way nothing is published.
+        """
+        settings = settings_for(self.app)
+        horizon = settings.max_budget
+        now = get_clock().now()
+        headers = dict(options.get("headers") or {})
+        parent = propagation.inherited()
+        own, own_source = self._own_deadline(options, headers, now, horizon)
+        own_delivery = propagation.call_instant(options, "delivery_", now, horizon)
+        if own_delivery is None:
+            own_delivery = self._configured(
+                "delivery_budget", conf.DEFAULT_DELIVERY_BUDGET, None, now, horizon
+            )[0]
+        if parent.unreadable is not None:
+            self._refuse_enqueue(
+                gates.invalid(gates.Gate.ENQUEUE, now, "the parent task's deadline is unreadable"),
+                task_id,
+            )
+        governed = govern(own, own_source, parent.deadline, parent.source)
+        if governed.clamped_from is not None and own_source == "call":
+            propagation.log_clamp(self.name, task_id, governed)
+        if governed.deadline is not None:
+            decision = gates.admit(
+                gates.Gate.ENQUEUE,
+                governed.deadline,
+                now,
+                self.reserve_duration(),
+                starts_at=_start_of(options, now),
+            )
+            if not decision.allowed:
+                self._refuse_enqueue(decision, task_id)
+            options["expires"] = propagation.earlier_expiry(
+                options.get("expires"), governed.deadline, now
+            )
+        origin = parent.origin if governed.source in ("parent", "scope") else None
+        delivery = own_delivery if parent.delivery is None else min(
+            parent.delivery, own_delivery or parent.delivery
+        )
+        propagation.stamp(headers, governed, delivery, origin)
+        if headers:
+            options["headers"] = headers
+        return super().apply_async(
+            args, kwargs, task_id, producer, link, link_error, shadow, **options
+        )
+
+    def _own_deadline(
+        self,
+        options: dict[str, Any],
+        headers: dict[str, Any],
+        now: datetime,
+        horizon: timedelta,
+    ) -> tuple[datetime | None, Source | None]:
+        from_call = propagation.call_instant(options, "", now, horizon)
+        if from_call is not None:
+            return from_call, "call"
+        if wire.DEADLINE_HEADER in headers:  # explicit header, or copied by retry()
+            instant = wire.decode(headers[wire.DEADLINE_HEADER], now=now, horizon=horizon)
+            source = headers.get(wire.SOURCE_HEADER, "call")
+            return instant, source
+        return self._configured("budget", conf.DEFAULT_BUDGET, conf.BUDGETS, now, horizon)
+
+    def _configured(
+        self,
+        attribute: str,
+        default: conf.Setting[timedelta | None],
+        per_task: conf.Setting[dict[str, timedelta | None]] | None,
+        now: datetime,
+        horizon: timedelta,
+    ) -> tuple[datetime | None, Source | None]:
+        """Task attribute > per-task setting > default setting, as an instant."""
+        settings = settings_for(self.app)
+        per_task_value = settings.get(per_task).get(self.name, UNSET) if per_task else UNSET
+        said = first_said(
+            [
+                ("task", getattr(self, attribute, UNSET)),
+                ("setting", per_task_value),
+                ("default", settings.get(default)),
+            ]
+        )
+        if said is None:
+            return None, None
+        source, value = said
+        budget = value if source != "task" else parse_budget(
+            value, name=f"{self.name}.{attribute}", maximum=horizon
+        )
+        if budget is None:
+            return None, None
+        assert isinstance(budget, timedelta)
+        return now + budget, source
+
+    def _refuse_enqueue(self, decision: gates.Decision, task_id: str | None) -> None:
+        report_refusal(self, task_id, self.name, decision)
+        raise decision.refusal()
+
+    # -- durations from task attributes and settings -------------------------------------
+
+    def reserve_duration(self) -> timedelta:
+        """The reserve: least time left for this task to start (attribute, then setting)."""
+        if self.reserve is UNSET:
+            return settings_for(self.app).get(conf.DEFAULT_RESERVE)
+        return parse_duration(self.reserve, name=f"{self.name}.reserve", allow_zero=True)
+
+    def attempt_duration(self) -> timedelta:
+        """What one attempt may take: ``attempt_timeout``, ``time_limit``, the setting, or 0."""
+        for name in ("attempt_timeout", "time_limit", "soft_time_limit"):
+            value = getattr(self, name, None)
+            if value is not UNSET and value is not None:
+                return parse_duration(value, name=f"{self.name}.{name}")
+        configured = settings_for(self.app).get(conf.DEFAULT_ATTEMPT_TIMEOUT)
+        return configured if configured is not None else timedelta(0)
+
+    # -- attempt gate (runs in the pool process, right before the body) ----------------
+
+    def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
+        """Anchor the attempt's budget on the monotonic clock, or refuse to start it."""
+        request = self.request
+        clock = get_clock()
+        now = clock.now()
+        headers = request.headers or {}
+        carried = propagation.read_headers(
+            headers, now, settings_for(self.app).max_budget, task_id
+        )
+        request.deadlines = carried
+        request.deadline_anchor = None
+        if carried.unreadable is not None:
+            detail = f"unreadable deadline header {carried.unreadable!r}"
+            self._refuse_attempt(gates.invalid(gates.Gate.ATTEMPT, now, detail), task_id)
+        if carried.deadline is None:
+            return
+        decision = gates.admit(gates.Gate.ATTEMPT, carried.deadline, now, self.reserve_duration())
+        if not decision.allowed:
+            self._refuse_attempt(decision, task_id)
+        request.deadline_anchor = Anchor.at(carried.deadline, now, clock.monotonic())
+
+    def _refuse_attempt(self, decision: gates.Decision, task_id: str) -> None:
+        report_refusal(self, task_id, self.name, decision)
+        self.backend.mark_as_failure(
+            task_id, decision.refusal(), request=self.request, store_result=self.store_errors_for()
+        )
+        raise Ignore(str(decision.refusal()))
+
+    def store_errors_for(self) -> bool:
+        ignore_result = self.request.ignore_result
+        if ignore_result is None:
+            ignore_result = self.ignore_result
+        return bool(self.store_errors_even_if_ignored or not ignore_result)
+
+    # -- what the body can ask ------------------------------------------------------------
+
+    @property
+    def deadline(self) -> datetime | None:
+        """The current attempt's execution deadline (aware UTC), or ``None``."""
+        inherited = getattr(self.request, "deadlines", None)
+        return inherited.deadline if isinstance(inherited, Inherited) else None
+
+    def remaining(self) -> float:
+        """Seconds left before the deadline, on the monotonic clock (``inf``: no deadline).
+
+        Negative once the deadline has passed. Measured from the attempt's anchor, so a
+        wall clock change during the attempt does not change the answer.
+        """
+        anchor = getattr(self.request, "deadline_anchor", None)
+        if not isinstance(anchor, Anchor):
+            return math.inf
+        return anchor.remaining(get_clock().monotonic()).total_seconds()
+
+    # -- retry gate -----------------------------------------------------------------------
+
+    def retry(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        exc: BaseException | None = None,
+        throw: bool = True,
+        eta: datetime | None = None,
+        countdown: float | None = None,
+        max_retries: int | None = None,
+        **options: Any,
+    ) -> Any:
+        """``Task.retry``, refused with ``retry_budget_exhausted`` when it cannot finish.
+
+        The rule: ``countdown + attempt_timeout + clock_skew_allowance <= remaining``
+        (autoretry's backoff and jitter arrive here as ``countdown``). A refused retry
+        raises :class:`DeadlineRefused`, chained to ``exc``, so the run fails with that
+        reason. The retried message keeps the original absolute deadline.
+        """
+        anchor = getattr(self.request, "deadline_anchor", None)
+        if isinstance(anchor, Anchor) and not self._retries_exhausted(max_retries):
+            clock = get_clock()
+            now = clock.now()
+            if eta is not None:
+                wait = max(eta - now, timedelta(0))
+            else:
+                seconds = self.default_retry_delay if countdown is None else countdown
+                wait = timedelta(seconds=max(float(seconds or 0), 0.0))
+            decision = gates.allow_retry(
+                anchor.deadline,
+                now,
+                anchor.remaining(clock.monotonic()),
+                wait,
+                self.attempt_duration(),
+                settings_for(self.app).get(conf.CLOCK_SKEW_ALLOWANCE),
+            )
+            if not decision.allowed:
+                if exc is not None:
+                    decision = gates.Decision(
+                        decision.gate, decision.reason, decision.deadline,
+                        decision.clock_reading, decision.remaining,
+                        f"{decision.detail}; last error {exc!r}",
+                    )
+                report_refusal(self, self.request.id, self.name, decision)
+                raise decision.refusal() from exc
+        return super().retry(
+            args, kwargs, exc, throw, eta, countdown, max_retries, **options
+        )
+
+    def _retries_exhausted(self, max_retries: int | None) -> bool:
+        limit = self.max_retries if max_retries is None else max_retries
+        return limit is not None and self.request.retries + 1 > limit
+
+
+def _start_of(options: dict[str, Any], now: datetime) -> datetime | None:
+    """When a message may first start: its ``eta`` or ``countdown``, else ``None``."""
+    eta = options.get("eta")
+    if isinstance(eta, datetime):
+        aware: datetime = maybe_make_aware(eta)  # as Celery reads a naive eta
+        return aware
+    countdown = options.get("countdown")
+    if isinstance(countdown, (int, float)) and not isinstance(countdown, bool):
+        return now + timedelta(seconds=countdown)
+    return None

@@ -1,0 +1,86 @@
+"""The wire format: header names and how a deadline is written and read.
+
+A deadline travels as an absolute UTC instant in float epoch seconds, never as a
+duration, so every hop compares against the same instant however long the message
+waited. The names below are the whole wire contract; they carry the ``x_`` prefix
+because Celery strips its own option names (``expires``, ``eta``, ...) from
+``request.headers``.
+
+=========================  ===================================================
+header                     meaning
+=========================  ===================================================
+``x_deadline``             execution deadline: no hop *starts* work after it
+``x_delivery_deadline``    until when a completion notice is still worth sending
+``x_deadline_origin``      id of the task whose publish computed the deadline
+``x_deadline_source``      where it came from: call, task, setting, default,
+                           scope or parent
+=========================  ===================================================
+
+Celery's own ``expires`` is set to the same instant, so Flower, workers without this
+package and RabbitMQ's per-message TTL respect it too.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+from typing import Final
+
+from .errors import InvalidDeadline
+
+DEADLINE_HEADER: Final = "x_deadline"
+DELIVERY_DEADLINE_HEADER: Final = "x_delivery_deadline"
+ORIGIN_HEADER: Final = "x_deadline_origin"
+SOURCE_HEADER: Final = "x_deadline_source"
+
+#: Every header this package writes, in the order above.
+HEADERS: Final = (DEADLINE_HEADER, DELIVERY_DEADLINE_HEADER, ORIGIN_HEADER, SOURCE_HEADER)
+
+
+def encode(instant: datetime) -> float:
+    """The wire form of an aware instant: float epoch seconds."""
+    return instant.timestamp()
+
+
+def decode(value: object, *, now: datetime, horizon: timedelta) -> datetime:
+    """Read a deadline header, or raise :class:`InvalidDeadline` saying what is wrong.
+
+    Accepted: a finite, non-negative number of epoch seconds (the form this package
+    writes) or an ISO-8601 string with a UTC offset (for producers in other languages).
+    Refused: anything else, including booleans, NaN, infinities, naive ISO strings and
+    instants more than ``horizon`` after ``now`` (a clock or unit error, not a budget).
+    A bad header is never read as "no deadline".
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise InvalidDeadline(f"deadline header has type {type(value).__name__}: {value!r}")
+    if isinstance(value, str):
+        instant = _decode_iso(value)
+    else:
+        instant = _decode_epoch(value)
+    if instant - now > horizon:
+        raise InvalidDeadline(
+            f"deadline {instant.isoformat()} is more than {horizon} after the clock "
+            f"reading {now.isoformat()}"
+        )
+    return instant
+
+
+def _decode_epoch(value: float) -> datetime:
+    if not math.isfinite(value):
+        raise InvalidDeadline(f"deadline header is not a finite number: {value!r}")
+    if value < 0:
+        raise InvalidDeadline(f"deadline header is negative: {value!r}")
+    try:
+        return datetime.fromtimestamp(value, UTC)
+    except (OverflowError, OSError, ValueError) as exc:
+        raise InvalidDeadline(f"deadline header is out of range: {value!r}") from exc
+
+
+def _decode_iso(value: str) -> datetime:
+    try:
+        instant = datetime.fromisoformat(value)
+    except ValueError as exc:
+        raise InvalidDeadline(f"deadline header is not a number or ISO-8601: {value!r}") from exc
+    if instant.tzinfo is None or instant.utcoffset() is None:
+        raise InvalidDeadline(f"deadline header is a naive datetime (no UTC offset): {value!r}")
+    return instant.astimezone(UTC)

@@ -1,0 +1,169 @@
+"""The Celery app that integration tests run in real ``celery worker`` subprocesses.
+
+Plain Celery, no Django: this is the "base=DeadlineTask and nothing else" tier. The
+broker and result backend come from the environment (``TEST_BROKER_URL``,
+``TEST_RESULT_BACKEND``) so one module serves Redis, RabbitMQ and the filesystem
+transport. Tasks report what they saw (headers, remaining budget) in their results.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from celery import Celery, chord, group
+from celery import signature as make_signature
+
+from celery_deadlines import DEADLINE_HEADER, ORIGIN_HEADER, SOURCE_HEADER, DeadlineTask
+
+app = Celery("workerapp")
+app.conf.update(
+    broker_url=os.environ.get("TEST_BROKER_URL", "memory://"),
+    result_backend=os.environ.get("TEST_RESULT_BACKEND", "cache+memory://"),
+    broker_transport_options=_fs_options if (
+        _fs_options := {
+            key: value
+            for key, value in {
+                "data_folder_in": os.environ.get("TEST_FS_FOLDER"),
+                "data_folder_out": os.environ.get("TEST_FS_FOLDER"),
+                "control_folder": os.environ.get("TEST_FS_CONTROL"),
+            }.items()
+            if value
+        }
+    ) else {},
+    task_serializer="json",
+    result_serializer="json",
+    accept_content=["json"],
+    result_extended=True,
+    worker_prefetch_multiplier=1,
+    worker_hijack_root_logger=False,
+    broker_connection_retry_on_startup=True,
+    deadlines_clock_skew_allowance=0.2,
+)
+
+
+class ProviderDown(Exception):
+    """A transient error the tasks below retry on."""
+
+
+def _seen(task: DeadlineTask) -> dict[str, Any]:
+    headers = task.request.headers or {}
+    return {
+        "id": task.request.id,
+        "deadline": headers.get(DEADLINE_HEADER),
+        "source": headers.get(SOURCE_HEADER),
+        "origin": headers.get(ORIGIN_HEADER),
+        "expires": task.request.expires,
+        "remaining": task.remaining(),
+        "retries": task.request.retries,
+    }
+
+
+@app.task(base=DeadlineTask, bind=True, name="t.probe")
+def probe(self: DeadlineTask, label: str = "") -> dict[str, Any]:
+    return {"label": label, **_seen(self)}
+
+
+@app.task(bind=True, name="t.plain_probe")
+def plain_probe(self: Any, label: str = "") -> dict[str, Any]:
+    """A plain Celery task (no DeadlineTask): it still inherits the header and expires."""
+    headers = self.request.headers or {}
+    return {
+        "label": label,
+        "deadline": headers.get(DEADLINE_HEADER),
+        "expires": self.request.expires,
+    }
+
+
+@app.task(base=DeadlineTask, bind=True, name="t.collect")
+def collect(self: DeadlineTask, results: list[Any]) -> dict[str, Any]:
+    return {"members": results, **_seen(self)}
+
+
+@app.task(base=DeadlineTask, bind=True, name="t.fan_out")
+def fan_out(self: DeadlineTask, child_budget: float | None = None) -> dict[str, Any]:
+    """Publish a child through every path Celery offers; return their ids."""
+    extra = {} if child_budget is None else {"budget": child_budget}
+    ids = {
+        "delay": probe.delay("delay").id,
+        "apply_async": probe.apply_async(("apply_async",), **extra).id,
+        "send_task": app.send_task("t.probe", ("send_task",)).id,
+        "signature_set": probe.s("signature").set(priority=3).apply_async().id,
+        "plain": plain_probe.delay("plain").id,
+        "grandchild": child_of_child.delay().id,
+        "link": probe.apply_async(("linked-parent",), link=probe.si("link")).id,
+    }
+    group_result = group(probe.s("group-a"), probe.s("group-b")).apply_async()
+    ids["group"] = [r.id for r in group_result.results]
+    chord_result = chord([probe.s("chord-a"), probe.s("chord-b")])(collect.s())
+    ids["chord_body"] = chord_result.id
+    ids["chord_header"] = [r.id for r in chord_result.parent.results]
+    chain_result = (probe.si("chain-1") | probe.si("chain-2")).apply_async()
+    ids["chain_last"] = chain_result.id
+    ids["chain_first"] = chain_result.parent.id
+    return {"children": ids, **_seen(self)}
+
+
+@app.task(base=DeadlineTask, bind=True, name="t.child_of_child")
+def child_of_child(self: DeadlineTask) -> dict[str, Any]:
+    return {"grandchild": probe.delay("grandchild").id, **_seen(self)}
+
+
+@app.task(base=DeadlineTask, bind=True, name="t.link_error_parent")
+def link_error_parent(self: DeadlineTask) -> None:
+    raise ProviderDown("always")
+
+
+@app.task(name="t.sleeper")
+def sleeper(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+@app.task(base=DeadlineTask, bind=True, name="t.deadline_sleeper")
+def deadline_sleeper(self: DeadlineTask, seconds: float) -> dict[str, Any]:
+    started = _seen(self)
+    time.sleep(seconds)
+    return {"slept": seconds, **started}
+
+
+@app.task(base=DeadlineTask, bind=True, name="t.reserved", reserve=3)
+def reserved(self: DeadlineTask) -> dict[str, Any]:
+    return _seen(self)
+
+
+@app.task(
+    base=DeadlineTask,
+    bind=True,
+    name="t.flaky",
+    autoretry_for=(ProviderDown,),
+    retry_backoff=1,
+    retry_jitter=False,
+    max_retries=10,
+    attempt_timeout=1,
+)
+def flaky(self: DeadlineTask) -> None:
+    raise ProviderDown(f"attempt {self.request.retries}")
+
+
+@app.task(base=DeadlineTask, bind=True, name="t.manual_retry", attempt_timeout=0.5, max_retries=3)
+def manual_retry(self: DeadlineTask, countdown: float) -> dict[str, Any]:
+    if self.request.retries == 0:
+        raise self.retry(countdown=countdown, exc=ProviderDown("first attempt failed"))
+    return _seen(self)
+
+
+@app.task(base=DeadlineTask, bind=True, name="t.watch_remaining")
+def watch_remaining(self: DeadlineTask, seconds: float, step: float = 0.1) -> dict[str, Any]:
+    """Sample remaining() and the wall clock while a test moves the worker's wall clock."""
+    samples = []
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        samples.append((time.monotonic() - started, self.remaining()))
+        time.sleep(step)
+    return {"samples": samples, **_seen(self)}
+
+
+def chord_signature() -> Any:
+    return make_signature("t.collect", app=app)
