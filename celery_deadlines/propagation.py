@@ -6,7 +6,7 @@ included: the retried message is published from inside the attempt). A
 started from a web view shares *one* deadline computed once. The ``before_task_publish``
 receiver stamps messages that did not go through :meth:`DeadlineTask.apply_async`
 (plain tasks sent from a deadline task, ``app.send_task`` by name, Celery's own
-``chord_unlock``...) and sets Celery's ``expires`` to the governing deadline.
+``chord_unlock``...) and sets Celery's ``expires`` header to the governing deadline.
 
 Receivers of ``before_task_publish`` cannot refuse a publish (Celery logs and swallows
 their exceptions), so the enqueue gate lives in :meth:`DeadlineTask.apply_async`; a
@@ -247,10 +247,9 @@ def on_before_task_publish(
     origin = parent.origin if governed.source in ("parent", "scope") else task_id
     stamp(headers, governed, delivery, origin)
     if governed.deadline is not None:
-        expiry = earlier_expiry(headers.get("expires"), governed.deadline, now)
-        headers["expires"] = expiry.isoformat()
-        if properties is not None:
-            properties["expiration"] = max((expiry - now).total_seconds(), 0.0)
+        # The expires header only, no broker TTL: RabbitMQ would drop an expired message
+        # without the refusal being recorded, and the caller would wait for nothing.
+        headers["expires"] = earlier_expiry(headers.get("expires"), governed.deadline, now).isoformat()
 
 
 def log_clamp(sender: object, task_id: object, governed: Governed) -> None:

@@ -106,9 +106,11 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
             )
             if not decision.allowed:
                 self._refuse_enqueue(decision, task_id)
-            options["expires"] = propagation.earlier_expiry(
+            # Celery's expires header only: a broker-side TTL would drop the message
+            # without a recorded reason (see docs/failure-semantics.md).
+            headers["expires"] = propagation.earlier_expiry(
                 options.get("expires"), governed.deadline, now
-            )
+            ).isoformat()
         origin = parent.origin if governed.source in ("parent", "scope") else None
         delivery = own_delivery if parent.delivery is None else min(
             parent.delivery, own_delivery or parent.delivery

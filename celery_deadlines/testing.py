@@ -18,7 +18,9 @@ class FakeClock:
     """A :class:`celery_deadlines.clock.Clock` that only moves when told to."""
 
     def __init__(self, start: datetime | None = None, monotonic: float = 1_000.0) -> None:
-        start = start or datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+        # A fixed instant after any real "now" this code will meet, so that Celery's own
+        # checks (which read the real clock) never see a fake deadline as already past.
+        start = start or datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
         if start.tzinfo is None:
             raise ValueError("FakeClock needs an aware start instant")
         self._now = start.astimezone(UTC)

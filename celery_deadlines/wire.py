@@ -16,8 +16,10 @@ header                     meaning
                            scope or parent
 =========================  ===================================================
 
-Celery's own ``expires`` is set to the same instant, so Flower, workers without this
-package and RabbitMQ's per-message TTL respect it too.
+Celery's own ``expires`` header is set to the same instant, so Flower and workers
+without this package respect it too. The broker's per-message TTL (AMQP
+``expiration``) is deliberately *not* set: RabbitMQ would drop an expired message
+without anyone recording why, and a caller waiting on its result would wait for nothing.
 """
 
 from __future__ import annotations

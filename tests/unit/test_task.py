@@ -1,0 +1,528 @@
+"""DeadlineTask and DeadlineRequest driven directly, on a fake clock and the memory broker.
+
+No server and no sleeping: the clock is moved by hand. These tests prove the glue; the
+same behaviours are proven across real processes in tests/integration.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+from unittest.mock import Mock
+
+import pytest
+from celery import Celery
+from celery.contrib.testing.mocks import TaskMessage
+from celery.exceptions import Ignore, Retry
+from celery.signals import after_task_publish
+
+from celery_deadlines import (
+    DEADLINE_HEADER,
+    DELIVERY_DEADLINE_HEADER,
+    ORIGIN_HEADER,
+    SOURCE_HEADER,
+    ConfigurationError,
+    DeadlineRefused,
+    DeadlineTask,
+    InvalidDeadline,
+    deadline_refused,
+    deadline_scope,
+)
+from celery_deadlines.gates import Decision
+from celery_deadlines.request import DeadlineRequest
+from celery_deadlines.testing import FakeClock
+from celery_deadlines.wire import encode
+
+
+@pytest.fixture
+def app() -> Iterator[Celery]:
+    app = Celery("unit", broker="memory://", backend="cache+memory://", set_as_current=True)
+    app.conf.task_always_eager = False
+    yield app
+    app.close()
+
+
+@pytest.fixture
+def published() -> Iterator[list[dict[str, Any]]]:
+    """Headers of every message published during the test."""
+    seen: list[dict[str, Any]] = []
+
+    def record(headers: dict[str, Any] | None = None, **_: Any) -> None:
+        seen.append(dict(headers or {}))
+
+    after_task_publish.connect(record, weak=False)
+    yield seen
+    after_task_publish.disconnect(record)
+
+
+@pytest.fixture
+def refusals() -> Iterator[list[Decision]]:
+    seen: list[Decision] = []
+
+    def record(decision: Decision, **_: Any) -> None:
+        seen.append(decision)
+
+    deadline_refused.connect(record, weak=False)
+    yield seen
+    deadline_refused.disconnect(record)
+
+
+def make_task(app: Celery, name: str = "unit.work", **options: Any) -> Any:
+    @app.task(base=DeadlineTask, bind=True, name=name, shared=False, **options)
+    def work(self: DeadlineTask) -> float:
+        return self.remaining()
+
+    return work
+
+
+# -- enqueue: stamping and precedence ---------------------------------------------------
+
+
+def test_call_budget_is_stamped_as_an_absolute_deadline_and_as_expires(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    make_task(app).apply_async(budget=30)
+    headers = published[-1]
+    assert headers[DEADLINE_HEADER] == encode(clock.now() + timedelta(seconds=30))
+    assert headers[SOURCE_HEADER] == "call"
+    assert headers["expires"] == (clock.now() + timedelta(seconds=30)).isoformat()
+
+
+def test_call_deadline_is_used_as_given(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    deadline = clock.now() + timedelta(minutes=3)
+    make_task(app).apply_async(deadline=deadline)
+    assert published[-1][DEADLINE_HEADER] == encode(deadline)
+
+
+def test_call_overrides_task_attribute(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    make_task(app, budget=60).apply_async(budget=5)
+    assert published[-1][DEADLINE_HEADER] == encode(clock.now() + timedelta(seconds=5))
+
+
+def test_task_attribute_overrides_per_task_setting(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    app.conf.deadlines_budgets = {"unit.work": 90}
+    make_task(app, budget=timedelta(seconds=45)).delay()
+    assert published[-1][DEADLINE_HEADER] == encode(clock.now() + timedelta(seconds=45))
+    assert published[-1][SOURCE_HEADER] == "task"
+
+
+def test_per_task_setting_overrides_default_setting(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    app.conf.deadlines_budgets = {"unit.work": 90}
+    app.conf.deadlines_default_budget = 10
+    make_task(app).delay()
+    assert published[-1][DEADLINE_HEADER] == encode(clock.now() + timedelta(seconds=90))
+    assert published[-1][SOURCE_HEADER] == "setting"
+
+
+def test_default_setting_applies_when_nothing_else_says(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    app.conf.deadlines_default_budget = timedelta(seconds=10)
+    make_task(app).delay()
+    assert published[-1][SOURCE_HEADER] == "default"
+
+
+def test_no_budget_anywhere_means_no_deadline_header(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    make_task(app).delay()
+    assert DEADLINE_HEADER not in published[-1]
+    assert published[-1].get("expires") is None
+
+
+def test_task_attribute_none_opts_out_of_the_default(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    app.conf.deadlines_default_budget = 10
+    make_task(app, budget=None).delay()
+    assert DEADLINE_HEADER not in published[-1]
+
+
+def test_settings_are_read_lazily_so_a_change_takes_effect_at_once(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    task = make_task(app)
+    app.conf.deadlines_default_budget = 10
+    task.delay()
+    app.conf.deadlines_default_budget = 20
+    task.delay()
+    assert published[-1][DEADLINE_HEADER] - published[-2][DEADLINE_HEADER] == 10
+
+
+def test_bad_setting_raises_a_configuration_error_naming_the_setting(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    app.conf.deadlines_default_budget = "thirty"
+    with pytest.raises(ConfigurationError, match="CELERY_DEADLINES_DEFAULT_BUDGET"):
+        make_task(app).delay()
+    assert published == []
+
+
+def test_bad_per_task_setting_names_the_task(app: Celery, clock: FakeClock) -> None:
+    app.conf.deadlines_budgets = {"unit.work": -3}
+    with pytest.raises(ConfigurationError, match=r"deadlines_budgets\['unit.work'\]"):
+        make_task(app).delay()
+
+
+@pytest.mark.parametrize(
+    ("options", "complaint"),
+    [
+        ({"budget": -1}, "more than zero"),
+        ({"budget": float("nan")}, "finite"),
+        ({"budget": timedelta(days=400)}, "maximum budget"),
+        ({"deadline": "tomorrow"}, "aware datetime"),
+        ({"budget": 5, "deadline": None, "delivery_budget": -2}, "delivery_budget"),
+    ],
+)
+def test_bad_call_options_raise_and_publish_nothing(
+    app: Celery,
+    clock: FakeClock,
+    published: list[dict[str, Any]],
+    options: dict[str, Any],
+    complaint: str,
+) -> None:
+    with pytest.raises(InvalidDeadline, match=complaint):
+        make_task(app).apply_async(**options)
+    assert published == []
+
+
+def test_naive_deadline_raises_and_publishes_nothing(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    with pytest.raises(InvalidDeadline, match="naive"):
+        make_task(app).apply_async(deadline=clock.now().replace(tzinfo=None))
+    assert published == []
+
+
+def test_budget_and_deadline_together_are_refused(app: Celery, clock: FakeClock) -> None:
+    with pytest.raises(InvalidDeadline, match="not both"):
+        make_task(app).apply_async(budget=5, deadline=clock.now())
+
+
+def test_enqueue_of_a_past_deadline_raises_refused_and_publishes_nothing(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]], refusals: list[Decision]
+) -> None:
+    with pytest.raises(DeadlineRefused) as raised:
+        make_task(app).apply_async(deadline=clock.now() - timedelta(seconds=1))
+    assert (raised.value.gate, raised.value.reason) == ("enqueue", "deadline_passed")
+    assert published == []
+    assert [d.reason for d in refusals] == ["deadline_passed"]
+
+
+def test_enqueue_below_the_reserve_raises_insufficient_budget(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    with pytest.raises(DeadlineRefused, match="insufficient_budget"):
+        make_task(app, reserve=5).apply_async(budget=4)
+    assert published == []
+
+
+def test_reserve_from_settings_applies_to_tasks_that_name_none(
+    app: Celery, clock: FakeClock
+) -> None:
+    app.conf.deadlines_default_reserve = 10
+    with pytest.raises(DeadlineRefused, match="insufficient_budget"):
+        make_task(app).apply_async(budget=9)
+
+
+def test_enqueue_with_a_countdown_beyond_the_deadline_is_refused(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    with pytest.raises(DeadlineRefused, match="deadline_passed"):
+        make_task(app).apply_async(budget=5, countdown=6)
+    assert published == []
+
+
+def test_delivery_budget_is_stamped_separately(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    make_task(app).apply_async(budget=5, delivery_budget=3600)
+    headers = published[-1]
+    assert headers[DELIVERY_DEADLINE_HEADER] == encode(clock.now() + timedelta(hours=1))
+    assert headers["expires"] == (clock.now() + timedelta(seconds=5)).isoformat()
+
+
+def test_an_earlier_celery_expires_is_kept(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    make_task(app).apply_async(budget=30, expires=10)
+    assert published[-1]["expires"] == (clock.now() + timedelta(seconds=10)).isoformat()
+
+
+# -- scopes: one deadline computed once outside a worker --------------------------------
+
+
+def test_everything_published_in_a_scope_shares_one_deadline(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    task = make_task(app)
+
+    @app.task(name="unit.plain", shared=False)
+    def plain() -> None:
+        return None
+
+    with deadline_scope(budget=20, app=app):
+        task.delay()
+        clock.advance(3)
+        task.delay()
+        plain.delay()
+    deadlines = {headers[DEADLINE_HEADER] for headers in published}
+    assert deadlines == {encode(clock.now() - timedelta(seconds=3) + timedelta(seconds=20))}
+    assert {headers[SOURCE_HEADER] for headers in published} == {"scope"}
+
+
+def test_a_later_explicit_budget_inside_a_scope_is_clamped_and_logged(
+    app: Celery,
+    clock: FakeClock,
+    published: list[dict[str, Any]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.INFO, logger="celery_deadlines"), deadline_scope(
+        budget=10, app=app
+    ):
+        make_task(app).apply_async(budget=60)
+    assert published[-1][DEADLINE_HEADER] == encode(clock.now() + timedelta(seconds=10))
+    assert "clamped to the inherited" in caplog.text
+
+
+def test_an_earlier_explicit_budget_inside_a_scope_is_kept(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    with deadline_scope(budget=10, app=app):
+        make_task(app).apply_async(budget=2)
+    assert published[-1][DEADLINE_HEADER] == encode(clock.now() + timedelta(seconds=2))
+    assert published[-1][SOURCE_HEADER] == "call"
+
+
+def test_send_task_by_name_takes_budget_from_the_call(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    make_task(app)  # binds DeadlineTask, which installs the publish hook
+    app.send_task("somewhere.else", budget=15)
+    assert published[-1][DEADLINE_HEADER] == encode(clock.now() + timedelta(seconds=15))
+    assert published[-1]["expires"] == (clock.now() + timedelta(seconds=15)).isoformat()
+
+
+def test_send_task_with_a_bad_budget_carries_an_unreadable_deadline_not_none(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    make_task(app)
+    app.send_task("somewhere.else", budget=-4)
+    assert published[-1][DEADLINE_HEADER] == "budget must be more than zero seconds, got -4"
+
+
+# -- attempt: anchoring, remaining(), refusal at start ---------------------------------
+
+
+def start_attempt(task: Any, headers: dict[str, Any], task_id: str = "t-1") -> None:
+    task.push_request(id=task_id, headers=headers, retries=0, called_directly=False)
+    task.before_start(task_id, (), {})
+
+
+def test_remaining_is_measured_on_the_monotonic_clock_from_the_attempt_start(
+    app: Celery, clock: FakeClock
+) -> None:
+    task = make_task(app)
+    start_attempt(task, {DEADLINE_HEADER: encode(clock.now() + timedelta(seconds=10))})
+    clock.advance(4)
+    assert task.remaining() == pytest.approx(6)
+
+
+def test_a_wall_clock_jump_backward_mid_attempt_adds_no_time(
+    app: Celery, clock: FakeClock
+) -> None:
+    task = make_task(app)
+    start_attempt(task, {DEADLINE_HEADER: encode(clock.now() + timedelta(seconds=10))})
+    clock.advance(2)
+    clock.jump_wall(-3600)
+    assert task.remaining() == pytest.approx(8)
+
+
+def test_a_wall_clock_jump_forward_mid_attempt_removes_no_time(
+    app: Celery, clock: FakeClock
+) -> None:
+    task = make_task(app)
+    start_attempt(task, {DEADLINE_HEADER: encode(clock.now() + timedelta(seconds=10))})
+    clock.jump_wall(+3600)
+    assert task.remaining() == pytest.approx(10)
+
+
+def test_remaining_without_a_deadline_is_infinite(app: Celery, clock: FakeClock) -> None:
+    task = make_task(app)
+    start_attempt(task, {})
+    assert task.remaining() == float("inf")
+    assert task.deadline is None
+
+
+def test_attempt_refuses_to_start_after_the_deadline_and_stores_why(
+    app: Celery, clock: FakeClock, refusals: list[Decision]
+) -> None:
+    task = make_task(app)
+    with pytest.raises(Ignore):
+        start_attempt(task, {DEADLINE_HEADER: encode(clock.now() - timedelta(seconds=1))}, "t-2")
+    stored = app.AsyncResult("t-2")
+    assert stored.state == "FAILURE"
+    assert isinstance(stored.result, DeadlineRefused)
+    assert (stored.result.gate, stored.result.reason) == ("attempt", "deadline_passed")
+    assert [d.gate for d in refusals] == ["attempt"]
+
+
+@pytest.mark.parametrize("header", ["garbage", float("nan"), -5.0, "2026-11-29T12:00:00", [1]])
+def test_attempt_refuses_a_malformed_header_as_invalid_deadline(
+    app: Celery, clock: FakeClock, header: object
+) -> None:
+    task = make_task(app)
+    with pytest.raises(Ignore):
+        start_attempt(task, {DEADLINE_HEADER: header}, "t-3")
+    assert app.AsyncResult("t-3").result.reason == "invalid_deadline"
+
+
+def test_a_child_published_during_an_attempt_inherits_the_deadline(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    from celery._state import _task_stack
+
+    parent = make_task(app, name="unit.parent")
+    child = make_task(app, name="unit.child", budget=600)
+    deadline = clock.now() + timedelta(seconds=10)
+    start_attempt(parent, {DEADLINE_HEADER: encode(deadline), ORIGIN_HEADER: "root-1"})
+    _task_stack.push(parent)
+    try:
+        clock.advance(1)
+        child.delay()
+    finally:
+        _task_stack.pop()
+    assert published[-1][DEADLINE_HEADER] == encode(deadline)
+    assert published[-1][SOURCE_HEADER] == "parent"
+    assert published[-1][ORIGIN_HEADER] == "root-1"
+
+
+# -- retry ------------------------------------------------------------------------------
+
+
+def test_retry_is_refused_when_backoff_exceeds_remaining_budget(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    task = make_task(app, attempt_timeout=1)
+    start_attempt(task, {DEADLINE_HEADER: encode(clock.now() + timedelta(seconds=5))})
+    clock.advance(2)
+    with pytest.raises(DeadlineRefused) as raised:
+        task.retry(countdown=3, exc=RuntimeError("provider down"))
+    assert raised.value.reason == "retry_budget_exhausted"
+    assert "provider down" in raised.value.detail
+    assert published == []
+
+
+def test_retry_that_fits_is_published_with_the_same_absolute_deadline(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    task = make_task(app, attempt_timeout=1)
+    deadline = encode(clock.now() + timedelta(seconds=30))
+    start_attempt(task, {DEADLINE_HEADER: deadline, SOURCE_HEADER: "call"})
+    clock.advance(5)
+    with pytest.raises(Retry):
+        task.retry(countdown=3)
+    assert published[-1][DEADLINE_HEADER] == deadline
+
+
+def test_retry_uses_time_limit_when_no_attempt_timeout_is_named(
+    app: Celery, clock: FakeClock
+) -> None:
+    task = make_task(app, time_limit=20)
+    start_attempt(task, {DEADLINE_HEADER: encode(clock.now() + timedelta(seconds=15))})
+    with pytest.raises(DeadlineRefused, match="attempt timeout 20.000 s"):
+        task.retry(countdown=0)
+
+
+def test_retry_with_an_eta_counts_the_wait_until_the_eta(app: Celery, clock: FakeClock) -> None:
+    task = make_task(app)
+    start_attempt(task, {DEADLINE_HEADER: encode(clock.now() + timedelta(seconds=15))})
+    with pytest.raises(DeadlineRefused, match="countdown 20.000 s"):
+        task.retry(eta=clock.now() + timedelta(seconds=20))
+
+
+def test_retry_past_max_retries_is_left_to_celery(app: Celery, clock: FakeClock) -> None:
+    task = make_task(app, max_retries=0)
+    start_attempt(task, {DEADLINE_HEADER: encode(clock.now() + timedelta(seconds=1))})
+    with pytest.raises(RuntimeError, match="original"):
+        task.retry(countdown=60, exc=RuntimeError("original"))
+
+
+# -- claim (worker main process) ---------------------------------------------------------
+
+
+def claim(app: Celery, task: Any, headers: dict[str, Any]) -> tuple[DeadlineRequest, Mock]:
+    message = TaskMessage(task.name, id="m-1", **headers)
+    on_ack = Mock()
+    request = DeadlineRequest(message, app=app, task=task, on_ack=on_ack)
+    return request, on_ack
+
+
+def test_claim_refuses_an_expired_message_acks_it_and_stores_why(
+    app: Celery, clock: FakeClock, refusals: list[Decision]
+) -> None:
+    task = make_task(app)
+    request, on_ack = claim(app, task, {DEADLINE_HEADER: encode(clock.now() - timedelta(seconds=1))})
+    assert request.revoked() is True
+    on_ack.assert_called_once()
+    result = app.AsyncResult("m-1")
+    assert result.state == "FAILURE"
+    assert (result.result.gate, result.result.reason) == ("claim", "deadline_passed")
+    assert [d.gate for d in refusals] == ["claim"]
+
+
+def test_claim_counts_time_spent_waiting_for_a_pool_slot(app: Celery, clock: FakeClock) -> None:
+    task = make_task(app, reserve=2)
+    request, _ = claim(app, task, {DEADLINE_HEADER: encode(clock.now() + timedelta(seconds=5))})
+    assert request.revoked() is False  # on arrival: 5 s left
+    clock.advance(3.5)  # waiting behind busy pool processes
+    assert request.revoked() is True  # when handed to the pool: 1.5 s < reserve
+    assert app.AsyncResult("m-1").result.reason == "insufficient_budget"
+
+
+@pytest.mark.parametrize("header", ["soon", float("inf"), -1, True, {"x": 1}, "2026-11-29T12:00"])
+def test_claim_refuses_malformed_headers_without_raising(
+    app: Celery, clock: FakeClock, header: object
+) -> None:
+    task = make_task(app)
+    request, on_ack = claim(app, task, {DEADLINE_HEADER: header})
+    assert request.revoked() is True
+    on_ack.assert_called_once()
+    assert app.AsyncResult("m-1").result.reason == "invalid_deadline"
+
+
+def test_claim_lets_a_message_without_deadline_through(app: Celery, clock: FakeClock) -> None:
+    request, on_ack = claim(app, make_task(app), {})
+    assert request.revoked() is False
+    on_ack.assert_not_called()
+
+
+def test_time_limits_are_capped_at_the_budget_left_when_handed_to_the_pool(
+    app: Celery, clock: FakeClock
+) -> None:
+    task = make_task(app, time_limit=60, soft_time_limit=50)
+    request, _ = claim(app, task, {DEADLINE_HEADER: encode(clock.now() + timedelta(seconds=20))})
+    clock.advance(5)
+    assert request.time_limits == (15.0, 15.0)
+
+
+def test_time_limits_from_the_message_are_kept_when_shorter(app: Celery, clock: FakeClock) -> None:
+    task = make_task(app)
+    headers = {DEADLINE_HEADER: encode(clock.now() + timedelta(seconds=20)), "timelimit": (8, 6)}
+    request, _ = claim(app, task, headers)
+    assert request.time_limits == (8, 6)
+
+
+def test_time_limits_are_untouched_without_a_deadline(app: Celery, clock: FakeClock) -> None:
+    request, _ = claim(app, make_task(app), {"timelimit": (8, 6)})
+    assert request.time_limits == (8, 6)
