@@ -1,0 +1,167 @@
+"""Integration fixtures: real brokers, real result stores, real worker processes.
+
+Services are required in CI (``CI=true``) and skipped with a clear message on a laptop
+that lacks them. Each test gets its own queue, so leftovers never leak between tests.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kombu.pools
+import pytest
+
+from tests.conftest import service_unavailable
+from tests.support.processes import Transport, WorkerProcess, reachable
+
+pytestmark = pytest.mark.integration
+
+REDIS = ("127.0.0.1", 6379)
+RABBITMQ = ("127.0.0.1", 5672)
+
+
+def redis_transport() -> Transport:
+    return Transport(
+        "redis", "redis://127.0.0.1:6379/10", "redis://127.0.0.1:6379/11", *REDIS
+    )
+
+
+def rabbitmq_transport() -> Transport:
+    return Transport(
+        "rabbitmq", "amqp://guest:guest@127.0.0.1:5672//", "redis://127.0.0.1:6379/11",
+        *RABBITMQ,
+    )  # fmt: skip
+
+
+def filesystem_transport(tmp: Path) -> Transport:
+    folder = tmp / "broker"
+    folder.mkdir()
+    (tmp / "broker-control").mkdir()
+    (tmp / "results").mkdir()
+    return Transport(
+        "filesystem", "filesystem://", f"file://{tmp / 'results'}", fs_folder=str(folder)
+    )
+
+
+def require(transport: Transport) -> None:
+    needed = [(transport.host, transport.port)] if transport.host and transport.port else []
+    if transport.result_backend.startswith("redis://"):
+        needed.append(REDIS)
+    for host, port in needed:
+        if host is not None and port is not None and not reachable(host, port):
+            service_unavailable(f"{transport.name}: {host}:{port}")
+
+
+@pytest.fixture(params=["redis", "rabbitmq", "filesystem"])
+def transport(request: pytest.FixtureRequest, tmp_path: Path) -> Transport:
+    chosen = {
+        "redis": redis_transport,
+        "rabbitmq": rabbitmq_transport,
+        "filesystem": lambda: filesystem_transport(tmp_path),
+    }[request.param]()
+    require(chosen)
+    return chosen
+
+
+@pytest.fixture
+def redis() -> Transport:
+    chosen = redis_transport()
+    require(chosen)
+    return chosen
+
+
+@pytest.fixture
+def queue() -> str:
+    return f"it-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def client(transport: Transport, queue: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The test app, configured for ``transport`` and the test's own queue, in this process."""
+    yield from _client(transport, queue)
+
+
+@pytest.fixture
+def redis_client(redis: Transport, queue: str) -> Iterator[Any]:
+    yield from _client(redis, queue)
+
+
+def _client(transport: Transport, queue: str) -> Iterator[Any]:
+    from tests.support import workerapp
+
+    app = workerapp.app
+    saved = {
+        key: app.conf[key]
+        for key in ("broker_url", "result_backend", "task_default_queue", "broker_transport_options")
+    }
+    options: dict[str, Any] = {}
+    if transport.fs_folder:
+        options = {
+            "data_folder_in": transport.fs_folder,
+            "data_folder_out": transport.fs_folder,
+            "control_folder": transport.fs_folder + "-control",
+        }
+    app.conf.update(
+        broker_url=transport.broker_url,
+        result_backend=transport.result_backend,
+        task_default_queue=queue,
+        broker_transport_options=options,
+    )
+    _reset_connections(app)
+    try:
+        yield app
+    finally:
+        app.conf.update(saved)
+        _reset_connections(app)
+
+
+def _reset_connections(app: Any) -> None:
+    """Close every connection the client holds, so the next publish uses the new config.
+
+    kombu keeps connection pools in a global registry keyed by URL: ``pools.reset()``
+    closes them *and* empties the registry (a closed pool must not be handed out again).
+    """
+    backend = app._local.__dict__.pop("backend", None)
+    if backend is not None:
+        consumer = getattr(backend, "result_consumer", None)
+        if consumer is not None and getattr(consumer, "_pubsub", None) is not None:
+            consumer.stop()
+        client = backend.__dict__.get("client")
+        if client is not None:
+            client.connection_pool.disconnect()
+    kombu.pools.reset()
+    app._pool = None
+    app.__dict__.pop("amqp", None)
+
+
+@pytest.fixture
+def start_worker(
+    tmp_path: Path, queue: str, request: pytest.FixtureRequest
+) -> Iterator[Any]:
+    """Start real ``celery worker`` subprocesses; all are stopped after the test."""
+    started: list[WorkerProcess] = []
+
+    def start(transport: Transport, **options: Any) -> WorkerProcess:
+        worker = WorkerProcess(
+            transport, queue, tmp_path / f"worker-{len(started)}.log", **options
+        )
+        started.append(worker)
+        return worker.start()
+
+    yield start
+    for worker in started:
+        worker.stop()
+    failed = getattr(request.node, "rep_call", None)
+    if failed is not None and failed.failed:
+        for worker in started:
+            print(f"--- {worker.log_path.name} ---\n{worker.log()}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    setattr(item, f"rep_{report.when}", report)

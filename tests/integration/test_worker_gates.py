@@ -1,0 +1,267 @@
+"""Seed 004's test matrix against real ``celery worker`` processes and real brokers.
+
+Every test publishes through the real client API, lets a real worker subprocess
+(prefork unless said otherwise) take the message, and reads the outcome back through
+the result backend, the way an application would.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery.exceptions import TimeLimitExceeded
+
+from celery_deadlines import DEADLINE_HEADER, DeadlineRefused
+from tests.support.processes import Transport
+
+pytestmark = pytest.mark.integration
+
+
+def refusal_of(result: Any, timeout: float = 20) -> DeadlineRefused:
+    with pytest.raises(DeadlineRefused) as raised:
+        result.get(timeout=timeout)
+    return raised.value
+
+
+def test_queue_delay_that_consumes_the_budget_makes_the_worker_refuse_to_claim(
+    transport: Transport, client: Any, start_worker: Any
+) -> None:
+    from tests.support.workerapp import probe
+
+    # Given a message whose 1.5 s budget runs out while no worker is consuming
+    result = probe.apply_async(("late",), budget=1.5)
+    time.sleep(2.0)  # the queue delay under test, on the real clock of a real broker
+    # When a worker finally takes it
+    start_worker(transport)
+    # Then it refuses to start it, and the caller learns why
+    refusal = refusal_of(result)
+    assert (refusal.gate, refusal.reason) == ("claim", "deadline_passed")
+    assert refusal.clock_read_at > refusal.deadline_at  # type: ignore[operator]
+    assert result.state == "FAILURE"
+
+
+def test_time_waiting_behind_busy_pool_processes_counts_against_the_budget(
+    redis: Transport, redis_client: Any, start_worker: Any
+) -> None:
+    from tests.support.workerapp import probe, sleeper
+
+    start_worker(redis, concurrency=1)
+    busy = sleeper.delay(2.5)
+    time.sleep(0.3)  # let the only pool process take the sleeper first
+    waiting = probe.apply_async(("behind",), budget=1.5)
+    refusal = refusal_of(waiting)
+    assert (refusal.gate, refusal.reason) == ("claim", "deadline_passed")
+    assert busy.get(timeout=10) == 2.5
+
+
+def test_a_refused_message_is_acknowledged_not_requeued(
+    redis: Transport, redis_client: Any, start_worker: Any, queue: str
+) -> None:
+    import redis as redis_py
+
+    from tests.support.workerapp import probe
+
+    result = probe.apply_async(("late",), budget=0.5)
+    time.sleep(1.0)
+    start_worker(redis)
+    refusal_of(result)
+    store = redis_py.Redis.from_url(redis.broker_url)
+    time.sleep(0.5)  # the ack follows the result write
+    assert store.llen(queue) == 0
+    assert store.hlen("unacked") == 0
+
+
+def test_claim_refuses_a_message_whose_remaining_budget_is_below_the_reserve(
+    transport: Transport, client: Any, start_worker: Any
+) -> None:
+    from tests.support.workerapp import reserved
+
+    result = reserved.apply_async(budget=4)  # reserve=3: allowed at enqueue
+    time.sleep(1.5)
+    start_worker(transport)
+    refusal = refusal_of(result)
+    assert (refusal.gate, refusal.reason) == ("claim", "insufficient_budget")
+
+
+def test_retry_reservation_exceeding_the_remaining_budget_is_rejected(
+    transport: Transport, client: Any, start_worker: Any
+) -> None:
+    from tests.support.workerapp import flaky
+
+    start_worker(transport)
+    started = time.monotonic()
+    result = flaky.apply_async(budget=5)
+    refusal = refusal_of(result)
+    elapsed = time.monotonic() - started
+    assert (refusal.gate, refusal.reason) == ("retry", "retry_budget_exhausted")
+    # at least one backoff (1 s) fitted; the refused one really did not fit
+    assert "ProviderDown('attempt 0')" not in refusal.detail
+    needed, left = (float(x) for x in re.findall(r"needs ([\d.]+) s .* but ([\d.]+) s left", refusal.detail)[0])
+    assert needed > left
+    # the run ends when the retry is refused, not when a doomed retry would expire
+    assert elapsed < 5
+
+
+def test_a_retry_keeps_the_same_absolute_deadline(
+    transport: Transport, client: Any, start_worker: Any
+) -> None:
+    from tests.support.workerapp import manual_retry
+
+    start_worker(transport)
+    result = manual_retry.apply_async((0.3,), budget=8)
+    seen = result.get(timeout=20)
+    assert seen["retries"] == 1
+    assert seen["source"] == "call"
+    first = result.backend.get_task_meta(result.id)
+    assert first["status"] == "SUCCESS"
+    assert seen["deadline"] == pytest.approx(seen["deadline"])
+    assert seen["expires"] is not None
+
+
+def test_a_deadline_reaches_children_grandchildren_groups_chords_chains_and_links(
+    transport: Transport, client: Any, start_worker: Any
+) -> None:
+    from tests.support.workerapp import app, fan_out
+
+    start_worker(transport, concurrency=2)
+    parent = fan_out.apply_async(budget=30).get(timeout=20)
+    deadline = parent["deadline"]
+
+    def seen(task_id: str) -> dict[str, Any]:
+        value: dict[str, Any] = app.AsyncResult(task_id).get(timeout=20)
+        return value
+
+    children = parent["children"]
+    for path in ("delay", "apply_async", "send_task", "signature_set", "chain_first", "chain_last"):
+        assert seen(children[path])["deadline"] == deadline, path
+        assert seen(children[path])["origin"] == parent["id"], path
+    assert seen(children["plain"])["deadline"] == deadline
+    assert seen(children["plain"])["expires"] is not None
+    grandchild = seen(children["grandchild"])
+    assert grandchild["deadline"] == deadline
+    assert seen(grandchild["grandchild"])["deadline"] == deadline
+    for member in children["group"] + children["chord_header"]:
+        assert seen(member)["deadline"] == deadline
+    body = seen(children["chord_body"])
+    assert body["deadline"] == deadline
+    assert all(member["deadline"] == deadline for member in body["members"])
+    linked = app.AsyncResult(children["link"])
+    linked.get(timeout=20)
+    assert [seen(child.id)["deadline"] for child in linked.children or []] == [deadline]
+
+
+def test_a_childs_longer_budget_is_clamped_to_the_parents_deadline(
+    redis: Transport, redis_client: Any, start_worker: Any
+) -> None:
+    from tests.support.workerapp import app, fan_out
+
+    start_worker(redis, concurrency=2)
+    parent = fan_out.apply_async((600,), budget=20).get(timeout=20)
+    child = app.AsyncResult(parent["children"]["apply_async"]).get(timeout=20)
+    assert child["deadline"] == parent["deadline"]
+    assert child["source"] == "parent"
+
+
+def test_a_childs_shorter_budget_is_kept(
+    redis: Transport, redis_client: Any, start_worker: Any
+) -> None:
+    from tests.support.workerapp import app, fan_out
+
+    start_worker(redis, concurrency=2)
+    parent = fan_out.apply_async((5,), budget=60).get(timeout=20)
+    child = app.AsyncResult(parent["children"]["apply_async"]).get(timeout=20)
+    assert child["deadline"] < parent["deadline"]
+    assert child["source"] == "call"
+
+
+def test_an_errback_inherits_the_deadline_of_the_task_that_failed(
+    redis: Transport, redis_client: Any, start_worker: Any
+) -> None:
+    from tests.support.workerapp import link_error_parent, probe
+
+    start_worker(redis)
+    errback = probe.si("errback").set(task_id="errback-" + redis_client.conf.task_default_queue)
+    failing = link_error_parent.apply_async(budget=30, link_error=errback)
+    with pytest.raises(Exception, match="always"):
+        failing.get(timeout=20)
+    seen = redis_client.AsyncResult(errback.id).get(timeout=20)
+    assert seen["deadline"] is not None
+    assert seen["source"] == "parent"
+
+
+def test_the_attempt_is_killed_at_the_deadline_not_at_its_own_longer_time_limit(
+    redis: Transport, redis_client: Any, start_worker: Any
+) -> None:
+    from tests.support.workerapp import deadline_sleeper
+
+    start_worker(redis)
+    started = time.monotonic()
+    result = deadline_sleeper.apply_async((30,), budget=2.5, time_limit=60)
+    with pytest.raises(TimeLimitExceeded):
+        result.get(timeout=20)
+    assert time.monotonic() - started < 6
+
+
+@pytest.mark.parametrize(
+    "header",
+    ["garbage", float("inf"), -5.0, 1e300, "2026-11-29T12:00:00", [1.0], {"at": 1}, True],
+    ids=["string", "infinity", "negative", "absurd", "naive-iso", "list", "dict", "bool"],
+)
+def test_a_malformed_deadline_header_is_refused_and_the_worker_keeps_working(
+    redis: Transport, redis_client: Any, start_worker: Any, header: object
+) -> None:
+    from tests.support.workerapp import probe
+
+    start_worker(redis)
+    bad = redis_client.send_task("t.probe", ("bad",), headers={DEADLINE_HEADER: header})
+    refusal = refusal_of(bad)
+    assert (refusal.gate, refusal.reason) == ("claim", "invalid_deadline")
+    good = probe.apply_async(("good",), budget=10)
+    assert good.get(timeout=20)["label"] == "good"
+
+
+def test_a_wall_clock_jump_backward_mid_attempt_creates_no_extra_time(
+    redis: Transport, redis_client: Any, start_worker: Any, tmp_path: Path
+) -> None:
+    from tests.support.workerapp import watch_remaining
+
+    shift = tmp_path / "shift"
+    shift.write_text("0")
+    start_worker(redis, clock_shift_file=shift)
+    result = watch_remaining.apply_async((2.0,), budget=20)
+    time.sleep(0.8)
+    shift.write_text("-3600")  # the worker's wall clock jumps back an hour mid-attempt
+    samples = result.get(timeout=20)["samples"]
+    assert_monotonic_budget(samples)
+    assert samples[-1][1] < 18.5
+
+
+@pytest.mark.parametrize("offset", [+3.0, -3.0], ids=["worker-ahead", "worker-behind"])
+def test_a_worker_with_a_skewed_wall_clock_still_enforces_on_its_monotonic_clock(
+    redis: Transport, redis_client: Any, start_worker: Any, tmp_path: Path, offset: float
+) -> None:
+    from tests.support.workerapp import watch_remaining
+
+    shift = tmp_path / "shift"
+    shift.write_text(str(offset))
+    start_worker(redis, clock_shift_file=shift)
+    result = watch_remaining.apply_async((1.0,), budget=20)
+    time.sleep(0.4)
+    shift.write_text(str(-offset * 10))  # and the skew changes during the attempt
+    seen = result.get(timeout=20)
+    samples = seen["samples"]
+    # the skew shows once, when the absolute deadline becomes a local budget ...
+    assert samples[0][1] == pytest.approx(20 - offset, abs=1.0)
+    # ... and never again: from there on the budget runs down on the monotonic clock
+    assert_monotonic_budget(samples)
+
+
+def assert_monotonic_budget(samples: list[list[float]]) -> None:
+    """remaining() must fall exactly as fast as monotonic time passes, whatever the wall does."""
+    first_elapsed, first_remaining = samples[0]
+    for elapsed, remaining in samples[1:]:
+        assert remaining == pytest.approx(first_remaining - (elapsed - first_elapsed), abs=0.05)
