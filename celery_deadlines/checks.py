@@ -7,6 +7,7 @@ too, since it would otherwise be ignored without a word.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from django.apps import AppConfig
@@ -19,7 +20,9 @@ PREFIX = "CELERY_DEADLINES_"
 
 
 @checks.register()
-def check_settings(app_configs: list[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
+def check_settings(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
     """E001: a setting has a bad value. E002: a ``CELERY_DEADLINES_*`` name is unknown."""
     given = {
         name[len("CELERY_") :].lower(): getattr(django_settings, name)

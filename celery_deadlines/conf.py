@@ -30,7 +30,7 @@ class Setting(Generic[T]):
 
     name: str
     default: object
-    parse: Callable[[object, str, "Settings"], T]
+    parse: Callable[[object, str, Settings], T]
     doc: str
 
     @property
@@ -47,9 +47,7 @@ def _optional_budget(value: object, name: str, settings: Settings) -> timedelta 
 
 def _budgets(value: object, name: str, settings: Settings) -> dict[str, timedelta | None]:
     if not isinstance(value, Mapping):
-        raise InvalidDeadline(
-            f"{name} must map task names to budgets, got {type(value).__name__}"
-        )
+        raise InvalidDeadline(f"{name} must map task names to budgets, got {type(value).__name__}")
     parsed: dict[str, timedelta | None] = {}
     for task_name, budget in value.items():
         if not isinstance(task_name, str):
@@ -71,32 +69,46 @@ def _max_budget(value: object, name: str, settings: Settings) -> timedelta:
 
 
 DEFAULT_BUDGET: Final = Setting(
-    "deadlines_default_budget", None, _optional_budget,
+    "deadlines_default_budget",
+    None,
+    _optional_budget,
     "Budget of a DeadlineTask that names none; None: no deadline.",
 )
 BUDGETS: Final = Setting(
-    "deadlines_budgets", {}, _budgets,
+    "deadlines_budgets",
+    {},
+    _budgets,
     "Per-task budgets, {task name: seconds | timedelta | None}.",
 )
 DEFAULT_DELIVERY_BUDGET: Final = Setting(
-    "deadlines_default_delivery_budget", None, _optional_budget,
+    "deadlines_default_delivery_budget",
+    None,
+    _optional_budget,
     "Delivery budget of a DeadlineTask that names none; None: no delivery deadline.",
 )
 DEFAULT_RESERVE: Final = Setting(
-    "deadlines_default_reserve", 0, _reserve,
+    "deadlines_default_reserve",
+    0,
+    _reserve,
     "Least time that must be left for a task to start, when it names no reserve.",
 )
 DEFAULT_ATTEMPT_TIMEOUT: Final = Setting(
-    "deadlines_default_attempt_timeout", None, _optional_duration,
+    "deadlines_default_attempt_timeout",
+    None,
+    _optional_duration,
     "What one attempt may take, for the retry gate, when a task names neither "
     "attempt_timeout nor time_limit; None: count the countdown only.",
 )
 CLOCK_SKEW_ALLOWANCE: Final = Setting(
-    "deadlines_clock_skew_allowance", 0.5, _reserve,
+    "deadlines_clock_skew_allowance",
+    0.5,
+    _reserve,
     "Added to every retry reservation for the difference between worker clocks.",
 )
 MAX_BUDGET: Final = Setting(
-    "deadlines_max_budget", DEFAULT_MAX_BUDGET, _max_budget,
+    "deadlines_max_budget",
+    DEFAULT_MAX_BUDGET,
+    _max_budget,
     "Longest budget accepted, and how far ahead a deadline header may lie.",
 )
 

@@ -56,6 +56,10 @@ class Inherited:
 
 NOTHING: Final = Inherited()
 
+#: Keys under which DeadlineTask keeps an attempt's state on ``task.request``.
+CARRIED: Final = "celery_deadlines"
+ANCHOR: Final = "celery_deadlines_anchor"
+
 _scope: ContextVar[Inherited | None] = ContextVar("celery_deadlines_scope", default=None)
 
 
@@ -78,7 +82,11 @@ def deadline_scope(
     now = get_clock().now()
     own = _own_instant(budget, deadline, "budget", "deadline", now, settings.max_budget)
     own_delivery = _own_instant(
-        delivery_budget, delivery_deadline, "delivery_budget", "delivery_deadline", now,
+        delivery_budget,
+        delivery_deadline,
+        "delivery_budget",
+        "delivery_deadline",
+        now,
         settings.max_budget,
     )
     outer = inherited()
@@ -107,9 +115,10 @@ def inherited() -> Inherited:
     return Inherited(
         deadline=_earlier(scope.deadline, parent.deadline),
         delivery=_earlier(scope.delivery, parent.delivery),
-        source="scope" if parent.deadline is None or (
-            scope.deadline is not None and scope.deadline < parent.deadline
-        ) else "parent",
+        source="scope"
+        if parent.deadline is None
+        or (scope.deadline is not None and scope.deadline < parent.deadline)
+        else "parent",
         origin=parent.origin,
         unreadable=parent.unreadable,
     )
@@ -122,7 +131,7 @@ def _parent() -> Inherited:
     request = task.request
     if request.called_directly:
         return NOTHING
-    known = getattr(request, "deadlines", None)
+    known = vars(request).get(CARRIED)
     if isinstance(known, Inherited):  # set by DeadlineTask.before_start: already parsed
         return known
     headers = request.headers or {}
@@ -223,8 +232,9 @@ def on_before_task_publish(
     horizon = settings_for(current_app).max_budget
     task_id = headers.get("id")
     try:
-        own = own_source = None
-        own_delivery = None
+        own: datetime | None = None
+        own_source: Source | None = None
+        own_delivery: datetime | None = None
         if given and properties is not None:
             own = call_instant(properties, "", now, horizon)
             own_delivery = call_instant(properties, "delivery_", now, horizon)
@@ -249,12 +259,15 @@ def on_before_task_publish(
     if governed.deadline is not None:
         # The expires header only, no broker TTL: RabbitMQ would drop an expired message
         # without the refusal being recorded, and the caller would wait for nothing.
-        headers["expires"] = earlier_expiry(headers.get("expires"), governed.deadline, now).isoformat()
+        headers["expires"] = earlier_expiry(
+            headers.get("expires"), governed.deadline, now
+        ).isoformat()
 
 
 def log_clamp(sender: object, task_id: object, governed: Governed) -> None:
     """Make a clamp visible: an explicit deadline later than the inherited one was cut."""
-    assert governed.clamped_from is not None and governed.deadline is not None
+    assert governed.clamped_from is not None
+    assert governed.deadline is not None
     logger.info(
         "%s[%s]: deadline %s clamped to the inherited %s (%s)",
         sender,

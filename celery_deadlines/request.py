@@ -13,7 +13,7 @@ the prefork pool enforces both limits; see docs/concepts.md for the other pools.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery.worker.request import Request
 
@@ -21,6 +21,7 @@ from . import gates, propagation
 from .clock import get_clock
 from .conf import settings_for
 from .signals import report_refusal
+from .task import DeadlineTask
 
 #: Smallest time limit handed to billiard: 0 would mean "no limit at all".
 MIN_TIME_LIMIT = 0.01
@@ -28,6 +29,11 @@ MIN_TIME_LIMIT = 0.01
 
 class DeadlineRequest(Request):
     """A worker request that refuses to start work its deadline no longer allows."""
+
+    if TYPE_CHECKING:  # set by celery's Request, missing from the stubs
+        _request_dict: dict[str, Any]
+        _app: Any
+        _context: Any
 
     _deadlines: propagation.Inherited | None = None
     _raw_time_limits: tuple[float | None, float | None] = (None, None)
@@ -41,7 +47,7 @@ class DeadlineRequest(Request):
             return True
         return bool(super().revoked())
 
-    @property  # type: ignore[override]
+    @property
     def time_limits(self) -> tuple[float | None, float | None]:
         deadline = self._carried().deadline
         hard, soft = self._raw_time_limits
@@ -81,10 +87,16 @@ class DeadlineRequest(Request):
                 )
             if carried.deadline is None:
                 return None
-            reserve = self.task.reserve_duration()
-        except Exception as exc:  # a bad message or setting must never crash the consumer
+            reserve = self._deadline_task().reserve_duration()
+        except Exception as exc:  # noqa: BLE001 - a bad message or setting must never crash the consumer
             return gates.invalid(gates.Gate.CLAIM, now, f"cannot judge the deadline: {exc}")
         return gates.admit(gates.Gate.CLAIM, carried.deadline, now, reserve)
+
+    def _deadline_task(self) -> DeadlineTask:
+        task = self.task
+        if not isinstance(task, DeadlineTask):
+            raise TypeError(f"{task.name} is not a DeadlineTask")
+        return task
 
     def _refuse(self, decision: gates.Decision) -> None:
         """Acknowledge, store the typed failure, announce: never requeue, never run."""
@@ -99,5 +111,3 @@ class DeadlineRequest(Request):
         )
         self.acknowledge()
         self._already_revoked = True
-
-

@@ -27,7 +27,7 @@ logger = logging.getLogger("celery_deadlines")
 
 deadline_refused = Signal(
     name="deadline_refused",
-    providing_args={"task_id", "task_name", "decision"},
+    providing_args=["task_id", "task_name", "decision"],
 )
 
 

@@ -25,7 +25,7 @@ from . import conf, gates, propagation, wire
 from .budgets import UNSET, Anchor, Source, first_said, govern, parse_budget, parse_duration
 from .clock import get_clock
 from .conf import settings_for
-from .propagation import Inherited
+from .propagation import ANCHOR, CARRIED, Inherited
 from .signals import report_refusal
 
 
@@ -112,8 +112,10 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
                 options.get("expires"), governed.deadline, now
             ).isoformat()
         origin = parent.origin if governed.source in ("parent", "scope") else None
-        delivery = own_delivery if parent.delivery is None else min(
-            parent.delivery, own_delivery or parent.delivery
+        delivery = (
+            own_delivery
+            if parent.delivery is None
+            else min(parent.delivery, own_delivery or parent.delivery)
         )
         propagation.stamp(headers, governed, delivery, origin)
         if headers:
@@ -148,19 +150,18 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
     ) -> tuple[datetime | None, Source | None]:
         """Task attribute > per-task setting > default setting, as an instant."""
         settings = settings_for(self.app)
-        per_task_value = settings.get(per_task).get(self.name, UNSET) if per_task else UNSET
-        said = first_said(
-            [
-                ("task", getattr(self, attribute, UNSET)),
-                ("setting", per_task_value),
-                ("default", settings.get(default)),
-            ]
-        )
+        levels: list[tuple[Source, object]] = [("task", getattr(self, attribute, UNSET))]
+        if per_task is not None:
+            levels.append(("setting", settings.get(per_task).get(self.name, UNSET)))
+        levels.append(("default", settings.get(default)))
+        said = first_said(levels)
         if said is None:
             return None, None
         source, value = said
-        budget = value if source != "task" else parse_budget(
-            value, name=f"{self.name}.{attribute}", maximum=horizon
+        budget = (
+            value
+            if source != "task"
+            else parse_budget(value, name=f"{self.name}.{attribute}", maximum=horizon)
         )
         if budget is None:
             return None, None
@@ -196,11 +197,10 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
         clock = get_clock()
         now = clock.now()
         headers = request.headers or {}
-        carried = propagation.read_headers(
-            headers, now, settings_for(self.app).max_budget, task_id
-        )
-        request.deadlines = carried
-        request.deadline_anchor = None
+        carried = propagation.read_headers(headers, now, settings_for(self.app).max_budget, task_id)
+        state = vars(request)
+        state[CARRIED] = carried
+        state[ANCHOR] = None
         if carried.unreadable is not None:
             detail = f"unreadable deadline header {carried.unreadable!r}"
             self._refuse_attempt(gates.invalid(gates.Gate.ATTEMPT, now, detail), task_id)
@@ -209,7 +209,7 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
         decision = gates.admit(gates.Gate.ATTEMPT, carried.deadline, now, self.reserve_duration())
         if not decision.allowed:
             self._refuse_attempt(decision, task_id)
-        request.deadline_anchor = Anchor.at(carried.deadline, now, clock.monotonic())
+        state[ANCHOR] = Anchor.at(carried.deadline, now, clock.monotonic())
 
     def _refuse_attempt(self, decision: gates.Decision, task_id: str) -> None:
         report_refusal(self, task_id, self.name, decision)
@@ -229,8 +229,8 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
     @property
     def deadline(self) -> datetime | None:
         """The current attempt's execution deadline (aware UTC), or ``None``."""
-        inherited = getattr(self.request, "deadlines", None)
-        return inherited.deadline if isinstance(inherited, Inherited) else None
+        carried = vars(self.request).get(CARRIED)
+        return carried.deadline if isinstance(carried, Inherited) else None
 
     def remaining(self) -> float:
         """Seconds left before the deadline, on the monotonic clock (``inf``: no deadline).
@@ -238,7 +238,7 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
         Negative once the deadline has passed. Measured from the attempt's anchor, so a
         wall clock change during the attempt does not change the answer.
         """
-        anchor = getattr(self.request, "deadline_anchor", None)
+        anchor = vars(self.request).get(ANCHOR)
         if not isinstance(anchor, Anchor):
             return math.inf
         return anchor.remaining(get_clock().monotonic()).total_seconds()
@@ -249,7 +249,7 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
         self,
         args: Any = None,
         kwargs: Any = None,
-        exc: BaseException | None = None,
+        exc: Exception | None = None,
         throw: bool = True,
         eta: datetime | None = None,
         countdown: float | None = None,
@@ -263,7 +263,7 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
         raises :class:`DeadlineRefused`, chained to ``exc``, so the run fails with that
         reason. The retried message keeps the original absolute deadline.
         """
-        anchor = getattr(self.request, "deadline_anchor", None)
+        anchor = vars(self.request).get(ANCHOR)
         if isinstance(anchor, Anchor) and not self._retries_exhausted(max_retries):
             clock = get_clock()
             now = clock.now()
@@ -283,15 +283,16 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
             if not decision.allowed:
                 if exc is not None:
                     decision = gates.Decision(
-                        decision.gate, decision.reason, decision.deadline,
-                        decision.clock_reading, decision.remaining,
+                        decision.gate,
+                        decision.reason,
+                        decision.deadline,
+                        decision.clock_reading,
+                        decision.remaining,
                         f"{decision.detail}; last error {exc!r}",
                     )
                 report_refusal(self, self.request.id, self.name, decision)
                 raise decision.refusal() from exc
-        return super().retry(
-            args, kwargs, exc, throw, eta, countdown, max_retries, **options
-        )
+        return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
 
     def _retries_exhausted(self, max_retries: int | None) -> bool:
         limit = self.max_retries if max_retries is None else max_retries

@@ -55,10 +55,7 @@ def decode(value: object, *, now: datetime, horizon: timedelta) -> datetime:
     """
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise InvalidDeadline(f"deadline header has type {type(value).__name__}: {value!r}")
-    if isinstance(value, str):
-        instant = _decode_iso(value)
-    else:
-        instant = _decode_epoch(value)
+    instant = _decode_iso(value) if isinstance(value, str) else _decode_epoch(value)
     if instant - now > horizon:
         raise InvalidDeadline(
             f"deadline {instant.isoformat()} is more than {horizon} after the clock "

@@ -16,6 +16,7 @@ import dj_database_url
 
 BASE_DIR = Path(__file__).resolve().parent
 VAR_DIR = Path(os.environ.get("DEMO_VAR_DIR", BASE_DIR / "var"))
+VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "demo-only-not-a-secret")
 DEBUG = True
@@ -58,7 +59,11 @@ TEMPLATES = [
     }
 ]
 
-_sqlite_options: dict[str, Any] = {"timeout": 20, "transaction_mode": "IMMEDIATE"}
+_sqlite_options: dict[str, Any] = {
+    "timeout": 20,
+    "transaction_mode": "IMMEDIATE",
+    "init_command": "PRAGMA journal_mode=WAL;",
+}
 DATABASES = {
     "default": dj_database_url.config(
         default=f"sqlite:///{VAR_DIR / 'demo.sqlite3'}", conn_max_age=0
@@ -82,6 +87,7 @@ if CELERY_BROKER_URL == "filesystem://":
         "processed_folder": str(_broker_dir / "processed"),
         "store_processed": False,
         "control_folder": str(_broker_dir / "control"),
+        "polling_interval": 0.1,
     }
 CELERY_RESULT_BACKEND = "django-db"
 CELERY_RESULT_EXTENDED = True

@@ -24,9 +24,7 @@ RABBITMQ = ("127.0.0.1", 5672)
 
 
 def redis_transport() -> Transport:
-    return Transport(
-        "redis", "redis://127.0.0.1:6379/10", "redis://127.0.0.1:6379/11", *REDIS
-    )
+    return Transport("redis", "redis://127.0.0.1:6379/10", "redis://127.0.0.1:6379/11", *REDIS)
 
 
 def rabbitmq_transport() -> Transport:
@@ -57,11 +55,10 @@ def require(transport: Transport) -> None:
 
 @pytest.fixture(params=["redis", "rabbitmq", "filesystem"])
 def transport(request: pytest.FixtureRequest, tmp_path: Path) -> Transport:
-    chosen = {
-        "redis": redis_transport,
-        "rabbitmq": rabbitmq_transport,
-        "filesystem": lambda: filesystem_transport(tmp_path),
-    }[request.param]()
+    if request.param == "filesystem":
+        chosen = filesystem_transport(tmp_path)
+    else:
+        chosen = redis_transport() if request.param == "redis" else rabbitmq_transport()
     require(chosen)
     return chosen
 
@@ -95,7 +92,12 @@ def _client(transport: Transport, queue: str) -> Iterator[Any]:
     app = workerapp.app
     saved = {
         key: app.conf[key]
-        for key in ("broker_url", "result_backend", "task_default_queue", "broker_transport_options")
+        for key in (
+            "broker_url",
+            "result_backend",
+            "task_default_queue",
+            "broker_transport_options",
+        )
     }
     options: dict[str, Any] = {}
     if transport.fs_folder:
@@ -138,16 +140,12 @@ def _reset_connections(app: Any) -> None:
 
 
 @pytest.fixture
-def start_worker(
-    tmp_path: Path, queue: str, request: pytest.FixtureRequest
-) -> Iterator[Any]:
+def start_worker(tmp_path: Path, queue: str, request: pytest.FixtureRequest) -> Iterator[Any]:
     """Start real ``celery worker`` subprocesses; all are stopped after the test."""
     started: list[WorkerProcess] = []
 
     def start(transport: Transport, **options: Any) -> WorkerProcess:
-        worker = WorkerProcess(
-            transport, queue, tmp_path / f"worker-{len(started)}.log", **options
-        )
+        worker = WorkerProcess(transport, queue, tmp_path / f"worker-{len(started)}.log", **options)
         started.append(worker)
         return worker.start()
 

@@ -100,7 +100,9 @@ def test_retry_reservation_exceeding_the_remaining_budget_is_rejected(
     assert (refusal.gate, refusal.reason) == ("retry", "retry_budget_exhausted")
     # at least one backoff (1 s) fitted; the refused one really did not fit
     assert "ProviderDown('attempt 0')" not in refusal.detail
-    needed, left = (float(x) for x in re.findall(r"needs ([\d.]+) s .* but ([\d.]+) s left", refusal.detail)[0])
+    needed, left = (
+        float(x) for x in re.findall(r"needs ([\d.]+) s .* but ([\d.]+) s left", refusal.detail)[0]
+    )
     assert needed > left
     # the run ends when the retry is refused, not when a doomed retry would expire
     assert elapsed < 5
@@ -149,7 +151,7 @@ def test_a_deadline_reaches_children_grandchildren_groups_chords_chains_and_link
     body = seen(children["chord_body"])
     assert body["deadline"] == deadline
     assert all(member["deadline"] == deadline for member in body["members"])
-    linked = app.AsyncResult(children["link"])
+    linked: Any = app.AsyncResult(children["link"])
     linked.get(timeout=20)
     assert [seen(child.id)["deadline"] for child in linked.children or []] == [deadline]
 

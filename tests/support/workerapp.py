@@ -21,7 +21,8 @@ app = Celery("workerapp")
 app.conf.update(
     broker_url=os.environ.get("TEST_BROKER_URL", "memory://"),
     result_backend=os.environ.get("TEST_RESULT_BACKEND", "cache+memory://"),
-    broker_transport_options=_fs_options if (
+    broker_transport_options=_fs_options
+    if (
         _fs_options := {
             key: value
             for key, value in {
@@ -31,7 +32,8 @@ app.conf.update(
             }.items()
             if value
         }
-    ) else {},
+    )
+    else {},
     task_serializer="json",
     result_serializer="json",
     accept_content=["json"],
@@ -85,7 +87,7 @@ def collect(self: DeadlineTask, results: list[Any]) -> dict[str, Any]:
 @app.task(base=DeadlineTask, bind=True, name="t.fan_out")
 def fan_out(self: DeadlineTask, child_budget: float | None = None) -> dict[str, Any]:
     """Publish a child through every path Celery offers; return their ids."""
-    extra = {} if child_budget is None else {"budget": child_budget}
+    extra: dict[str, Any] = {} if child_budget is None else {"budget": child_budget}
     ids = {
         "delay": probe.delay("delay").id,
         "apply_async": probe.apply_async(("apply_async",), **extra).id,
@@ -95,12 +97,12 @@ def fan_out(self: DeadlineTask, child_budget: float | None = None) -> dict[str, 
         "grandchild": child_of_child.delay().id,
         "link": probe.apply_async(("linked-parent",), link=probe.si("link")).id,
     }
-    group_result = group(probe.s("group-a"), probe.s("group-b")).apply_async()
+    group_result: Any = group(probe.s("group-a"), probe.s("group-b")).apply_async()
     ids["group"] = [r.id for r in group_result.results]
-    chord_result = chord([probe.s("chord-a"), probe.s("chord-b")])(collect.s())
+    chord_result: Any = chord([probe.s("chord-a"), probe.s("chord-b")])(collect.s())
     ids["chord_body"] = chord_result.id
     ids["chord_header"] = [r.id for r in chord_result.parent.results]
-    chain_result = (probe.si("chain-1") | probe.si("chain-2")).apply_async()
+    chain_result: Any = (probe.si("chain-1") | probe.si("chain-2")).apply_async()
     ids["chain_last"] = chain_result.id
     ids["chain_first"] = chain_result.parent.id
     return {"children": ids, **_seen(self)}

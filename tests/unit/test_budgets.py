@@ -41,7 +41,9 @@ def test_seconds_and_timedeltas_are_both_durations() -> None:
         (None, "NoneType"),
     ],
 )
-def test_bad_durations_are_refused_with_the_name_of_the_value(value: object, complaint: str) -> None:
+def test_bad_durations_are_refused_with_the_name_of_the_value(
+    value: object, complaint: str
+) -> None:
     with pytest.raises(InvalidDeadline, match=f"budget .*{complaint}|{complaint}"):
         parse_duration(value, name="budget")
 

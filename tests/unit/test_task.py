@@ -36,6 +36,15 @@ from celery_deadlines.testing import FakeClock
 from celery_deadlines.wire import encode
 
 
+def stored_refusal(app: Celery, task_id: str) -> DeadlineRefused:
+    """The refusal the worker stored for ``task_id``, as a caller would read it."""
+    result = app.AsyncResult(task_id)
+    assert result.state == "FAILURE"
+    refusal = result.result
+    assert isinstance(refusal, DeadlineRefused), refusal
+    return refusal
+
+
 @pytest.fixture
 def app() -> Iterator[Celery]:
     app = Celery("unit", broker="memory://", backend="cache+memory://", set_as_current=True)
@@ -287,8 +296,9 @@ def test_a_later_explicit_budget_inside_a_scope_is_clamped_and_logged(
     published: list[dict[str, Any]],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="celery_deadlines"), deadline_scope(
-        budget=10, app=app
+    with (
+        caplog.at_level(logging.INFO, logger="celery_deadlines"),
+        deadline_scope(budget=10, app=app),
     ):
         make_task(app).apply_async(budget=60)
     assert published[-1][DEADLINE_HEADER] == encode(clock.now() + timedelta(seconds=10))
@@ -338,9 +348,7 @@ def test_remaining_is_measured_on_the_monotonic_clock_from_the_attempt_start(
     assert task.remaining() == pytest.approx(6)
 
 
-def test_a_wall_clock_jump_backward_mid_attempt_adds_no_time(
-    app: Celery, clock: FakeClock
-) -> None:
+def test_a_wall_clock_jump_backward_mid_attempt_adds_no_time(app: Celery, clock: FakeClock) -> None:
     task = make_task(app)
     start_attempt(task, {DEADLINE_HEADER: encode(clock.now() + timedelta(seconds=10))})
     clock.advance(2)
@@ -370,10 +378,8 @@ def test_attempt_refuses_to_start_after_the_deadline_and_stores_why(
     task = make_task(app)
     with pytest.raises(Ignore):
         start_attempt(task, {DEADLINE_HEADER: encode(clock.now() - timedelta(seconds=1))}, "t-2")
-    stored = app.AsyncResult("t-2")
-    assert stored.state == "FAILURE"
-    assert isinstance(stored.result, DeadlineRefused)
-    assert (stored.result.gate, stored.result.reason) == ("attempt", "deadline_passed")
+    stored = stored_refusal(app, "t-2")
+    assert (stored.gate, stored.reason) == ("attempt", "deadline_passed")
     assert [d.gate for d in refusals] == ["attempt"]
 
 
@@ -384,13 +390,13 @@ def test_attempt_refuses_a_malformed_header_as_invalid_deadline(
     task = make_task(app)
     with pytest.raises(Ignore):
         start_attempt(task, {DEADLINE_HEADER: header}, "t-3")
-    assert app.AsyncResult("t-3").result.reason == "invalid_deadline"
+    assert stored_refusal(app, "t-3").reason == "invalid_deadline"
 
 
 def test_a_child_published_during_an_attempt_inherits_the_deadline(
     app: Celery, clock: FakeClock, published: list[dict[str, Any]]
 ) -> None:
-    from celery._state import _task_stack
+    from celery._state import _task_stack  # type: ignore[attr-defined]
 
     parent = make_task(app, name="unit.parent")
     child = make_task(app, name="unit.child", budget=600)
@@ -440,14 +446,14 @@ def test_retry_uses_time_limit_when_no_attempt_timeout_is_named(
 ) -> None:
     task = make_task(app, time_limit=20)
     start_attempt(task, {DEADLINE_HEADER: encode(clock.now() + timedelta(seconds=15))})
-    with pytest.raises(DeadlineRefused, match="attempt timeout 20.000 s"):
+    with pytest.raises(DeadlineRefused, match=r"attempt timeout 20\.000 s"):
         task.retry(countdown=0)
 
 
 def test_retry_with_an_eta_counts_the_wait_until_the_eta(app: Celery, clock: FakeClock) -> None:
     task = make_task(app)
     start_attempt(task, {DEADLINE_HEADER: encode(clock.now() + timedelta(seconds=15))})
-    with pytest.raises(DeadlineRefused, match="countdown 20.000 s"):
+    with pytest.raises(DeadlineRefused, match=r"countdown 20\.000 s"):
         task.retry(eta=clock.now() + timedelta(seconds=20))
 
 
@@ -472,12 +478,13 @@ def test_claim_refuses_an_expired_message_acks_it_and_stores_why(
     app: Celery, clock: FakeClock, refusals: list[Decision]
 ) -> None:
     task = make_task(app)
-    request, on_ack = claim(app, task, {DEADLINE_HEADER: encode(clock.now() - timedelta(seconds=1))})
+    request, on_ack = claim(
+        app, task, {DEADLINE_HEADER: encode(clock.now() - timedelta(seconds=1))}
+    )
     assert request.revoked() is True
     on_ack.assert_called_once()
-    result = app.AsyncResult("m-1")
-    assert result.state == "FAILURE"
-    assert (result.result.gate, result.result.reason) == ("claim", "deadline_passed")
+    refusal = stored_refusal(app, "m-1")
+    assert (refusal.gate, refusal.reason) == ("claim", "deadline_passed")
     assert [d.gate for d in refusals] == ["claim"]
 
 
@@ -487,7 +494,7 @@ def test_claim_counts_time_spent_waiting_for_a_pool_slot(app: Celery, clock: Fak
     assert request.revoked() is False  # on arrival: 5 s left
     clock.advance(3.5)  # waiting behind busy pool processes
     assert request.revoked() is True  # when handed to the pool: 1.5 s < reserve
-    assert app.AsyncResult("m-1").result.reason == "insufficient_budget"
+    assert stored_refusal(app, "m-1").reason == "insufficient_budget"
 
 
 @pytest.mark.parametrize("header", ["soon", float("inf"), -1, True, {"x": 1}, "2026-11-29T12:00"])
@@ -498,7 +505,7 @@ def test_claim_refuses_malformed_headers_without_raising(
     request, on_ack = claim(app, task, {DEADLINE_HEADER: header})
     assert request.revoked() is True
     on_ack.assert_called_once()
-    assert app.AsyncResult("m-1").result.reason == "invalid_deadline"
+    assert stored_refusal(app, "m-1").reason == "invalid_deadline"
 
 
 def test_claim_lets_a_message_without_deadline_through(app: Celery, clock: FakeClock) -> None:

@@ -1,0 +1,47 @@
+# The two commands of the README: `make demo` and `make test`. Both build .venv first.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+
+.PHONY: demo test test-unit test-integration lint bench matrix clean
+
+$(INSTALLED): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+
+## Run the shop story on the embedded default (SQLite + filesystem broker) and explain it.
+demo: $(INSTALLED)
+	$(BIN)/python -m demo_project.run_demo
+
+## Every test: unit (fake clock) and integration (real brokers, PostgreSQL, worker processes).
+test: $(INSTALLED)
+	$(BIN)/python -m pytest
+
+test-unit: $(INSTALLED)
+	$(BIN)/python -m pytest tests/unit
+
+test-integration: $(INSTALLED)
+	$(BIN)/python -m pytest tests/integration
+
+lint: $(INSTALLED)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+## Publish cost and end-to-end throughput, DeadlineTask vs plain Celery (needs Redis).
+bench: $(INSTALLED)
+	$(BIN)/python bench/overhead.py
+
+## Unit tests on another interpreter, the newest Django and the oldest Celery we support.
+MATRIX_VENV := .venv-$(notdir $(PYTHON))
+matrix:
+	$(MAKE) --no-print-directory VENV=$(MATRIX_VENV) PYTHON=$(PYTHON) $(MATRIX_VENV)/.installed
+	$(MATRIX_VENV)/bin/python -m pip install --quiet 'celery==5.5.*'
+	$(MATRIX_VENV)/bin/python -c 'import celery, django; print("celery", celery.__version__, "django", django.__version__)'
+	$(MATRIX_VENV)/bin/python -m pytest tests/unit
+
+clean:
+	rm -rf $(VENV) .venv-* demo_project/var .mypy_cache .ruff_cache .pytest_cache

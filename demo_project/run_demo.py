@@ -1,0 +1,165 @@
+"""``make demo``: run the shop story on real worker processes and explain every task.
+
+1. start the shop worker (prefork) on the configured broker (default: the embedded
+   SQLite + kombu filesystem transport, no server);
+2. place order 42 with an 8 second budget; the warehouse worker is "down" for 5 s;
+3. try to place order 43 with a deadline already past: refused at enqueue;
+4. start the warehouse worker, wait for every task to finish, print what happened
+   to each and why (deadline, time left, gate decision), and stop the workers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "demo_project.settings")
+django.setup()
+
+from django.conf import settings  # noqa: E402
+from django.core.management import call_command  # noqa: E402
+
+from celery_deadlines import DeadlineRefused  # noqa: E402
+from demo_project.celery import app  # noqa: E402
+from demo_project.shop.tasks import place_order  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+ORDER_BUDGET = 8.0
+WAREHOUSE_DOWN_FOR = 5.0
+
+
+def start_worker(queue: str, log: Path) -> subprocess.Popen[bytes]:
+    command = [
+        sys.executable, "-m", "celery", "-A", "demo_project", "worker", "-P", "prefork",
+        "-c", "2", "-Q", queue, "-n", f"{queue}@%h", "-l", "INFO",
+        "--without-gossip", "--without-mingle", "--without-heartbeat",
+    ]  # fmt: skip
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    wait_until(lambda: " ready." in log.read_text(errors="replace"), 60, f"{queue} worker")
+    return process
+
+
+def stop_worker(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def wait_until(condition: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"demo: gave up waiting for {what} after {timeout:.0f} s")
+        time.sleep(0.1)
+    return value
+
+
+def outcome(task_id: str) -> dict[str, Any]:
+    result = app.AsyncResult(task_id)
+    try:
+        value = result.get(timeout=0.5, propagate=True, disable_sync_subtasks=False)
+    except DeadlineRefused as refused:
+        return {"state": "REFUSED", "refusal": refused}
+    except Exception as exc:  # noqa: BLE001 - the demo explains failures, it does not hide them
+        return {"state": result.state, "error": exc}
+    return {"state": result.state, "value": value}
+
+
+def order_deadline(task_id: str) -> str:
+    """The deadline the order ran under, as the order task itself reported it."""
+    value: dict[str, Any] = app.AsyncResult(task_id).get(timeout=30)
+    deadline: str = value["deadline"]
+    return deadline
+
+
+def finished(task_id: str) -> bool:
+    return app.AsyncResult(task_id).ready()
+
+
+def clock(instant: str | datetime | None) -> str:
+    if instant is None:
+        return "-"
+    moment = datetime.fromisoformat(instant) if isinstance(instant, str) else instant
+    return moment.astimezone(UTC).strftime("%H:%M:%S.%f")[:-3] + "Z"
+
+
+def explain(name: str, task_id: str) -> list[str]:
+    seen = outcome(task_id)
+    if "refusal" in seen:
+        refused: DeadlineRefused = seen["refusal"]
+        return [
+            f"{name:<15} REFUSED at the {refused.gate} gate: {refused.reason}",
+            f"{'':<15} deadline {clock(refused.deadline)}, clock read "
+            f"{clock(refused.clock_reading)}",
+            f"{'':<15} {refused.detail}",
+        ]
+    if "error" in seen:
+        return [f"{name:<15} {seen['state']}: {seen['error']!r}"]
+    value = seen["value"]
+    return [
+        f"{name:<15} SUCCEEDED, started with {value['time_left_at_start']:.2f} s left",
+        f"{'':<15} deadline {clock(value['deadline'])} (from the {value['source']}), "
+        f"attempt {value['attempt']}",
+    ]
+
+
+def main() -> None:
+    logging.basicConfig(
+        stream=sys.stdout, level=logging.WARNING, format="  [log] %(name)s: %(message)s"
+    )
+    var = Path(settings.VAR_DIR)
+    shutil.rmtree(var / "broker", ignore_errors=True)
+    for folder in ("queue", "processed", "control"):
+        (var / "broker" / folder).mkdir(parents=True, exist_ok=True)
+    call_command("migrate", verbosity=0)
+    database = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
+    print(f"celery-deadlines demo: broker {settings.CELERY_BROKER_URL}, database {database}")
+
+    shop = start_worker("celery", var / "shop-worker.log")
+    warehouse = None
+    try:
+        order = place_order.apply_async((42,), budget=ORDER_BUDGET)
+        print(
+            f"\norder 42 placed with a {ORDER_BUDGET:.0f} s budget -> deadline "
+            f"{clock(order_deadline(order.id))}; print_label has its own 3 s budget "
+            "(CELERY_DEADLINES_BUDGETS)"
+        )
+        try:
+            place_order.apply_async((43,), deadline=datetime.now(UTC) - timedelta(seconds=1))
+        except DeadlineRefused as refused:
+            print(f"order 43 placed with a deadline 1 s ago -> refused at once: {refused}")
+        print(f"the warehouse worker is down for {WAREHOUSE_DOWN_FOR:.0f} s ...", flush=True)
+        children = wait_until(lambda: finished(order.id) and order.get()["children"], 30, "order")
+        time.sleep(WAREHOUSE_DOWN_FOR)
+        warehouse = start_worker("warehouse", var / "warehouse-worker.log")
+        ids = {"place_order": order.id, **children}
+        wait_until(lambda: all(finished(i) for i in ids.values()), 60, "all tasks")
+        print("\nwhat happened, and why:")
+        for name, task_id in ids.items():
+            print("\n".join(explain(name, task_id)))
+        print(f"\nworker logs: {var / 'shop-worker.log'}, {var / 'warehouse-worker.log'}")
+    finally:
+        stop_worker(shop)
+        if warehouse is not None:
+            stop_worker(warehouse)
+
+
+if __name__ == "__main__":
+    main()

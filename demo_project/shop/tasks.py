@@ -1,0 +1,70 @@
+"""The shop's tasks: one order, one deadline, every hop honouring it.
+
+``place_order`` is published with a budget; everything it sends inherits that deadline
+(and can only shorten it). ``charge_card`` talks to a payment provider that is down:
+its retries back off until the next one would not fit in the time left, and the run
+ends with ``retry_budget_exhausted``. ``print_label`` goes to the warehouse queue, whose
+worker is late: the message waits there past its (shorter, per-task) deadline and the
+warehouse worker refuses to start it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from celery import shared_task
+
+from celery_deadlines import SOURCE_HEADER, DeadlineTask
+
+
+class ProviderDown(Exception):
+    """The payment provider did not answer (transient: worth a retry, if time allows)."""
+
+
+def seen(task: DeadlineTask, **extra: Any) -> dict[str, Any]:
+    """What a task reports about its own deadline, for the demo's explanation."""
+    deadline = task.deadline
+    return {
+        "deadline": deadline.isoformat() if deadline else None,
+        "source": (task.request.headers or {}).get(SOURCE_HEADER),
+        "time_left_at_start": round(task.remaining(), 3),
+        "attempt": task.request.retries + 1,
+        **extra,
+    }
+
+
+@shared_task(base=DeadlineTask, bind=True, reserve=1)
+def place_order(self: DeadlineTask, order_id: int) -> dict[str, Any]:
+    started = seen(self)
+    children = {
+        "reserve_stock": reserve_stock.delay(order_id).id,
+        "charge_card": charge_card.delay(order_id, 4200).id,
+        "print_label": print_label.apply_async((order_id,), queue="warehouse").id,
+    }
+    return {**started, "children": children}
+
+
+@shared_task(base=DeadlineTask, bind=True)
+def reserve_stock(self: DeadlineTask, order_id: int) -> dict[str, Any]:
+    started = seen(self)
+    time.sleep(0.2)  # the stock service
+    return {**started, "reserved": True}
+
+
+@shared_task(
+    base=DeadlineTask,
+    bind=True,
+    autoretry_for=(ProviderDown,),
+    retry_backoff=1,
+    retry_jitter=False,
+    max_retries=10,
+    attempt_timeout=2,
+)
+def charge_card(self: DeadlineTask, order_id: int, amount_cents: int) -> dict[str, Any]:
+    raise ProviderDown(f"provider timed out on attempt {self.request.retries + 1}")
+
+
+@shared_task(base=DeadlineTask, bind=True)
+def print_label(self: DeadlineTask, order_id: int) -> dict[str, Any]:
+    return {**seen(self), "printed": True}
