@@ -12,7 +12,17 @@ class CeleryDeadlinesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.core.signals import setting_changed
+
         from . import checks  # noqa: F401 - registers the system checks
         from .install import install
 
         install()
+        setting_changed.connect(_reload_settings, dispatch_uid="celery_deadlines.reload")
+
+
+def _reload_settings(setting: str, **kwargs: object) -> None:
+    if setting.startswith("CELERY_DEADLINES_"):
+        from .conf import reload_all
+
+        reload_all()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final, Literal, TypeAlias, TypeVar
@@ -86,14 +85,6 @@ def parse_instant(value: object, *, name: str) -> datetime:
             f"{name} must be timezone-aware, got the naive datetime {value.isoformat()}"
         )
     return value
-
-
-def first_said(levels: Iterable[tuple[Source, T | Unset]]) -> tuple[Source, T] | None:
-    """The first level whose value is not :data:`UNSET`, with its name; ``None`` if none."""
-    for source, value in levels:
-        if value is not UNSET:
-            return source, value
-    return None
 
 
 @dataclass(frozen=True, slots=True)

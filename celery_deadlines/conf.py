@@ -125,16 +125,27 @@ SETTINGS: Final[tuple[Setting[Any], ...]] = (
 
 
 class Settings:
-    """Typed, lazy view of one Celery app's celery-deadlines settings."""
+    """Typed, lazy view of one Celery app's celery-deadlines settings.
+
+    Nothing is read before the first use. Reading a missing key through Celery's
+    configuration costs several microseconds (it probes every spelling in every
+    source, Django's settings included), too much for every publish, so each raw value
+    is looked up once and cached. Two things refresh it: a value set at run time
+    (``app.conf.deadlines_x = ...`` lands in ``conf.changes``, which is checked on
+    every read, cheaply) and Django's ``setting_changed`` signal (``override_settings``),
+    which calls :meth:`reload`. Call :meth:`reload` yourself after any other change.
+    """
 
     def __init__(self, conf: Mapping[str, Any]) -> None:
         self._conf = conf
+        self._raw: dict[str, object] = {}
         # raw value -> parsed value, re-parsed only when the raw object changes
         self._parsed: dict[str, tuple[object, object]] = {}
+        self._spellings: dict[str, tuple[str, ...]] = {}
 
     def get(self, setting: Setting[T]) -> T:
         """The parsed value of ``setting``, or :class:`ConfigurationError` naming it."""
-        raw = self._conf.get(setting.name, setting.default)
+        raw = self._raw_value(setting)
         cached = self._parsed.get(setting.name)
         if cached is not None and cached[0] is raw:
             return cached[1]  # type: ignore[return-value]
@@ -144,6 +155,32 @@ class Settings:
             raise ConfigurationError(f"{setting.describe()}: {exc}") from exc
         self._parsed[setting.name] = (raw, value)
         return value
+
+    def reload(self) -> None:
+        """Forget every cached value: the next read asks the configuration again."""
+        self._raw.clear()
+        self._parsed.clear()
+
+    def _raw_value(self, setting: Setting[Any]) -> object:
+        changes = getattr(self._conf, "changes", None)
+        if changes:
+            for spelling in self._spellings_of(setting.name):
+                if spelling in changes:
+                    return changes[spelling]
+        try:
+            return self._raw[setting.name]
+        except KeyError:
+            raw = self._raw[setting.name] = self._conf.get(setting.name, setting.default)
+            return raw
+
+    def _spellings_of(self, name: str) -> tuple[str, ...]:
+        try:
+            return self._spellings[name]
+        except KeyError:
+            to_keys = getattr(self._conf, "_to_keys", None)
+            spellings = tuple(to_keys(name)) if to_keys else (name,)
+            self._spellings[name] = spellings
+            return spellings
 
     def check(self) -> list[ConfigurationError]:
         """Every setting's error, for system checks (empty when all are fine)."""
@@ -161,6 +198,12 @@ class Settings:
 
 
 _by_app: weakref.WeakKeyDictionary[object, Settings] = weakref.WeakKeyDictionary()
+
+
+def reload_all() -> None:
+    """Forget the cached settings of every app (Django's ``setting_changed`` calls this)."""
+    for settings in list(_by_app.values()):
+        settings.reload()
 
 
 def settings_for(app: Any) -> Settings:

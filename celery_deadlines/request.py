@@ -13,8 +13,11 @@ the prefork pool enforces both limits; see docs/concepts.md for the other pools.
 
 from __future__ import annotations
 
+import weakref
+from datetime import datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any
 
+from celery.utils.time import maybe_iso8601
 from celery.worker.request import Request
 
 from . import gates, propagation
@@ -36,7 +39,25 @@ class DeadlineRequest(Request):
         _context: Any
 
     _deadlines: propagation.Inherited | None = None
+    _reserve: timedelta | None = None
     _raw_time_limits: tuple[float | None, float | None] = (None, None)
+
+    def __init__(self, message: Any, *args: Any, **kwargs: Any) -> None:
+        # Every message we stamp carries an ISO ``expires``; Celery parses it with
+        # dateutil, which costs more than all of this class's own work per message.
+        kwargs.setdefault("maybe_iso8601", fast_iso8601)
+        super().__init__(message, *args, **kwargs)
+
+    @property
+    def tzlocal(self) -> tzinfo:
+        """The app's timezone, read from the configuration once per app, not per message."""
+        app = self._app
+        try:
+            return _timezones[app]
+        except KeyError:
+            zone: tzinfo = app.conf.timezone
+            _timezones[app] = zone
+            return zone
 
     def revoked(self) -> bool:
         if self._already_revoked:
@@ -87,7 +108,9 @@ class DeadlineRequest(Request):
                 )
             if carried.deadline is None:
                 return None
-            reserve = self._deadline_task().reserve_duration()
+            reserve = self._reserve
+            if reserve is None:
+                reserve = self._reserve = self._deadline_task().reserve_duration()
         except Exception as exc:  # noqa: BLE001 - a bad message or setting must never crash the consumer
             return gates.invalid(gates.Gate.CLAIM, now, f"cannot judge the deadline: {exc}")
         return gates.admit(gates.Gate.CLAIM, carried.deadline, now, reserve)
@@ -111,3 +134,17 @@ class DeadlineRequest(Request):
         )
         self.acknowledge()
         self._already_revoked = True
+
+
+_timezones: weakref.WeakKeyDictionary[Any, tzinfo] = weakref.WeakKeyDictionary()
+
+
+def fast_iso8601(value: datetime | str | None) -> datetime | None:
+    """Celery's ``maybe_iso8601`` contract, with the standard library's fast parser first."""
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value)
+        except ValueError:
+            pass
+    parsed: datetime | None = maybe_iso8601(value)
+    return parsed

@@ -22,7 +22,7 @@ from celery.exceptions import Ignore
 from celery.utils.time import maybe_make_aware
 
 from . import conf, gates, propagation, wire
-from .budgets import UNSET, Anchor, Source, first_said, govern, parse_budget, parse_duration
+from .budgets import UNSET, Anchor, Source, govern, parse_budget, parse_duration
 from .clock import get_clock
 from .conf import settings_for
 from .propagation import ANCHOR, CARRIED, Inherited
@@ -78,21 +78,14 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
         :class:`ConfigurationError` for a bad setting. Either way nothing is published.
         """
         settings = settings_for(self.app)
-        horizon = settings.max_budget
         now = get_clock().now()
-        headers = dict(options.get("headers") or {})
+        given = options.get("headers")
+        headers = dict(given) if given else {}
         parent = propagation.inherited()
-        own, own_source = self._own_deadline(options, headers, now, horizon)
-        own_delivery = propagation.call_instant(options, "delivery_", now, horizon)
-        if own_delivery is None:
-            own_delivery = self._configured(
-                "delivery_budget", conf.DEFAULT_DELIVERY_BUDGET, None, now, horizon
-            )[0]
         if parent.unreadable is not None:
-            self._refuse_enqueue(
-                gates.invalid(gates.Gate.ENQUEUE, now, "the parent task's deadline is unreadable"),
-                task_id,
-            )
+            detail = "the parent task's deadline is unreadable"
+            self._refuse_enqueue(gates.invalid(gates.Gate.ENQUEUE, now, detail), task_id)
+        own, own_source, own_delivery = self._own_deadlines(options, headers, now, settings)
         governed = govern(own, own_source, parent.deadline, parent.source)
         if governed.clamped_from is not None and own_source == "call":
             propagation.log_clamp(self.name, task_id, governed)
@@ -108,15 +101,16 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
                 self._refuse_enqueue(decision, task_id)
             # Celery's expires header only: a broker-side TTL would drop the message
             # without a recorded reason (see docs/failure-semantics.md).
-            headers["expires"] = propagation.earlier_expiry(
-                options.get("expires"), governed.deadline, now
+            expires = options.get("expires")
+            headers["expires"] = (
+                governed.deadline
+                if expires is None
+                else propagation.earlier_expiry(expires, governed.deadline, now)
             ).isoformat()
         origin = parent.origin if governed.source in ("parent", "scope") else None
-        delivery = (
-            own_delivery
-            if parent.delivery is None
-            else min(parent.delivery, own_delivery or parent.delivery)
-        )
+        delivery = own_delivery
+        if parent.delivery is not None and (delivery is None or parent.delivery < delivery):
+            delivery = parent.delivery
         propagation.stamp(headers, governed, delivery, origin)
         if headers:
             options["headers"] = headers
@@ -124,49 +118,68 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
             args, kwargs, task_id, producer, link, link_error, shadow, **options
         )
 
-    def _own_deadline(
+    def _own_deadlines(
         self,
         options: dict[str, Any],
         headers: dict[str, Any],
         now: datetime,
-        horizon: timedelta,
-    ) -> tuple[datetime | None, Source | None]:
-        from_call = propagation.call_instant(options, "", now, horizon)
-        if from_call is not None:
-            return from_call, "call"
-        if wire.DEADLINE_HEADER in headers:  # explicit header, or copied by retry()
-            instant = wire.decode(headers[wire.DEADLINE_HEADER], now=now, horizon=horizon)
-            source = headers.get(wire.SOURCE_HEADER, "call")
-            return instant, source
-        return self._configured("budget", conf.DEFAULT_BUDGET, conf.BUDGETS, now, horizon)
+        settings: conf.Settings,
+    ) -> tuple[datetime | None, Source | None, datetime | None]:
+        """This publish's own execution deadline (with its source) and delivery deadline."""
+        horizon = settings.max_budget
+        own: datetime | None = None
+        own_source: Source | None = None
+        own_delivery: datetime | None = None
+        if not propagation.CALL_OPTIONS.isdisjoint(options):
+            own = propagation.call_instant(options, "", now, horizon)
+            own_source = "call" if own is not None else None
+            own_delivery = propagation.call_instant(options, "delivery_", now, horizon)
+        if own is None and wire.DEADLINE_HEADER in headers:
+            # an explicit header, or the one retry() copied from the original message
+            own = wire.decode(headers[wire.DEADLINE_HEADER], now=now, horizon=horizon)
+            own_source = headers.get(wire.SOURCE_HEADER, "call")
+        if own is None:
+            own_source, budget = self._configured(
+                "budget", conf.DEFAULT_BUDGET, conf.BUDGETS, settings
+            )
+            own = None if budget is None else now + budget
+        if own_delivery is None:
+            _, delivery_budget = self._configured(
+                "delivery_budget", conf.DEFAULT_DELIVERY_BUDGET, None, settings
+            )
+            own_delivery = None if delivery_budget is None else now + delivery_budget
+        return own, own_source if own is not None else None, own_delivery
 
     def _configured(
         self,
         attribute: str,
         default: conf.Setting[timedelta | None],
         per_task: conf.Setting[dict[str, timedelta | None]] | None,
-        now: datetime,
-        horizon: timedelta,
-    ) -> tuple[datetime | None, Source | None]:
-        """Task attribute > per-task setting > default setting, as an instant."""
-        settings = settings_for(self.app)
-        levels: list[tuple[Source, object]] = [("task", getattr(self, attribute, UNSET))]
+        settings: conf.Settings,
+    ) -> tuple[Source | None, timedelta | None]:
+        """Task attribute > per-task setting > default setting: a budget and its source."""
+        raw = getattr(self, attribute, UNSET)
+        if raw is not UNSET:
+            return "task", self._parsed_attribute(attribute, raw, settings.max_budget)
         if per_task is not None:
-            levels.append(("setting", settings.get(per_task).get(self.name, UNSET)))
-        levels.append(("default", settings.get(default)))
-        said = first_said(levels)
-        if said is None:
-            return None, None
-        source, value = said
-        budget = (
-            value
-            if source != "task"
-            else parse_budget(value, name=f"{self.name}.{attribute}", maximum=horizon)
+            budgets = settings.get(per_task)
+            if self.name in budgets:
+                return "setting", budgets[self.name]
+        return "default", settings.get(default)
+
+    def _parsed_attribute(
+        self, attribute: str, raw: object, horizon: timedelta
+    ) -> timedelta | None:
+        """A task attribute budget, parsed once per value (attributes rarely change)."""
+        cache: dict[str, tuple[object, timedelta | None]] = self.__dict__.setdefault(
+            "_celery_deadlines_parsed", {}
         )
-        if budget is None:
-            return None, None
-        assert isinstance(budget, timedelta)
-        return now + budget, source
+        cached = cache.get(attribute)
+        if cached is not None and cached[0] is raw:
+            return cached[1]
+        budget = parse_budget(raw, name=f"{self.name}.{attribute}", maximum=horizon)
+        cache[attribute] = (raw, budget)
+        return budget
 
     def _refuse_enqueue(self, decision: gates.Decision, task_id: str | None) -> None:
         report_refusal(self, task_id, self.name, decision)

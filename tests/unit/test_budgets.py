@@ -9,9 +9,7 @@ import pytest
 
 from celery_deadlines import InvalidDeadline
 from celery_deadlines.budgets import (
-    UNSET,
     Anchor,
-    first_said,
     govern,
     parse_budget,
     parse_duration,
@@ -66,18 +64,6 @@ def test_absurd_budget_is_refused_and_names_the_setting_that_bounds_it() -> None
 def test_naive_datetime_is_refused() -> None:
     with pytest.raises(InvalidDeadline, match="naive"):
         parse_instant(datetime(2026, 11, 29, 12, 0), name="deadline")
-
-
-def test_precedence_takes_the_first_level_that_says_anything() -> None:
-    assert first_said([("call", UNSET), ("task", 10), ("default", 30)]) == ("task", 10)
-
-
-def test_none_at_a_level_means_no_deadline_and_stops_the_search() -> None:
-    assert first_said([("call", UNSET), ("task", None), ("default", 30)]) == ("task", None)
-
-
-def test_nothing_said_anywhere_is_no_deadline() -> None:
-    assert first_said([("call", UNSET), ("task", UNSET)]) is None
 
 
 def test_an_earlier_own_deadline_is_kept() -> None:

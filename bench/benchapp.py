@@ -1,0 +1,46 @@
+"""The app the overhead benchmark runs in a real worker: one plain task, one DeadlineTask."""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery, Task
+
+from celery_deadlines import DeadlineTask
+
+app = Celery("benchapp")
+app.conf.update(
+    broker_url=os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/12"),
+    result_backend=os.environ.get("BENCH_RESULT_BACKEND", "redis://127.0.0.1:6379/13"),
+    task_serializer="json",
+    accept_content=["json"],
+    task_ignore_result=True,
+    worker_hijack_root_logger=False,
+    broker_connection_retry_on_startup=True,
+    task_default_queue=os.environ.get("BENCH_QUEUE", "bench"),
+)
+
+
+@app.task(base=Task, name="bench.plain")
+def plain(x: int) -> int:
+    return x
+
+
+@app.task(base=DeadlineTask, name="bench.deadline", budget=300)
+def deadline(x: int) -> int:
+    return x
+
+
+@app.task(name="bench.sentinel", ignore_result=False)
+def sentinel() -> str:
+    return "done"
+
+
+@app.task(base=Task, name="bench.plain_limited", time_limit=300)
+def plain_limited(x: int) -> int:
+    return x
+
+
+@app.task(base=DeadlineTask, name="bench.deadline_none")
+def deadline_none(x: int) -> int:
+    return x

@@ -1,0 +1,176 @@
+"""DeadlineTask vs plain Celery: publish cost per call and end-to-end throughput.
+
+Same broker (Redis), same worker (one ``celery worker`` subprocess, prefork), same
+settings, same run; the two variants alternate round by round so that drift on this
+shared machine hits both alike. Prints medians and the ratios the issue sets goals for:
+
+* publish overhead (µs per ``apply_async``): DeadlineTask minus plain, measured on Redis
+  with the two variants paired call by call (one round trip is ~130 µs here, so this
+  is noisy), and the library's own code timed alone with Celery's publish stubbed;
+* end-to-end throughput (tasks/s from the first publish to the last task done):
+  DeadlineTask / plain, goal >= 0.97.
+
+Usage: python bench/overhead.py [--tasks 2000] [--rounds 7] [--calls 3000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+QUEUE = f"bench-{uuid.uuid4().hex[:8]}"
+os.environ["BENCH_QUEUE"] = QUEUE
+
+from bench import benchapp  # noqa: E402
+
+
+def start_worker(log: Path) -> subprocess.Popen[bytes]:
+    command = [
+        sys.executable, "-m", "celery", "-A", "bench.benchapp", "worker", "-P", "prefork",
+        "-c", "2", "-Q", QUEUE, "-l", "WARNING", "-n", f"{QUEUE}@%h",
+        "--without-gossip", "--without-mingle", "--without-heartbeat",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with log.open("wb") as out:
+        worker = subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    benchapp.sentinel.apply_async(queue=QUEUE).get(timeout=60)  # ready and warm
+    return worker
+
+
+def paired_publish_costs(plain: Any, deadline: Any, calls: int) -> tuple[float, float, float]:
+    """Publish both variants alternately, call by call: medians (µs) and median difference.
+
+    Pairing each plain publish with the next DeadlineTask publish cancels the drift of a
+    shared machine; the median difference is the overhead a caller pays per call.
+    """
+    clock = time.perf_counter_ns
+    plain_ns, deadline_ns, differences = [], [], []
+    for i in range(calls):
+        t0 = clock()
+        plain.delay(i)
+        t1 = clock()
+        deadline.delay(i)
+        t2 = clock()
+        plain_ns.append(t1 - t0)
+        deadline_ns.append(t2 - t1)
+        differences.append((t2 - t1) - (t1 - t0))
+    return (
+        statistics.median(plain_ns) / 1e3,
+        statistics.median(deadline_ns) / 1e3,
+        statistics.median(differences) / 1e3,
+    )
+
+
+def library_publish_cost(calls: int) -> float:
+    """What ``DeadlineTask.apply_async`` itself costs (µs/call), with Celery's publish stubbed.
+
+    Celery's ``Task.apply_async`` is replaced by a no-op for the measurement, so what is
+    left is exactly the work this library adds in front of it (reading settings and
+    the clock, inheriting, gating, stamping). The publish hook's cost is added too.
+    """
+    import celery.app.task
+    from celery import Celery
+
+    from celery_deadlines import DeadlineTask
+    from celery_deadlines.propagation import on_before_task_publish
+
+    app = Celery("bench-library", broker="memory://", set_as_current=False)
+
+    def identity(x: int) -> int:
+        return x
+
+    task = app.task(base=DeadlineTask, name="m.deadline", shared=False, budget=300)(identity)
+    stamped = {"id": "x", "task": "m.deadline", "x_deadline": 1.0, "x_deadline_source": "call"}
+    original = celery.app.task.Task.apply_async
+    celery.app.task.Task.apply_async = lambda self, *args, **kwargs: None  # type: ignore[method-assign,assignment]
+    try:
+        runs = []
+        for _ in range(5):
+            started = time.perf_counter()
+            for i in range(calls):
+                task.apply_async((i,))
+                on_before_task_publish(sender="m.deadline", headers=stamped, properties={})
+            runs.append((time.perf_counter() - started) / calls * 1e6)
+    finally:
+        celery.app.task.Task.apply_async = original  # type: ignore[method-assign]
+    return statistics.median(runs)
+
+
+def end_to_end(task: Any, tasks: int) -> float:
+    """Tasks/s from the first publish until the worker has run them all."""
+    started = time.perf_counter()
+    for i in range(tasks):
+        task.delay(i)
+    benchapp.sentinel.delay().get(timeout=600)
+    return tasks / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=2000, help="tasks per end-to-end round")
+    parser.add_argument("--rounds", type=int, default=7, help="alternating rounds per variant")
+    parser.add_argument("--calls", type=int, default=3000, help="publishes per cost round")
+    args = parser.parse_args()
+
+    log = REPO / "bench" / "results" / "overhead-worker.log"
+    log.parent.mkdir(exist_ok=True)
+    worker = start_worker(log)
+    try:
+        paired = [
+            paired_publish_costs(benchapp.plain, benchapp.deadline, args.calls)
+            for _ in range(args.rounds)
+        ]
+        benchapp.sentinel.delay().get(timeout=600)  # drain before timing throughput
+        plain_e2e, deadline_e2e = [], []
+        for _ in range(args.rounds):
+            plain_e2e.append(end_to_end(benchapp.plain, args.tasks))
+            deadline_e2e.append(end_to_end(benchapp.deadline, args.tasks))
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(60)
+    library = library_publish_cost(args.calls)
+
+    def med(values: list[float]) -> float:
+        return statistics.median(values)
+
+    plain_pub = med([p[0] for p in paired])
+    deadline_pub = med([p[1] for p in paired])
+    overhead = med([p[2] for p in paired])
+    ratio = med(deadline_e2e) / med(plain_e2e)
+    print(
+        f"celery-deadlines overhead benchmark: Redis broker, prefork worker -c 2, "
+        f"{args.rounds} alternating rounds"
+    )
+    print(f"{'measure':<44}{'plain Task':>12}{'DeadlineTask':>14}{'overhead':>12}")
+    print(
+        f"{'publish on Redis, paired calls (µs/call)':<44}{plain_pub:>12.1f}"
+        f"{deadline_pub:>14.1f}{overhead:>+10.1f}µs"
+    )
+    print(
+        f"{'publish, library code alone (µs/call)':<44}{'':>12}{library:>14.1f}{library:>+10.1f}µs"
+    )
+    print(
+        f"{'end to end (tasks/s, median)':<44}{med(plain_e2e):>12.0f}{med(deadline_e2e):>14.0f}"
+        f"{ratio:>11.3f}x"
+    )
+    print(f"  end-to-end rounds, plain:    {[round(x) for x in plain_e2e]}")
+    print(f"  end-to-end rounds, deadline: {[round(x) for x in deadline_e2e]}")
+    verdict = "met" if overhead <= 15 and library <= 15 and ratio >= 0.97 else "NOT met"
+    print(f"goals (publish overhead <= 15 µs/call, end-to-end ratio >= 0.97): {verdict}")
+
+
+if __name__ == "__main__":
+    main()
