@@ -42,7 +42,7 @@ class Setting(Generic[T]):
 
 
 def _optional_budget(value: object, name: str, settings: Settings) -> timedelta | None:
-    return parse_budget(value, name=name, maximum=settings.max_budget)
+    return parse_budget(value, name=name, maximum=settings.budget_bound())
 
 
 def _budgets(value: object, name: str, settings: Settings) -> dict[str, timedelta | None]:
@@ -195,6 +195,17 @@ class Settings:
     @property
     def max_budget(self) -> timedelta:
         return self.get(MAX_BUDGET)
+
+    def budget_bound(self) -> timedelta:
+        """The bound other budget settings are checked against.
+
+        A bad ``deadlines_max_budget`` is reported once, as itself, not again as an
+        error of every budget setting checked against it.
+        """
+        try:
+            return self.max_budget
+        except ConfigurationError:
+            return DEFAULT_MAX_BUDGET
 
 
 _by_app: weakref.WeakKeyDictionary[object, Settings] = weakref.WeakKeyDictionary()

@@ -39,6 +39,17 @@ ORDER_BUDGET = 8.0
 WAREHOUSE_DOWN_FOR = 5.0
 
 
+def purge_queues(*names: str) -> None:
+    with app.connection_for_write() as connection:
+        channel = connection.default_channel
+        for name in names:
+            try:
+                channel.queue_purge(name)
+            except Exception:  # noqa: BLE001 - a queue that does not exist yet is empty
+                connection.close()
+                channel = connection.default_channel
+
+
 def start_worker(queue: str, log: Path) -> subprocess.Popen[bytes]:
     command = [
         sys.executable, "-m", "celery", "-A", "demo_project", "worker", "-P", "prefork",
@@ -129,6 +140,7 @@ def main() -> None:
     for folder in ("queue", "processed", "control"):
         (var / "broker" / folder).mkdir(parents=True, exist_ok=True)
     call_command("migrate", verbosity=0)
+    purge_queues("celery", "warehouse")  # a rerun must not meet the last run's messages
     database = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
     print(f"celery-deadlines demo: broker {settings.CELERY_BROKER_URL}, database {database}")
 

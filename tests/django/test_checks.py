@@ -1,0 +1,87 @@
+"""The Django tier: system checks name the setting to fix; settings changes take effect."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.core import checks
+from django.core.management import call_command
+from django.test import override_settings
+
+from celery_deadlines import ConfigurationError
+from celery_deadlines.checks import check_settings
+from celery_deadlines.conf import DEFAULT_BUDGET, settings_for
+
+
+def errors() -> list[checks.CheckMessage]:
+    return check_settings(None)
+
+
+def test_the_demo_settings_pass_the_checks() -> None:
+    assert errors() == []
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "complaint"),
+    [
+        ("CELERY_DEADLINES_DEFAULT_BUDGET", "30s", "must be a number of seconds or a timedelta"),
+        ("CELERY_DEADLINES_DEFAULT_BUDGET", -5, "more than zero"),
+        ("CELERY_DEADLINES_DEFAULT_RESERVE", float("nan"), "finite"),
+        ("CELERY_DEADLINES_BUDGETS", ["shop.charge"], "must map task names"),
+        ("CELERY_DEADLINES_BUDGETS", {"shop.charge": timedelta(days=30)}, "maximum budget"),
+        ("CELERY_DEADLINES_MAX_BUDGET", 0, "more than zero"),
+    ],
+)
+def test_a_bad_value_is_an_error_that_names_the_setting(
+    name: str, value: Any, complaint: str
+) -> None:
+    with override_settings(**{name: value}):
+        found = errors()
+    assert [message.id for message in found] == ["celery_deadlines.E001"]
+    assert name in found[0].msg
+    assert complaint in found[0].msg
+
+
+def test_an_unknown_deadlines_setting_is_an_error_naming_it_and_the_known_ones() -> None:
+    with override_settings(CELERY_DEADLINES_DEFAULT_BUGDET=30):
+        found = errors()
+    assert [message.id for message in found] == ["celery_deadlines.E002"]
+    assert "CELERY_DEADLINES_DEFAULT_BUGDET" in found[0].msg
+    assert "CELERY_DEADLINES_DEFAULT_BUDGET" in (found[0].hint or "")
+
+
+def test_manage_py_check_fails_on_a_bad_setting() -> None:
+    from django.core.management.base import SystemCheckError
+
+    with (
+        override_settings(CELERY_DEADLINES_DEFAULT_BUDGET="soon"),
+        pytest.raises(SystemCheckError, match="CELERY_DEADLINES_DEFAULT_BUDGET"),
+    ):
+        call_command("check")
+
+
+def test_override_settings_reaches_the_celery_app_at_once() -> None:
+    from demo_project.celery import app
+
+    settings = settings_for(app)
+    assert settings.get(DEFAULT_BUDGET) is None
+    with override_settings(CELERY_DEADLINES_DEFAULT_BUDGET=12):
+        assert settings.get(DEFAULT_BUDGET) == timedelta(seconds=12)
+    assert settings.get(DEFAULT_BUDGET) is None
+
+
+def test_a_bad_setting_read_through_celery_raises_naming_the_django_name() -> None:
+    from demo_project.celery import app
+
+    with (
+        override_settings(CELERY_DEADLINES_DEFAULT_BUDGET="soon"),
+        pytest.raises(ConfigurationError, match="CELERY_DEADLINES_DEFAULT_BUDGET"),
+    ):
+        settings_for(app).get(DEFAULT_BUDGET)
+
+
+@pytest.mark.django_db
+def test_the_app_needs_no_migrations_yet() -> None:
+    call_command("makemigrations", "celery_deadlines", "--check", "--dry-run", verbosity=0)

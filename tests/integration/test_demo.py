@@ -1,0 +1,83 @@
+"""The README's first command: the demo runs the shop story and explains every task.
+
+Run as a user runs it (a subprocess of ``python -m demo_project.run_demo``), on the
+embedded default (SQLite + filesystem transport) and on Redis + PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import service_unavailable
+from tests.support.processes import REPO, reachable
+
+pytestmark = pytest.mark.integration
+
+
+def run_demo(var: Path, **env: str) -> str:
+    completed = subprocess.run(
+        [sys.executable, "-m", "demo_project.run_demo"],
+        cwd=REPO,
+        env={**os.environ, "DEMO_VAR_DIR": str(var), **env},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    output = completed.stdout + completed.stderr
+    assert completed.returncode == 0, output
+    return output
+
+
+def assert_story_explained(output: str) -> None:
+    lines = output.splitlines()
+
+    def line_of(prefix: str) -> str:
+        matches = [line for line in lines if line.startswith(prefix)]
+        assert matches, f"no line starts with {prefix!r}:\n{output}"
+        return matches[0]
+
+    assert "SUCCEEDED, started with" in line_of("place_order ")
+    assert "SUCCEEDED, started with" in line_of("reserve_stock ")
+    assert "(from the parent)" in output
+    assert line_of("charge_card ").endswith("REFUSED at the retry gate: retry_budget_exhausted")
+    assert line_of("print_label ").endswith("REFUSED at the claim gate: deadline_passed")
+    assert "order 43 placed with a deadline 1 s ago -> refused at once" in output
+    assert "a retry needs" in output
+
+
+def test_the_demo_explains_the_story_on_the_embedded_default(tmp_path: Path) -> None:
+    output = run_demo(tmp_path)
+    assert "broker filesystem://, database sqlite3" in output
+    assert_story_explained(output)
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    if not reachable("127.0.0.1", 5432):
+        service_unavailable("PostgreSQL 127.0.0.1:5432")
+    import psycopg
+
+    name = f"cd_demo_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect("postgresql://postgres@127.0.0.1/postgres", autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield f"postgres://postgres@127.0.0.1:5432/{name}"
+    with psycopg.connect("postgresql://postgres@127.0.0.1/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_the_demo_runs_on_redis_and_postgresql(tmp_path: Path, postgres_url: str) -> None:
+    if not reachable("127.0.0.1", 6379):
+        service_unavailable("Redis 127.0.0.1:6379")
+    output = run_demo(
+        tmp_path, CELERY_BROKER_URL="redis://127.0.0.1:6379/9", DATABASE_URL=postgres_url
+    )
+    assert "broker redis://127.0.0.1:6379/9, database postgresql" in output
+    assert_story_explained(output)
