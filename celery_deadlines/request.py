@@ -8,7 +8,7 @@ acknowledged (never requeued), its failure is stored with the typed
 
 ``execute_using_pool`` reads ``time_limits`` right before ``pool.apply_async``; the
 property below caps them at the budget left at that instant (the attempt gate). Only
-the prefork pool enforces both limits; see docs/concepts.md for the other pools.
+the prefork pool enforces both limits; docs/failure-semantics.md covers the others.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery.utils.time import maybe_iso8601
 from celery.worker.request import Request
+from celery.worker.state import task_ready
 
 from . import gates, propagation
 from .clock import get_clock
@@ -125,8 +126,6 @@ class DeadlineRequest(Request):
         """Acknowledge, store the typed failure, announce: never requeue, never run."""
         exc = decision.refusal()
         report_refusal(self.task, self.id, self.name, decision)
-        from celery.worker.state import task_ready
-
         task_ready(self)
         self.send_event("task-failed", exception=repr(exc), traceback="")
         self.task.backend.mark_as_failure(

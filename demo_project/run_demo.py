@@ -41,7 +41,7 @@ WAREHOUSE_DOWN_FOR = 5.0
 
 def purge_queues(*names: str) -> None:
     with app.connection_for_write() as connection:
-        channel = connection.default_channel
+        channel: Any = connection.default_channel
         for name in names:
             try:
                 channel.queue_purge(name)

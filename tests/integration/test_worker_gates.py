@@ -16,7 +16,7 @@ import pytest
 from celery.exceptions import TimeLimitExceeded
 
 from celery_deadlines import DEADLINE_HEADER, DeadlineRefused
-from tests.support.processes import Transport
+from tests.support.processes import Transport, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -69,10 +69,10 @@ def test_a_refused_message_is_acknowledged_not_requeued(
     time.sleep(1.0)
     start_worker(redis)
     refusal_of(result)
-    store = redis_py.Redis.from_url(redis.broker_url)
     time.sleep(0.5)  # the ack follows the result write
-    assert store.llen(queue) == 0
-    assert store.hlen("unacked") == 0
+    with redis_py.Redis.from_url(redis.broker_url) as store:
+        assert store.llen(queue) == 0
+        assert store.hlen("unacked") == 0
 
 
 def test_claim_refuses_a_message_whose_remaining_budget_is_below_the_reserve(
@@ -267,3 +267,46 @@ def assert_monotonic_budget(samples: list[list[float]]) -> None:
     first_elapsed, first_remaining = samples[0]
     for elapsed, remaining in samples[1:]:
         assert remaining == pytest.approx(first_remaining - (elapsed - first_elapsed), abs=0.05)
+
+
+def test_a_chord_started_in_a_scope_shares_one_deadline(
+    transport: Transport, client: Any, start_worker: Any
+) -> None:
+    from celery import chord
+
+    from celery_deadlines import deadline_scope
+    from tests.support.workerapp import collect, probe
+
+    start_worker(transport, concurrency=2)
+    with deadline_scope(budget=30, app=client):
+        result = chord([probe.s("a"), probe.s("b")])(collect.s())
+    body = result.get(timeout=30)
+    deadlines = {body["deadline"], *(member["deadline"] for member in body["members"])}
+    assert len(deadlines) == 1
+    assert {member["source"] for member in body["members"]} == {"scope"}
+    # the body is published by the last member to finish, so it inherits from it
+    assert body["source"] == "parent"
+
+
+def test_a_refused_chord_member_fails_the_chord_instead_of_hanging(
+    redis: Transport, redis_client: Any, start_worker: Any
+) -> None:
+    from celery import chord
+    from celery.exceptions import ChordError
+
+    from tests.support.workerapp import collect, probe, reserved
+
+    # Given a chord whose second member needs 3 s of reserve, and a worker 1.5 s late
+    member: Any = reserved.si()
+    result = chord([probe.s("fine"), member.set(budget=4)])(collect.s())
+    time.sleep(1.5)
+    start_worker(redis)
+    # When the worker refuses that member, the caller learns why, at once
+    with pytest.raises(DeadlineRefused, match="insufficient_budget"):
+        result.get(timeout=20)
+    # and the chord's body is failed too: nothing is left waiting
+    body = wait_for(lambda: result.backend.get_task_meta(result.id)["status"] != "PENDING", 10)
+    assert body
+    meta = result.backend.get_task_meta(result.id)
+    assert meta["status"] == "FAILURE"
+    assert isinstance(meta["result"], ChordError)
