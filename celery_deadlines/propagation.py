@@ -90,10 +90,11 @@ def deadline_scope(
         settings.max_budget,
     )
     outer = inherited()
+    earlier = govern(own, "scope", outer.deadline, outer.source)
     scope = Inherited(
-        deadline=_earlier(own, outer.deadline),
+        deadline=earlier.deadline,
         delivery=_earlier(own_delivery, outer.delivery),
-        source="scope",
+        source=earlier.source or "scope",
         origin=outer.origin,
         unreadable=outer.unreadable,
     )
@@ -112,13 +113,11 @@ def inherited() -> Inherited:
         return parent
     if parent is NOTHING:
         return scope
+    earlier = govern(scope.deadline, scope.source, parent.deadline, "parent")
     return Inherited(
-        deadline=_earlier(scope.deadline, parent.deadline),
+        deadline=earlier.deadline,
         delivery=_earlier(scope.delivery, parent.delivery),
-        source="scope"
-        if parent.deadline is None
-        or (scope.deadline is not None and scope.deadline < parent.deadline)
-        else "parent",
+        source=earlier.source or "parent",
         origin=parent.origin,
         unreadable=parent.unreadable,
     )

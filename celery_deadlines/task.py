@@ -25,6 +25,7 @@ from . import conf, gates, propagation, wire
 from .budgets import UNSET, Anchor, Source, govern, parse_budget, parse_duration
 from .clock import get_clock
 from .conf import settings_for
+from .install import install
 from .propagation import ANCHOR, CARRIED, Inherited
 from .signals import report_refusal
 
@@ -53,9 +54,7 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
 
     @classmethod
     def bind(cls, app: Any) -> Any:
-        from .install import install
-
-        install()
+        install()  # the publish hook that stamps children; idempotent
         return super().bind(app)
 
     # -- enqueue gate --------------------------------------------------------------

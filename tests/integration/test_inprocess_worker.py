@@ -1,66 +1,80 @@
-"""Celery's in-process test worker (``celery.contrib.testing``), on a real Redis broker.
+"""pytest-celery's in-process session worker, on a real Redis broker.
 
 pytest-celery's Docker-based fixtures cannot run on machines without a Docker engine;
-its legacy fixtures wrap this same in-process worker. It lets a test observe what only
-the worker process sees, such as the ``deadline_refused`` signal sent at claim time.
+its session fixtures (``celery_session_app``, ``celery_session_worker``) run Celery's
+in-process worker and can. It lets a test observe what only the worker process sees,
+such as the ``deadline_refused`` signal sent when the claim gate refuses a message.
 """
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from celery import Celery
-from celery.contrib.testing.worker import start_worker
 
-from celery_deadlines import DeadlineRefused, DeadlineTask, deadline_refused
+from celery_deadlines import DeadlineRefused, deadline_refused
 from celery_deadlines.gates import Decision
 from tests.conftest import service_unavailable
 from tests.support.processes import reachable
 
 pytestmark = pytest.mark.integration
 
+QUEUE = f"inproc-{uuid.uuid4().hex[:8]}"
 
-@pytest.fixture
-def app() -> Iterator[Celery]:
+
+@pytest.fixture(scope="session")
+def celery_config() -> dict[str, Any]:
     if not reachable("127.0.0.1", 6379):
         service_unavailable("Redis 127.0.0.1:6379")
-    app = Celery(
-        "inprocess",
-        broker="redis://127.0.0.1:6379/8",
-        backend="redis://127.0.0.1:6379/8",
-        set_as_current=False,
-    )
-    app.conf.task_default_queue = f"inproc-{uuid.uuid4().hex[:8]}"
-    app.conf.broker_connection_retry_on_startup = True
-    yield app
-    app.close()
+    return {
+        "broker_url": "redis://127.0.0.1:6379/8",
+        "result_backend": "redis://127.0.0.1:6379/8",
+        "task_default_queue": QUEUE,
+        "broker_connection_retry_on_startup": True,
+    }
 
 
-def test_the_worker_sends_deadline_refused_for_a_message_it_will_not_claim(app: Celery) -> None:
-    @app.task(base=DeadlineTask, bind=True, name="inproc.work", shared=False)
-    def work(self: DeadlineTask) -> float:
-        return self.remaining()
+@pytest.fixture(scope="session")
+def celery_includes() -> list[str]:
+    return ["tests.support.inprocess_tasks"]
 
+
+@pytest.fixture(scope="session")
+def celery_worker_parameters() -> dict[str, Any]:
+    return {"queues": [QUEUE], "perform_ping_check": False, "shutdown_timeout": 10}
+
+
+@pytest.fixture
+def refusals() -> Iterator[list[tuple[str, Decision]]]:
     seen: list[tuple[str, Decision]] = []
 
     def observe(task_id: str, decision: Decision, **_: Any) -> None:
         seen.append((task_id, decision))
 
     deadline_refused.connect(observe, weak=False)
-    try:
-        late = work.apply_async(budget=0.3)
-        time.sleep(0.5)
-        with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10):
-            with pytest.raises(DeadlineRefused, match="deadline_passed"):
-                late.get(timeout=10)
-            on_time = work.apply_async(budget=30)
-            assert 0 < on_time.get(timeout=10) <= 30
-    finally:
-        deadline_refused.disconnect(observe)
-    assert [(task_id, decision.gate, decision.reason) for task_id, decision in seen] == [
+    yield seen
+    deadline_refused.disconnect(observe)
+
+
+def test_the_worker_signals_a_refusal_of_a_message_that_waited_behind_a_busy_pool(
+    celery_session_app: Celery,
+    celery_session_worker: Any,
+    refusals: list[tuple[str, Decision]],
+) -> None:
+    from tests.support.inprocess_tasks import busy, work
+
+    # Given the worker's only slot busy for 1 s, and a message with 0.5 s to live behind it
+    blocker = busy.delay(1.0)
+    late = work.apply_async(budget=0.5)
+    # When the slot frees, the claim gate refuses the message, and says so
+    with pytest.raises(DeadlineRefused, match="deadline_passed"):
+        late.get(timeout=10)
+    assert blocker.get(timeout=10) == 1.0
+    assert [(task_id, d.gate, d.reason) for task_id, d in refusals] == [
         (late.id, "claim", "deadline_passed")
     ]
+    # and a message with time left still runs, with its budget counted down
+    assert 0 < work.apply_async(budget=30).get(timeout=10) <= 30

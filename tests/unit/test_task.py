@@ -533,3 +533,28 @@ def test_time_limits_from_the_message_are_kept_when_shorter(app: Celery, clock: 
 def test_time_limits_are_untouched_without_a_deadline(app: Celery, clock: FakeClock) -> None:
     request, _ = claim(app, make_task(app), {"timelimit": (8, 6)})
     assert request.time_limits == (8, 6)
+
+
+def test_a_scope_inside_a_running_task_can_only_shorten_the_tasks_deadline(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    from celery._state import _task_stack  # type: ignore[attr-defined]
+
+    parent = make_task(app, name="unit.parent")
+    child = make_task(app, name="unit.child")
+    deadline = clock.now() + timedelta(seconds=10)
+    start_attempt(parent, {DEADLINE_HEADER: encode(deadline)})
+    _task_stack.push(parent)
+    try:
+        with deadline_scope(budget=5, app=app):
+            child.delay()
+        with deadline_scope(budget=60, app=app):
+            child.delay()
+    finally:
+        _task_stack.pop()
+    shorter, longer = published[-2:]
+    assert (shorter[DEADLINE_HEADER], shorter[SOURCE_HEADER]) == (
+        encode(clock.now() + timedelta(seconds=5)),
+        "scope",
+    )
+    assert (longer[DEADLINE_HEADER], longer[SOURCE_HEADER]) == (encode(deadline), "parent")
