@@ -15,7 +15,7 @@ import enum
 import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Final, Literal, TypeAlias, TypeVar
+from typing import Final, Literal, NamedTuple, TypeAlias
 
 from .errors import InvalidDeadline
 
@@ -33,8 +33,6 @@ Unset: TypeAlias = Literal[_Unset.UNSET]
 
 #: A duration as users may write it: seconds or a timedelta.
 DurationLike: TypeAlias = int | float | timedelta
-
-T = TypeVar("T")
 
 Source = Literal["call", "task", "setting", "default", "scope", "parent"]
 
@@ -87,8 +85,7 @@ def parse_instant(value: object, *, name: str) -> datetime:
     return value
 
 
-@dataclass(frozen=True, slots=True)
-class Governed:
+class Governed(NamedTuple):
     """The deadline a message will carry, and whether an inherited one cut it short."""
 
     deadline: datetime | None

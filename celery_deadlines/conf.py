@@ -143,6 +143,12 @@ class Settings:
         self._parsed: dict[str, tuple[object, object]] = {}
         self._spellings: dict[str, tuple[str, ...]] = {}
 
+    def rebind(self, conf: Mapping[str, Any]) -> None:
+        """Read ``conf`` from now on (Celery replaces an app's ``conf`` when configured)."""
+        self._conf = conf
+        self._spellings.clear()
+        self.reload()
+
     def get(self, setting: Setting[T]) -> T:
         """The parsed value of ``setting``, or :class:`ConfigurationError` naming it."""
         raw = self._raw_value(setting)
@@ -222,8 +228,12 @@ def settings_for(app: Any) -> Settings:
     unwrap = getattr(app, "_get_current_object", None)
     if unwrap is not None:
         app = unwrap()
+    conf = app.conf
     try:
-        return _by_app[app]
+        settings = _by_app[app]
     except KeyError:
-        settings = _by_app[app] = Settings(app.conf)
+        settings = _by_app[app] = Settings(conf)
         return settings
+    if settings._conf is not conf:
+        settings.rebind(conf)
+    return settings

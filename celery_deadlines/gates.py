@@ -20,8 +20,8 @@ retry      ``countdown + attempt_timeout + skew_allowance > remaining``
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from .errors import DeadlineRefused
 
@@ -46,9 +46,8 @@ class Reason(enum.StrEnum):
     INVALID_DEADLINE = "invalid_deadline"
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """A gate's verdict and everything needed to explain it."""
+class Decision(NamedTuple):
+    """A gate's verdict and everything needed to explain it (a tuple: cheap to make)."""
 
     gate: Gate
     reason: Reason | None

@@ -19,9 +19,8 @@ import logging
 from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from celery import current_app
 from celery._state import get_current_task
@@ -38,8 +37,7 @@ logger = logging.getLogger("celery_deadlines")
 CALL_OPTIONS: Final = frozenset({"budget", "deadline", "delivery_budget", "delivery_deadline"})
 
 
-@dataclass(frozen=True, slots=True)
-class Inherited:
+class Inherited(NamedTuple):
     """What a message inherits from the task or scope it is published from.
 
     ``unreadable`` holds a parent's deadline header that could not be read: it is

@@ -93,7 +93,7 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
                 gates.Gate.ENQUEUE,
                 governed.deadline,
                 now,
-                self.reserve_duration(),
+                self.reserve_duration(settings),
                 starts_at=_start_of(options, now),
             )
             if not decision.allowed:
@@ -125,17 +125,17 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
         settings: conf.Settings,
     ) -> tuple[datetime | None, Source | None, datetime | None]:
         """This publish's own execution deadline (with its source) and delivery deadline."""
-        horizon = settings.max_budget
         own: datetime | None = None
         own_source: Source | None = None
         own_delivery: datetime | None = None
         if not propagation.CALL_OPTIONS.isdisjoint(options):
+            horizon = settings.max_budget
             own = propagation.call_instant(options, "", now, horizon)
             own_source = "call" if own is not None else None
             own_delivery = propagation.call_instant(options, "delivery_", now, horizon)
         if own is None and wire.DEADLINE_HEADER in headers:
             # an explicit header, or the one retry() copied from the original message
-            own = wire.decode(headers[wire.DEADLINE_HEADER], now=now, horizon=horizon)
+            own = wire.decode(headers[wire.DEADLINE_HEADER], now=now, horizon=settings.max_budget)
             own_source = headers.get(wire.SOURCE_HEADER, "call")
         if own is None:
             own_source, budget = self._configured(
@@ -159,7 +159,7 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
         """Task attribute > per-task setting > default setting: a budget and its source."""
         raw = getattr(self, attribute, UNSET)
         if raw is not UNSET:
-            return "task", self._parsed_attribute(attribute, raw, settings.max_budget)
+            return "task", self._parsed_attribute(attribute, raw, settings)
         if per_task is not None:
             budgets = settings.get(per_task)
             if self.name in budgets:
@@ -167,18 +167,23 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
         return "default", settings.get(default)
 
     def _parsed_attribute(
-        self, attribute: str, raw: object, horizon: timedelta
+        self, attribute: str, raw: object, settings: conf.Settings
     ) -> timedelta | None:
-        """A task attribute budget, parsed once per value (attributes rarely change)."""
+        """A task attribute duration, parsed once per value (attributes rarely change)."""
         cache: dict[str, tuple[object, timedelta | None]] = self.__dict__.setdefault(
             "_celery_deadlines_parsed", {}
         )
         cached = cache.get(attribute)
         if cached is not None and cached[0] is raw:
             return cached[1]
-        budget = parse_budget(raw, name=f"{self.name}.{attribute}", maximum=horizon)
-        cache[attribute] = (raw, budget)
-        return budget
+        name = f"{self.name}.{attribute}"
+        parsed = (
+            parse_duration(raw, name=name, allow_zero=True)
+            if attribute == "reserve"
+            else parse_budget(raw, name=name, maximum=settings.max_budget)
+        )
+        cache[attribute] = (raw, parsed)
+        return parsed
 
     def _refuse_enqueue(self, decision: gates.Decision, task_id: str | None) -> None:
         report_refusal(self, task_id, self.name, decision)
@@ -186,11 +191,12 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
 
     # -- durations from task attributes and settings -------------------------------------
 
-    def reserve_duration(self) -> timedelta:
+    def reserve_duration(self, settings: conf.Settings | None = None) -> timedelta:
         """The reserve: least time left for this task to start (attribute, then setting)."""
+        settings = settings or settings_for(self.app)
         if self.reserve is UNSET:
-            return settings_for(self.app).get(conf.DEFAULT_RESERVE)
-        return parse_duration(self.reserve, name=f"{self.name}.reserve", allow_zero=True)
+            return settings.get(conf.DEFAULT_RESERVE)
+        return self._parsed_attribute("reserve", self.reserve, settings) or timedelta(0)
 
     def attempt_duration(self) -> timedelta:
         """What one attempt may take: ``attempt_timeout``, ``time_limit``, the setting, or 0."""
