@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import time
 
+import redis
 from celery import Celery, Task
 
 from celery_deadlines import DeadlineTask
@@ -36,11 +38,11 @@ def sentinel() -> str:
     return "done"
 
 
-@app.task(base=Task, name="bench.plain_limited", time_limit=300)
-def plain_limited(x: int) -> int:
-    return x
+MARKS_URL = os.environ.get("BENCH_MARKS_URL", "redis://127.0.0.1:6379/13")
 
 
-@app.task(base=DeadlineTask, name="bench.deadline_none")
-def deadline_none(x: int) -> int:
-    return x
+@app.task(name="bench.mark")
+def mark(key: str) -> None:
+    """Record when the worker reached this point of a queue (worker clock, epoch seconds)."""
+    with redis.Redis.from_url(MARKS_URL) as store:
+        store.set(key, time.time())
