@@ -1,8 +1,8 @@
 """DeadlineTask vs plain Celery: publish cost per call and end-to-end throughput.
 
 Same broker (Redis), same worker (one ``celery worker`` subprocess, prefork), same
-settings, same run; the two variants alternate round by round so that drift on this
-shared machine hits both alike. Prints medians and the ratios the issue sets goals for:
+settings, same run; the two variants alternate in ABBA order round by round so that
+drift on this shared machine hits both alike. Prints medians and the ratios the issue sets goals for:
 
 * publish overhead (µs per ``apply_async``): DeadlineTask minus plain, measured on Redis
   with the two variants paired call by call (one round trip is ~130 µs here, so this
@@ -166,10 +166,14 @@ def main() -> None:
         benchapp.sentinel.delay().get(timeout=600)  # drain before timing throughput
         plain_e2e, deadline_e2e, plain_drain, deadline_drain = [], [], [], []
         for round_no in range(args.rounds):
-            plain_e2e.append(end_to_end(benchapp.plain, args.tasks))
-            deadline_e2e.append(end_to_end(benchapp.deadline, args.tasks))
-            plain_drain.append(drain_rate(benchapp.plain, args.tasks, f"p{round_no}"))
-            deadline_drain.append(drain_rate(benchapp.deadline, args.tasks, f"d{round_no}"))
+            # ABBA order: a drift of the shared machine across a round hits both alike
+            variants = [
+                (benchapp.plain, plain_e2e, plain_drain, "p"),
+                (benchapp.deadline, deadline_e2e, deadline_drain, "d"),
+            ]
+            for task, e2e, drain, tag in variants if round_no % 2 == 0 else variants[::-1]:
+                e2e.append(end_to_end(task, args.tasks))
+                drain.append(drain_rate(task, args.tasks, f"{tag}{round_no}"))
     finally:
         os.killpg(worker.pid, signal.SIGTERM)
         worker.wait(60)
