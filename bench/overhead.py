@@ -2,7 +2,8 @@
 
 Same broker (Redis), same worker (one ``celery worker`` subprocess, prefork), same
 settings, same run; the two variants alternate in ABBA order round by round so that
-drift on this shared machine hits both alike. Prints medians and the ratios the issue sets goals for:
+drift on this shared machine hits both alike. Prints medians and the ratios the issue
+sets goals for:
 
 * publish overhead (µs per ``apply_async``): DeadlineTask minus plain, measured on Redis
   with the two variants paired call by call (one round trip is ~130 µs here, so this
