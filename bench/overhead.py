@@ -165,7 +165,10 @@ def main() -> None:
             for _ in range(args.rounds)
         ]
         benchapp.sentinel.delay().get(timeout=600)  # drain before timing throughput
-        plain_e2e, deadline_e2e, plain_drain, deadline_drain = [], [], [], []
+        plain_e2e: list[float] = []
+        deadline_e2e: list[float] = []
+        plain_drain: list[float] = []
+        deadline_drain: list[float] = []
         for round_no in range(args.rounds):
             # ABBA order: a drift of the shared machine across a round hits both alike
             variants = [
