@@ -3,15 +3,35 @@
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
 
 from celery_deadlines.testing import FakeClock, use_clock
 
 for _name in list(os.environ):
     if _name.startswith("CELERY_DEADLINES_") and _name != "CELERY_DEADLINES_SOAK":
         del os.environ[_name]
+
+
+# On failure, hypothesis prints the example and a blob that replays it exactly; pin a
+# failing one with @example(...) so it stays a regression case.
+settings.register_profile("default", print_blob=True)
+settings.load_profile("default")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Every run of the randomized tests has a seed, printed in the header to replay it."""
+    if config.getoption("hypothesis_seed", None) is None:
+        config.option.hypothesis_seed = random.randrange(2**32)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    seed = config.getoption("hypothesis_seed")
+    return f"hypothesis seed: {seed} (replay with --hypothesis-seed={seed})"
 
 
 @pytest.fixture

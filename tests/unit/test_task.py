@@ -558,3 +558,11 @@ def test_a_scope_inside_a_running_task_can_only_shorten_the_tasks_deadline(
         "scope",
     )
     assert (longer[DEADLINE_HEADER], longer[SOURCE_HEADER]) == (encode(deadline), "parent")
+
+
+def test_eager_mode_runs_the_same_gates_in_process(app: Celery, clock: FakeClock) -> None:
+    app.conf.task_always_eager = True
+    task = make_task(app, name="unit.eager")
+    assert task.apply_async(budget=5).get() == pytest.approx(5)
+    with pytest.raises(DeadlineRefused, match="enqueue gate refused: deadline_passed"):
+        task.apply_async(deadline=clock.now() - timedelta(seconds=1))
