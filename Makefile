@@ -35,13 +35,13 @@ lint: $(INSTALLED)
 bench: $(INSTALLED)
 	$(BIN)/python bench/overhead.py
 
-## Unit tests on another interpreter, the newest Django and the oldest Celery we support.
+## Unit and Django tests on another interpreter, the newest Django, the oldest Celery.
 MATRIX_VENV := .venv-$(notdir $(PYTHON))
 matrix:
 	$(MAKE) --no-print-directory VENV=$(MATRIX_VENV) PYTHON=$(PYTHON) $(MATRIX_VENV)/.installed
 	$(MATRIX_VENV)/bin/python -m pip install --quiet 'celery==5.5.*'
 	$(MATRIX_VENV)/bin/python -c 'import celery, django; print("celery", celery.__version__, "django", django.__version__)'
-	$(MATRIX_VENV)/bin/python -m pytest tests/unit
+	$(MATRIX_VENV)/bin/python -m pytest tests/unit tests/django
 
 clean:
 	rm -rf $(VENV) .venv-* demo_project/var .mypy_cache .ruff_cache .pytest_cache
