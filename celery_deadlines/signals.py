@@ -36,7 +36,7 @@ def report_refusal(sender: object, task_id: str | None, task_name: str, decision
     logger.warning(
         "%s[%s] refused at %s gate: %s; deadline %s, clock read %s%s",
         task_name,
-        task_id,
+        task_id or "not published",
         decision.gate,
         decision.reason,
         decision.deadline.isoformat() if decision.deadline else "unreadable",

@@ -29,6 +29,7 @@ django.setup()
 
 from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
+from kombu.utils.url import maybe_sanitize_url  # noqa: E402
 
 from celery_deadlines import DeadlineRefused  # noqa: E402
 from demo_project.celery import app  # noqa: E402
@@ -135,6 +136,7 @@ def main() -> None:
     logging.basicConfig(
         stream=sys.stdout, level=logging.WARNING, format="  [log] %(name)s: %(message)s"
     )
+    logging.getLogger("kombu").setLevel(logging.ERROR)  # "No hostname was supplied" on fs://
     var = Path(settings.VAR_DIR)
     shutil.rmtree(var / "broker", ignore_errors=True)
     for folder in ("queue", "processed", "control"):
@@ -142,14 +144,15 @@ def main() -> None:
     call_command("migrate", verbosity=0)
     purge_queues("celery", "warehouse")  # a rerun must not meet the last run's messages
     database = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
-    print(f"celery-deadlines demo: broker {settings.CELERY_BROKER_URL}, database {database}")
+    broker = maybe_sanitize_url(settings.CELERY_BROKER_URL)
+    print(f"celery-deadlines demo: broker {broker}, database {database}")
 
     shop = start_worker("celery", var / "shop-worker.log")
     warehouse = None
     try:
         order = place_order.apply_async((42,), budget=ORDER_BUDGET)
         print(
-            f"\norder 42 placed with a {ORDER_BUDGET:.0f} s budget -> deadline "
+            f"\norder 42 placed with an {ORDER_BUDGET:.0f} s budget -> deadline "
             f"{clock(order_deadline(order.id))}; print_label has its own 3 s budget "
             "(CELERY_DEADLINES_BUDGETS)"
         )

@@ -1,7 +1,7 @@
 """The README's first command: the demo runs the shop story and explains every task.
 
 Run as a user runs it (a subprocess of ``python -m demo_project.run_demo``), on the
-embedded default (SQLite + filesystem transport) and on Redis + PostgreSQL.
+embedded default (SQLite + filesystem transport), on Redis + PostgreSQL and on RabbitMQ.
 """
 
 from __future__ import annotations
@@ -80,4 +80,12 @@ def test_the_demo_runs_on_redis_and_postgresql(tmp_path: Path, postgres_url: str
         tmp_path, CELERY_BROKER_URL="redis://127.0.0.1:6379/9", DATABASE_URL=postgres_url
     )
     assert "broker redis://127.0.0.1:6379/9, database postgresql" in output
+    assert_story_explained(output)
+
+
+def test_the_demo_runs_on_rabbitmq(tmp_path: Path) -> None:
+    if not reachable("127.0.0.1", 5672):
+        service_unavailable("RabbitMQ 127.0.0.1:5672")
+    output = run_demo(tmp_path, CELERY_BROKER_URL="amqp://guest:guest@127.0.0.1:5672//")
+    assert "broker amqp://guest:**@127.0.0.1:5672//, database sqlite3" in output  # no password
     assert_story_explained(output)
