@@ -26,7 +26,7 @@ from celery import current_app
 from celery._state import get_current_task
 
 from . import wire
-from .budgets import Governed, Source, govern, parse_budget, parse_instant
+from .budgets import DurationLike, Governed, Source, govern, parse_budget, parse_instant
 from .clock import get_clock
 from .conf import settings_for
 from .errors import InvalidDeadline
@@ -64,9 +64,9 @@ _scope: ContextVar[Inherited | None] = ContextVar("celery_deadlines_scope", defa
 @contextmanager
 def deadline_scope(
     *,
-    budget: float | timedelta | None = None,
+    budget: DurationLike | None = None,
     deadline: datetime | None = None,
-    delivery_budget: float | timedelta | None = None,
+    delivery_budget: DurationLike | None = None,
     delivery_deadline: datetime | None = None,
     app: Any = None,
 ) -> Iterator[Inherited]:
