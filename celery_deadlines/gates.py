@@ -151,14 +151,21 @@ def cap_time_limits(
 ) -> tuple[float, float | None]:
     """The attempt gate: hard and soft time limits (seconds) capped at the budget left.
 
-    The hard limit is always set (an attempt never outlives the deadline); the soft one
-    only if the task has one. ``floor`` keeps a nearly spent budget from becoming 0,
-    which billiard reads as "no limit".
+    The hard limit is always set, at most the budget left: an attempt never outlives
+    the deadline. A soft limit is kept only if the task has one; when the task has
+    both, the capped soft limit keeps the task's soft/hard ratio, so the cleanup
+    window the task asked for shrinks with the budget instead of vanishing (a soft
+    limit at the same instant as the hard one would never be handled). ``floor``
+    keeps a nearly spent budget from becoming 0, which billiard reads as "no limit".
     """
     budget = max(remaining.total_seconds(), floor)
-    capped_hard = budget if hard is None or hard <= 0 else min(hard, budget)
-    capped_soft = None if soft is None or soft <= 0 else min(soft, budget)
-    return capped_hard, capped_soft
+    task_hard = hard if hard is not None and hard > 0 else None
+    capped_hard = budget if task_hard is None else min(task_hard, budget)
+    if soft is None or soft <= 0:
+        return capped_hard, None
+    if task_hard is not None and soft < task_hard:
+        return capped_hard, max(min(soft, capped_hard * soft / task_hard), floor)
+    return capped_hard, min(soft, capped_hard)
 
 
 def _seconds(duration: timedelta) -> str:

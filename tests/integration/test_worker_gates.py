@@ -219,6 +219,20 @@ def test_the_attempt_is_killed_at_the_deadline_not_at_its_own_longer_time_limit(
     assert time.monotonic() - started < 6
 
 
+def test_a_capped_soft_limit_lets_the_task_clean_up_before_the_deadline(
+    redis: Transport, redis_client: Any, start_worker: Any
+) -> None:
+    from tests.support.workerapp import cleanup
+
+    start_worker(redis)
+    seen = cleanup.apply_async((30,), budget=3).get(timeout=20)
+    # soft 50 s / hard 60 s capped to a ~3 s budget: soft at ~5/6 of it, before the kill
+    assert seen["interrupted_after"] is not None
+    assert seen["interrupted_after"] < 3
+    # the task still had time left to clean up (about a sixth of the budget)
+    assert 0.2 < seen["remaining"] < 1.0
+
+
 @pytest.mark.parametrize(
     "header",
     ["garbage", float("inf"), -5.0, 1e300, "2026-11-29T12:00:00", [1.0], {"at": 1}, True],

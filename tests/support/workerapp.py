@@ -14,6 +14,7 @@ from typing import Any
 
 from celery import Celery, chord, group
 from celery import signature as make_signature
+from celery.exceptions import SoftTimeLimitExceeded
 
 from celery_deadlines import DEADLINE_HEADER, ORIGIN_HEADER, SOURCE_HEADER, DeadlineTask
 
@@ -129,6 +130,17 @@ def deadline_sleeper(self: DeadlineTask, seconds: float) -> dict[str, Any]:
     started = _seen(self)
     time.sleep(seconds)
     return {"slept": seconds, **started}
+
+
+@app.task(base=DeadlineTask, bind=True, name="t.cleanup", time_limit=60, soft_time_limit=50)
+def cleanup(self: DeadlineTask, seconds: float) -> dict[str, Any]:
+    """Sleeps past its deadline unless the (capped) soft time limit interrupts it."""
+    started = time.monotonic()
+    try:
+        time.sleep(seconds)
+    except SoftTimeLimitExceeded:
+        return {"interrupted_after": time.monotonic() - started, **_seen(self)}
+    return {"interrupted_after": None}
 
 
 @app.task(base=DeadlineTask, bind=True, name="t.reserved", reserve=3)
