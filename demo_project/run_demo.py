@@ -144,7 +144,9 @@ def main() -> None:
     call_command("migrate", verbosity=0)
     purge_queues("celery", "warehouse")  # a rerun must not meet the last run's messages
     database = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
-    broker = maybe_sanitize_url(settings.CELERY_BROKER_URL)
+    broker = settings.CELERY_BROKER_URL
+    if "@" in broker:  # credentials: print the URL with its password masked
+        broker = maybe_sanitize_url(broker)
     print(f"celery-deadlines demo: broker {broker}, database {database}")
 
     shop = start_worker("celery", var / "shop-worker.log")
