@@ -184,7 +184,7 @@ class Settings:
             return self._spellings[name]
         except KeyError:
             to_keys = getattr(self._conf, "_to_keys", None)
-            spellings = tuple(to_keys(name)) if to_keys else (name,)
+            spellings = tuple(dict.fromkeys(to_keys(name))) if to_keys else (name,)
             self._spellings[name] = spellings
             return spellings
 
