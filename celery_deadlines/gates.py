@@ -13,7 +13,8 @@ claim      same rule, when a worker actually takes the message (time spent in
            the queue and behind busy pool processes has been spent)
 attempt    never refuses by itself: it caps the attempt's time limits at the
            budget left (:func:`cap_time_limits`)
-retry      ``countdown + attempt_timeout + skew_allowance > remaining``
+retry      ``countdown + attempt_timeout + skew_allowance > remaining`` (or less
+           than ``reserve`` would be left when the retry is due)
 =========  ====================================================================
 """
 
@@ -122,23 +123,33 @@ def allow_retry(
     countdown: timedelta,
     attempt_timeout: timedelta,
     skew_allowance: timedelta,
+    reserve: timedelta = ZERO,
 ) -> Decision:
     """May a retry that waits ``countdown`` and then runs up to ``attempt_timeout`` go ahead?
 
+    Refused when ``countdown + attempt_timeout + skew_allowance > remaining``. A task's
+    ``reserve`` is honoured too (the retried message must be claimable when it is
+    due), so what follows the countdown is the larger of the two.
     ``remaining`` is measured on the monotonic clock since the attempt started; ``now``
     and ``deadline`` are only for the explanation.
     """
-    needed = countdown + attempt_timeout + skew_allowance
+    run = attempt_timeout + skew_allowance
+    needed = countdown + max(run, reserve)
     if needed > remaining:
+        after = (
+            f"attempt timeout {_seconds(attempt_timeout)} + skew allowance "
+            f"{_seconds(skew_allowance)}"
+            if run >= reserve
+            else f"reserve {_seconds(reserve)}"
+        )
         return Decision(
             Gate.RETRY,
             Reason.RETRY_BUDGET_EXHAUSTED,
             deadline,
             now,
             remaining,
-            f"a retry needs {_seconds(needed)} (countdown {_seconds(countdown)} + attempt "
-            f"timeout {_seconds(attempt_timeout)} + skew allowance "
-            f"{_seconds(skew_allowance)}) but {_seconds(remaining)} left",
+            f"a retry needs {_seconds(needed)} (countdown {_seconds(countdown)} + {after}) "
+            f"but {_seconds(remaining)} left",
         )
     return Decision(Gate.RETRY, None, deadline, now, remaining)
 

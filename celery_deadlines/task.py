@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timedelta
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 from celery import Task
 from celery.exceptions import Ignore
@@ -185,7 +185,7 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
         cache[attribute] = (raw, parsed)
         return parsed
 
-    def _refuse_enqueue(self, decision: gates.Decision, task_id: str | None) -> None:
+    def _refuse_enqueue(self, decision: gates.Decision, task_id: str | None) -> NoReturn:
         report_refusal(self, task_id, self.name, decision)
         raise decision.refusal()
 
@@ -229,7 +229,7 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
             self._refuse_attempt(decision, task_id)
         state[ANCHOR] = Anchor.at(carried.deadline, now, clock.monotonic())
 
-    def _refuse_attempt(self, decision: gates.Decision, task_id: str) -> None:
+    def _refuse_attempt(self, decision: gates.Decision, task_id: str) -> NoReturn:
         report_refusal(self, task_id, self.name, decision)
         self.backend.mark_as_failure(
             task_id, decision.refusal(), request=self.request, store_result=self.store_errors_for()
@@ -297,6 +297,7 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
                 wait,
                 self.attempt_duration(),
                 settings_for(self.app).get(conf.CLOCK_SKEW_ALLOWANCE),
+                self.reserve_duration(),
             )
             if not decision.allowed:
                 if exc is not None:

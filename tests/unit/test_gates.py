@@ -116,6 +116,14 @@ def test_retry_reservation_includes_the_skew_allowance() -> None:
     assert decision.reason is Reason.RETRY_BUDGET_EXHAUSTED
 
 
+def test_retry_is_refused_when_less_than_the_reserve_would_be_left_when_it_is_due() -> None:
+    decision = allow_retry(
+        NOW + seconds(6), NOW, seconds(6), seconds(2), seconds(1), seconds(0), seconds(5)
+    )
+    assert decision.reason is Reason.RETRY_BUDGET_EXHAUSTED
+    assert "reserve 5.000 s" in decision.detail
+
+
 durations = st.floats(min_value=0, max_value=3600, allow_nan=False, allow_infinity=False)
 
 

@@ -457,6 +457,16 @@ def test_retry_with_an_eta_counts_the_wait_until_the_eta(app: Celery, clock: Fak
         task.retry(eta=clock.now() + timedelta(seconds=20))
 
 
+def test_retry_honours_the_reserve_so_the_retried_message_is_never_refused_at_enqueue(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    task = make_task(app, reserve=4, attempt_timeout=1)
+    start_attempt(task, {DEADLINE_HEADER: encode(clock.now() + timedelta(seconds=6))})
+    with pytest.raises(DeadlineRefused, match="retry_budget_exhausted"):
+        task.retry(countdown=3)
+    assert published == []
+
+
 def test_retry_past_max_retries_is_left_to_celery(app: Celery, clock: FakeClock) -> None:
     task = make_task(app, max_retries=0)
     start_attempt(task, {DEADLINE_HEADER: encode(clock.now() + timedelta(seconds=1))})
