@@ -167,28 +167,22 @@ def test_a_deadline_reaches_children_grandchildren_groups_chords_chains_and_link
     assert [seen(child.id)["deadline"] for child in linked.children or []] == [deadline]
 
 
-def test_a_childs_longer_budget_is_clamped_to_the_parents_deadline(
+def test_a_childs_own_budget_can_shorten_the_parents_deadline_but_never_extend_it(
     redis: Transport, redis_client: Any, start_worker: Any
 ) -> None:
     from tests.support.workerapp import app, fan_out
 
     start_worker(redis, concurrency=2)
-    parent = fan_out.apply_async((600,), budget=20).get(timeout=20)
-    child = app.AsyncResult(parent["children"]["apply_async"]).get(timeout=20)
-    assert child["deadline"] == parent["deadline"]
-    assert child["source"] == "parent"
 
+    def parent_and_child(child_budget: float, parent_budget: float) -> tuple[Any, Any]:
+        parent = fan_out.apply_async((child_budget,), budget=parent_budget).get(timeout=20)
+        return parent, app.AsyncResult(parent["children"]["apply_async"]).get(timeout=20)
 
-def test_a_childs_shorter_budget_is_kept(
-    redis: Transport, redis_client: Any, start_worker: Any
-) -> None:
-    from tests.support.workerapp import app, fan_out
-
-    start_worker(redis, concurrency=2)
-    parent = fan_out.apply_async((5,), budget=60).get(timeout=20)
-    child = app.AsyncResult(parent["children"]["apply_async"]).get(timeout=20)
-    assert child["deadline"] < parent["deadline"]
-    assert child["source"] == "call"
+    parent, longer = parent_and_child(600, parent_budget=20)
+    assert (longer["deadline"], longer["source"]) == (parent["deadline"], "parent")  # clamped
+    parent, shorter = parent_and_child(5, parent_budget=60)
+    assert shorter["deadline"] < parent["deadline"]  # kept
+    assert shorter["source"] == "call"
 
 
 def test_an_errback_inherits_the_deadline_of_the_task_that_failed(
