@@ -88,11 +88,11 @@ def deadline_scope(
         settings.max_budget,
     )
     outer = inherited()
-    earlier = govern(own, "scope", outer.deadline, outer.source)
+    governed = govern(own, "scope", outer.deadline, outer.source)
     scope = Inherited(
-        deadline=earlier.deadline,
-        delivery=_earlier(own_delivery, outer.delivery),
-        source=earlier.source or "scope",
+        deadline=governed.deadline,
+        delivery=earlier(own_delivery, outer.delivery),
+        source=governed.source or "scope",
         origin=outer.origin,
         unreadable=outer.unreadable,
     )
@@ -111,11 +111,11 @@ def inherited() -> Inherited:
         return parent
     if parent is NOTHING:
         return scope
-    earlier = govern(scope.deadline, scope.source, parent.deadline, "parent")
+    governed = govern(scope.deadline, scope.source, parent.deadline, "parent")
     return Inherited(
-        deadline=earlier.deadline,
-        delivery=_earlier(scope.delivery, parent.delivery),
-        source=earlier.source or "parent",
+        deadline=governed.deadline,
+        delivery=earlier(scope.delivery, parent.delivery),
+        source=governed.source or "parent",
         origin=parent.origin,
         unreadable=parent.unreadable,
     )
@@ -142,19 +142,15 @@ def read_headers(
 ) -> Inherited:
     """The deadlines carried by a message's headers (unreadable ones kept as they are)."""
     origin = headers.get(wire.ORIGIN_HEADER) or task_id
-    deadline = delivery = unreadable = None
+    deadline = unreadable = None
     raw = headers.get(wire.DEADLINE_HEADER)
     if raw is not None:
         try:
             deadline = wire.decode(raw, now=now, horizon=horizon)
         except InvalidDeadline:
             unreadable = raw
-    raw_delivery = headers.get(wire.DELIVERY_DEADLINE_HEADER)
-    if raw_delivery is not None:
-        try:
-            delivery = wire.decode(raw_delivery, now=now, horizon=horizon)
-        except InvalidDeadline:
-            delivery = None  # the delivery deadline is checked by delivery gates, not here
+    # an unreadable delivery deadline is for the delivery gates to judge, not this one
+    delivery = delivery_deadline(headers, now, horizon)
     return Inherited(deadline, delivery, "parent", origin, unreadable)
 
 
@@ -250,7 +246,7 @@ def on_before_task_publish(
     governed = govern(own, own_source, parent.deadline, parent.source)
     if governed.clamped_from is not None:
         log_clamp(sender, task_id, governed)
-    delivery = _earlier(own_delivery or _header_instant(headers, now, horizon), parent.delivery)
+    delivery = earlier(own_delivery or delivery_deadline(headers, now, horizon), parent.delivery)
     origin = parent.origin if governed.source in ("parent", "scope") else task_id
     stamp(headers, governed, delivery, origin)
     if governed.deadline is not None:
@@ -275,7 +271,10 @@ def log_clamp(sender: object, task_id: object, governed: Governed) -> None:
     )
 
 
-def _header_instant(headers: dict[str, Any], now: datetime, horizon: timedelta) -> datetime | None:
+def delivery_deadline(
+    headers: dict[str, Any], now: datetime, horizon: timedelta
+) -> datetime | None:
+    """The delivery deadline a message carries, ``None`` if absent or unreadable."""
     raw = headers.get(wire.DELIVERY_DEADLINE_HEADER)
     if raw is None:
         return None
@@ -307,7 +306,8 @@ def _own_instant(
     return None if span is None else now + span
 
 
-def _earlier(first: datetime | None, second: datetime | None) -> datetime | None:
+def earlier(first: datetime | None, second: datetime | None) -> datetime | None:
+    """The earlier of two optional instants (``None`` means "no deadline")."""
     if first is None:
         return second
     if second is None:

@@ -100,16 +100,11 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
                 self._refuse_enqueue(decision, task_id)
             # Celery's expires header only: a broker-side TTL would drop the message
             # without a recorded reason (see docs/failure-semantics.md).
-            expires = options.get("expires")
-            headers["expires"] = (
-                governed.deadline
-                if expires is None
-                else propagation.earlier_expiry(expires, governed.deadline, now)
+            headers["expires"] = propagation.earlier_expiry(
+                options.get("expires"), governed.deadline, now
             ).isoformat()
         origin = parent.origin if governed.source in ("parent", "scope") else None
-        delivery = own_delivery
-        if parent.delivery is not None and (delivery is None or parent.delivery < delivery):
-            delivery = parent.delivery
+        delivery = propagation.earlier(own_delivery, parent.delivery)
         propagation.stamp(headers, governed, delivery, origin)
         if headers:
             options["headers"] = headers
@@ -232,11 +227,13 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
     def _refuse_attempt(self, decision: gates.Decision, task_id: str) -> NoReturn:
         report_refusal(self, task_id, self.name, decision)
         self.backend.mark_as_failure(
-            task_id, decision.refusal(), request=self.request, store_result=self.store_errors_for()
+            task_id, decision.refusal(), request=self.request, store_result=self._stores_errors()
         )
         raise Ignore(str(decision.refusal()))
 
-    def store_errors_for(self) -> bool:
+    def _stores_errors(self) -> bool:
+        # Celery's own rule (trace.py): errors are stored unless results are ignored,
+        # and then only with store_errors_even_if_ignored.
         ignore_result = self.request.ignore_result
         if ignore_result is None:
             ignore_result = self.ignore_result

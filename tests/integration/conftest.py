@@ -76,7 +76,7 @@ def queue() -> str:
 
 
 @pytest.fixture
-def client(transport: Transport, queue: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+def client(transport: Transport, queue: str) -> Iterator[Any]:
     """The test app, configured for ``transport`` and the test's own queue, in this process."""
     yield from _client(transport, queue)
 

@@ -13,7 +13,6 @@ import time
 from typing import Any
 
 from celery import Celery, chord, group
-from celery import signature as make_signature
 from celery.exceptions import SoftTimeLimitExceeded
 
 from celery_deadlines import DEADLINE_HEADER, ORIGIN_HEADER, SOURCE_HEADER, DeadlineTask
@@ -178,7 +177,3 @@ def watch_remaining(self: DeadlineTask, seconds: float, step: float = 0.1) -> di
         samples.append((time.monotonic() - started, self.remaining()))
         time.sleep(step)
     return {"samples": samples, **_seen(self)}
-
-
-def chord_signature() -> Any:
-    return make_signature("t.collect", app=app)
