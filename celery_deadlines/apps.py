@@ -16,8 +16,10 @@ class CeleryDeadlinesConfig(AppConfig):
 
         from . import checks  # noqa: F401 - registers the system checks
         from .install import install
+        from .ledger import worker
 
         install()
+        worker.connect()
         setting_changed.connect(_reload_settings, dispatch_uid="celery_deadlines.reload")
 
 

@@ -68,6 +68,22 @@ def _max_budget(value: object, name: str, settings: Settings) -> timedelta:
     return parse_duration(value, name=name)
 
 
+def _positive_duration(value: object, name: str, settings: Settings) -> timedelta:
+    return parse_duration(value, name=name)
+
+
+def _count(value: object, name: str, settings: Settings) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidDeadline(f"{name} must be a whole number >= 0, got {value!r}")
+    return value
+
+
+def _database_alias(value: object, name: str, settings: Settings) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidDeadline(f"{name} must name a database alias, got {value!r}")
+    return value
+
+
 DEFAULT_BUDGET: Final = Setting(
     "deadlines_default_budget",
     None,
@@ -112,6 +128,42 @@ MAX_BUDGET: Final = Setting(
     "Longest budget accepted, and how far ahead a deadline header may lie.",
 )
 
+# -- the run ledger (Django tier) ------------------------------------------------------------
+LEASE_TTL: Final = Setting(
+    "deadlines_lease_ttl",
+    30,
+    _positive_duration,
+    "How long a claim lets one worker own a run; renewed while the body runs, "
+    "never past the deadline.",
+)
+RECONCILE_INTERVAL: Final = Setting(
+    "deadlines_reconcile_interval",
+    10,
+    _optional_duration,
+    "How often each worker reconciles expired leases and sweeps the outbox; "
+    "None: only when the worker starts.",
+)
+REPUBLISH_AFTER: Final = Setting(
+    "deadlines_republish_after",
+    60,
+    _positive_duration,
+    "A run still unclaimed this long after its last publish is published again "
+    "(the broker may have lost the message; a duplicate is harmless).",
+)
+MAX_LOST_LEASES: Final = Setting(
+    "deadlines_max_lost_leases",
+    3,
+    _count,
+    "Leases a run may lose (its worker died or stalled) before it fails with "
+    "reason worker_lost instead of running again.",
+)
+DATABASE: Final = Setting(
+    "deadlines_database",
+    "default",
+    _database_alias,
+    "The Django database alias of the run ledger (PostgreSQL or SQLite).",
+)
+
 #: Every setting, in documentation order.
 SETTINGS: Final[tuple[Setting[Any], ...]] = (
     DEFAULT_BUDGET,
@@ -121,6 +173,11 @@ SETTINGS: Final[tuple[Setting[Any], ...]] = (
     DEFAULT_ATTEMPT_TIMEOUT,
     CLOCK_SKEW_ALLOWANCE,
     MAX_BUDGET,
+    LEASE_TTL,
+    RECONCILE_INTERVAL,
+    REPUBLISH_AFTER,
+    MAX_LOST_LEASES,
+    DATABASE,
 )
 
 

@@ -5,7 +5,8 @@
     DeadlineError                      root: catch this to catch everything below
     ├── DeadlineRefused                a gate refused to start (or restart) work
     ├── InvalidDeadline (ValueError)   a caller passed a deadline or budget that cannot work
-    └── ConfigurationError             a setting has a bad value; the message names the setting
+    ├── ConfigurationError             a setting has a bad value; the message names the setting
+    └── StaleLease                     a write by an attempt that no longer owns its run
 
 ``DeadlineRefused`` crosses the result backend: the worker stores it as the task's
 failure and ``AsyncResult.get()`` raises it again in the caller, with the gate, the
@@ -73,3 +74,26 @@ class InvalidDeadline(DeadlineError, ValueError):
 
 class ConfigurationError(DeadlineError):
     """A celery-deadlines setting has a value that cannot work; the message names it."""
+
+
+class StaleLease(DeadlineError):
+    """An attempt tried to write (checkpoint, finish, retry) after losing its lease.
+
+    Its lease lapsed (the worker was paused or too slow to renew) or another worker
+    claimed the run with a newer fencing token. The write was refused by the database
+    and recorded as a rejected :class:`~celery_deadlines.models.RunEvent`; the attempt
+    must stop acting on the run. DeadlineTask turns it into Celery's ``Ignore``, so a
+    stale attempt stores no result over the current owner's.
+    """
+
+    def __init__(self, task_id: str, token: int, write: str) -> None:
+        super().__init__(task_id, token, write)
+        self.task_id = task_id
+        self.token = token
+        self.write = write
+
+    def __str__(self) -> str:
+        return (
+            f"{self.write} of run {self.task_id} refused: lease token {self.token} "
+            "is no longer current"
+        )

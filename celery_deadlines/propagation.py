@@ -57,6 +57,7 @@ NOTHING: Final = Inherited()
 #: Keys under which DeadlineTask keeps an attempt's state on ``task.request``.
 CARRIED: Final = "celery_deadlines"
 ANCHOR: Final = "celery_deadlines_anchor"
+ATTEMPT: Final = "celery_deadlines_attempt"
 
 _scope: ContextVar[Inherited | None] = ContextVar("celery_deadlines_scope", default=None)
 

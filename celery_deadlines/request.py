@@ -13,19 +13,23 @@ the prefork pool enforces both limits; docs/failure-semantics.md covers the othe
 
 from __future__ import annotations
 
+import logging
 import weakref
 from datetime import datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any
 
+from billiard.exceptions import WorkerLostError
 from celery.utils.time import maybe_iso8601
 from celery.worker.request import Request
 from celery.worker.state import task_ready
 
-from . import gates, propagation
+from . import gates, ledger, propagation
 from .clock import get_clock
 from .conf import settings_for
 from .signals import report_refusal
 from .task import DeadlineTask
+
+logger = logging.getLogger("celery_deadlines")
 
 #: Smallest time limit handed to billiard: 0 would mean "no limit at all".
 MIN_TIME_LIMIT = 0.01
@@ -126,6 +130,17 @@ class DeadlineRequest(Request):
         """Acknowledge, store the typed failure, announce: never requeue, never run."""
         exc = decision.refusal()
         report_refusal(self.task, self.id, self.name, decision)
+        if ledger.active():
+            from .ledger import glue
+            from .models import Status
+
+            try:
+                glue.refuse(
+                    self.task, self.id, int(self._request_dict.get("retries") or 0),
+                    Status.EXPIRED, exc.reason, str(exc), decision.deadline,
+                )  # fmt: skip
+            except Exception:  # the message is still refused; the sweeper expires the run
+                logger.exception("recording the refusal of %s in the ledger failed", self.id)
         task_ready(self)
         self.send_event("task-failed", exception=repr(exc), traceback="")
         self.task.backend.mark_as_failure(
@@ -133,6 +148,45 @@ class DeadlineRequest(Request):
         )
         self.acknowledge()
         self._already_revoked = True
+
+    # -- the ledger, told by the supervisor about its pool processes -------------------
+
+    def on_timeout(self, soft: bool, timeout: float) -> None:
+        if not soft and ledger.active() and isinstance(self.task, DeadlineTask):
+            from .ledger import glue
+            from .ledger.attempt import owner_name_of
+            from .models import Status
+
+            try:
+                glue.store_for(self.task.app).end_owned(
+                    self.id, owner_name_of(self.hostname, self.worker_pid), Status.FAILED,
+                    "time_limit", f"hard time limit ({timeout} s) exceeded",
+                )  # fmt: skip
+            except Exception:  # the reconciler settles the lapsed lease instead
+                logger.exception("recording the time limit of %s in the ledger failed", self.id)
+        super().on_timeout(soft, timeout)
+
+    def on_failure(
+        self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
+    ) -> None:
+        exc = getattr(exc_info, "exception", None)
+        if (
+            isinstance(exc, WorkerLostError)
+            and ledger.active()
+            and isinstance(self.task, DeadlineTask)
+        ):
+            from .ledger import glue, worker
+            from .ledger.attempt import owner_name_of
+
+            try:
+                owner = owner_name_of(self.hostname, self.worker_pid)
+                if glue.store_for(self.task.app).lapse_owned(self.id, owner, repr(exc)):
+                    running = worker.reconciler()
+                    if running is not None:
+                        running.wake()
+            except Exception:  # the lease lapses on its own; the reconciler settles it
+                logger.exception("recording the loss of %s in the ledger failed", self.id)
+        super().on_failure(exc_info, send_failed_event, return_ok)
 
 
 _timezones: weakref.WeakKeyDictionary[Any, tzinfo] = weakref.WeakKeyDictionary()

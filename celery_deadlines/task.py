@@ -9,25 +9,40 @@ attributes, headers, the clock) and turns refusals into Celery outcomes:
 * attempt: the refusal is stored as the task's failure, then ``Ignore`` (body not run);
 * retry: :class:`DeadlineRefused` raised from ``retry()``, so the run fails with
   ``retry_budget_exhausted`` instead of publishing a retry that would die unseen.
+
+With the Django app installed the run ledger is the admission gate too
+(:mod:`celery_deadlines.ledger`): ``apply_async`` records the run before publishing,
+``before_start`` claims it (a lost claim, a duplicate delivery, runs nothing: ``Ignore``),
+and ``__call__`` writes the outcome under the claim's fencing token. A stale attempt's
+refused write (:class:`StaleLease`) also becomes ``Ignore``: it must not store a result
+over the current owner's.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from datetime import datetime, timedelta
-from typing import Any, ClassVar, NoReturn
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from celery import Task
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, Reject, Retry
+from celery.utils import uuid
 from celery.utils.time import maybe_make_aware
 
-from . import conf, gates, propagation, wire
+from . import conf, gates, ledger, propagation, wire
 from .budgets import UNSET, Anchor, Source, govern, parse_budget, parse_duration
 from .clock import get_clock
 from .conf import settings_for
+from .errors import DeadlineRefused, StaleLease
 from .install import install
-from .propagation import ANCHOR, CARRIED, Inherited
+from .propagation import ANCHOR, ATTEMPT, CARRIED, Inherited
 from .signals import report_refusal
+
+if TYPE_CHECKING:
+    from .ledger.attempt import Attempt
+
+logger = logging.getLogger("celery_deadlines")
 
 
 class DeadlineTask(Task):  # type: ignore[type-arg]
@@ -40,6 +55,8 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
     ``reserve``          least time that must be left for the task to start
     ``attempt_timeout``  what one attempt may take, reserved by the retry gate
                          (default: ``time_limit``, then the setting)
+    ``lease_ttl``        how long a claim owns the run before it must be renewed
+                         (Django tier; default: the ``deadlines_lease_ttl`` setting)
 
     Call options (``apply_async(budget=...)``): ``budget`` or ``deadline`` (an aware
     datetime), ``delivery_budget`` or ``delivery_deadline``.
@@ -51,6 +68,7 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
     delivery_budget: ClassVar[object] = UNSET
     reserve: ClassVar[object] = UNSET
     attempt_timeout: ClassVar[object] = UNSET
+    lease_ttl: ClassVar[object] = UNSET
 
     @classmethod
     def bind(cls, app: Any) -> Any:
@@ -108,8 +126,33 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
         propagation.stamp(headers, governed, delivery, origin)
         if headers:
             options["headers"] = headers
-        return super().apply_async(
-            args, kwargs, task_id, producer, link, link_error, shadow, **options
+        if not ledger.active() or self.app.conf.task_always_eager:
+            return super().apply_async(
+                args, kwargs, task_id, producer, link, link_error, shadow, **options
+            )
+        from .ledger import glue
+
+        task_id = task_id or uuid()
+
+        def send() -> Any:
+            return Task.apply_async(
+                self, args, kwargs, task_id, producer, link, link_error, shadow, **options
+            )
+
+        return glue.publish(
+            self,
+            self._attempt(),
+            args,
+            kwargs,
+            task_id,
+            link,
+            link_error,
+            shadow,
+            options,
+            governed.deadline,
+            delivery,
+            _start_of(options, now),
+            send,
         )
 
     def _own_deadlines(
@@ -193,6 +236,12 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
             return settings.get(conf.DEFAULT_RESERVE)
         return self._parsed_attribute("reserve", self.reserve, settings) or timedelta(0)
 
+    def lease_duration(self) -> timedelta:
+        """How long a claim owns the run: ``lease_ttl``, else the setting."""
+        if self.lease_ttl is UNSET:
+            return settings_for(self.app).get(conf.LEASE_TTL)
+        return parse_duration(self.lease_ttl, name=f"{self.name}.lease_ttl")
+
     def attempt_duration(self) -> timedelta:
         """What one attempt may take: ``attempt_timeout``, ``time_limit``, the setting, or 0."""
         for name in ("attempt_timeout", "time_limit", "soft_time_limit"):
@@ -214,22 +263,146 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
         state = vars(request)
         state[CARRIED] = carried
         state[ANCHOR] = None
+        state[ATTEMPT] = None
         if carried.unreadable is not None:
             detail = f"unreadable deadline header {carried.unreadable!r}"
             self._refuse_attempt(gates.invalid(gates.Gate.ATTEMPT, now, detail), task_id)
-        if carried.deadline is None:
-            return
-        decision = gates.admit(gates.Gate.ATTEMPT, carried.deadline, now, self.reserve_duration())
-        if not decision.allowed:
-            self._refuse_attempt(decision, task_id)
-        state[ANCHOR] = Anchor.at(carried.deadline, now, clock.monotonic())
+        reserve = self.reserve_duration()
+        deadline = carried.deadline
+        if deadline is not None:
+            decision = gates.admit(gates.Gate.ATTEMPT, deadline, now, reserve)
+            if not decision.allowed:
+                self._refuse_attempt(decision, task_id)
+        if ledger.active() and not request.is_eager:
+            attempt = self._claim(task_id, deadline, reserve, now)
+            state[ATTEMPT] = attempt
+            if attempt.lease.deadline is not None and (
+                deadline is None or attempt.lease.deadline < deadline
+            ):
+                # the ledger's deadline is the authority; a header can only shorten it
+                deadline = attempt.lease.deadline
+                state[CARRIED] = carried._replace(deadline=deadline)
+            attempt.start()
+        if deadline is not None:
+            state[ANCHOR] = Anchor.at(deadline, now, clock.monotonic())
+
+    def _claim(
+        self, task_id: str, deadline: datetime | None, reserve: timedelta, now: datetime
+    ) -> Attempt:
+        """Claim the run in the ledger, or end this delivery without running the body."""
+        from .ledger import glue
+        from .ledger.store import ClaimRefused
+
+        request = self.request
+        outcome = glue.claim(self, request, deadline, reserve)
+        if not isinstance(outcome, ClaimRefused):
+            return outcome
+        if outcome.why == ClaimRefused.DEADLINE:
+            passed = deadline is not None and deadline <= now
+            reason = gates.Reason.DEADLINE_PASSED if passed else gates.Reason.INSUFFICIENT_BUDGET
+            detail = "refused by the ledger's clock"
+            self._refuse_attempt(
+                gates.Decision(gates.Gate.CLAIM, reason, deadline, now, None, detail),
+                task_id,
+            )
+        if outcome.why == ClaimRefused.LOST_LEASES:
+            from billiard.exceptions import WorkerLostError
+
+            from .models import Status
+
+            detail = "the run lost its lease too many times (deadlines_max_lost_leases)"
+            glue.refuse(
+                self, task_id, request.retries or 0, Status.FAILED, "worker_lost", detail, deadline
+            )
+            self.backend.mark_as_failure(
+                task_id, WorkerLostError(detail), request=request,
+                store_result=self._stores_errors(),
+            )  # fmt: skip
+            raise Ignore(detail)
+        logger.info(
+            "%s[%s]: delivery not run, claim refused (%s); run is %s, token %s, owner %s",
+            self.name, task_id, outcome.why, outcome.status or "unrecorded",
+            outcome.token, outcome.owner or "none",
+        )  # fmt: skip
+        raise Ignore(f"claim refused: {outcome.why}")
 
     def _refuse_attempt(self, decision: gates.Decision, task_id: str) -> NoReturn:
         report_refusal(self, task_id, self.name, decision)
+        refusal = decision.refusal()
+        if ledger.active() and not self.request.is_eager:
+            from .ledger import glue
+            from .models import Status
+
+            glue.refuse(
+                self, task_id, self.request.retries or 0, Status.EXPIRED,
+                refusal.reason, str(refusal), decision.deadline,
+            )  # fmt: skip
         self.backend.mark_as_failure(
-            task_id, decision.refusal(), request=self.request, store_result=self._stores_errors()
+            task_id, refusal, request=self.request, store_result=self._stores_errors()
         )
-        raise Ignore(str(decision.refusal()))
+        raise Ignore(str(refusal))
+
+    # -- the body, and its outcome written under the claim's token --------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        attempt = self._attempt()
+        if attempt is None:
+            return super().__call__(*args, **kwargs)
+        from .models import Status
+
+        # Called by Celery's tracer, which already pushed the request and the task.
+        try:
+            try:
+                result = self.run(*args, **kwargs)
+            except (Retry, StaleLease):
+                raise
+            except Ignore:
+                attempt.end(Status.SUCCEEDED, "ignored", "the task raised Ignore")
+                raise
+            except Reject as exc:
+                why = getattr(exc, "reason", None)
+                if getattr(exc, "requeue", False):
+                    attempt.release(f"rejected with requeue: {why!r}")
+                else:
+                    attempt.end(Status.FAILED, "rejected", f"rejected: {why!r}")
+                raise
+            except DeadlineRefused as exc:
+                attempt.end(Status.EXPIRED, exc.reason, str(exc))
+                raise
+            except BaseException as exc:
+                attempt.end(Status.FAILED, "error", repr(exc)[:2000])
+                raise
+            attempt.succeed()
+            return result
+        except StaleLease as exc:
+            logger.warning("%s[%s]: %s; nothing stored", self.name, self.request.id, exc)
+            raise Ignore(str(exc)) from exc
+        finally:
+            attempt.stop()
+
+    def _attempt(self) -> Attempt | None:
+        """The ledger attempt of the delivery this process is executing, if any."""
+        request = self.request_stack.top
+        if request is None:
+            return None
+        attempt: Attempt | None = vars(request).get(ATTEMPT)
+        return attempt
+
+    def checkpoint(self, name: str, data: Any = None) -> None:
+        """Persist progress under the current lease (Django tier).
+
+        ``data`` must be JSON-serialisable. Raises :class:`StaleLease` if the attempt
+        no longer owns the run; without the ledger it is a no-op.
+        """
+        attempt = self._attempt()
+        if attempt is not None:
+            attempt.checkpoint(name, data)
+
+    @property
+    def last_checkpoint(self) -> tuple[str, Any] | None:
+        """``(name, data)`` of the last durable checkpoint when this attempt was claimed."""
+        attempt = self._attempt()
+        return attempt.last_checkpoint if attempt is not None else None
 
     def _stores_errors(self) -> bool:
         # Celery's own rule (trace.py): errors are stored unless results are ignored,

@@ -1,0 +1,85 @@
+"""One claimed attempt of a run, in the pool process that executes its body.
+
+Everything the attempt writes is fenced by the token it claimed with; a refused write
+raises :class:`StaleLease` and is recorded as a rejected event. The heartbeat renews the
+lease while the body runs; once a renewal fails the attempt knows at once, without
+another round trip, that it must stop.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from ..errors import StaleLease
+from ..models import Status
+from .heartbeat import heartbeat
+from .store import Lease, Store
+
+
+def owner_name(hostname: str | None) -> str:
+    """Who holds a lease: the worker's node name and this process's pid."""
+    return owner_name_of(hostname, os.getpid())
+
+
+def owner_name_of(hostname: str | None, pid: object) -> str:
+    return f"{hostname or 'unknown'}:{pid}"
+
+
+@dataclass(eq=False)
+class Attempt:
+    """A won claim and the fenced writes it may make (identity-hashed, for the heartbeat)."""
+
+    store: Store
+    lease: Lease
+    owner: str
+    ttl: timedelta
+    lost: bool = field(default=False)
+
+    def __str__(self) -> str:
+        return f"run {self.lease.task_id} token {self.lease.token}"
+
+    @property
+    def last_checkpoint(self) -> tuple[str, Any] | None:
+        """The last durable checkpoint when the attempt was claimed: (name, data)."""
+        if not self.lease.checkpoint_name:
+            return None
+        return self.lease.checkpoint_name, self.lease.checkpoint_data
+
+    def start(self) -> None:
+        heartbeat().watch(self)
+
+    def stop(self) -> None:
+        heartbeat().forget(self)
+
+    def renew(self) -> datetime | None:
+        """Extend the lease (the heartbeat calls this); ``None`` marks the attempt lost."""
+        expires = self.store.renew(self.lease, self.owner, self.ttl)
+        if expires is None:
+            self.lost = True
+        return expires
+
+    def checkpoint(self, name: str, data: Any) -> None:
+        self._check(self.store.checkpoint(self.lease, self.owner, name, data), "checkpoint")
+
+    def succeed(self) -> None:
+        self._check(self.store.finish(self.lease, self.owner, Status.SUCCEEDED), "succeed")
+
+    def end(self, status: Status, reason: str, detail: str) -> None:
+        self._check(self.store.finish(self.lease, self.owner, status, reason, detail), "finish")
+
+    def retry(
+        self, retries: int, available_at: datetime | None, body: bytes | None, detail: str
+    ) -> None:
+        written = self.store.retry(self.lease, self.owner, retries, available_at, body, detail)
+        self._check(written, "retry")
+
+    def release(self, detail: str) -> None:
+        self._check(self.store.release(self.lease, self.owner, detail), "release")
+
+    def _check(self, written: bool, write: str) -> None:
+        if not written:
+            self.lost = True
+            raise StaleLease(self.lease.task_id, self.lease.token, write)

@@ -1,0 +1,161 @@
+"""What DeadlineTask asks of the ledger, in Celery's terms (task, request, options).
+
+Kept apart from ``task.py`` so the plain Celery tier never imports Django: these
+functions are only called once :func:`celery_deadlines.ledger.active` said yes.
+Translating outcomes into Celery's ``Ignore``/``Retry`` stays in ``task.py``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from celery import Task
+from celery._state import get_current_worker_task
+
+from .. import conf
+from ..conf import settings_for
+from ..models import Status
+from . import outbox
+from .attempt import Attempt, owner_name
+from .store import ClaimRefused, NewRun, Store
+
+if TYPE_CHECKING:
+    from ..task import DeadlineTask
+
+_stores: dict[str, Store] = {}
+
+
+def store_for(app: Any) -> Store:
+    """The ledger store on the database alias the app's settings name."""
+    alias = settings_for(app).get(conf.DATABASE)
+    try:
+        return _stores[alias]
+    except KeyError:
+        store = _stores[alias] = Store(alias)
+        return store
+
+
+def publish(
+    task: DeadlineTask,
+    attempt: Attempt | None,
+    args: Any,
+    kwargs: Any,
+    task_id: str,
+    link: Any,
+    link_error: Any,
+    shadow: str | None,
+    options: dict[str, Any],
+    deadline: datetime | None,
+    delivery: datetime | None,
+    available_at: datetime | None,
+    send: Any,
+) -> Any:
+    """Record the run (or its retry), then ``send()`` the message. See :mod:`.outbox`.
+
+    A retry of the attempt running in this process is a fenced write on the run
+    (raises :class:`StaleLease` if the attempt lost its lease: nothing is published).
+    """
+    kept = dict(task._get_exec_options(), **options)  # type: ignore[attr-defined]
+    kept.update(link=link, link_error=link_error, shadow=shadow)
+    body, content_type, encoding = outbox.encode_message(task.serializer, args, kwargs, kept)
+    retries = int(options.get("retries") or 0)
+    if attempt is not None and attempt.lease.task_id == task_id:
+        attempt.retry(retries, available_at, body, f"retries={retries}")
+        return send()
+    parent = get_current_worker_task()
+    parent_id = options.get("parent_id") or (parent.request.id if parent else None)
+    root_id = options.get("root_id") or (
+        (parent.request.root_id or parent.request.id) if parent else None
+    )
+    run = NewRun(
+        task_id=task_id,
+        task_name=task.name,
+        deadline=deadline,
+        delivery_deadline=delivery,
+        root_id=root_id or task_id,
+        parent_id=parent_id or "",
+        retries=retries,
+        available_at=available_at,
+        message_body=body,
+        content_type=content_type,
+        content_encoding=encoding,
+    )
+    sent = outbox.record(store_for(task.app), run, send)
+    return sent if sent is not None else task.AsyncResult(task_id)
+
+
+def claim(
+    task: DeadlineTask, request: Any, deadline: datetime | None, reserve: timedelta
+) -> Attempt | ClaimRefused:
+    """Claim the run of the message being executed (recording it first if it has no row)."""
+    settings = settings_for(task.app)
+    store = store_for(task.app)
+    owner = owner_name(request.hostname)
+    ttl = task.lease_duration()
+    retries = int(request.retries or 0)
+    max_lost = settings.get(conf.MAX_LOST_LEASES)
+    outcome = store.claim(request.id, retries, owner, ttl, reserve, max_lost)
+    if isinstance(outcome, ClaimRefused) and outcome.why == ClaimRefused.MISSING:
+        # published without the outbox (by name, or before the app was installed)
+        store.enqueue(_run_of_request(task, request, deadline, retries))
+        outcome = store.claim(request.id, retries, owner, ttl, reserve, max_lost)
+    if isinstance(outcome, ClaimRefused):
+        return outcome
+    return Attempt(store, outcome, owner, ttl)
+
+
+def refuse(
+    task: Task,  # type: ignore[type-arg]
+    task_id: str,
+    retries: int,
+    status: Status,
+    reason: str,
+    detail: str,
+    deadline: datetime | None,
+) -> None:
+    """A gate refused a message: end its run (unless another worker owns it)."""
+    store_for(task.app).refuse(task_id, task.name, retries, status, reason, detail, deadline)
+
+
+def _run_of_request(
+    task: DeadlineTask, request: Any, deadline: datetime | None, retries: int
+) -> NewRun:
+    options = {
+        "link": request.callbacks,
+        "link_error": request.errbacks,
+        "chain": request.chain,
+        "chord": request.chord,
+        "group_id": request.group,
+        "group_index": request.group_index,
+        "root_id": request.root_id,
+        "parent_id": request.parent_id,
+        "headers": {
+            key: value
+            for key, value in (request.headers or {}).items()
+            if key.startswith("x_deadline") or key == "expires"
+        }
+        or None,
+        **{
+            key: value
+            for key, value in (request.delivery_info or {}).items()
+            if key in ("exchange", "routing_key", "priority") and value
+        },
+    }
+    options = {key: value for key, value in options.items() if value is not None}
+    body, content_type, encoding = outbox.encode_message(
+        task.serializer, request.args, request.kwargs, options
+    )
+    return NewRun(
+        task_id=request.id,
+        task_name=task.name,
+        deadline=deadline,
+        delivery_deadline=None,
+        root_id=request.root_id or request.id,
+        parent_id=request.parent_id or "",
+        retries=retries,
+        available_at=None,
+        message_body=body,
+        content_type=content_type,
+        content_encoding=encoding,
+    )

@@ -1,0 +1,103 @@
+"""Lease renewal while a body runs: one thread per worker process, capped by the deadline.
+
+An attempt's lease is renewed a third of the way into each TTL, by the database clock
+(``store.renew``), never past the run's deadline, and not at all once the deadline has
+passed: a run that needs more time has to be a new decision, not an old authority
+silently extended (seed 003). A renewal that affects no row means the lease is gone;
+the attempt is marked lost and its next write raises :class:`StaleLease` at once.
+Timing uses the monotonic clock only: a wall-clock jump neither hurries nor delays it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from django.db import connections
+
+from ..clock import get_clock
+
+if TYPE_CHECKING:
+    from .attempt import Attempt
+
+logger = logging.getLogger("celery_deadlines")
+
+#: Renew when this fraction of the TTL has passed since the last renewal.
+RENEW_AT: float = 1 / 3
+#: After a failed renewal (database unreachable), try again this soon.
+RETRY_AFTER = timedelta(seconds=1)
+
+
+class Heartbeat:
+    """Renews the leases of the attempts running in this process."""
+
+    def __init__(self) -> None:
+        self._due: dict[Attempt, float] = {}
+        self._wakeup = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, attempt: Attempt) -> None:
+        """Start renewing ``attempt``'s lease until :meth:`forget`."""
+        due = get_clock().monotonic() + attempt.ttl.total_seconds() * RENEW_AT
+        with self._wakeup:
+            self._due[attempt] = due
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="celery-deadlines-heartbeat", daemon=True
+                )
+                self._thread.start()
+            self._wakeup.notify()
+
+    def forget(self, attempt: Attempt) -> None:
+        with self._wakeup:
+            self._due.pop(attempt, None)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                attempt = self._next_due()
+                if attempt is not None:
+                    self._renew(attempt)
+        finally:  # pragma: no cover - a daemon thread dies with its process
+            connections.close_all()
+
+    def _next_due(self) -> Attempt | None:
+        with self._wakeup:
+            while True:
+                if not self._due:
+                    self._wakeup.wait()
+                    continue
+                attempt, due = min(self._due.items(), key=lambda item: item[1])
+                wait = due - get_clock().monotonic()
+                if wait <= 0:
+                    return attempt
+                self._wakeup.wait(wait)
+
+    def _renew(self, attempt: Attempt) -> None:
+        try:
+            expires = attempt.renew()
+        except Exception:  # a database hiccup must not kill the heartbeat
+            logger.exception("renewing the lease of %s failed; trying again", attempt)
+            self._reschedule(attempt, RETRY_AFTER.total_seconds())
+            return
+        if expires is None or (
+            attempt.lease.deadline is not None and expires >= attempt.lease.deadline
+        ):
+            self.forget(attempt)  # gone, or capped at the deadline: nothing left to renew
+            return
+        self._reschedule(attempt, attempt.ttl.total_seconds() * RENEW_AT)
+
+    def _reschedule(self, attempt: Attempt, seconds: float) -> None:
+        with self._wakeup:
+            if attempt in self._due:
+                self._due[attempt] = get_clock().monotonic() + seconds
+
+
+_heartbeat = Heartbeat()
+
+
+def heartbeat() -> Heartbeat:
+    """This process's heartbeat."""
+    return _heartbeat

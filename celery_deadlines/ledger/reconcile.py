@@ -1,0 +1,180 @@
+"""Restart reconciliation and the outbox sweeper (seed 000's six steps).
+
+On worker start and every ``deadlines_reconcile_interval``, each worker's main process:
+
+1. expires runs whose deadline passed before any worker claimed them
+   (``expired_before_claim``): a lost message never becomes a run that waits forever;
+2. reads every run whose lease has lapsed by the database clock, with its version;
+3. ends it if its deadline has passed (``deadline_passed``: never resurrected);
+4. marks it UNKNOWN if an effect of the attempt is unresolved (the effect ledger's
+   reconciliation hook decides what happened before anything is retried);
+5. fails it (``worker_lost``) if it has lost ``deadlines_max_lost_leases`` leases
+   already, so a task that kills its worker does not loop until its deadline;
+6. otherwise gives it back to the queue with a fresh fencing token (the old holder is
+   fenced at once) and publishes its message again: the next claim resumes from the
+   last durable checkpoint;
+
+and republishes runs still unclaimed ``deadlines_republish_after`` after their last
+publish. Every step is a compare-and-swap on the version read in step 2, so any number
+of workers may reconcile at once: one wins each run, the others change nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from datetime import datetime, timedelta
+from typing import Any
+
+from billiard.exceptions import WorkerLostError
+from django.db import connections
+
+from .. import conf
+from ..conf import settings_for
+from ..errors import DeadlineRefused
+from ..gates import Gate, Reason
+from ..models import Status
+from . import outbox
+from .store import Expired, LapsedLease, Store
+
+logger = logging.getLogger("celery_deadlines")
+
+#: ``check(lapsed) -> True`` when an effect of the lapsed attempt is unresolved.
+EffectCheck = Callable[[LapsedLease], bool]
+_effect_checks: list[EffectCheck] = []
+
+
+def register_effect_check(check: EffectCheck) -> None:
+    """Let the effect ledger say that a lapsed run must be reconciled, not re-run."""
+    if check not in _effect_checks:
+        _effect_checks.append(check)
+
+
+@dataclass
+class Report:
+    """What one reconciliation pass did (logged, and returned for tests and commands)."""
+
+    expired: list[str] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    requeued: list[str] = field(default_factory=list)
+    republished: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return any((self.expired, self.unknown, self.failed, self.requeued, self.republished))
+
+
+def reconcile_once(app: Any, store: Store) -> Report:
+    """One pass of reconciliation and sweeping over the whole ledger."""
+    settings = settings_for(app)
+    report = Report()
+    for expired in store.expire_unclaimed():
+        report.expired.append(expired.task_id)
+        _store_refusal(app, expired, store.database_now())
+    max_lost = settings.get(conf.MAX_LOST_LEASES)
+    for lapsed in store.lapsed_leases():
+        _settle(app, store, lapsed, max_lost, report)
+    for unclaimed in store.unclaimed(settings.get(conf.REPUBLISH_AFTER)):
+        if store.mark_republished(unclaimed.run_id, unclaimed.version):
+            _republish(app, unclaimed.task_id, partial(outbox.republish, app, unclaimed))
+            report.republished.append(unclaimed.task_id)
+    if report:
+        logger.info("reconciled the run ledger: %s", report)
+    return report
+
+
+def _settle(app: Any, store: Store, lapsed: LapsedLease, max_lost: int, report: Report) -> None:
+    if lapsed.past_deadline:
+        detail = f"lease of {lapsed.owner} lapsed and the deadline has passed"
+        if store.settle_lapsed(lapsed, Status.EXPIRED, Reason.DEADLINE_PASSED, detail):
+            report.expired.append(lapsed.task_id)
+            expired = Expired(
+                lapsed.task_id, lapsed.task_name, Status.EXPIRED, Reason.DEADLINE_PASSED,
+                lapsed.deadline,
+            )  # fmt: skip
+            _store_refusal(app, expired, store.database_now(), detail)
+        return
+    if any(check(lapsed) for check in _effect_checks):
+        detail = "lease lapsed with an effect unresolved: reconcile it before any retry"
+        if store.settle_lapsed(lapsed, Status.UNKNOWN, "effect_unresolved", detail):
+            report.unknown.append(lapsed.task_id)
+        return
+    if lapsed.lost_leases >= max_lost:
+        detail = f"lost {lapsed.lost_leases + 1} leases (deadlines_max_lost_leases={max_lost})"
+        if store.settle_lapsed(lapsed, Status.FAILED, "worker_lost", detail):
+            report.failed.append(lapsed.task_id)
+            app.backend.mark_as_failure(lapsed.task_id, WorkerLostError(detail))
+        return
+    if store.requeue_lapsed(lapsed):
+        message = store.message_of(lapsed.run_id)
+        if message is not None:
+            _republish(app, lapsed.task_id, partial(outbox.republish, app, message))
+        report.requeued.append(lapsed.task_id)
+
+
+def _republish(app: Any, task_id: str, publish: Callable[[], None]) -> None:
+    try:
+        publish()
+    except Exception:  # the sweeper publishes it again later; nothing is lost
+        logger.exception("republishing run %s failed; the sweeper will try again", task_id)
+
+
+def _store_refusal(app: Any, expired: Expired, now: datetime, detail: str = "") -> None:
+    """Tell the caller waiting on the result why the run ended (a typed refusal)."""
+    refusal = DeadlineRefused(
+        Gate.CLAIM.value,
+        expired.reason,
+        expired.deadline.isoformat() if expired.deadline else None,
+        now.isoformat(),
+        detail or "the deadline passed before any worker claimed the run",
+    )
+    try:
+        app.backend.mark_as_failure(expired.task_id, refusal)
+    except Exception:  # the ledger already holds the outcome
+        logger.exception(
+            "storing the expiry of run %s in the result backend failed", expired.task_id
+        )
+
+
+class Reconciler:
+    """Runs :func:`reconcile_once` at worker start and then periodically, in a thread."""
+
+    def __init__(self, app: Any, store: Store, interval: timedelta | None) -> None:
+        self.app = app
+        self.store = store
+        self.interval = interval
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name="celery-deadlines-reconciler", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wake(self) -> None:
+        """Reconcile now (a pool process was just lost)."""
+        self._wake.set()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                try:
+                    reconcile_once(self.app, self.store)
+                except Exception:  # a database outage must not end reconciliation
+                    logger.exception("reconciling the run ledger failed; trying again")
+                if self.interval is None:
+                    return
+                self._wake.wait(self.interval.total_seconds())
+                self._wake.clear()
+        finally:
+            connections.close_all()

@@ -1,0 +1,93 @@
+"""The database clock and the few expressions that differ between databases.
+
+The ledger's decisions are comparisons against *one* clock, the database's, evaluated
+inside the statement that acts on them. PostgreSQL's ``clock_timestamp()`` is read at
+each call (``now()`` would be frozen at the start of the transaction). SQLite's
+``'now'`` is the time of the current statement, which is what a single-statement
+compare-and-swap needs.
+
+Every statement is written with ``%s`` placeholders (Django's cursor turns them into
+SQLite's ``?``), so a literal ``%`` is written ``%%``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.utils.dateparse import parse_datetime
+
+from ..errors import ConfigurationError
+
+SUPPORTED = ("postgresql", "sqlite")
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """SQL fragments for one database vendor."""
+
+    vendor: str
+    #: The database clock, as an SQL expression.
+    now: str
+    #: ``now + %s``: the database clock plus a duration parameter (see :meth:`seconds`).
+    now_plus: str
+    #: ``LEAST(a, b)`` where ``b`` may be NULL (then ``a``).
+    least_template: str
+    #: A placeholder for a JSON document given as text.
+    json_param: str = "%s"
+
+    def least(self, first: str, nullable: str) -> str:
+        return self.least_template.format(first=first, nullable=nullable)
+
+    def seconds(self, duration: timedelta) -> Any:
+        """The parameter :attr:`now_plus` expects for ``duration``."""
+        seconds = duration.total_seconds()
+        if self.vendor == "sqlite":
+            return f"{seconds:+.6f} seconds"
+        return seconds
+
+    def instant(self, value: Any) -> datetime | None:
+        """A timestamp read back from this database, as an aware UTC datetime."""
+        if value is None:
+            return None
+        if isinstance(value, datetime):
+            return value if value.tzinfo else value.replace(tzinfo=UTC)
+        parsed = parse_datetime(str(value))
+        if parsed is None:
+            raise ValueError(f"not a timestamp: {value!r}")
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+    def param(self, value: datetime | None) -> Any:
+        """An aware datetime as this database stores it (SQLite: naive UTC text)."""
+        if value is None or self.vendor != "sqlite":
+            return value
+        return value.astimezone(UTC).replace(tzinfo=None).isoformat(" ")
+
+
+POSTGRESQL = Dialect(
+    vendor="postgresql",
+    now="clock_timestamp()",
+    now_plus="(clock_timestamp() + make_interval(secs => %s))",
+    least_template="LEAST({first}, {nullable})",
+    json_param="CAST(%s AS jsonb)",
+)
+_SQLITE_NOW = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
+SQLITE = Dialect(
+    vendor="sqlite",
+    now=_SQLITE_NOW,
+    now_plus="strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)",
+    least_template="MIN({first}, COALESCE({nullable}, '9999-12-31 23:59:59'))",
+)
+
+
+def dialect_for(vendor: str) -> Dialect:
+    """The dialect of a Django connection's ``vendor``, or :class:`ConfigurationError`."""
+    if vendor == "postgresql":
+        return POSTGRESQL
+    if vendor == "sqlite":
+        return SQLITE
+    raise ConfigurationError(
+        f"the run ledger supports {' and '.join(SUPPORTED)}, not {vendor} "
+        "(setting deadlines_database, Django: CELERY_DEADLINES_DATABASE)"
+    )

@@ -1,0 +1,630 @@
+"""Every write to the run ledger, each one conditional statement on the database clock.
+
+The rules (seed 000, "make ownership a compare-and-swap"):
+
+* **claim**: one ``UPDATE ... WHERE <claimable> RETURNING``; exactly one affected row
+  is a claim, zero is not (another worker won, the run changed, it is terminal, its
+  deadline leaves too little, or the message is older than the run). Every claim
+  increments the run's fencing token (``lease_token``) and sets the lease expiry to
+  the database clock plus the TTL, never later than the deadline.
+* **fenced writes** (renew, checkpoint, retry, finish): conditional on the token the
+  attempt claimed with *and* on its lease being alive by the database clock. Zero rows
+  means the writer is stale; the store records a rejected :class:`RunEvent` and the
+  caller gets ``False`` (the attempt turns it into :class:`StaleLease`).
+* every applied write appends its :class:`RunEvent` through the audit trigger, in the
+  same statement: one round trip per state transition.
+
+Nothing here reads the worker's clock: expiries and comparisons are evaluated in SQL.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+from django.db import connections
+
+from ..models import Status
+from .sql import Dialect, dialect_for
+
+RUN: Final = "celery_deadlines_run"
+EVENT: Final = "celery_deadlines_runevent"
+
+_TERMINAL_SQL: Final = "('SUCCEEDED', 'FAILED', 'EXPIRED')"
+_CLAIMABLE_SQL: Final = "('QUEUED', 'RETRYING')"
+
+
+@dataclass(frozen=True)
+class NewRun:
+    """What the outbox records before a message is published."""
+
+    task_id: str
+    task_name: str
+    deadline: datetime | None
+    delivery_deadline: datetime | None
+    root_id: str
+    parent_id: str
+    retries: int
+    available_at: datetime | None
+    message_body: bytes | None
+    content_type: str
+    content_encoding: str
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A won claim: the fencing token and what the attempt resumes from."""
+
+    run_id: int
+    task_id: str
+    token: int
+    version: int
+    attempt: int
+    expires_at: datetime | None
+    deadline: datetime | None
+    checkpoint_name: str
+    checkpoint_data: Any
+    database_now: datetime
+
+
+@dataclass(frozen=True)
+class ClaimRefused:
+    """A lost claim, and why (``why`` is one of the codes below)."""
+
+    why: str
+    status: str
+    token: int
+    owner: str
+    lease_expires_at: datetime | None
+
+    #: ``why`` codes
+    TERMINAL: Final = "terminal"
+    STALE_MESSAGE: Final = "stale_message"
+    DEADLINE: Final = "deadline"
+    HELD: Final = "held"
+    LOST_LEASES: Final = "lost_leases"
+    UNKNOWN: Final = "unknown"
+    CHANGED: Final = "changed"
+    MISSING: Final = "missing"
+
+
+@dataclass(frozen=True)
+class Expired:
+    """A run the ledger expired or failed on its own (the reconciler reports these)."""
+
+    task_id: str
+    task_name: str
+    status: str
+    reason: str
+    deadline: datetime | None
+
+
+class Store:
+    """The ledger's statements on one Django database alias."""
+
+    def __init__(self, using: str = "default") -> None:
+        self.using = using
+        self._dialect: Dialect | None = None
+
+    @property
+    def dialect(self) -> Dialect:
+        if self._dialect is None:
+            self._dialect = dialect_for(connections[self.using].vendor)
+        return self._dialect
+
+    def _execute(self, sql: str, params: list[Any]) -> tuple[int, list[tuple[Any, ...]]]:
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(sql, params)
+            rows = cursor.fetchall() if cursor.description else []
+            return cursor.rowcount, rows
+
+    # -- the outbox ----------------------------------------------------------------------
+
+    def enqueue(self, run: NewRun) -> bool:
+        """Record a run before its message is published; ``False`` if the id exists."""
+        d = self.dialect
+        count, _ = self._execute(
+            f"""
+            INSERT INTO {RUN} (
+                task_id, task_name, status, reason, detail, deadline, delivery_deadline,
+                root_id, parent_id, retries, attempt, lost_leases, owner, lease_token,
+                version, checkpoint_name, message_body, content_type, content_encoding,
+                available_at, published_at, op, op_detail, created_at, updated_at
+            ) VALUES (
+                %s, %s, 'QUEUED', '', '', %s, %s, %s, %s, %s, 0, 0, '', 0, 0, '', %s, %s, %s,
+                %s, {d.now}, 'enqueue', '', {d.now}, {d.now}
+            )
+            ON CONFLICT (task_id) DO NOTHING
+            """,
+            [
+                run.task_id,
+                run.task_name,
+                d.param(run.deadline),
+                d.param(run.delivery_deadline),
+                run.root_id,
+                run.parent_id,
+                run.retries,
+                run.message_body,
+                run.content_type,
+                run.content_encoding,
+                d.param(run.available_at),
+            ],
+        )
+        return count == 1
+
+    def publish_failed(self, task_id: str, detail: str) -> bool:
+        """End a run whose first publish raised: the caller was told, nothing will run."""
+        d = self.dialect
+        count, _ = self._execute(
+            f"""
+            UPDATE {RUN} SET status = 'FAILED', reason = 'publish_failed', detail = %s,
+                version = version + 1, op = 'publish_failed', op_detail = %s,
+                updated_at = {d.now}
+            WHERE task_id = %s AND status = 'QUEUED' AND attempt = 0
+            """,
+            [detail, detail, task_id],
+        )
+        return count == 1
+
+    # -- claim ---------------------------------------------------------------------------
+
+    def claim(
+        self,
+        task_id: str,
+        retries: int,
+        owner: str,
+        ttl: timedelta,
+        reserve: timedelta,
+        max_lost_leases: int,
+    ) -> Lease | ClaimRefused:
+        """The compare-and-swap that lets exactly one worker run an attempt."""
+        d = self.dialect
+        _, rows = self._execute(
+            f"""
+            UPDATE {RUN} SET
+                status = 'RUNNING', owner = %s,
+                lease_token = lease_token + 1, version = version + 1, attempt = attempt + 1,
+                lost_leases = lost_leases + (CASE WHEN status = 'RUNNING' THEN 1 ELSE 0 END),
+                lease_expires_at = {d.least(d.now_plus, "deadline")},
+                op = 'claim', op_detail = %s, updated_at = {d.now}
+            WHERE task_id = %s AND retries = %s
+              AND (status IN {_CLAIMABLE_SQL}
+                   OR (status = 'RUNNING' AND lease_expires_at <= {d.now}
+                       AND lost_leases < %s))
+              AND (deadline IS NULL OR deadline > {d.now_plus})
+            RETURNING id, lease_token, version, attempt, lease_expires_at, deadline,
+                checkpoint_name, checkpoint_data, {d.now}
+            """,
+            [
+                owner,
+                d.seconds(ttl),
+                f"retries={retries}",
+                task_id,
+                retries,
+                max_lost_leases,
+                d.seconds(reserve),
+            ],
+        )
+        if rows:
+            row = rows[0]
+            return Lease(
+                run_id=row[0],
+                task_id=task_id,
+                token=row[1],
+                version=row[2],
+                attempt=row[3],
+                expires_at=d.instant(row[4]),
+                deadline=d.instant(row[5]),
+                checkpoint_name=row[6],
+                checkpoint_data=_json(row[7]),
+                database_now=_required(d.instant(row[8])),
+            )
+        return self._claim_refused(task_id, retries, owner, reserve, max_lost_leases)
+
+    def _claim_refused(
+        self, task_id: str, retries: int, owner: str, reserve: timedelta, max_lost_leases: int
+    ) -> ClaimRefused:
+        """Record the lost claim (one statement) and say why it was lost."""
+        d = self.dialect
+        _, rows = self._execute(
+            f"""
+            INSERT INTO {EVENT} ({_EVENT_COLUMNS})
+            SELECT id, {d.now}, 'claim', 'rejected', status, reason, version, lease_token,
+                %s, lease_expires_at,
+                CASE
+                    WHEN status IN {_TERMINAL_SQL} THEN 'terminal'
+                    WHEN retries <> %s THEN 'stale_message'
+                    WHEN deadline IS NOT NULL AND deadline <= {d.now_plus} THEN 'deadline'
+                    WHEN status = 'RUNNING' AND lease_expires_at > {d.now} THEN 'held'
+                    WHEN status = 'RUNNING' AND lost_leases >= %s THEN 'lost_leases'
+                    WHEN status = 'UNKNOWN' THEN 'unknown'
+                    ELSE 'changed'
+                END || ':' || owner
+            FROM {RUN} WHERE task_id = %s
+            RETURNING detail, status, lease_token, lease_expires_at
+            """,
+            [owner, retries, d.seconds(reserve), max_lost_leases, task_id],
+        )
+        if not rows:
+            return ClaimRefused(ClaimRefused.MISSING, "", 0, "", None)
+        detail, status, token, expires = rows[0]
+        # the event's owner column is the loser; the detail names the current owner
+        why, _, current_owner = str(detail).partition(":")
+        return ClaimRefused(why, status, token, current_owner, d.instant(expires))
+
+    # -- fenced writes ---------------------------------------------------------------------
+
+    def _fenced(self, sets: str, params: list[Any], lease: Lease, kind: str, owner: str) -> bool:
+        d = self.dialect
+        count, _ = self._execute(
+            f"""
+            UPDATE {RUN} SET {sets}, version = version + 1, updated_at = {d.now}
+            WHERE id = %s AND lease_token = %s AND status = 'RUNNING'
+              AND lease_expires_at > {d.now}
+            """,
+            [*params, lease.run_id, lease.token],
+        )
+        if count == 1:
+            return True
+        self.record_rejected(lease.run_id, kind, lease.token, owner)
+        return False
+
+    def renew(self, lease: Lease, owner: str, ttl: timedelta) -> datetime | None:
+        """Extend the lease to the database clock + ``ttl`` (never past the deadline).
+
+        Returns the new expiry, or ``None`` if the lease is gone (stale, expired, or the
+        deadline has passed): the caller must stop acting on the run.
+        """
+        d = self.dialect
+        _, rows = self._execute(
+            f"""
+            UPDATE {RUN} SET lease_expires_at = {d.least(d.now_plus, "deadline")},
+                version = version + 1, op = 'renew', op_detail = '', updated_at = {d.now}
+            WHERE id = %s AND lease_token = %s AND status = 'RUNNING'
+              AND lease_expires_at > {d.now}
+              AND (deadline IS NULL OR deadline > {d.now})
+            RETURNING lease_expires_at
+            """,
+            [d.seconds(ttl), lease.run_id, lease.token],
+        )
+        if rows:
+            return d.instant(rows[0][0])
+        self.record_rejected(lease.run_id, "renew", lease.token, owner)
+        return None
+
+    def checkpoint(self, lease: Lease, owner: str, name: str, data: Any) -> bool:
+        """Persist progress under the attempt's token (fenced)."""
+        d = self.dialect
+        return self._fenced(
+            f"checkpoint_name = %s, checkpoint_data = {d.json_param}, checkpoint_at = {d.now}, "
+            "checkpoint_token = lease_token, op = 'checkpoint', op_detail = %s",
+            [name, json.dumps(data), name],
+            lease,
+            "checkpoint",
+            owner,
+        )
+
+    def finish(
+        self, lease: Lease, owner: str, status: Status, reason: str = "", detail: str = ""
+    ) -> bool:
+        """End the run (SUCCEEDED, FAILED, EXPIRED, UNKNOWN) under the attempt's token."""
+        return self._fenced(
+            "status = %s, reason = %s, detail = %s, lease_expires_at = NULL, "
+            "op = %s, op_detail = %s",
+            [status.value, reason, detail, status.value.lower(), detail],
+            lease,
+            status.value.lower(),
+            owner,
+        )
+
+    def retry(
+        self,
+        lease: Lease,
+        owner: str,
+        retries: int,
+        available_at: datetime | None,
+        message_body: bytes | None,
+        detail: str,
+    ) -> bool:
+        """Hand the run to its retry message (fenced): RETRYING, lease released."""
+        d = self.dialect
+        return self._fenced(
+            f"status = 'RETRYING', retries = %s, available_at = %s, message_body = %s, "
+            f"lease_expires_at = NULL, published_at = {d.now}, op = 'retry', op_detail = %s",
+            [retries, d.param(available_at), message_body, detail],
+            lease,
+            "retry",
+            owner,
+        )
+
+    def release(self, lease: Lease, owner: str, detail: str) -> bool:
+        """Give the run back to the queue (the task rejected its message with requeue)."""
+        d = self.dialect
+        return self._fenced(
+            f"status = 'QUEUED', lease_expires_at = NULL, published_at = {d.now}, "
+            "op = 'release', op_detail = %s",
+            [detail],
+            lease,
+            "release",
+            owner,
+        )
+
+    def record_rejected(self, run_id: int, kind: str, token: int, owner: str) -> None:
+        """Append the rejected write of a stale holder: its token, and the current state."""
+        d = self.dialect
+        self._execute(
+            f"""
+            INSERT INTO {EVENT} ({_EVENT_COLUMNS})
+            SELECT id, {d.now}, %s, 'rejected', status, reason, version, %s, %s,
+                lease_expires_at,
+                'stale token ' || %s || '; current token ' || lease_token || ' owned by '
+                    || owner
+            FROM {RUN} WHERE id = %s
+            """,
+            [kind, token, owner, str(token), run_id],
+        )
+
+    # -- refusals recorded by the gates ------------------------------------------------------
+
+    def refuse(
+        self,
+        task_id: str,
+        task_name: str,
+        retries: int,
+        status: Status,
+        reason: str,
+        detail: str,
+        deadline: datetime | None,
+    ) -> bool:
+        """A gate refused a message: end its run, unless another worker owns it now.
+
+        A run with no row (published by name, or before the app was installed) gets
+        one, already ended. Returns whether this call ended the run.
+        """
+        d = self.dialect
+        count, _ = self._execute(
+            f"""
+            UPDATE {RUN} SET status = %s, reason = %s, detail = %s, owner = '',
+                lease_expires_at = NULL, version = version + 1, op = 'refuse',
+                op_detail = %s, updated_at = {d.now}
+            WHERE task_id = %s AND retries = %s
+              AND (status IN {_CLAIMABLE_SQL}
+                   OR (status = 'RUNNING' AND lease_expires_at <= {d.now}))
+            """,
+            [status.value, reason, detail, detail, task_id, retries],
+        )
+        if count:
+            return True
+        count, _ = self._execute(
+            f"""
+            INSERT INTO {RUN} (
+                task_id, task_name, status, reason, detail, deadline, root_id, parent_id,
+                retries, attempt, lost_leases, owner, lease_token, version, checkpoint_name,
+                content_type, content_encoding, published_at, op, op_detail, created_at,
+                updated_at
+            ) VALUES (
+                %s, %s, %s, %s, %s, %s, '', '', %s, 0, 0, '', 0, 0, '', '', '', {d.now},
+                'refuse', %s, {d.now}, {d.now}
+            )
+            ON CONFLICT (task_id) DO NOTHING
+            """,
+            [task_id, task_name, status.value, reason, detail, d.param(deadline), retries, detail],
+        )
+        return count == 1
+
+    # -- the worker's main process, about its own pool processes ------------------------------
+
+    def end_owned(self, task_id: str, owner: str, status: Status, reason: str, detail: str) -> bool:
+        """End the attempt a pool process of this worker holds (its hard time limit hit).
+
+        The main process supervises the pool process that owns the lease, so it may end
+        that attempt; the token is bumped, which fences the killed process for good.
+        """
+        d = self.dialect
+        count, _ = self._execute(
+            f"""
+            UPDATE {RUN} SET status = %s, reason = %s, detail = %s,
+                lease_token = lease_token + 1, lease_expires_at = NULL,
+                version = version + 1, op = 'end_owned', op_detail = %s, updated_at = {d.now}
+            WHERE task_id = %s AND status = 'RUNNING' AND owner = %s
+            """,
+            [status.value, reason, detail, detail, task_id, owner],
+        )
+        return count == 1
+
+    def lapse_owned(self, task_id: str, owner: str, detail: str) -> bool:
+        """Let the lease of a lost pool process lapse now, for the reconciler to settle."""
+        d = self.dialect
+        count, _ = self._execute(
+            f"""
+            UPDATE {RUN} SET lease_expires_at = {d.now}, version = version + 1,
+                op = 'worker_lost', op_detail = %s, updated_at = {d.now}
+            WHERE task_id = %s AND status = 'RUNNING' AND owner = %s
+            """,
+            [detail, task_id, owner],
+        )
+        return count == 1
+
+    # -- reconciliation ----------------------------------------------------------------------
+
+    def expire_unclaimed(self, limit: int = 500) -> list[Expired]:
+        """End runs whose deadline passed before any worker claimed them."""
+        d = self.dialect
+        _, rows = self._execute(
+            f"""
+            UPDATE {RUN} SET status = 'EXPIRED', reason = 'expired_before_claim',
+                detail = 'the deadline passed before any worker claimed the run',
+                version = version + 1, op = 'expire', op_detail = 'expired_before_claim',
+                updated_at = {d.now}
+            WHERE id IN (
+                SELECT id FROM {RUN}
+                WHERE status IN {_CLAIMABLE_SQL} AND deadline <= {d.now}
+                LIMIT %s
+            ) AND status IN {_CLAIMABLE_SQL} AND deadline <= {d.now}
+            RETURNING task_id, task_name, status, reason, deadline
+            """,
+            [limit],
+        )
+        return [Expired(r[0], r[1], r[2], r[3], d.instant(r[4])) for r in rows]
+
+    def lapsed_leases(self, limit: int = 100) -> list[LapsedLease]:
+        """Runs whose lease expired by the database clock (seed 000 steps 1 and 2)."""
+        d = self.dialect
+        _, rows = self._execute(
+            f"""
+            SELECT id, task_id, task_name, version, lease_token, owner, lost_leases, deadline,
+                deadline IS NOT NULL AND deadline <= {d.now}
+            FROM {RUN}
+            WHERE status = 'RUNNING' AND lease_expires_at <= {d.now}
+            ORDER BY lease_expires_at
+            LIMIT %s
+            """,
+            [limit],
+        )
+        return [
+            LapsedLease(r[0], r[1], r[2], r[3], r[4], r[5], r[6], d.instant(r[7]), bool(r[8]))
+            for r in rows
+        ]
+
+    def settle_lapsed(self, lapsed: LapsedLease, status: Status, reason: str, detail: str) -> bool:
+        """End (or mark UNKNOWN) a run whose lease lapsed, if it has not changed since read."""
+        d = self.dialect
+        count, _ = self._execute(
+            f"""
+            UPDATE {RUN} SET status = %s, reason = %s, detail = %s,
+                lease_token = lease_token + 1, lease_expires_at = NULL,
+                version = version + 1, op = 'reconcile', op_detail = %s,
+                updated_at = {d.now}
+            WHERE id = %s AND version = %s AND status = 'RUNNING'
+              AND lease_expires_at <= {d.now}
+            """,
+            [status.value, reason, detail, detail, lapsed.run_id, lapsed.version],
+        )
+        return count == 1
+
+    def requeue_lapsed(self, lapsed: LapsedLease) -> bool:
+        """Give a lapsed run back to the queue with a fresh token (fences the old holder)."""
+        d = self.dialect
+        count, _ = self._execute(
+            f"""
+            UPDATE {RUN} SET status = 'QUEUED', lease_token = lease_token + 1, owner = '',
+                lease_expires_at = NULL, lost_leases = lost_leases + 1,
+                published_at = {d.now}, version = version + 1, op = 'requeue',
+                op_detail = %s, updated_at = {d.now}
+            WHERE id = %s AND version = %s AND status = 'RUNNING'
+              AND lease_expires_at <= {d.now}
+              AND (deadline IS NULL OR deadline > {d.now})
+            """,
+            [f"lease of {lapsed.owner} (token {lapsed.token}) lapsed", lapsed.run_id,
+             lapsed.version],
+        )  # fmt: skip
+        return count == 1
+
+    def unclaimed(self, republish_after: timedelta, limit: int = 100) -> list[Unclaimed]:
+        """Runs published long ago and still unclaimed: the broker may have lost them."""
+        d = self.dialect
+        _, rows = self._execute(
+            f"""
+            SELECT id, task_id, task_name, version, retries, available_at, message_body,
+                content_type, content_encoding
+            FROM {RUN}
+            WHERE status IN {_CLAIMABLE_SQL}
+              AND published_at <= {d.now_plus}
+              AND (available_at IS NULL OR available_at <= {d.now})
+              AND (deadline IS NULL OR deadline > {d.now})
+            ORDER BY published_at
+            LIMIT %s
+            """,
+            [d.seconds(-republish_after), limit],
+        )
+        return [
+            Unclaimed(r[0], r[1], r[2], r[3], r[4], d.instant(r[5]), _bytes(r[6]), r[7], r[8])
+            for r in rows
+        ]
+
+    def mark_republished(self, run_id: int, version: int) -> bool:
+        """Claim the right to republish a run (one reconciler wins per version)."""
+        d = self.dialect
+        count, _ = self._execute(
+            f"""
+            UPDATE {RUN} SET published_at = {d.now}, version = version + 1,
+                op = 'republish', op_detail = '', updated_at = {d.now}
+            WHERE id = %s AND version = %s AND status IN {_CLAIMABLE_SQL}
+            """,
+            [run_id, version],
+        )
+        return count == 1
+
+    def message_of(self, run_id: int) -> Unclaimed | None:
+        """A run's outbox message (for a requeue)."""
+        d = self.dialect
+        _, rows = self._execute(
+            f"""
+            SELECT id, task_id, task_name, version, retries, available_at, message_body,
+                content_type, content_encoding
+            FROM {RUN} WHERE id = %s
+            """,
+            [run_id],
+        )
+        if not rows:
+            return None
+        r = rows[0]
+        return Unclaimed(r[0], r[1], r[2], r[3], r[4], d.instant(r[5]), _bytes(r[6]), r[7], r[8])
+
+    def database_now(self) -> datetime:
+        """The database clock."""
+        d = self.dialect
+        _, rows = self._execute(f"SELECT {d.now}", [])
+        return _required(d.instant(rows[0][0]))
+
+
+@dataclass(frozen=True)
+class LapsedLease:
+    run_id: int
+    task_id: str
+    task_name: str
+    version: int
+    token: int
+    owner: str
+    lost_leases: int
+    deadline: datetime | None
+    past_deadline: bool
+
+
+@dataclass(frozen=True)
+class Unclaimed:
+    run_id: int
+    task_id: str
+    task_name: str
+    version: int
+    retries: int
+    available_at: datetime | None
+    message_body: bytes | None
+    content_type: str
+    content_encoding: str
+
+
+_EVENT_COLUMNS: Final = (
+    "run_id, at, kind, outcome, status, reason, version, lease_token, owner, "
+    "lease_expires_at, detail"
+)
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, (str, bytes)):
+        return json.loads(value)
+    return value
+
+
+def _required(value: datetime | None) -> datetime:
+    if value is None:
+        raise ValueError("the database returned no clock reading")
+    return value
+
+
+def _bytes(value: Any) -> bytes | None:
+    if value is None:
+        return None
+    return bytes(value)

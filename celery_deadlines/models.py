@@ -1,0 +1,119 @@
+"""The run ledger's tables: one :class:`Run` per task id, and its :class:`RunEvent` audit.
+
+Every write to a run goes through :mod:`celery_deadlines.ledger.store` as one
+conditional statement evaluated against the database clock; a trigger created by the
+migrations appends a :class:`RunEvent` for every row it changes, in the same statement,
+so the history cannot miss a transition. Index and constraint names are explicit, so
+the schema does not depend on the project's ``DEFAULT_AUTO_FIELD`` or Django's hashing.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class Status(models.TextChoices):
+    """Where a run is in its life (drawn in docs/concepts.md)."""
+
+    QUEUED = "QUEUED", "queued"
+    RUNNING = "RUNNING", "running"
+    RETRYING = "RETRYING", "retrying"
+    UNKNOWN = "UNKNOWN", "unknown (to reconcile)"
+    SUCCEEDED = "SUCCEEDED", "succeeded"
+    FAILED = "FAILED", "failed"
+    EXPIRED = "EXPIRED", "expired"
+
+
+#: A run in one of these states never changes again.
+TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.EXPIRED})
+#: A run in one of these states waits for a worker to claim it.
+CLAIMABLE = frozenset({Status.QUEUED, Status.RETRYING})
+
+
+class Run(models.Model):
+    """One task id's run: its deadline, its current lease and its last checkpoint."""
+
+    id = models.BigAutoField(primary_key=True)
+    task_id = models.CharField(max_length=255)
+    task_name = models.CharField(max_length=255)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    reason = models.CharField(max_length=64, blank=True, default="")
+    detail = models.TextField(blank=True, default="")
+
+    deadline = models.DateTimeField(null=True, blank=True)
+    delivery_deadline = models.DateTimeField(null=True, blank=True)
+    root_id = models.CharField(max_length=255, blank=True, default="")
+    parent_id = models.CharField(max_length=255, blank=True, default="")
+
+    # The retry number the next claim must carry: an older message is stale.
+    retries = models.IntegerField(default=0)
+    attempt = models.IntegerField(default=0, help_text="Claims won so far.")
+    lost_leases = models.IntegerField(default=0, help_text="Leases that expired while running.")
+    owner = models.CharField(max_length=255, blank=True, default="")
+    lease_token = models.BigIntegerField(default=0, help_text="Fencing token of the last claim.")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    version = models.BigIntegerField(default=0, help_text="Incremented by every write.")
+
+    checkpoint_name = models.CharField(max_length=255, blank=True, default="")
+    checkpoint_data = models.JSONField(null=True, blank=True)
+    checkpoint_at = models.DateTimeField(null=True, blank=True)
+    checkpoint_token = models.BigIntegerField(null=True, blank=True)
+
+    # The outbox: what to publish again if the broker lost the message.
+    message_body = models.BinaryField(null=True, blank=True)
+    content_type = models.CharField(max_length=128, blank=True, default="")
+    content_encoding = models.CharField(max_length=64, blank=True, default="")
+    available_at = models.DateTimeField(null=True, blank=True)
+    published_at = models.DateTimeField(null=True, blank=True)
+
+    # The last write: what it was (copied into its RunEvent by the audit trigger).
+    op = models.CharField(max_length=32, default="enqueue")
+    op_detail = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["task_id"], name="cdl_run_task_id_uniq"),
+        ]
+        indexes = [
+            models.Index(fields=["status", "lease_expires_at"], name="cdl_run_status_lease_idx"),
+            models.Index(fields=["root_id"], name="cdl_run_root_idx"),
+            models.Index(fields=["parent_id"], name="cdl_run_parent_idx"),
+            models.Index(fields=["created_at"], name="cdl_run_created_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_name}[{self.task_id}] {self.status}"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL
+
+
+class RunEvent(models.Model):
+    """One compare-and-swap on a run: applied (by the trigger) or rejected (by the store)."""
+
+    class Outcome(models.TextChoices):
+        APPLIED = "applied", "applied"
+        REJECTED = "rejected", "rejected"
+
+    id = models.BigAutoField(primary_key=True)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events", db_index=False)
+    at = models.DateTimeField(help_text="Database clock.")
+    kind = models.CharField(max_length=32)
+    outcome = models.CharField(max_length=16, choices=Outcome.choices)
+    status = models.CharField(max_length=16, choices=Status.choices)
+    reason = models.CharField(max_length=64, blank=True, default="")
+    version = models.BigIntegerField()
+    lease_token = models.BigIntegerField()
+    owner = models.CharField(max_length=255, blank=True, default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    detail = models.TextField(blank=True, default="")
+
+    class Meta:
+        indexes = [models.Index(fields=["run", "id"], name="cdl_event_run_idx")]
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.outcome} v{self.version} t{self.lease_token}"
