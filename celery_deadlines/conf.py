@@ -128,7 +128,21 @@ MAX_BUDGET: Final = Setting(
     "Longest budget accepted, and how far ahead a deadline header may lie.",
 )
 
+
 # -- the run ledger (Django tier) ------------------------------------------------------------
+def _flag(value: object, name: str, settings: Settings) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidDeadline(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+LEDGER: Final = Setting(
+    "deadlines_ledger",
+    True,
+    _flag,
+    "Record this Celery app's DeadlineTask runs in the ledger when the Django app is "
+    "installed; False keeps the app on the header-only tier.",
+)
 LEASE_TTL: Final = Setting(
     "deadlines_lease_ttl",
     30,
@@ -173,6 +187,7 @@ SETTINGS: Final[tuple[Setting[Any], ...]] = (
     DEFAULT_ATTEMPT_TIMEOUT,
     CLOCK_SKEW_ALLOWANCE,
     MAX_BUDGET,
+    LEDGER,
     LEASE_TTL,
     RECONCILE_INTERVAL,
     REPUBLISH_AFTER,

@@ -130,7 +130,7 @@ class DeadlineRequest(Request):
         """Acknowledge, store the typed failure, announce: never requeue, never run."""
         exc = decision.refusal()
         report_refusal(self.task, self.id, self.name, decision)
-        if ledger.active():
+        if ledger.enabled_for(self.task.app):
             from .ledger import glue
             from .models import Status
 
@@ -152,7 +152,7 @@ class DeadlineRequest(Request):
     # -- the ledger, told by the supervisor about its pool processes -------------------
 
     def on_timeout(self, soft: bool, timeout: float) -> None:
-        if not soft and ledger.active() and isinstance(self.task, DeadlineTask):
+        if not soft and isinstance(self.task, DeadlineTask) and ledger.enabled_for(self.task.app):
             from .ledger import glue
             from .ledger.attempt import owner_name_of
             from .models import Status
@@ -172,8 +172,8 @@ class DeadlineRequest(Request):
         exc = getattr(exc_info, "exception", None)
         if (
             isinstance(exc, WorkerLostError)
-            and ledger.active()
             and isinstance(self.task, DeadlineTask)
+            and ledger.enabled_for(self.task.app)
         ):
             from .ledger import glue, worker
             from .ledger.attempt import owner_name_of

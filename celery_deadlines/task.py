@@ -126,7 +126,7 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
         propagation.stamp(headers, governed, delivery, origin)
         if headers:
             options["headers"] = headers
-        if not ledger.active() or self.app.conf.task_always_eager:
+        if not ledger.enabled_for(self.app) or self.app.conf.task_always_eager:
             return super().apply_async(
                 args, kwargs, task_id, producer, link, link_error, shadow, **options
             )
@@ -273,7 +273,7 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
             decision = gates.admit(gates.Gate.ATTEMPT, deadline, now, reserve)
             if not decision.allowed:
                 self._refuse_attempt(decision, task_id)
-        if ledger.active() and not request.is_eager:
+        if ledger.enabled_for(self.app) and not request.is_eager:
             attempt = self._claim(task_id, deadline, reserve, now)
             state[ATTEMPT] = attempt
             if attempt.lease.deadline is not None and (
@@ -329,7 +329,7 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
     def _refuse_attempt(self, decision: gates.Decision, task_id: str) -> NoReturn:
         report_refusal(self, task_id, self.name, decision)
         refusal = decision.refusal()
-        if ledger.active() and not self.request.is_eager:
+        if ledger.enabled_for(self.app) and not self.request.is_eager:
             from .ledger import glue
             from .models import Status
 

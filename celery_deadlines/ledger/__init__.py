@@ -13,7 +13,19 @@ ready); task code does not change between the tiers. The pieces:
 
 from __future__ import annotations
 
+from typing import Any
+
 _active: bool | None = None
+
+
+def enabled_for(app: Any) -> bool:
+    """True when ``app``'s DeadlineTask runs are recorded: the Django app is installed
+    and ready, and the Celery app did not turn the ledger off (``deadlines_ledger``)."""
+    if not active():
+        return False
+    from ..conf import LEDGER, settings_for
+
+    return settings_for(app).get(LEDGER)
 
 
 def active() -> bool:

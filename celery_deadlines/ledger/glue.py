@@ -1,7 +1,7 @@
 """What DeadlineTask asks of the ledger, in Celery's terms (task, request, options).
 
 Kept apart from ``task.py`` so the plain Celery tier never imports Django: these
-functions are only called once :func:`celery_deadlines.ledger.active` said yes.
+functions are only called once :func:`celery_deadlines.ledger.enabled_for` said yes.
 Translating outcomes into Celery's ``Ignore``/``Retry`` stays in ``task.py``.
 """
 

@@ -25,8 +25,8 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from billiard.exceptions import WorkerLostError

@@ -33,10 +33,10 @@ def reconciler() -> Reconciler | None:
 
 def _start(sender: Any = None, **_: Any) -> None:
     global _reconciler
-    from . import active
+    from . import enabled_for
 
     app = getattr(sender, "app", None)
-    if app is None or not active() or _reconciler is not None:
+    if app is None or not enabled_for(app) or _reconciler is not None:
         return
     interval = settings_for(app).get(conf.RECONCILE_INTERVAL)
     _reconciler = Reconciler(app, store_for(app), interval)

@@ -42,6 +42,7 @@ app.conf.update(
     worker_hijack_root_logger=False,
     broker_connection_retry_on_startup=True,
     deadlines_clock_skew_allowance=0.2,
+    deadlines_ledger=False,  # the plain Celery tier, even in a process with Django
     task_default_queue=os.environ.get("TEST_QUEUE", "celery"),
 )
 

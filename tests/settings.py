@@ -1,0 +1,21 @@
+"""Test settings: the demo project's, plus a PostgreSQL alias for the ledger's tests.
+
+``default`` stays SQLite (the embedded default); ``postgres`` is the reference database
+(``TEST_POSTGRES_URL``, default ``postgres://postgres@127.0.0.1:5432/postgres``; the
+test database is created next to it and dropped afterwards).
+"""
+
+from __future__ import annotations
+
+import os
+
+import dj_database_url
+
+from demo_project.settings import *  # noqa: F403
+from demo_project.settings import DATABASES
+
+DATABASES["postgres"] = dj_database_url.parse(
+    os.environ.get("TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres"),
+    conn_max_age=0,
+)
+DATABASES["postgres"]["TEST"] = {"NAME": "test_celery_deadlines"}
