@@ -41,6 +41,7 @@ from .signals import report_refusal
 
 if TYPE_CHECKING:
     from .ledger.attempt import Attempt
+    from .ledger.store import Lease
 
 logger = logging.getLogger("celery_deadlines")
 
@@ -397,6 +398,12 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
         attempt = self._attempt()
         if attempt is not None:
             attempt.checkpoint(name, data)
+
+    @property
+    def lease(self) -> Lease | None:
+        """The ledger lease this attempt claimed (token, expiry, attempt number), if any."""
+        attempt = self._attempt()
+        return attempt.lease if attempt is not None else None
 
     @property
     def last_checkpoint(self) -> tuple[str, Any] | None:

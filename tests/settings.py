@@ -18,4 +18,4 @@ DATABASES["postgres"] = dj_database_url.parse(
     os.environ.get("TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres"),
     conn_max_age=0,
 )
-DATABASES["postgres"]["TEST"] = {"NAME": "test_celery_deadlines"}
+DATABASES["postgres"]["TEST"] = {"NAME": "test_celery_deadlines", "DEPENDENCIES": []}

@@ -58,6 +58,8 @@ class WorkerProcess:
     pool: str = "prefork"
     concurrency: int = 1
     clock_shift_file: Path | None = None
+    app_module: str = "tests.support.workerapp"
+    node: str | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
 
@@ -67,9 +69,9 @@ class WorkerProcess:
         if self.clock_shift_file is not None:
             env["CELERY_DEADLINES_TESTING_WALL_CLOCK_SHIFT_FILE"] = str(self.clock_shift_file)
         command = [
-            sys.executable, "-m", "celery", "-A", "tests.support.workerapp", "worker",
+            sys.executable, "-m", "celery", "-A", self.app_module, "worker",
             "-P", self.pool, "-c", str(self.concurrency), "-Q", self.queue,
-            "-n", f"{self.queue}@%h", "-l", "INFO",
+            "-n", f"{self.node or self.queue}@%h", "-l", "INFO",
             "--without-gossip", "--without-mingle", "--without-heartbeat",
         ]  # fmt: skip
         with self.log_path.open("wb") as log:
@@ -86,6 +88,12 @@ class WorkerProcess:
             time.sleep(0.05)
         self.stop()
         raise TimeoutError(f"worker not ready after {timeout} s:\n{self.log()}")
+
+    def kill(self) -> None:
+        """SIGKILL the whole worker (main and pool processes): no shutdown, no acks."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -1,0 +1,385 @@
+"""The run ledger with real workers, a real broker and PostgreSQL (seed 000's fixtures).
+
+Each test starts ``celery worker`` subprocesses of ``tests.support.ledgerapp`` against
+the PostgreSQL test database, publishes from this process, and judges the outcome from
+two independent sources: the ledger (runs and their events) and the sink file the task
+bodies append to (the oracle: one line per start and per effect, duplicates visible).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from django.db import connections, transaction
+
+from celery_deadlines import DeadlineRefused
+from celery_deadlines.models import Run, RunEvent, Status
+from tests.conftest import service_unavailable
+from tests.integration.conftest import rabbitmq_transport, redis_transport, require
+from tests.support.processes import Transport, WorkerProcess, reachable, wait_for
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.django_db(transaction=True, databases=["postgres"]),
+]
+
+DB = "postgres"
+
+
+@pytest.fixture(autouse=True)
+def _postgres() -> None:
+    if not reachable("127.0.0.1", 5432):
+        service_unavailable("PostgreSQL 127.0.0.1:5432")
+
+
+@pytest.fixture
+def sink(tmp_path: Path) -> Path:
+    return tmp_path / "sink.jsonl"
+
+
+@pytest.fixture(params=["redis", "rabbitmq"])
+def broker(request: pytest.FixtureRequest) -> Transport:
+    chosen = redis_transport() if request.param == "redis" else rabbitmq_transport()
+    require(chosen)
+    return chosen
+
+
+@pytest.fixture
+def redis_broker() -> Transport:
+    chosen = redis_transport()
+    require(chosen)
+    return chosen
+
+
+@pytest.fixture
+def ledger_client(queue: str) -> Iterator[Callable[[Transport], Any]]:
+    """The ledger app in this process, publishing to ``transport`` and the test's queue."""
+    from tests.integration.conftest import _reset_connections
+    from tests.support import ledgerapp
+
+    app = ledgerapp.app
+    saved = {key: app.conf[key] for key in ("broker_url", "result_backend", "task_default_queue")}
+    saved_db = app.conf.deadlines_database
+
+    def configure(transport: Transport) -> Any:
+        app.conf.update(
+            broker_url=transport.broker_url,
+            result_backend=transport.result_backend,
+            task_default_queue=queue,
+            deadlines_database=DB,
+        )
+        _reset_connections(app)
+        return ledgerapp
+
+    yield configure
+    app.conf.update(saved, deadlines_database=saved_db)
+    _reset_connections(app)
+
+
+@pytest.fixture
+def ledger_worker(
+    tmp_path: Path, queue: str, sink: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start ledger workers (``env`` adds TEST_* knobs); all are stopped after the test."""
+    started: list[WorkerProcess] = []
+    database = connections[DB].settings_dict
+    url = f"postgres://{database['USER']}@{database['HOST']}:{database['PORT']}/{database['NAME']}"
+
+    def start(transport: Transport, concurrency: int = 1, **env: str) -> WorkerProcess:
+        worker = WorkerProcess(
+            transport,
+            queue,
+            tmp_path / f"ledger-worker-{len(started)}.log",
+            concurrency=concurrency,
+            app_module="tests.support.ledgerapp",
+            node=f"{queue}-{len(started)}",
+            extra_env={
+                "TEST_DATABASE_URL": url,
+                "TEST_SINK": str(sink),
+                "DJANGO_SETTINGS_MODULE": "tests.support.ledger_settings",
+                **env,
+            },
+        )
+        started.append(worker)
+        return worker.start()
+
+    yield start
+    for worker in started:
+        worker.stop()
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        for worker in started:
+            print(f"--- {worker.log_path.name} ---\n{worker.log()}")
+
+
+def lines(sink: Path, kind: str | None = None, key: str | None = None) -> list[dict[str, Any]]:
+    if not sink.exists():
+        return []
+    found = [json.loads(line) for line in sink.read_text().splitlines() if line]
+    return [
+        line
+        for line in found
+        if (kind is None or line["kind"] == kind) and (key is None or line["key"] == key)
+    ]
+
+
+def run_of(task_id: str) -> Run:
+    return Run.objects.using(DB).get(task_id=task_id)
+
+
+def history(task_id: str) -> list[tuple[str, str, int]]:
+    return [
+        (e.kind, e.outcome, e.lease_token)
+        for e in RunEvent.objects.using(DB).filter(run__task_id=task_id)
+    ]
+
+
+def ended(task_id: str) -> Run | None:
+    run = Run.objects.using(DB).filter(task_id=task_id).first()
+    return run if run is not None and run.is_terminal else None
+
+
+def pool_pid(run: Run) -> int:
+    return int(run.owner.rsplit(":", 1)[1])
+
+
+# -- the happy path, and the outbox -------------------------------------------------------
+
+
+def test_a_run_is_recorded_before_publish_claimed_once_and_completed_under_its_token(
+    broker: Transport, ledger_client: Any, ledger_worker: Any, sink: Path
+) -> None:
+    tasks = ledger_client(broker)
+    ledger_worker(broker)
+    result = tasks.effect.apply_async(("order-1",), budget=30)
+    assert result.get(timeout=30) == {"key": "order-1", "token": 1}
+    run = run_of(result.id)
+    assert (run.status, run.reason, run.attempt, run.lease_token) == (Status.SUCCEEDED, "", 1, 1)
+    assert run.deadline is not None
+    assert run.checkpoint_name == "before-effect"
+    assert history(result.id) == [
+        ("enqueue", "applied", 0),
+        ("claim", "applied", 1),
+        ("checkpoint", "applied", 1),
+        ("succeeded", "applied", 1),
+    ]
+    assert len(lines(sink, "effect", "order-1")) == 1
+
+
+def test_a_publish_inside_a_transaction_waits_for_the_commit_and_a_rollback_sends_nothing(
+    redis_broker: Transport, ledger_client: Any, ledger_worker: Any, sink: Path
+) -> None:
+    tasks = ledger_client(redis_broker)
+    ledger_worker(redis_broker)
+    with pytest.raises(RuntimeError), transaction.atomic(using=DB):
+        rolled_back = tasks.effect.delay("rolled-back")
+        raise RuntimeError("the request failed")
+    with transaction.atomic(using=DB):
+        committed = tasks.effect.delay("committed")
+        assert run_of(committed.id).status == Status.QUEUED
+    assert committed.get(timeout=30)["key"] == "committed"
+    assert not Run.objects.using(DB).filter(task_id=rolled_back.id).exists()
+    assert lines(sink, key="rolled-back") == []
+
+
+def test_a_message_the_broker_lost_is_published_again_from_the_outbox(
+    redis_broker: Transport, ledger_client: Any, ledger_worker: Any, sink: Path, queue: str
+) -> None:
+    tasks = ledger_client(redis_broker)
+    result = tasks.effect.apply_async(("lost",), budget=60)
+    redis.Redis.from_url(redis_broker.broker_url).delete(queue)  # the broker lost it
+    ledger_worker(redis_broker, TEST_REPUBLISH_AFTER="1")
+    assert result.get(timeout=30)["key"] == "lost"
+    assert ("republish", "applied", 0) in history(result.id)
+    assert len(lines(sink, "effect", "lost")) == 1
+
+
+def test_a_lost_message_whose_deadline_passes_unclaimed_is_expired_before_claim(
+    redis_broker: Transport, ledger_client: Any, ledger_worker: Any, sink: Path, queue: str
+) -> None:
+    tasks = ledger_client(redis_broker)
+    result = tasks.effect.apply_async(("too-late",), budget=1)
+    redis.Redis.from_url(redis_broker.broker_url).delete(queue)
+    wait_for(lambda: Run.objects.using(DB).filter(task_id=result.id).exists(), 5)
+    ledger_worker(redis_broker)
+    run = wait_for(lambda: ended(result.id), 30)
+    assert (run.status, run.reason) == (Status.EXPIRED, "expired_before_claim")
+    with pytest.raises(DeadlineRefused) as refused:
+        result.get(timeout=30)
+    assert refused.value.reason == "expired_before_claim"
+    assert lines(sink, key="too-late") == []
+
+
+# -- seed 000 fixture 5: two workers, one claim ---------------------------------------
+
+
+def test_the_same_task_id_published_three_times_runs_once(
+    broker: Transport, ledger_client: Any, ledger_worker: Any, sink: Path
+) -> None:
+    tasks = ledger_client(broker)
+    ledger_worker(broker)
+    ledger_worker(broker)
+    first = tasks.effect.apply_async(("dup",), task_id="dup-1", budget=60, countdown=1)
+    for _ in range(2):
+        tasks.effect.apply_async(("dup",), task_id="dup-1", budget=60, countdown=1)
+    assert first.get(timeout=30)["key"] == "dup"
+    wait_for(lambda: len([e for e in history("dup-1") if e[0] == "claim"]) == 3, 30)
+    claims = [e for e in history("dup-1") if e[0] == "claim"]
+    assert sorted(outcome for _, outcome, _ in claims) == ["applied", "rejected", "rejected"]
+    assert len(lines(sink, "start", "dup")) == 1
+    assert len(lines(sink, "effect", "dup")) == 1
+
+
+def test_a_task_outliving_the_redis_visibility_timeout_runs_once_not_once_per_worker(
+    redis_broker: Transport, ledger_client: Any, ledger_worker: Any, sink: Path
+) -> None:
+    tasks = ledger_client(redis_broker)
+    knobs = {"TEST_ACKS_LATE": "1", "TEST_VISIBILITY_TIMEOUT": "1", "TEST_LEASE_TTL": "1.5"}
+    ledger_worker(redis_broker, **knobs)
+    ledger_worker(redis_broker, **knobs)
+    result = tasks.effect.apply_async(("long",), kwargs={"seconds": 6}, budget=60)
+    assert result.get(timeout=60)["key"] == "long"
+    events = history(result.id)
+    renewals = [e for e in events if e[:2] == ("renew", "applied")]
+    refused = [e for e in events if e[:2] == ("claim", "rejected")]
+    assert len(renewals) >= 3, events  # the lease was kept alive by the heartbeat
+    assert refused, f"Redis redelivered nothing within 6 s: {events}"
+    assert len(lines(sink, "start", "long")) == 1
+    assert len(lines(sink, "effect", "long")) == 1
+
+
+# -- seed 000 fixture 1: a paused worker wakes after its lease lapsed --------------------
+
+
+def test_a_paused_worker_that_wakes_after_its_lease_lapsed_cannot_write(
+    broker: Transport, ledger_client: Any, ledger_worker: Any, sink: Path
+) -> None:
+    tasks = ledger_client(broker)
+    # acks_late: the paused worker's unacked message fills its prefetch window, so the
+    # broker hands the republished message to the other worker
+    knobs = {"TEST_LEASE_TTL": "1", "TEST_ACKS_LATE": "1"}
+    ledger_worker(broker, **knobs)
+    result = tasks.effect.apply_async(("paused",), kwargs={"seconds": 1.5}, budget=60)
+    running = wait_for(lambda: run_of(result.id).status == Status.RUNNING and run_of(result.id), 30)
+    paused = pool_pid(running)
+    os.kill(paused, signal.SIGSTOP)
+    try:
+        ledger_worker(broker, **knobs)  # its reconciler re-leases the run; it runs it
+        wait_for(lambda: len(lines(sink, "effect", "paused")) == 1, 30)
+    finally:
+        os.kill(paused, signal.SIGCONT)
+    # the reconciler's requeue fenced token 1 at once (token 2); the new claim took 3
+    assert result.get(timeout=30)["token"] == 3
+    rejected = wait_for(
+        lambda: [e for e in history(result.id) if e[1] == "rejected" and e[2] == 1], 30
+    )
+    assert rejected[0][0] in {"checkpoint", "renew"}
+    effects = lines(sink, "effect", "paused")
+    assert [e["token"] for e in effects] == [3]
+    assert paused not in {e["pid"] for e in effects}
+    assert run_of(result.id).status == Status.SUCCEEDED
+
+
+# -- seed 000 fixture 2: the wall clock moves backward during renewals ------------------
+
+
+def test_a_wall_clock_moved_backward_never_extends_a_lease(
+    redis_broker: Transport, ledger_client: Any, ledger_worker: Any, tmp_path: Path
+) -> None:
+    tasks = ledger_client(redis_broker)
+    shift = tmp_path / "shift"
+    shift.write_text("0")
+    ledger_worker(
+        redis_broker,
+        TEST_LEASE_TTL="1.5",
+        CELERY_DEADLINES_TESTING_WALL_CLOCK_SHIFT_FILE=str(shift),
+    )
+    result = tasks.effect.apply_async(("rewound",), kwargs={"seconds": 3}, budget=60)
+    wait_for(lambda: run_of(result.id).status == Status.RUNNING, 30)
+    shift.write_text("-3600")  # an NTP step back by an hour, mid-attempt
+    result.get(timeout=30)
+    renewals = RunEvent.objects.using(DB).filter(run__task_id=result.id, kind="renew")
+    assert renewals.count() >= 3
+    for event in renewals:
+        assert event.lease_expires_at is not None
+        granted = (event.lease_expires_at - event.at).total_seconds()
+        assert 0 < granted <= 1.5, (event.at, event.lease_expires_at)
+
+
+# -- pool processes killed mid-run, workers restarted ---------------------------------
+
+
+@pytest.mark.parametrize("reject_on_worker_lost", ["0", "1"])
+def test_a_pool_process_killed_mid_run_loses_no_run_and_resumes_from_its_checkpoint(
+    redis_broker: Transport,
+    ledger_client: Any,
+    ledger_worker: Any,
+    sink: Path,
+    reject_on_worker_lost: str,
+) -> None:
+    tasks = ledger_client(redis_broker)
+    ledger_worker(
+        redis_broker, TEST_ACKS_LATE="1", TEST_REJECT_ON_WORKER_LOST=reject_on_worker_lost
+    )
+    result = tasks.crash_first.apply_async(("crash",), budget=60)
+    run = wait_for(lambda: ended(result.id), 45)
+    assert (run.status, run.attempt, run.lost_leases) == (Status.SUCCEEDED, 2, 1)
+    assert len(lines(sink, "start", "crash")) == 2
+    assert len(lines(sink, "effect", "crash")) == 1
+
+
+@pytest.mark.parametrize("reject_on_worker_lost", ["0", "1"])
+def test_a_task_that_always_kills_its_process_fails_as_worker_lost_instead_of_looping(
+    redis_broker: Transport,
+    ledger_client: Any,
+    ledger_worker: Any,
+    sink: Path,
+    reject_on_worker_lost: str,
+) -> None:
+    tasks = ledger_client(redis_broker)
+    ledger_worker(
+        redis_broker,
+        TEST_ACKS_LATE="1",
+        TEST_REJECT_ON_WORKER_LOST=reject_on_worker_lost,
+        TEST_MAX_LOST_LEASES="2",
+    )
+    result = tasks.always_crash.apply_async(("doomed",), budget=120)
+    run = wait_for(lambda: ended(result.id), 60)
+    assert (run.status, run.reason) == (Status.FAILED, "worker_lost")
+    time.sleep(3)  # long enough for a loop to show itself: the count must not move
+    assert len(lines(sink, "start", "doomed")) == 3
+
+
+def test_a_worker_restarted_after_the_deadline_does_not_resurrect_the_run(
+    redis_broker: Transport, ledger_client: Any, ledger_worker: Any, sink: Path
+) -> None:
+    tasks = ledger_client(redis_broker)
+    knobs = {"TEST_ACKS_LATE": "1", "TEST_VISIBILITY_TIMEOUT": "2", "TEST_LEASE_TTL": "1"}
+    first = ledger_worker(redis_broker, **knobs)
+    result = tasks.effect.apply_async(("restart",), kwargs={"seconds": 30}, budget=3)
+    wait_for(lambda: run_of(result.id).status == Status.RUNNING, 30)
+    first.kill()  # the whole worker dies; its message is unacked, its lease held
+    deadline = run_of(result.id).deadline
+    assert deadline is not None
+    wait_for(lambda: ended(result.id) is None and _db_now() > deadline, 10)
+    ledger_worker(redis_broker, **knobs)
+    run = wait_for(lambda: ended(result.id), 30)
+    assert (run.status, run.reason) == (Status.EXPIRED, "deadline_passed")
+    with pytest.raises(DeadlineRefused):
+        result.get(timeout=30)
+    time.sleep(3)  # Redis redelivers the unacked message meanwhile: it must not start
+    assert len(lines(sink, "start", "restart")) == 1
+
+
+def _db_now() -> Any:
+    with connections[DB].cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        return cursor.fetchone()[0]  # type: ignore[index]

@@ -1,0 +1,110 @@
+"""The Celery app of the ledger's integration tests: the Django tier, in real workers.
+
+Workers run ``celery -A tests.support.ledgerapp worker`` with Django set up from
+``tests.support.ledger_settings`` (the run ledger on the PostgreSQL test database).
+The test process imports the same module with its own Django settings already set up.
+
+Tasks report to an external **sink**: a JSONL file every attempt appends to with
+``O_APPEND`` (start, effect), which the tests count as the oracle. It is written by the
+task bodies, never read by the library: a duplicate execution shows up as two lines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from typing import Any
+
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.support.ledger_settings")
+django.setup()
+
+from celery import Celery  # noqa: E402
+
+from celery_deadlines import DeadlineTask  # noqa: E402
+
+
+def _env_float(name: str, default: float) -> float:
+    return float(os.environ.get(name, default))
+
+
+app = Celery("ledgerapp")
+app.conf.update(
+    broker_url=os.environ.get("TEST_BROKER_URL", "memory://"),
+    result_backend=os.environ.get("TEST_RESULT_BACKEND", "cache+memory://"),
+    task_default_queue=os.environ.get("TEST_QUEUE", "celery"),
+    task_serializer="json",
+    result_serializer="json",
+    accept_content=["json"],
+    worker_prefetch_multiplier=1,
+    worker_hijack_root_logger=False,
+    broker_connection_retry_on_startup=True,
+    task_acks_late=os.environ.get("TEST_ACKS_LATE") == "1",
+    task_reject_on_worker_lost=os.environ.get("TEST_REJECT_ON_WORKER_LOST") == "1",
+    broker_transport_options={
+        "visibility_timeout": _env_float("TEST_VISIBILITY_TIMEOUT", 3600),
+        # kombu sweeps unacked messages every interval x throttle seconds (100 s by
+        # default); the redelivery tests need it every second
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+    },
+    deadlines_database=os.environ.get("TEST_LEDGER_DATABASE", "default"),
+    deadlines_lease_ttl=_env_float("TEST_LEASE_TTL", 2),
+    deadlines_reconcile_interval=_env_float("TEST_RECONCILE_INTERVAL", 0.5),
+    deadlines_republish_after=_env_float("TEST_REPUBLISH_AFTER", 60),
+    deadlines_max_lost_leases=int(os.environ.get("TEST_MAX_LOST_LEASES", 2)),
+    deadlines_clock_skew_allowance=0.1,
+)
+
+
+def sink(kind: str, key: str, task: DeadlineTask) -> None:
+    """Append one line to the oracle file (one write(2) call with O_APPEND)."""
+    lease = task.lease
+    line = json.dumps(
+        {
+            "kind": kind,
+            "key": key,
+            "token": lease.token if lease else None,
+            "pid": os.getpid(),
+            "t": time.time(),
+        }
+    )
+    fd = os.open(os.environ["TEST_SINK"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@app.task(base=DeadlineTask, bind=True, name="l.effect")
+def effect(self: DeadlineTask, key: str, seconds: float = 0.0) -> dict[str, Any]:
+    """Work for ``seconds``, pass the dispatch guard (a fenced checkpoint), then act."""
+    sink("start", key, self)
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        time.sleep(0.05)
+    self.checkpoint("before-effect", {"key": key})
+    sink("effect", key, self)
+    lease = self.lease
+    return {"key": key, "token": lease.token if lease else None}
+
+
+@app.task(base=DeadlineTask, bind=True, name="l.crash_first")
+def crash_first(self: DeadlineTask, key: str) -> str:
+    """Kill its own pool process on the first attempt; resume from the checkpoint after."""
+    sink("start", key, self)
+    if self.last_checkpoint is None:
+        self.checkpoint("started", {"key": key})
+        os.kill(os.getpid(), signal.SIGKILL)
+    sink("effect", key, self)
+    return key
+
+
+@app.task(base=DeadlineTask, bind=True, name="l.always_crash")
+def always_crash(self: DeadlineTask, key: str) -> None:
+    sink("start", key, self)
+    os.kill(os.getpid(), signal.SIGKILL)
