@@ -179,9 +179,16 @@ def test_a_publish_inside_a_transaction_waits_for_the_commit_and_a_rollback_send
 ) -> None:
     tasks = ledger_client(redis_broker)
     ledger_worker(redis_broker)
-    with pytest.raises(RuntimeError), transaction.atomic(using=DB):
-        rolled_back = tasks.effect.delay("rolled-back")
-        raise RuntimeError("the request failed")
+    sent: list[Any] = []
+
+    def failing_request() -> None:
+        with transaction.atomic(using=DB):
+            sent.append(tasks.effect.delay("rolled-back"))
+            raise RuntimeError("the request failed")
+
+    with pytest.raises(RuntimeError):
+        failing_request()
+    [rolled_back] = sent
     with transaction.atomic(using=DB):
         committed = tasks.effect.delay("committed")
         assert run_of(committed.id).status == Status.QUEUED
@@ -382,4 +389,4 @@ def test_a_worker_restarted_after_the_deadline_does_not_resurrect_the_run(
 def _db_now() -> Any:
     with connections[DB].cursor() as cursor:
         cursor.execute("SELECT clock_timestamp()")
-        return cursor.fetchone()[0]  # type: ignore[index]
+        return cursor.fetchone()[0]
