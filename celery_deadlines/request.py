@@ -26,6 +26,7 @@ from celery.worker.state import task_ready
 from . import gates, ledger, propagation
 from .clock import get_clock
 from .conf import settings_for
+from .errors import DeadlineRefused
 from .signals import report_refusal
 from .task import DeadlineTask
 
@@ -130,24 +131,35 @@ class DeadlineRequest(Request):
         """Acknowledge, store the typed failure, announce: never requeue, never run."""
         exc = decision.refusal()
         report_refusal(self.task, self.id, self.name, decision)
-        if ledger.enabled_for(self.task.app):
-            from .ledger import glue
-            from .models import Status
-
-            try:
-                glue.refuse(
-                    self.task, self.id, int(self._request_dict.get("retries") or 0),
-                    Status.EXPIRED, exc.reason, str(exc), decision.deadline,
-                )  # fmt: skip
-            except Exception:  # the message is still refused; the sweeper expires the run
-                logger.exception("recording the refusal of %s in the ledger failed", self.id)
         task_ready(self)
-        self.send_event("task-failed", exception=repr(exc), traceback="")
-        self.task.backend.mark_as_failure(
-            self.id, exc, request=self._context, store_result=self.store_errors
-        )
+        if self._ended_run_in_ledger(decision, exc):
+            self.send_event("task-failed", exception=repr(exc), traceback="")
+            self.task.backend.mark_as_failure(
+                self.id, exc, request=self._context, store_result=self.store_errors
+            )
         self.acknowledge()
         self._already_revoked = True
+
+    def _ended_run_in_ledger(self, decision: gates.Decision, exc: DeadlineRefused) -> bool:
+        """Record the refusal in the ledger; False if the run had ended or is owned.
+
+        Without the ledger every refusal ends its run. With it, a refused duplicate of a
+        run that already ended, or that another worker is running, must not store a
+        failure over that run's own result.
+        """
+        if not ledger.enabled_for(self.task.app):
+            return True
+        from .ledger import glue
+        from .models import Status
+
+        try:
+            return glue.refuse(
+                self.task, self.id, int(self._request_dict.get("retries") or 0),
+                Status.EXPIRED, exc.reason, str(exc), decision.deadline,
+            )  # fmt: skip
+        except Exception:  # the message is still refused; the sweeper expires the run
+            logger.exception("recording the refusal of %s in the ledger failed", self.id)
+            return True
 
     # -- the ledger, told by the supervisor about its pool processes -------------------
 

@@ -226,7 +226,17 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
 
     def _refuse_enqueue(self, decision: gates.Decision, task_id: str | None) -> NoReturn:
         report_refusal(self, task_id, self.name, decision)
-        raise decision.refusal()
+        refusal = decision.refusal()
+        if ledger.enabled_for(self.app) and not self.app.conf.task_always_eager:
+            from .ledger import glue
+            from .models import Status
+
+            # the refused run is on record too (under a fresh id if the caller gave none)
+            glue.refuse(
+                self, task_id or uuid(), 0, Status.EXPIRED, refusal.reason, str(refusal),
+                decision.deadline,
+            )  # fmt: skip
+        raise refusal
 
     # -- durations from task attributes and settings -------------------------------------
 
@@ -334,10 +344,12 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
             from .ledger import glue
             from .models import Status
 
-            glue.refuse(
+            if not glue.refuse(
                 self, task_id, self.request.retries or 0, Status.EXPIRED,
                 refusal.reason, str(refusal), decision.deadline,
-            )  # fmt: skip
+            ):  # fmt: skip
+                # already ended, or another attempt owns the run: its result stands
+                raise Ignore(str(refusal))
         self.backend.mark_as_failure(
             task_id, refusal, request=self.request, store_result=self._stores_errors()
         )

@@ -32,6 +32,7 @@ from django.core.management import call_command  # noqa: E402
 from kombu.utils.url import maybe_sanitize_url  # noqa: E402
 
 from celery_deadlines import DeadlineRefused  # noqa: E402
+from celery_deadlines.models import Run  # noqa: E402
 from demo_project.celery import app  # noqa: E402
 from demo_project.shop.tasks import place_order  # noqa: E402
 
@@ -116,20 +117,35 @@ def explain(name: str, task_id: str) -> list[str]:
     seen = outcome(task_id)
     if "refusal" in seen:
         refused: DeadlineRefused = seen["refusal"]
-        return [
+        lines = [
             f"{name:<15} REFUSED at the {refused.gate} gate: {refused.reason}",
             f"{'':<15} deadline {clock(refused.deadline)}, clock read "
             f"{clock(refused.clock_reading)}",
             f"{'':<15} {refused.detail}",
         ]
-    if "error" in seen:
-        return [f"{name:<15} {seen['state']}: {seen['error']!r}"]
-    value = seen["value"]
-    return [
-        f"{name:<15} SUCCEEDED, started with {value['time_left_at_start']:.2f} s left",
-        f"{'':<15} deadline {clock(value['deadline'])} (from the {value['source']}), "
-        f"attempt {value['attempt']}",
-    ]
+    elif "error" in seen:
+        lines = [f"{name:<15} {seen['state']}: {seen['error']!r}"]
+    else:
+        value = seen["value"]
+        lines = [
+            f"{name:<15} SUCCEEDED, started with {value['time_left_at_start']:.2f} s left",
+            f"{'':<15} deadline {clock(value['deadline'])} (from the {value['source']}), "
+            f"attempt {value['attempt']}",
+        ]
+    return [*lines, f"{'':<15} {ledger_line(task_id)}"]
+
+
+def ledger_line(task_id: str) -> str:
+    """What the run ledger says (the admin shows the same, with the event timeline)."""
+    run = Run.objects.filter(task_id=task_id).first()
+    if run is None:
+        return "ledger: no run recorded"
+    reason = f" ({run.reason})" if run.reason else ""
+    owner = run.owner or "nobody"
+    return (
+        f"ledger: {run.status}{reason}, {run.attempt} claim(s), fencing token "
+        f"{run.lease_token}, last owner {owner}, {run.events.count()} events"
+    )
 
 
 def main() -> None:
@@ -159,9 +175,12 @@ def main() -> None:
             "(CELERY_DEADLINES_BUDGETS)"
         )
         try:
-            place_order.apply_async((43,), deadline=datetime.now(UTC) - timedelta(seconds=1))
+            place_order.apply_async(
+                (43,), deadline=datetime.now(UTC) - timedelta(seconds=1), task_id="order-43"
+            )
         except DeadlineRefused as refused:
             print(f"order 43 placed with a deadline 1 s ago -> refused at once: {refused}")
+            print(f"{'':<15} {ledger_line('order-43')}")
         print(f"the warehouse worker is down for {WAREHOUSE_DOWN_FOR:.0f} s ...", flush=True)
         children = wait_until(lambda: finished(order.id) and order.get()["children"], 30, "order")
         time.sleep(WAREHOUSE_DOWN_FOR)

@@ -101,3 +101,6 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_DEADLINES_DEFAULT_RESERVE = 0.5
 CELERY_DEADLINES_CLOCK_SKEW_ALLOWANCE = 0.25
 CELERY_DEADLINES_BUDGETS = {"demo_project.shop.tasks.print_label": 3}
+# The run ledger (this app is in INSTALLED_APPS): reconcile every second, so a message
+# left in a queue past its deadline is expired by the sweeper within a second.
+CELERY_DEADLINES_RECONCILE_INTERVAL = 1

@@ -113,9 +113,11 @@ def refuse(
     reason: str,
     detail: str,
     deadline: datetime | None,
-) -> None:
-    """A gate refused a message: end its run (unless another worker owns it)."""
-    store_for(task.app).refuse(task_id, task.name, retries, status, reason, detail, deadline)
+) -> bool:
+    """A gate refused a message: end its run, unless it already ended or another worker
+    owns it. Returns whether this refusal ended the run: only then may the caller store
+    the refusal as the task's result (it must not overwrite another attempt's)."""
+    return store_for(task.app).refuse(task_id, task.name, retries, status, reason, detail, deadline)
 
 
 def _run_of_request(

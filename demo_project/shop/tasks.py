@@ -4,8 +4,9 @@
 (and can only shorten it). ``charge_card`` talks to a payment provider that is down:
 its retries back off until the next one would not fit in the time left, and the run
 ends with ``retry_budget_exhausted``. ``print_label`` goes to the warehouse queue, whose
-worker is late: the message waits there past its (shorter, per-task) deadline and the
-warehouse worker refuses to start it.
+worker is late: the message waits there past its (shorter, per-task) deadline, the run
+ledger's sweeper expires the run (``expired_before_claim``) and the warehouse worker,
+when it comes back, refuses to start it.
 """
 
 from __future__ import annotations

@@ -48,7 +48,10 @@ def assert_story_explained(output: str) -> None:
     assert "SUCCEEDED, started with" in line_of("reserve_stock ")
     assert "(from the parent)" in output
     assert line_of("charge_card ").endswith("REFUSED at the retry gate: retry_budget_exhausted")
-    assert line_of("print_label ").endswith("REFUSED at the claim gate: deadline_passed")
+    assert line_of("print_label ").endswith("REFUSED at the claim gate: expired_before_claim")
+    assert "ledger: EXPIRED (expired_before_claim), 0 claim(s)" in output
+    assert "ledger: EXPIRED (retry_budget_exhausted)" in output
+    assert "ledger: EXPIRED (deadline_passed), 0 claim(s)" in output  # order 43
     assert "order 43 placed with a deadline 1 s ago -> refused at once" in output
     assert "a retry needs" in output
 
