@@ -82,6 +82,10 @@ class Run(models.Model):
             models.Index(fields=["parent_id"], name="cdl_run_parent_idx"),
             models.Index(fields=["created_at"], name="cdl_run_created_idx"),
         ]
+        permissions = [
+            ("expire_run", "Can expire an unfinished run"),
+            ("requeue_run", "Can requeue a run whose deadline allows it"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.task_name}[{self.task_id}] {self.status}"

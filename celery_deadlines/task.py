@@ -366,9 +366,14 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
         # Called by Celery's tracer, which already pushed the request and the task.
         try:
             try:
-                result = self.run(*args, **kwargs)
+                try:
+                    result = self.run(*args, **kwargs)
+                finally:
+                    attempt.stop()  # no renewal may follow the attempt's final write
+                attempt.succeed()
+                return result
             except (Retry, StaleLease):
-                raise
+                raise  # a retry was written by apply_async; a stale write by nobody
             except Ignore:
                 attempt.end(Status.SUCCEEDED, "ignored", "the task raised Ignore")
                 raise
@@ -385,13 +390,9 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
             except BaseException as exc:
                 attempt.end(Status.FAILED, "error", repr(exc)[:2000])
                 raise
-            attempt.succeed()
-            return result
         except StaleLease as exc:
             logger.warning("%s[%s]: %s; nothing stored", self.name, self.request.id, exc)
             raise Ignore(str(exc)) from exc
-        finally:
-            attempt.stop()
 
     def _attempt(self) -> Attempt | None:
         """The ledger attempt of the delivery this process is executing, if any."""

@@ -36,6 +36,8 @@ class Heartbeat:
     def __init__(self) -> None:
         self._due: dict[Attempt, float] = {}
         self._wakeup = threading.Condition()
+        # held while a renewal is in flight, so forget() returns only once none is
+        self._renewing = threading.Lock()
         self._thread: threading.Thread | None = None
 
     def watch(self, attempt: Attempt) -> None:
@@ -51,7 +53,9 @@ class Heartbeat:
             self._wakeup.notify()
 
     def forget(self, attempt: Attempt) -> None:
-        with self._wakeup:
+        """Stop renewing ``attempt``; returns after any renewal in flight has finished,
+        so the attempt's final write is never followed by a renewal."""
+        with self._renewing, self._wakeup:
             self._due.pop(attempt, None)
 
     def _run(self) -> None:
@@ -76,6 +80,13 @@ class Heartbeat:
                 self._wakeup.wait(wait)
 
     def _renew(self, attempt: Attempt) -> None:
+        with self._renewing:
+            with self._wakeup:
+                if attempt not in self._due:
+                    return  # forgotten meanwhile
+            self._renew_now(attempt)
+
+    def _renew_now(self, attempt: Attempt) -> None:
         try:
             expires = attempt.renew()
         except Exception:  # a database hiccup must not kill the heartbeat
@@ -85,7 +96,8 @@ class Heartbeat:
         if expires is None or (
             attempt.lease.deadline is not None and expires >= attempt.lease.deadline
         ):
-            self.forget(attempt)  # gone, or capped at the deadline: nothing left to renew
+            with self._wakeup:  # gone, or capped at the deadline: nothing left to renew
+                self._due.pop(attempt, None)
             return
         self._reschedule(attempt, attempt.ttl.total_seconds() * RENEW_AT)
 

@@ -447,6 +447,47 @@ class Store:
         )
         return count == 1
 
+    # -- operator actions (the admin) ---------------------------------------------------------
+
+    def expire_now(self, run_id: int, operator: str) -> bool:
+        """End an unfinished run at once; its holder, if any, is fenced (token + 1)."""
+        d = self.dialect
+        detail = f"expired by {operator}"
+        count, _ = self._execute(
+            f"""
+            UPDATE {RUN} SET status = 'EXPIRED', reason = 'expired_by_operator', detail = %s,
+                lease_token = lease_token + 1, lease_expires_at = NULL,
+                version = version + 1, op = 'expire_now', op_detail = %s, updated_at = {d.now}
+            WHERE id = %s AND status NOT IN {_TERMINAL_SQL}
+            """,
+            [detail, detail, run_id],
+        )
+        return count == 1
+
+    def requeue_now(self, run_id: int, operator: str) -> bool:
+        """Queue a failed, unknown or stuck run again, if its deadline allows.
+
+        A run another worker holds a live lease on is left alone; a lapsed lease is
+        fenced (token + 1). Succeeded and expired runs are final.
+        """
+        d = self.dialect
+        detail = f"requeued by {operator}"
+        count, _ = self._execute(
+            f"""
+            UPDATE {RUN} SET status = 'QUEUED', reason = '', detail = %s,
+                lease_token = lease_token + 1, owner = '', lease_expires_at = NULL,
+                available_at = NULL, published_at = {d.now}, version = version + 1,
+                op = 'requeue_now', op_detail = %s, updated_at = {d.now}
+            WHERE id = %s
+              AND (status IN ('QUEUED', 'RETRYING', 'UNKNOWN', 'FAILED')
+                   OR (status = 'RUNNING' AND lease_expires_at <= {d.now}))
+              AND (deadline IS NULL OR deadline > {d.now})
+              AND message_body IS NOT NULL
+            """,
+            [detail, detail, run_id],
+        )
+        return count == 1
+
     # -- reconciliation ----------------------------------------------------------------------
 
     def expire_unclaimed(self, limit: int = 500) -> list[Expired]:

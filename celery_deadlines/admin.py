@@ -1,0 +1,202 @@
+"""The operator's view of the run ledger, in the Django admin.
+
+Read-only: every run, its deadline and time left, status and reason, owner, lease
+expiry (UTC), version, attempt, fencing token, last checkpoint, and the timeline of
+every compare-and-swap. The only writes are two explicit actions, each behind its own
+permission and each one compare-and-swap through the store: **expire now** and
+**requeue** (only while the deadline allows).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from .clock import get_clock
+from .ledger import outbox
+from .ledger.store import Store
+from .models import Run, RunEvent
+
+
+def describe_time_left(run: Run) -> str:
+    """``12.3 s left``, ``passed 4.0 s ago``, ``no deadline`` or ``ended``."""
+    if run.deadline is None:
+        return "no deadline"
+    if run.is_terminal:
+        return "ended"
+    left = run.deadline - get_clock().now()
+    if left < timedelta(0):
+        return f"passed {_human(-left)} ago"
+    return f"{_human(left)} left"
+
+
+def _human(duration: timedelta) -> str:
+    seconds = duration.total_seconds()
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+class RunEventInline(admin.TabularInline):  # type: ignore[type-arg]
+    model = RunEvent
+    fields = readonly_fields = (
+        "at", "kind", "outcome", "status", "reason", "version", "lease_token", "owner",
+        "lease_expires_at", "detail",
+    )  # fmt: skip
+    extra = 0
+    can_delete = False
+    ordering = ("id",)
+    verbose_name_plural = "event timeline (every compare-and-swap, database clock)"
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+LEASE_FIELDS = (
+    "owner", "lease_expires_at", "lease_token", "version", "attempt", "lost_leases", "retries",
+)  # fmt: skip
+CHECKPOINT_FIELDS = ("checkpoint_name", "checkpoint_data", "checkpoint_at", "checkpoint_token")
+
+
+LEASE_FIELDS = (
+    "owner", "lease_expires_at", "lease_token", "version", "attempt", "lost_leases", "retries",
+)  # fmt: skip
+CHECKPOINT_FIELDS = ("checkpoint_name", "checkpoint_data", "checkpoint_at", "checkpoint_token")
+
+
+@admin.register(Run)
+class RunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = (
+        "task_id", "task_name", "status", "reason", "deadline", "time_left", "owner",
+        "lease_expires_at", "version", "attempt", "lease_token", "checkpoint_name",
+    )  # fmt: skip
+    list_filter = ("status", "reason", "task_name")
+    search_fields = ("=task_id", "=root_id", "=parent_id")
+    search_help_text = "An exact task id, root id or parent id."
+    date_hierarchy = "created_at"
+    ordering = ("-id",)
+    list_per_page = 50
+    actions = ("expire_now", "requeue")
+    inlines = (RunEventInline,)
+    fieldsets = (
+        (None, {"fields": ("task_id", "task_name", "status", "reason", "detail")}),
+        ("Time", {"fields": ("deadline", "time_left", "delivery_deadline", "available_at")}),
+        ("Lease (who may act on this run now)", {"fields": LEASE_FIELDS}),
+        ("Last durable checkpoint", {"fields": CHECKPOINT_FIELDS}),
+        ("Workflow", {"fields": ("root_link", "parent_link", "children")}),
+        ("Outbox", {"fields": ("message", "published_at", "created_at", "updated_at")}),
+    )
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        names: list[str] = []
+        for _, section in self.fieldsets:
+            names.extend(str(name) for name in section["fields"])
+        return names
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_expire_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("celery_deadlines.expire_run")
+
+    def has_requeue_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("celery_deadlines.requeue_run")
+
+    @admin.display(description="time left")
+    def time_left(self, run: Run) -> str:
+        return describe_time_left(run)
+
+    @admin.display(description="root")
+    def root_link(self, run: Run) -> SafeString | str:
+        return self._link(run.root_id) if run.root_id != run.task_id else "this run"
+
+    @admin.display(description="parent")
+    def parent_link(self, run: Run) -> SafeString | str:
+        return self._link(run.parent_id) if run.parent_id else "-"
+
+    @admin.display(description="children")
+    def children(self, run: Run) -> SafeString | str:
+        found = Run.objects.using(run._state.db).filter(parent_id=run.task_id).order_by("id")
+        if not found:
+            return "-"
+        return format_html_join(
+            ", ",
+            '<a href="{}">{}</a> ({})',
+            ((self._url(child), child.task_name, child.status) for child in found),
+        )
+
+    @admin.display(description="message")
+    def message(self, run: Run) -> str:
+        if run.message_body is None:
+            return "-"
+        try:
+            decoded = outbox.decode_message(
+                bytes(run.message_body), run.content_type, run.content_encoding
+            )
+        except Exception:  # noqa: BLE001 - show what cannot be decoded, never fail the page
+            return f"{run.content_type}, {len(run.message_body)} bytes (not decodable here)"
+        return json.dumps(decoded, indent=2, default=repr)
+
+    def _link(self, task_id: str) -> SafeString | str:
+        target = Run.objects.filter(task_id=task_id).first()
+        if target is None:
+            return task_id
+        return format_html('<a href="{}">{}</a>', self._url(target), target)
+
+    @staticmethod
+    def _url(run: Run) -> str:
+        return reverse("admin:celery_deadlines_run_change", args=[run.pk])
+
+    @admin.action(description="Expire now (fences the current holder)", permissions=["expire"])
+    def expire_now(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
+        store = Store(queryset.db)
+        done = [run for run in queryset if store.expire_now(run.pk, _operator(request))]
+        self._report(request, "expired", done, queryset.count())
+
+    @admin.action(description="Requeue (if the deadline allows)", permissions=["requeue"])
+    def requeue(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
+        from celery import current_app
+
+        store = Store(queryset.db)
+        done = []
+        for run in queryset:
+            if store.requeue_now(run.pk, _operator(request)):
+                message = store.message_of(run.pk)
+                if message is not None:
+                    outbox.republish(current_app, message)
+                done.append(run)
+        self._report(request, "requeued", done, queryset.count())
+
+    def _report(self, request: HttpRequest, verb: str, done: list[Run], asked: int) -> None:
+        self.message_user(request, f"{len(done)} of {asked} run(s) {verb}.", messages.SUCCESS)
+        if len(done) < asked:
+            self.message_user(
+                request,
+                f"{asked - len(done)} run(s) not {verb}: finished, held by a live lease, "
+                "or past the deadline.",
+                messages.WARNING,
+            )
+
+
+def _operator(request: HttpRequest) -> str:
+    user = request.user
+    return f"operator {user.get_username()}" if user.is_authenticated else "an operator"

@@ -1,0 +1,207 @@
+"""The operator's admin: runs, their timeline, and two permission-checked actions.
+
+Real data: every run here is written by the ledger's own statements (claims, fenced
+writes, a stale holder's refused write), then read through the Django test client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.signals import before_task_publish
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+from django.urls import reverse
+
+from celery_deadlines.ledger.outbox import encode_message
+from celery_deadlines.ledger.store import Lease, NewRun, Store
+from celery_deadlines.models import Run, Status
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TTL = timedelta(seconds=30)
+
+
+def record(store: Store, task_id: str, parent: str = "", deadline_in: float | None = 600) -> None:
+    body, content_type, encoding = encode_message("json", [42], {}, {"queue": "shop"})
+    deadline = (
+        None if deadline_in is None else store.database_now() + timedelta(seconds=deadline_in)
+    )
+    store.enqueue(
+        NewRun(
+            task_id,
+            "shop.charge_card",
+            deadline,
+            None,
+            parent or task_id,
+            parent,
+            0,
+            None,
+            body,
+            content_type,
+            encoding,
+        )
+    )
+
+
+def claim(store: Store, task_id: str, owner: str) -> Lease:
+    lease = store.claim(task_id, 0, owner, TTL, timedelta(0), 3)
+    assert isinstance(lease, Lease)
+    return lease
+
+
+@pytest.fixture
+def story() -> dict[str, Any]:
+    """An order that succeeded, a child whose stale holder was fenced, one waiting run."""
+    store = Store()
+    record(store, "order-42")
+    order = claim(store, "order-42", "celery@shop:101")
+    record(store, "charge-42", parent="order-42")
+    stale = claim(store, "charge-42", "celery@shop:102")
+    assert store.checkpoint(stale, "celery@shop:102", "authorised", {"auth": "A-1"})
+    assert store.finish(order, "celery@shop:101", Status.SUCCEEDED)
+    record(store, "label-42", parent="order-42", deadline_in=None)
+    # the charge's lease lapses; another worker takes over; the stale holder is refused
+    Run.objects.filter(task_id="charge-42").update(
+        lease_expires_at=store.database_now() - timedelta(seconds=1), op="age"
+    )
+    claim(store, "charge-42", "celery@shop:201")
+    assert not store.finish(stale, "celery@shop:102", Status.SUCCEEDED)
+    return {"store": store}
+
+
+def login(client: Client, *permissions: str) -> User:
+    user = User.objects.create_user("ops", password="pw", is_staff=True)
+    user.user_permissions.add(
+        *Permission.objects.filter(
+            content_type__app_label="celery_deadlines",
+            codename__in=["view_run", "view_runevent", *permissions],
+        )
+    )
+    client.force_login(user)
+    return user
+
+
+def run_list(client: Client, **query: str) -> str:
+    response = client.get(reverse("admin:celery_deadlines_run_changelist"), query)
+    assert response.status_code == 200
+    return response.content.decode()
+
+
+def test_the_run_list_shows_status_owner_lease_token_and_time_left(
+    client: Client, story: dict[str, Any]
+) -> None:
+    login(client)
+    page = run_list(client)
+    for expected in ("order-42", "charge-42", "label-42", "celery@shop:201", "authorised"):
+        assert expected in page
+    assert "SUCCEEDED" in page
+    assert "RUNNING" in page
+    assert "QUEUED" in page
+    assert "s left" in page or "min left" in page
+    assert "no deadline" in page
+
+
+def test_the_run_list_filters_by_status_and_finds_runs_by_root_id(
+    client: Client, story: dict[str, Any]
+) -> None:
+    login(client)
+    running = run_list(client, status__exact="RUNNING")
+    assert "charge-42" in running
+    assert "label-42" not in running
+    family = run_list(client, q="order-42")
+    assert "charge-42" in family
+    assert "label-42" in family
+
+
+def test_the_run_detail_answers_the_operator_checklist(
+    client: Client, story: dict[str, Any]
+) -> None:
+    login(client)
+    charge = Run.objects.get(task_id="charge-42")
+    response = client.get(reverse("admin:celery_deadlines_run_change", args=[charge.pk]))
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "celery@shop:201" in page  # who owns it now
+    assert "Lease (who may act on this run now)" in page
+    assert "authorised" in page
+    assert "A-1" in page
+    assert "stale token 1; current token 2 owned by celery@shop:201" in page  # fenced write
+    assert "order-42" in page  # its parent, linked
+    assert "&quot;queue&quot;: &quot;shop&quot;" in page  # the outbox message
+    order = Run.objects.get(task_id="order-42")
+    detail = client.get(reverse("admin:celery_deadlines_run_change", args=[order.pk]))
+    assert "shop.charge_card</a> (RUNNING)" in detail.content.decode()  # its children
+
+
+def test_runs_are_read_only_without_the_action_permissions(
+    client: Client, story: dict[str, Any]
+) -> None:
+    login(client)
+    page = run_list(client)
+    assert "Expire now" not in page
+    assert "Requeue" not in page
+    charge = Run.objects.get(task_id="charge-42")
+    response = client.post(
+        reverse("admin:celery_deadlines_run_changelist"),
+        {"action": "expire_now", "_selected_action": [charge.pk]},
+    )
+    assert response.status_code in (200, 302)
+    assert Run.objects.get(task_id="charge-42").status == Status.RUNNING
+    add = client.get(reverse("admin:celery_deadlines_run_add"))
+    assert add.status_code == 403
+
+
+def test_expire_now_ends_a_running_run_and_fences_its_holder(
+    client: Client, story: dict[str, Any]
+) -> None:
+    login(client, "expire_run")
+    charge = Run.objects.get(task_id="charge-42")
+    client.post(
+        reverse("admin:celery_deadlines_run_changelist"),
+        {"action": "expire_now", "_selected_action": [charge.pk]},
+    )
+    after = Run.objects.get(task_id="charge-42")
+    assert (after.status, after.reason) == (Status.EXPIRED, "expired_by_operator")
+    assert after.lease_token == charge.lease_token + 1
+    assert after.events.last().detail == "expired by operator ops"  # type: ignore[union-attr]
+
+
+@pytest.fixture
+def broker() -> Iterator[list[dict[str, Any]]]:
+    """The current Celery app on the in-memory transport; collects what is published."""
+    app = Celery("admin-test", broker="memory://", set_as_current=True)
+    sent: list[dict[str, Any]] = []
+
+    def collect(headers: dict[str, Any] | None = None, **_: Any) -> None:
+        sent.append(dict(headers or {}))
+
+    before_task_publish.connect(collect, weak=False)
+    yield sent
+    before_task_publish.disconnect(collect)
+    app.close()
+
+
+def test_requeue_publishes_the_recorded_message_again_only_while_the_deadline_allows(
+    client: Client, story: dict[str, Any], broker: list[dict[str, Any]]
+) -> None:
+    store: Store = story["store"]
+    login(client, "requeue_run")
+    record(store, "late-42", deadline_in=0.001)
+    record(store, "failed-42")
+    lease = claim(store, "failed-42", "celery@shop:301")
+    assert store.finish(lease, "celery@shop:301", Status.FAILED, "error", "ProviderDown()")
+    selected = [Run.objects.get(task_id=t).pk for t in ("late-42", "failed-42", "order-42")]
+    client.post(
+        reverse("admin:celery_deadlines_run_changelist"),
+        {"action": "requeue", "_selected_action": selected},
+    )
+    assert Run.objects.get(task_id="failed-42").status == Status.QUEUED
+    assert Run.objects.get(task_id="order-42").status == Status.SUCCEEDED
+    assert Run.objects.get(task_id="late-42").status == Status.QUEUED  # untouched
+    assert [message["id"] for message in broker] == ["failed-42"]
+    assert broker[0]["task"] == "shop.charge_card"
