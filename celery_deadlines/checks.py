@@ -43,3 +43,42 @@ def check_settings(
             checks.Error(str(error), hint="See docs/settings.md.", id="celery_deadlines.E001")
         )
     return messages
+
+
+@checks.register(checks.Tags.database)
+def check_ledger_database(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """E003: the ledger's database is not PostgreSQL or SQLite. E004: ``USE_TZ`` is off."""
+    from django.db import connections
+
+    from .ledger.sql import SUPPORTED
+
+    messages: list[checks.CheckMessage] = []
+    alias = getattr(django_settings, f"{PREFIX}DATABASE", "default")
+    if alias not in connections.settings:
+        messages.append(
+            checks.Error(
+                f"CELERY_DEADLINES_DATABASE names {alias!r}, which is not in DATABASES.",
+                hint="Name the alias of the database that holds the run ledger.",
+                id="celery_deadlines.E003",
+            )
+        )
+    elif connections[alias].vendor not in SUPPORTED:
+        messages.append(
+            checks.Error(
+                f"The run ledger needs PostgreSQL or SQLite; DATABASES[{alias!r}] is "
+                f"{connections[alias].vendor}.",
+                hint="Point CELERY_DEADLINES_DATABASE at a PostgreSQL or SQLite alias.",
+                id="celery_deadlines.E003",
+            )
+        )
+    if not django_settings.USE_TZ:
+        messages.append(
+            checks.Error(
+                "The run ledger stores instants as aware UTC datetimes: USE_TZ must be True.",
+                hint="Set USE_TZ = True.",
+                id="celery_deadlines.E004",
+            )
+        )
+    return messages

@@ -205,3 +205,34 @@ def test_requeue_publishes_the_recorded_message_again_only_while_the_deadline_al
     assert Run.objects.get(task_id="late-42").status == Status.QUEUED  # untouched
     assert [message["id"] for message in broker] == ["failed-42"]
     assert broker[0]["task"] == "shop.charge_card"
+
+
+def test_explain_answers_who_owns_the_run_when_its_lease_expires_and_what_was_fenced(
+    story: dict[str, Any],
+) -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command("deadlines", "explain", "charge-42", stdout=out)
+    text = out.getvalue()
+    charge = Run.objects.get(task_id="charge-42")
+    assert "owner now         celery@shop:201" in text
+    assert f"fencing token     {charge.lease_token}" in text
+    expires = charge.lease_expires_at
+    assert expires is not None
+    assert f"lease expires     {expires.strftime('%Y-%m-%dT%H:%M:%S')}" in text
+    assert "last checkpoint   'authorised'" in text
+    assert "under token 1" in text
+    assert f"only token {charge.lease_token} may write" in text
+    assert "stale writes      1 refused: succeeded by celery@shop:102 (token 1)" in text
+    claim = charge.events.filter(kind="claim", lease_token=charge.lease_token).get()
+    assert f"claimed version   {claim.version} " in text
+
+
+def test_explain_names_a_run_that_does_not_exist() -> None:
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match="no run with task id 'nope'"):
+        call_command("deadlines", "explain", "nope")

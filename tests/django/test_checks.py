@@ -85,3 +85,27 @@ def test_a_bad_setting_read_through_celery_raises_naming_the_django_name() -> No
 @pytest.mark.django_db
 def test_the_app_needs_no_migrations_yet() -> None:
     call_command("makemigrations", "celery_deadlines", "--check", "--dry-run", verbosity=0)
+
+
+def test_a_ledger_database_alias_that_does_not_exist_is_named() -> None:
+    from celery_deadlines.checks import check_ledger_database
+
+    with override_settings(CELERY_DEADLINES_DATABASE="ledger"):
+        [error] = check_ledger_database(None)
+    assert error.id == "celery_deadlines.E003"
+    assert "CELERY_DEADLINES_DATABASE names 'ledger'" in error.msg
+
+
+def test_the_ledger_needs_aware_datetimes() -> None:
+    from celery_deadlines.checks import check_ledger_database
+
+    with override_settings(USE_TZ=False):
+        [error] = check_ledger_database(None)
+    assert error.id == "celery_deadlines.E004"
+    assert "USE_TZ" in error.msg
+
+
+def test_the_test_settings_pass_the_ledger_checks() -> None:
+    from celery_deadlines.checks import check_ledger_database
+
+    assert check_ledger_database(None) == []

@@ -1,0 +1,182 @@
+"""The run ledger vs django-celery-results: end-to-end throughput, and racing claims.
+
+Redis broker, PostgreSQL (a scratch database, created and dropped), one ``celery
+worker`` subprocess (prefork, ``-c 2``), same run, the two variants alternating in ABBA
+order round by round:
+
+* baseline: a plain task whose result django-celery-results stores (``django-db``);
+* ledger: a DeadlineTask with the Django app installed, ``ignore_result=True``: the run
+  row (written before publish), its claim and its completion are the tracking.
+
+Throughput is tasks/s from the first publish to the last run recorded as done (polled
+in the database). Goal: ledger / baseline >= 1.0. Then ``claims/s``: 8 processes race
+to claim the same runs (each run is offered to all 8, exactly one wins).
+
+Usage: python bench/ledger.py [--tasks 1000] [--rounds 5] [--claims 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+DATABASE = f"cd_bench_{uuid.uuid4().hex[:6]}"
+QUEUE = f"bench-{uuid.uuid4().hex[:8]}"
+ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+os.environ["BENCH_DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{DATABASE}"
+os.environ["BENCH_QUEUE"] = QUEUE
+
+
+def start_worker(log: Path) -> subprocess.Popen[bytes]:
+    command = [
+        sys.executable, "-m", "celery", "-A", "bench.ledgerapp", "worker", "-P", "prefork",
+        "-c", "2", "-Q", QUEUE, "-l", "WARNING", "-n", f"{QUEUE}@bench",
+        "--without-gossip", "--without-mingle", "--without-heartbeat",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+
+
+def done_count(kind: str, ids: list[str]) -> int:
+    from django.db import connection
+
+    table, done = {
+        "tracked": ("django_celery_results_taskresult", "status = 'SUCCESS'"),
+        "ledgered": ("celery_deadlines_run", "status = 'SUCCEEDED'"),
+    }[kind]
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT count(*) FROM {table} WHERE {done} AND task_id = ANY(%s)", [ids])
+        row = cursor.fetchone()
+    return int(row[0]) if row else 0
+
+
+def end_to_end(task: Any, kind: str, tasks: int) -> float:
+    ids = [str(uuid.uuid4()) for _ in range(tasks)]
+    started = time.perf_counter()
+    for number, task_id in enumerate(ids):
+        task.apply_async((number,), task_id=task_id)
+    while done_count(kind, ids) < tasks:
+        time.sleep(0.02)
+    return tasks / (time.perf_counter() - started)
+
+
+def racer(index: int, task_ids: list[str], barrier: Any, results: Any) -> None:
+    import django
+
+    os.environ["DJANGO_SETTINGS_MODULE"] = "bench.ledger_settings"
+    django.setup()
+    from celery_deadlines.ledger.store import Lease, Store
+
+    store = Store()
+    order = list(task_ids)
+    random.Random(index).shuffle(order)
+    barrier.wait()
+    started = time.perf_counter()
+    won = 0
+    for task_id in order:
+        outcome = store.claim(task_id, 0, f"racer-{index}", timedelta(60), timedelta(0), 3)
+        won += isinstance(outcome, Lease)
+    results.put((won, len(order), time.perf_counter() - started))
+
+
+def racing_claims(claims: int) -> tuple[float, float, int]:
+    from celery_deadlines.ledger.store import NewRun, Store
+
+    store = Store()
+    ids = [f"race-{uuid.uuid4().hex}" for _ in range(claims)]
+    for task_id in ids:
+        store.enqueue(NewRun(task_id, "race", None, None, task_id, "", 0, None, None, "", ""))
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(8)
+    results = context.Queue()
+    processes = [context.Process(target=racer, args=(i, ids, barrier, results)) for i in range(8)]
+    for process in processes:
+        process.start()
+    outcomes = [results.get(timeout=600) for _ in processes]
+    for process in processes:
+        process.join()
+    wall = max(seconds for _, _, seconds in outcomes)
+    won = sum(w for w, _, _ in outcomes)
+    attempts = sum(a for _, a, _ in outcomes)
+    return won / wall, attempts / wall, won
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=int, default=1000, help="tasks per round")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per variant")
+    parser.add_argument("--claims", type=int, default=2000, help="runs offered to 8 racers")
+    args = parser.parse_args()
+
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{DATABASE}"')
+    worker = None
+    try:
+        from django.core.management import call_command
+
+        from bench import ledgerapp
+
+        call_command("migrate", verbosity=0)
+        log = Path(f"/tmp/{QUEUE}.log")
+        worker = start_worker(log)
+        end_to_end(ledgerapp.tracked, "tracked", 50)  # ready and warm
+        end_to_end(ledgerapp.ledgered, "ledgered", 50)
+        rates: dict[str, list[float]] = {"tracked": [], "ledgered": []}
+        for round_no in range(args.rounds):
+            order = ["tracked", "ledgered"] if round_no % 2 == 0 else ["ledgered", "tracked"]
+            for kind in order:
+                task = ledgerapp.tracked if kind == "tracked" else ledgerapp.ledgered
+                rates[kind].append(end_to_end(task, kind, args.tasks))
+            print(
+                f"round {round_no + 1}: django-celery-results {rates['tracked'][-1]:.0f}/s, "
+                f"ledger {rates['ledgered'][-1]:.0f}/s",
+                flush=True,
+            )
+        baseline = statistics.median(rates["tracked"])
+        ledger = statistics.median(rates["ledgered"])
+        print(
+            f"\nend to end ({args.tasks} tasks x {args.rounds} rounds, Redis + PostgreSQL, "
+            f"prefork -c 2):\n"
+            f"  plain Celery + django-celery-results: {baseline:.0f} tasks/s (median)\n"
+            f"  DeadlineTask + run ledger:            {ledger:.0f} tasks/s (median)\n"
+            f"  ratio ledger / baseline:              {ledger / baseline:.3f} (goal >= 1.0)"
+        )
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(30)
+        worker = None
+        won_rate, attempt_rate, won = racing_claims(args.claims)
+        print(
+            f"\nracing claims: 8 processes x {args.claims} runs: {won} won (one per run), "
+            f"{won_rate:.0f} claims/s won, {attempt_rate:.0f} claim attempts/s"
+        )
+    finally:
+        if worker is not None:
+            os.killpg(worker.pid, signal.SIGKILL)
+        from django.db import connections
+
+        connections.close_all()
+        with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
+
+
+if __name__ == "__main__":
+    main()

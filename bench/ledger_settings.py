@@ -1,0 +1,19 @@
+"""Django settings of the ledger benchmark: both trackers on one PostgreSQL database."""
+
+from __future__ import annotations
+
+import os
+
+import dj_database_url
+
+SECRET_KEY = "bench-only"
+USE_TZ = True
+TIME_ZONE = "UTC"
+INSTALLED_APPS = ["django_celery_results", "celery_deadlines"]
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+DATABASES = {
+    "default": dj_database_url.parse(
+        os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/cd_bench"),
+        conn_max_age=None,  # persistent connections, as production workers use them
+    )
+}

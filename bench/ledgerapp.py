@@ -1,0 +1,42 @@
+"""The ledger benchmark's app: what users already pay for tracking, and the ledger.
+
+* ``bench.tracked``: a plain task whose result django-celery-results stores in
+  PostgreSQL (the baseline: the tracking a Django shop already has);
+* ``bench.ledgered``: a DeadlineTask recorded by the run ledger (outbox row, claim,
+  completion) in the same database, with no result backend write.
+"""
+
+from __future__ import annotations
+
+import os
+
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.ledger_settings")
+django.setup()
+
+from celery import Celery, Task  # noqa: E402
+
+from celery_deadlines import DeadlineTask  # noqa: E402
+
+app = Celery("ledgerbench")
+app.conf.update(
+    broker_url=os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/12"),
+    result_backend="django-db",
+    task_serializer="json",
+    accept_content=["json"],
+    worker_hijack_root_logger=False,
+    broker_connection_retry_on_startup=True,
+    task_default_queue=os.environ.get("BENCH_QUEUE", "bench"),
+    worker_prefetch_multiplier=4,
+)
+
+
+@app.task(base=Task, name="bench.tracked")
+def tracked(x: int) -> int:
+    return x
+
+
+@app.task(base=DeadlineTask, name="bench.ledgered", budget=300, ignore_result=True)
+def ledgered(x: int) -> int:
+    return x

@@ -1,0 +1,38 @@
+"""``manage.py deadlines explain TASK_ID`` and ``manage.py deadlines reconcile``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from ...explain import explain
+from ...ledger.reconcile import reconcile_once
+from ...ledger.store import Store
+from ...models import Run
+
+
+class Command(BaseCommand):
+    help = "Explain a run from the ledger, or reconcile the ledger once."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--database", default="default", help="the ledger's alias")
+        actions = parser.add_subparsers(dest="action", required=True)
+        explain_parser = actions.add_parser("explain", help="answer the operator checklist")
+        explain_parser.add_argument("task_id")
+        actions.add_parser("reconcile", help="one pass of restart reconciliation and sweeping")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        using = options["database"]
+        store = Store(using)
+        if options["action"] == "explain":
+            run = Run.objects.using(using).filter(task_id=options["task_id"]).first()
+            if run is None:
+                raise CommandError(f"no run with task id {options['task_id']!r}")
+            events = list(run.events.using(using).order_by("id"))
+            self.stdout.write("\n".join(explain(run, events, store.database_now())))
+            return
+        from celery import current_app
+
+        report = reconcile_once(current_app, store)
+        self.stdout.write(str(report))
