@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test test-unit test-integration lint bench matrix clean
+.PHONY: demo test test-unit test-integration lint bench bench-ledger matrix clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ lint: $(INSTALLED)
 ## Publish cost and end-to-end throughput, DeadlineTask vs plain Celery (needs Redis).
 bench: $(INSTALLED)
 	$(BIN)/python bench/overhead.py
+
+## The run ledger vs django-celery-results, and racing claims (needs Redis and PostgreSQL).
+bench-ledger: $(INSTALLED)
+	$(BIN)/python bench/ledger.py
 
 ## Unit and Django tests on another interpreter, the newest Django, the oldest Celery.
 MATRIX_VENV := .venv-$(notdir $(PYTHON))

@@ -359,8 +359,11 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         attempt = self._attempt()
-        if attempt is None:
+        state = vars(self.request_stack.top) if attempt is not None else {}
+        if attempt is None or state.get(_IN_BODY):
+            # no ledger, or the body calling its own task directly: a plain call
             return super().__call__(*args, **kwargs)
+        state[_IN_BODY] = True
         from .models import Status
 
         # Called by Celery's tracer, which already pushed the request and the task.
@@ -506,6 +509,10 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
     def _retries_exhausted(self, max_retries: int | None) -> bool:
         limit = self.max_retries if max_retries is None else max_retries
         return limit is not None and self.request.retries + 1 > limit
+
+
+#: Set on the request while the tracer runs the body of a ledger attempt.
+_IN_BODY = "celery_deadlines_in_body"
 
 
 def _start_of(options: dict[str, Any], now: datetime) -> datetime | None:

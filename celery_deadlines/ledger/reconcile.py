@@ -53,6 +53,11 @@ def register_effect_check(check: EffectCheck) -> None:
         _effect_checks.append(check)
 
 
+def unregister_effect_check(check: EffectCheck) -> None:
+    if check in _effect_checks:
+        _effect_checks.remove(check)
+
+
 @dataclass
 class Report:
     """What one reconciliation pass did (logged, and returned for tests and commands)."""

@@ -564,7 +564,8 @@ class Store:
         return count == 1
 
     def unclaimed(self, republish_after: timedelta, limit: int = 100) -> list[Unclaimed]:
-        """Runs published long ago and still unclaimed: the broker may have lost them."""
+        """Runs unclaimed ``republish_after`` after their last publish *and* after they
+        became due (a retry's countdown): the broker may have lost their message."""
         d = self.dialect
         _, rows = self._execute(
             f"""
@@ -573,12 +574,12 @@ class Store:
             FROM {RUN}
             WHERE status IN {_CLAIMABLE_SQL}
               AND published_at <= {d.now_plus}
-              AND (available_at IS NULL OR available_at <= {d.now})
+              AND (available_at IS NULL OR available_at <= {d.now_plus})
               AND (deadline IS NULL OR deadline > {d.now})
             ORDER BY published_at
             LIMIT %s
             """,
-            [d.seconds(-republish_after), limit],
+            [d.seconds(-republish_after), d.seconds(-republish_after), limit],
         )
         return [
             Unclaimed(r[0], r[1], r[2], r[3], r[4], d.instant(r[5]), _bytes(r[6]), r[7], r[8])

@@ -1,0 +1,220 @@
+"""The outbox and one reconciliation pass, against the ledger on SQLite and PostgreSQL.
+
+The Celery app here publishes to kombu's in-memory transport, so what the sweeper and
+the reconciler publish can be read back; its result backend is in memory too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from celery import Celery
+from django.db import transaction
+
+from celery_deadlines import DeadlineRefused
+from celery_deadlines.ledger import outbox
+from celery_deadlines.ledger.reconcile import (
+    reconcile_once,
+    register_effect_check,
+    unregister_effect_check,
+)
+from celery_deadlines.ledger.store import LapsedLease, Lease, NewRun, Store
+from celery_deadlines.models import Run, Status
+from tests.conftest import service_unavailable
+from tests.support.processes import reachable
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
+
+
+@pytest.fixture(params=["default", "postgres"], ids=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest) -> Store:
+    if request.param == "postgres" and not reachable("127.0.0.1", 5432):
+        service_unavailable("PostgreSQL 127.0.0.1:5432")
+    return Store(request.param)
+
+
+@pytest.fixture
+def app() -> Iterator[Celery]:
+    app = Celery("reconcile-test", broker="memory://", backend="cache+memory://")
+    app.conf.update(
+        deadlines_republish_after=60, deadlines_max_lost_leases=1, task_default_queue="q"
+    )
+    published(app)  # the in-memory transport is per process: start from an empty queue
+    yield app
+    app.close()
+
+
+def published(app: Celery) -> list[dict[str, Any]]:
+    """Every message waiting in the in-memory queue ``q`` (drained)."""
+    found = []
+    with app.connection_for_read() as connection:
+        queue = connection.SimpleQueue("q")
+        while True:
+            try:
+                message = queue.get(block=False)
+            except queue.Empty:
+                break
+            found.append({"headers": message.headers, "body": message.decode()})
+            message.ack()
+        queue.close()
+    return found
+
+
+def record(store: Store, task_id: str, deadline_in: float | None = 600) -> NewRun:
+    body, content_type, encoding = outbox.encode_message(
+        "json", [7], {"fast": True}, {"headers": {"x_deadline": 1.0}}
+    )
+    deadline = (
+        None if deadline_in is None else store.database_now() + timedelta(seconds=deadline_in)
+    )
+    run = NewRun(
+        task_id, "shop.ship", deadline, None, task_id, "", 0, None, body, content_type, encoding
+    )
+    store.enqueue(run)
+    return run
+
+
+def lapse(store: Store, task_id: str) -> None:
+    Run.objects.using(store.using).filter(task_id=task_id).update(
+        lease_expires_at=store.database_now() - timedelta(seconds=1), op="age"
+    )
+
+
+def claim(store: Store, task_id: str) -> Lease:
+    lease = store.claim(task_id, 0, "w:1", timedelta(seconds=30), timedelta(0), 5)
+    assert isinstance(lease, Lease)
+    return lease
+
+
+def status(store: Store, task_id: str) -> tuple[str, str]:
+    run = Run.objects.using(store.using).get(task_id=task_id)
+    return run.status, run.reason
+
+
+def test_the_recorded_message_decodes_to_what_was_published() -> None:
+    body, content_type, encoding = outbox.encode_message(
+        "json", (1, "a"), {"k": [2]}, {"queue": "shop", "producer": object(), "countdown": 5}
+    )
+    assert outbox.decode_message(body, content_type, encoding) == {
+        "args": [1, "a"],
+        "kwargs": {"k": [2]},
+        "options": {"queue": "shop"},  # no producer object, no relative countdown
+    }
+
+
+def test_a_publish_that_fails_outside_a_transaction_ends_the_run_and_reaches_the_caller(
+    store: Store,
+) -> None:
+    run = NewRun(
+        "p-1", "shop.ship", None, None, "p-1", "", 0, None, b"{}", "application/json", "utf-8"
+    )
+
+    def broken() -> None:
+        raise ConnectionError("broker down")
+
+    with pytest.raises(ConnectionError):
+        outbox.record(store, run, broken)
+    assert status(store, "p-1") == (Status.FAILED, "publish_failed")
+
+
+def test_a_publish_that_fails_after_commit_leaves_the_run_queued_for_the_sweeper(
+    store: Store,
+) -> None:
+    run = NewRun(
+        "p-2", "shop.ship", None, None, "p-2", "", 0, None, b"{}", "application/json", "utf-8"
+    )
+    calls: list[str] = []
+
+    def broken() -> None:
+        calls.append("publish")
+        raise ConnectionError("broker down")
+
+    with transaction.atomic(using=store.using):
+        assert outbox.record(store, run, broken) is None
+        assert calls == []  # not before the commit
+    assert calls == ["publish"]
+    assert status(store, "p-2") == (Status.QUEUED, "")
+
+
+def test_reconcile_requeues_a_lapsed_run_and_publishes_its_recorded_message_again(
+    store: Store, app: Celery
+) -> None:
+    record(store, "lapsed")
+    claim(store, "lapsed")
+    lapse(store, "lapsed")
+    report = reconcile_once(app, store)
+    assert report.requeued == ["lapsed"]
+    [message] = published(app)
+    assert message["headers"]["id"] == "lapsed"
+    assert message["headers"]["task"] == "shop.ship"
+    assert message["headers"]["x_deadline"] == 1.0
+    assert message["body"][0] == [7]
+    assert status(store, "lapsed") == (Status.QUEUED, "")
+
+
+def test_reconcile_never_resurrects_a_run_past_its_deadline(store: Store, app: Celery) -> None:
+    record(store, "late", deadline_in=600)
+    claim(store, "late")
+    Run.objects.using(store.using).filter(task_id="late").update(
+        deadline=store.database_now() - timedelta(seconds=1),
+        lease_expires_at=store.database_now() - timedelta(seconds=1),
+        op="age",
+    )
+    report = reconcile_once(app, store)
+    assert report.expired == ["late"]
+    assert status(store, "late") == (Status.EXPIRED, "deadline_passed")
+    assert published(app) == []
+    with pytest.raises(DeadlineRefused) as refused:
+        app.AsyncResult("late").get(timeout=1)
+    assert refused.value.reason == "deadline_passed"
+
+
+def test_reconcile_fails_a_run_that_lost_too_many_leases(store: Store, app: Celery) -> None:
+    record(store, "crashy")
+    claim(store, "crashy")
+    lapse(store, "crashy")
+    assert reconcile_once(app, store).requeued == ["crashy"]
+    claim(store, "crashy")
+    lapse(store, "crashy")
+    assert reconcile_once(app, store).failed == ["crashy"]  # max_lost_leases = 1
+    assert status(store, "crashy") == (Status.FAILED, "worker_lost")
+
+
+def test_reconcile_hands_a_run_with_an_unresolved_effect_to_effect_reconciliation(
+    store: Store, app: Celery
+) -> None:
+    record(store, "ambiguous")
+    claim(store, "ambiguous")
+    lapse(store, "ambiguous")
+
+    def unresolved(lapsed: LapsedLease) -> bool:
+        return lapsed.task_id == "ambiguous"
+
+    register_effect_check(unresolved)
+    try:
+        assert reconcile_once(app, store).unknown == ["ambiguous"]
+    finally:
+        unregister_effect_check(unresolved)
+    assert status(store, "ambiguous") == (Status.UNKNOWN, "effect_unresolved")
+    assert published(app) == []
+
+
+def test_the_sweeper_expires_unclaimed_runs_and_republishes_forgotten_ones(
+    store: Store, app: Celery
+) -> None:
+    record(store, "forgotten")
+    record(store, "expired", deadline_in=600)
+    Run.objects.using(store.using).filter(task_id="forgotten").update(
+        published_at=store.database_now() - timedelta(seconds=61), op="age"
+    )
+    Run.objects.using(store.using).filter(task_id="expired").update(
+        deadline=store.database_now() - timedelta(seconds=1), op="age"
+    )
+    report = reconcile_once(app, store)
+    assert (report.republished, report.expired) == (["forgotten"], ["expired"])
+    assert [m["headers"]["id"] for m in published(app)] == ["forgotten"]
+    assert status(store, "expired") == (Status.EXPIRED, "expired_before_claim")
+    assert reconcile_once(app, store).republished == []  # not again before the interval
