@@ -35,11 +35,11 @@ import psycopg
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-DATABASE = f"cd_bench_{uuid.uuid4().hex[:6]}"
-QUEUE = f"bench-{uuid.uuid4().hex[:8]}"
+# set once, in the main process; spawned racers and the worker inherit them
+DATABASE = os.environ.setdefault("BENCH_DATABASE_NAME", f"cd_bench_{uuid.uuid4().hex[:6]}")
+QUEUE = os.environ.setdefault("BENCH_QUEUE", f"bench-{uuid.uuid4().hex[:8]}")
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 os.environ["BENCH_DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{DATABASE}"
-os.environ["BENCH_QUEUE"] = QUEUE
 
 
 def start_worker(log: Path) -> subprocess.Popen[bytes]:
@@ -120,6 +120,38 @@ def racing_claims(claims: int) -> tuple[float, float, int]:
     return won / wall, attempts / wall, won
 
 
+def compare(tasks_module: Any, tasks: int, rounds: int, reuse: bool) -> None:
+    """ABBA rounds of both variants on the running worker; print medians and the ratio."""
+    end_to_end(tasks_module.tracked, "tracked", 50)  # ready and warm
+    end_to_end(tasks_module.ledgered, "ledgered", 50)
+    rates: dict[str, list[float]] = {"tracked": [], "ledgered": []}
+    for round_no in range(rounds):
+        order = ["tracked", "ledgered"] if round_no % 2 == 0 else ["ledgered", "tracked"]
+        for kind in order:
+            task = tasks_module.tracked if kind == "tracked" else tasks_module.ledgered
+            rates[kind].append(end_to_end(task, kind, tasks))
+        print(
+            f"  round {round_no + 1}: django-celery-results {rates['tracked'][-1]:.0f}/s, "
+            f"ledger {rates['ledgered'][-1]:.0f}/s",
+            flush=True,
+        )
+    baseline = statistics.median(rates["tracked"])
+    ledger = statistics.median(rates["ledgered"])
+    how = (
+        "CELERY_DB_REUSE_MAX set: Django's connections kept across tasks"
+        if reuse
+        else "Celery's default: Django's connections closed around every task"
+    )
+    print(
+        f"end to end, {how} ({tasks} tasks x {rounds} rounds, Redis + PostgreSQL, "
+        f"prefork -c 2):\n"
+        f"  plain Celery + django-celery-results: {baseline:.0f} tasks/s (median)\n"
+        f"  DeadlineTask + run ledger:            {ledger:.0f} tasks/s (median)\n"
+        f"  ratio ledger / baseline:              {ledger / baseline:.3f} (goal >= 1.0)\n",
+        flush=True,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=1000, help="tasks per round")
@@ -136,33 +168,13 @@ def main() -> None:
         from bench import ledgerapp
 
         call_command("migrate", verbosity=0)
-        log = Path(f"/tmp/{QUEUE}.log")
-        worker = start_worker(log)
-        end_to_end(ledgerapp.tracked, "tracked", 50)  # ready and warm
-        end_to_end(ledgerapp.ledgered, "ledgered", 50)
-        rates: dict[str, list[float]] = {"tracked": [], "ledgered": []}
-        for round_no in range(args.rounds):
-            order = ["tracked", "ledgered"] if round_no % 2 == 0 else ["ledgered", "tracked"]
-            for kind in order:
-                task = ledgerapp.tracked if kind == "tracked" else ledgerapp.ledgered
-                rates[kind].append(end_to_end(task, kind, args.tasks))
-            print(
-                f"round {round_no + 1}: django-celery-results {rates['tracked'][-1]:.0f}/s, "
-                f"ledger {rates['ledgered'][-1]:.0f}/s",
-                flush=True,
-            )
-        baseline = statistics.median(rates["tracked"])
-        ledger = statistics.median(rates["ledgered"])
-        print(
-            f"\nend to end ({args.tasks} tasks x {args.rounds} rounds, Redis + PostgreSQL, "
-            f"prefork -c 2):\n"
-            f"  plain Celery + django-celery-results: {baseline:.0f} tasks/s (median)\n"
-            f"  DeadlineTask + run ledger:            {ledger:.0f} tasks/s (median)\n"
-            f"  ratio ledger / baseline:              {ledger / baseline:.3f} (goal >= 1.0)"
-        )
-        os.killpg(worker.pid, signal.SIGTERM)
-        worker.wait(30)
-        worker = None
+        for reuse in (False, True):
+            os.environ["BENCH_DB_REUSE_MAX"] = "1000000" if reuse else ""
+            worker = start_worker(Path(f"/tmp/{QUEUE}-{int(reuse)}.log"))
+            compare(ledgerapp, args.tasks, args.rounds, reuse)
+            os.killpg(worker.pid, signal.SIGTERM)
+            worker.wait(30)
+            worker = None
         won_rate, attempt_rate, won = racing_claims(args.claims)
         print(
             f"\nracing claims: 8 processes x {args.claims} runs: {won} won (one per run), "

@@ -30,6 +30,10 @@ app.conf.update(
     task_default_queue=os.environ.get("BENCH_QUEUE", "bench"),
     worker_prefetch_multiplier=4,
 )
+if os.environ.get("BENCH_DB_REUSE_MAX"):
+    # Celery's Django fixup closes Django's connections before and after every task
+    # unless this (old-style) key is set; the benchmark measures both ways
+    app.conf["CELERY_DB_REUSE_MAX"] = int(os.environ["BENCH_DB_REUSE_MAX"])
 
 
 @app.task(base=Task, name="bench.tracked")

@@ -86,7 +86,6 @@ class RunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_filter = ("status", "reason", "task_name")
     search_fields = ("=task_id", "=root_id", "=parent_id")
     search_help_text = "An exact task id, root id or parent id."
-    date_hierarchy = "created_at"
     ordering = ("-id",)
     list_per_page = 50
     actions = ("expire_now", "requeue")

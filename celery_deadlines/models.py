@@ -80,7 +80,6 @@ class Run(models.Model):
             models.Index(fields=["status", "lease_expires_at"], name="cdl_run_status_lease_idx"),
             models.Index(fields=["root_id"], name="cdl_run_root_idx"),
             models.Index(fields=["parent_id"], name="cdl_run_parent_idx"),
-            models.Index(fields=["created_at"], name="cdl_run_created_idx"),
         ]
         permissions = [
             ("expire_run", "Can expire an unfinished run"),

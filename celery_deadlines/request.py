@@ -170,7 +170,7 @@ class DeadlineRequest(Request):
             from .models import Status
 
             try:
-                glue.store_for(self.task.app).end_owned(
+                glue.store_for(self.task.app, dedicated=True).end_owned(
                     self.id, owner_name_of(self.hostname, self.worker_pid), Status.FAILED,
                     "time_limit", f"hard time limit ({timeout} s) exceeded",
                 )  # fmt: skip
@@ -192,7 +192,9 @@ class DeadlineRequest(Request):
 
             try:
                 owner = owner_name_of(self.hostname, self.worker_pid)
-                if glue.store_for(self.task.app).lapse_owned(self.id, owner, repr(exc)):
+                if glue.store_for(self.task.app, dedicated=True).lapse_owned(
+                    self.id, owner, repr(exc)
+                ):
                     running = worker.reconciler()
                     if running is not None:
                         running.wake()

@@ -234,7 +234,7 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
             # the refused run is on record too (under a fresh id if the caller gave none)
             glue.refuse(
                 self, task_id or uuid(), 0, Status.EXPIRED, refusal.reason, str(refusal),
-                decision.deadline,
+                decision.deadline, dedicated=False,
             )  # fmt: skip
         raise refusal
 

@@ -23,16 +23,20 @@ from .store import ClaimRefused, NewRun, Store
 if TYPE_CHECKING:
     from ..task import DeadlineTask
 
-_stores: dict[str, Store] = {}
+_stores: dict[tuple[str, bool], Store] = {}
 
 
-def store_for(app: Any) -> Store:
-    """The ledger store on the database alias the app's settings name."""
-    alias = settings_for(app).get(conf.DATABASE)
+def store_for(app: Any, *, dedicated: bool = False) -> Store:
+    """The ledger store on the alias the app's settings name.
+
+    ``dedicated``: the worker's store, on a connection of its own (see :class:`Store`);
+    otherwise Django's connection, so writes join the caller's transaction.
+    """
+    key = (settings_for(app).get(conf.DATABASE), dedicated)
     try:
-        return _stores[alias]
+        return _stores[key]
     except KeyError:
-        store = _stores[alias] = Store(alias)
+        store = _stores[key] = Store(key[0], dedicated=dedicated)
         return store
 
 
@@ -90,7 +94,7 @@ def claim(
 ) -> Attempt | ClaimRefused:
     """Claim the run of the message being executed (recording it first if it has no row)."""
     settings = settings_for(task.app)
-    store = store_for(task.app)
+    store = store_for(task.app, dedicated=True)
     owner = owner_name(request.hostname)
     ttl = task.lease_duration()
     retries = int(request.retries or 0)
@@ -113,11 +117,14 @@ def refuse(
     reason: str,
     detail: str,
     deadline: datetime | None,
+    *,
+    dedicated: bool = True,
 ) -> bool:
     """A gate refused a message: end its run, unless it already ended or another worker
     owns it. Returns whether this refusal ended the run: only then may the caller store
     the refusal as the task's result (it must not overwrite another attempt's)."""
-    return store_for(task.app).refuse(task_id, task.name, retries, status, reason, detail, deadline)
+    store = store_for(task.app, dedicated=dedicated)
+    return store.refuse(task_id, task.name, retries, status, reason, detail, deadline)
 
 
 def _run_of_request(

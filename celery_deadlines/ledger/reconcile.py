@@ -182,4 +182,5 @@ class Reconciler:
                 self._wake.wait(self.interval.total_seconds())
                 self._wake.clear()
         finally:
+            self.store.close()
             connections.close_all()

@@ -20,11 +20,15 @@ Nothing here reads the worker's clock: expiries and comparisons are evaluated in
 from __future__ import annotations
 
 import json
+import os
+import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
 
 from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.utils import load_backend
 
 from ..models import Status
 from .sql import Dialect, dialect_for
@@ -102,11 +106,21 @@ class Expired:
 
 
 class Store:
-    """The ledger's statements on one Django database alias."""
+    """The ledger's statements on one Django database alias.
 
-    def __init__(self, using: str = "default") -> None:
+    ``dedicated=False`` (the producer's store) runs them on Django's connection for the
+    alias, so the outbox row joins the caller's transaction. ``dedicated=True`` (the
+    worker's) runs them on a connection of its own per process and thread, kept open
+    across tasks: Celery's Django fixup closes Django's connections before and after
+    every task, and a new connection costs more than the ledger's statements. Its writes
+    commit at once (autocommit), whatever transaction the task body has open.
+    """
+
+    def __init__(self, using: str = "default", *, dedicated: bool = False) -> None:
         self.using = using
+        self.dedicated = dedicated
         self._dialect: Dialect | None = None
+        self._local = threading.local()
 
     @property
     def dialect(self) -> Dialect:
@@ -114,8 +128,28 @@ class Store:
             self._dialect = dialect_for(connections[self.using].vendor)
         return self._dialect
 
+    def _connection(self) -> BaseDatabaseWrapper:
+        if not self.dedicated:
+            return connections[self.using]
+        local = self._local
+        connection: BaseDatabaseWrapper | None = getattr(local, "connection", None)
+        if connection is None or local.pid != os.getpid():  # first use, or a forked child
+            settings = {**connections.settings[self.using], "CONN_MAX_AGE": None}
+            wrapper = load_backend(settings["ENGINE"]).DatabaseWrapper
+            connection = local.connection = wrapper(settings, self.using)
+            local.pid = os.getpid()
+        connection.close_if_unusable_or_obsolete()  # reconnects after a database error
+        return connection
+
+    def close(self) -> None:
+        """Close this thread's dedicated connection (a thread that stops calls this)."""
+        connection = getattr(self._local, "connection", None)
+        if connection is not None and self._local.pid == os.getpid():
+            connection.close()
+        self._local.connection = None
+
     def _execute(self, sql: str, params: list[Any]) -> tuple[int, list[tuple[Any, ...]]]:
-        with connections[self.using].cursor() as cursor:
+        with self._connection().cursor() as cursor:
             cursor.execute(sql, params)
             rows = cursor.fetchall() if cursor.description else []
             return cursor.rowcount, rows

@@ -39,7 +39,7 @@ def _start(sender: Any = None, **_: Any) -> None:
     if app is None or not enabled_for(app) or _reconciler is not None:
         return
     interval = settings_for(app).get(conf.RECONCILE_INTERVAL)
-    _reconciler = Reconciler(app, store_for(app), interval)
+    _reconciler = Reconciler(app, store_for(app, dedicated=True), interval)
     _reconciler.start()
     logger.info("run ledger reconciler started (every %s)", interval or "start only")
 

@@ -109,3 +109,37 @@ def test_the_test_settings_pass_the_ledger_checks() -> None:
     from celery_deadlines.checks import check_ledger_database
 
     assert check_ledger_database(None) == []
+
+
+@pytest.mark.parametrize(
+    "settings_module",
+    ["demo_project.settings", "tests.support.ledger_settings"],
+    ids=["BigAutoField", "AutoField"],
+)
+def test_the_migrations_match_the_models_whatever_the_projects_default_auto_field(
+    settings_module: str, tmp_path: Any
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.processes import REPO
+
+    completed = subprocess.run(
+        [sys.executable, "-m", "django", "makemigrations", "--check", "--dry-run",
+         "celery_deadlines"],
+        cwd=REPO,
+        env={
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": settings_module,
+            "DEMO_VAR_DIR": str(tmp_path),
+            "TEST_DATABASE_URL": f"sqlite:///{tmp_path / 'check.sqlite3'}",
+            "PYTHONPATH": str(REPO),
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert "No changes detected" in completed.stdout
