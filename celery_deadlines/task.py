@@ -322,13 +322,13 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
             from .models import Status
 
             detail = "the run lost its lease too many times (deadlines_max_lost_leases)"
-            glue.refuse(
+            if glue.refuse(
                 self, task_id, request.retries or 0, Status.FAILED, "worker_lost", detail, deadline
-            )
-            self.backend.mark_as_failure(
-                task_id, WorkerLostError(detail), request=request,
-                store_result=self._stores_errors(),
-            )  # fmt: skip
+            ):
+                self.backend.mark_as_failure(
+                    task_id, WorkerLostError(detail), request=request,
+                    store_result=self._stores_errors(),
+                )  # fmt: skip
             raise Ignore(detail)
         logger.info(
             "%s[%s]: delivery not run, claim refused (%s); run is %s, token %s, owner %s",
