@@ -21,6 +21,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from .clock import get_clock
+from .explain import utc
 from .ledger import outbox
 from .ledger.store import Store
 from .models import Run, RunEvent
@@ -80,8 +81,8 @@ CHECKPOINT_FIELDS = ("checkpoint_name", "checkpoint_data", "checkpoint_at", "che
 @admin.register(Run)
 class RunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = (
-        "task_id", "task_name", "status", "reason", "deadline", "time_left", "owner",
-        "lease_expires_at", "version", "attempt", "lease_token", "checkpoint_name",
+        "task_id", "task_name", "status", "reason", "deadline_utc", "time_left", "owner",
+        "lease_expires_utc", "version", "attempt", "lease_token", "checkpoint_name",
     )  # fmt: skip
     list_filter = ("status", "reason", "task_name")
     search_fields = ("=task_id", "=root_id", "=parent_id")
@@ -119,6 +120,14 @@ class RunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def has_requeue_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("celery_deadlines.requeue_run")
+
+    @admin.display(description="deadline (UTC)", ordering="deadline")
+    def deadline_utc(self, run: Run) -> str:
+        return utc(run.deadline)
+
+    @admin.display(description="lease expires (UTC)", ordering="lease_expires_at")
+    def lease_expires_utc(self, run: Run) -> str:
+        return utc(run.lease_expires_at)
 
     @admin.display(description="time left")
     def time_left(self, run: Run) -> str:

@@ -9,7 +9,7 @@ database clock; ``manage.py deadlines explain TASK_ID`` prints it.
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 
 from .models import Run, RunEvent
 
@@ -22,29 +22,29 @@ def explain(run: Run, events: list[RunEvent], database_now: datetime) -> list[st
     live = run.lease_expires_at is not None and run.lease_expires_at > database_now
     why = f" ({run.reason}: {run.detail})" if run.reason else ""
     claimed = (
-        f"{current_claim.version} (claim at {_utc(current_claim.at)})" if current_claim else "-"
+        f"{current_claim.version} (claim at {utc(current_claim.at)})" if current_claim else "-"
     )
     lines = [
         f"run {run.task_id} ({run.task_name})",
         f"  status            {run.status}{why}",
-        f"  deadline          {_utc(run.deadline)}{_relative(run.deadline, database_now)}",
-        f"  database clock    {_utc(database_now)}",
+        f"  deadline          {utc(run.deadline)}{_relative(run.deadline, database_now)}",
+        f"  database clock    {utc(database_now)}",
         f"  owner now         {run.owner if live else 'nobody (no live lease)'}",
-        f"  lease expires     {_utc(run.lease_expires_at)}",
+        f"  lease expires     {utc(run.lease_expires_at)}",
         f"  fencing token     {run.lease_token}",
         f"  claimed version   {claimed}",
         f"  version now       {run.version}",
         f"  attempts          {run.attempt} claim(s), {run.lost_leases} lease(s) lost",
         "  last checkpoint   "
         + (
-            f"{run.checkpoint_name!r} at {_utc(run.checkpoint_at)} under token "
+            f"{run.checkpoint_name!r} at {utc(run.checkpoint_at)} under token "
             f"{run.checkpoint_token}: {json.dumps(run.checkpoint_data)}"
             if run.checkpoint_name
             else "none"
         ),
         "  old worker guard  "
         + (
-            f"only token {run.lease_token} may write, until {_utc(run.lease_expires_at)}"
+            f"only token {run.lease_token} may write, until {utc(run.lease_expires_at)}"
             if live
             else "no token may write: no live lease"
         ),
@@ -57,17 +57,18 @@ def explain(run: Run, events: list[RunEvent], database_now: datetime) -> list[st
     ]  # fmt: skip
     for event in events:
         lines.append(
-            f"    {_utc(event.at)}  {event.kind:<12} {event.outcome:<8} {event.status:<9} "
+            f"    {utc(event.at)}  {event.kind:<12} {event.outcome:<8} {event.status:<9} "
             f"v{event.version:<4} t{event.lease_token:<3} {event.owner or '-'}"
             + (f"  {event.detail}" if event.detail else "")
         )
     return lines
 
 
-def _utc(instant: datetime | None) -> str:
+def utc(instant: datetime | None) -> str:
+    """An instant as the operator reads it: ISO 8601 in UTC, to the millisecond."""
     if instant is None:
         return "-"
-    return instant.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    return instant.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 def _relative(instant: datetime | None, now: datetime) -> str:

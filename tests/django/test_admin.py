@@ -17,6 +17,7 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.urls import reverse
 
+from celery_deadlines.explain import utc
 from celery_deadlines.ledger.outbox import encode_message
 from celery_deadlines.ledger.store import Lease, NewRun, Store
 from celery_deadlines.models import Run, Status
@@ -104,6 +105,9 @@ def test_the_run_list_shows_status_owner_lease_token_and_time_left(
     assert "QUEUED" in page
     assert "s left" in page or "min left" in page
     assert "no deadline" in page
+    expires = Run.objects.get(task_id="charge-42").lease_expires_at
+    assert utc(expires) in page  # the lease expiry, in UTC to the millisecond
+    assert utc(expires).endswith("Z")
 
 
 def test_the_run_list_filters_by_status_and_finds_runs_by_root_id(
