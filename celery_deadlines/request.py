@@ -34,6 +34,8 @@ logger = logging.getLogger("celery_deadlines")
 
 #: Smallest time limit handed to billiard: 0 would mean "no limit at all".
 MIN_TIME_LIMIT = 0.01
+#: A hard time limit hit this close to the deadline was the deadline's cap.
+DEADLINE_CAP_SLACK = timedelta(seconds=1)
 
 
 class DeadlineRequest(Request):
@@ -169,10 +171,16 @@ class DeadlineRequest(Request):
             from .ledger.attempt import owner_name_of
             from .models import Status
 
+            deadline = self._carried().deadline
+            if deadline is not None and get_clock().now() >= deadline - DEADLINE_CAP_SLACK:
+                # the limit was the deadline's cap (the attempt gate): a deadline outcome
+                status, reason = Status.EXPIRED, gates.Reason.DEADLINE_PASSED.value
+            else:
+                status, reason = Status.FAILED, "time_limit"
             try:
                 glue.store_for(self.task.app, dedicated=True).end_owned(
-                    self.id, owner_name_of(self.hostname, self.worker_pid), Status.FAILED,
-                    "time_limit", f"hard time limit ({timeout} s) exceeded",
+                    self.id, owner_name_of(self.hostname, self.worker_pid), status, reason,
+                    f"hard time limit ({timeout} s) exceeded",
                 )  # fmt: skip
             except Exception:  # the reconciler settles the lapsed lease instead
                 logger.exception("recording the time limit of %s in the ledger failed", self.id)

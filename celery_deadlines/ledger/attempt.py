@@ -2,8 +2,8 @@
 
 Everything the attempt writes is fenced by the token it claimed with; a refused write
 raises :class:`StaleLease` and is recorded as a rejected event. The heartbeat renews the
-lease while the body runs; once a renewal fails the attempt knows at once, without
-another round trip, that it must stop.
+lease while the body runs; a refused renewal sets :attr:`Attempt.lost`, which a long
+body may poll to stop early (its next write would be refused anyway).
 """
 
 from __future__ import annotations

@@ -52,6 +52,7 @@ def test_an_unknown_deadlines_setting_is_an_error_naming_it_and_the_known_ones()
     assert "CELERY_DEADLINES_DEFAULT_BUDGET" in (found[0].hint or "")
 
 
+@pytest.mark.django_db  # model checks may ask the database (JSONField support) first
 def test_manage_py_check_fails_on_a_bad_setting() -> None:
     from django.core.management.base import SystemCheckError
 

@@ -393,3 +393,33 @@ def _db_now() -> Any:
     with connections[DB].cursor() as cursor:
         cursor.execute("SELECT clock_timestamp()")
         return cursor.fetchone()[0]
+
+
+# -- hard time limits: the worker ends the attempt it supervised ------------------------
+
+
+def test_a_hard_time_limit_at_the_deadline_ends_the_run_as_expired(
+    redis_broker: Transport, ledger_client: Any, ledger_worker: Any, sink: Path
+) -> None:
+    tasks = ledger_client(redis_broker)
+    ledger_worker(redis_broker)
+    result = tasks.effect.apply_async(("capped",), kwargs={"seconds": 30}, budget=2)
+    run = wait_for(lambda: ended(result.id), 30)
+    assert (run.status, run.reason) == (Status.EXPIRED, "deadline_passed")
+    assert run.lease_token == 2  # the killed process's token 1 is fenced
+    with pytest.raises(Exception, match="TimeLimitExceeded"):
+        result.get(timeout=10)
+    assert len(lines(sink, "start", "capped")) == 1
+    assert lines(sink, "effect", "capped") == []
+
+
+def test_a_tasks_own_hard_time_limit_fails_the_run_without_a_rerun(
+    redis_broker: Transport, ledger_client: Any, ledger_worker: Any, sink: Path
+) -> None:
+    tasks = ledger_client(redis_broker)
+    ledger_worker(redis_broker)
+    result = tasks.limited.apply_async(("limited", 10), budget=60)
+    run = wait_for(lambda: ended(result.id), 30)
+    assert (run.status, run.reason) == (Status.FAILED, "time_limit")
+    time.sleep(2)  # a reconciler pass or two: the run must not be requeued
+    assert len(lines(sink, "start", "limited")) == 1

@@ -108,3 +108,12 @@ def crash_first(self: DeadlineTask, key: str) -> str:
 def always_crash(self: DeadlineTask, key: str) -> None:
     sink("start", key, self)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+@app.task(base=DeadlineTask, bind=True, name="l.limited", time_limit=1)
+def limited(self: DeadlineTask, key: str, seconds: float) -> str:
+    """Outlives its own one-second hard time limit."""
+    sink("start", key, self)
+    time.sleep(seconds)
+    sink("effect", key, self)
+    return key
