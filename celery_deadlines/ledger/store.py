@@ -36,6 +36,10 @@ from .sql import Dialect, dialect_for
 RUN: Final = "celery_deadlines_run"
 EVENT: Final = "celery_deadlines_runevent"
 
+#: How long a lapsed lease is left to the worker that supervised it before the
+#: reconciler settles it (that worker ends attempts killed by their time limit).
+SUPERVISOR_GRACE: Final = timedelta(seconds=1)
+
 _TERMINAL_SQL: Final = "('SUCCEEDED', 'FAILED', 'EXPIRED')"
 _CLAIMABLE_SQL: Final = "('QUEUED', 'RETRYING')"
 
@@ -473,11 +477,11 @@ class Store:
         d = self.dialect
         count, _ = self._execute(
             f"""
-            UPDATE {RUN} SET lease_expires_at = {d.now}, version = version + 1,
+            UPDATE {RUN} SET lease_expires_at = {d.now_plus}, version = version + 1,
                 op = 'worker_lost', op_detail = %s, updated_at = {d.now}
             WHERE task_id = %s AND status = 'RUNNING' AND owner = %s
             """,
-            [detail, task_id, owner],
+            [d.seconds(-SUPERVISOR_GRACE), detail, task_id, owner],
         )
         return count == 1
 
@@ -545,18 +549,23 @@ class Store:
         return [Expired(r[0], r[1], r[2], r[3], d.instant(r[4])) for r in rows]
 
     def lapsed_leases(self, limit: int = 100) -> list[LapsedLease]:
-        """Runs whose lease expired by the database clock (seed 000 steps 1 and 2)."""
+        """Runs whose lease expired by the database clock (seed 000 steps 1 and 2).
+
+        Only leases lapsed for :data:`SUPERVISOR_GRACE` already: a pool process killed by
+        its hard time limit at the deadline (where its lease also ends) is settled by its
+        own worker first, so the outcome does not depend on who is quicker.
+        """
         d = self.dialect
         _, rows = self._execute(
             f"""
             SELECT id, task_id, task_name, version, lease_token, owner, lost_leases, deadline,
                 deadline IS NOT NULL AND deadline <= {d.now}
             FROM {RUN}
-            WHERE status = 'RUNNING' AND lease_expires_at <= {d.now}
+            WHERE status = 'RUNNING' AND lease_expires_at <= {d.now_plus}
             ORDER BY lease_expires_at
             LIMIT %s
             """,
-            [limit],
+            [d.seconds(-SUPERVISOR_GRACE), limit],
         )
         return [
             LapsedLease(r[0], r[1], r[2], r[3], r[4], r[5], r[6], d.instant(r[7]), bool(r[8]))

@@ -83,7 +83,7 @@ def machine_for(store: Store) -> type[RuleBasedStateMachine]:
             if model.status != Status.RUNNING:
                 return
             Run.objects.using(store.using).filter(task_id=task_id).update(
-                lease_expires_at=store.database_now() - timedelta(seconds=1), op="age"
+                lease_expires_at=store.database_now() - timedelta(seconds=2), op="age"
             )
             model.live = False
 

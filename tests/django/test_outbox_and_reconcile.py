@@ -78,8 +78,9 @@ def record(store: Store, task_id: str, deadline_in: float | None = 600) -> NewRu
 
 
 def lapse(store: Store, task_id: str) -> None:
+    """Let the lease lapse past the reconciler's grace (store.SUPERVISOR_GRACE)."""
     Run.objects.using(store.using).filter(task_id=task_id).update(
-        lease_expires_at=store.database_now() - timedelta(seconds=1), op="age"
+        lease_expires_at=store.database_now() - timedelta(seconds=2), op="age"
     )
 
 
@@ -160,7 +161,7 @@ def test_reconcile_never_resurrects_a_run_past_its_deadline(store: Store, app: C
     claim(store, "late")
     Run.objects.using(store.using).filter(task_id="late").update(
         deadline=store.database_now() - timedelta(seconds=1),
-        lease_expires_at=store.database_now() - timedelta(seconds=1),
+        lease_expires_at=store.database_now() - timedelta(seconds=2),
         op="age",
     )
     report = reconcile_once(app, store)
