@@ -6,7 +6,9 @@
     ├── DeadlineRefused                a gate refused to start (or restart) work
     ├── InvalidDeadline (ValueError)   a caller passed a deadline or budget that cannot work
     ├── ConfigurationError             a setting has a bad value; the message names the setting
-    └── StaleLease                     a write by an attempt that no longer owns its run
+    ├── StaleLease                     a write by an attempt that no longer owns its run
+    ├── DispatchRefused                the dispatch guard refused a side effect
+    └── EffectConflict (ValueError)    an effect key reused with other parameters
 
 ``DeadlineRefused`` crosses the result backend: the worker stores it as the task's
 failure and ``AsyncResult.get()`` raises it again in the caller, with the gate, the
@@ -97,3 +99,26 @@ class StaleLease(DeadlineError):
             f"{self.write} of run {self.task_id} refused: lease token {self.token} "
             "is no longer current"
         )
+
+
+class DispatchRefused(DeadlineError):
+    """The dispatch guard refused a side effect: the external call must not be made.
+
+    ``reason`` is ``stale_lease`` (another attempt owns the run, or this attempt's lease
+    lapsed), ``deadline_passed`` or ``unresolved`` (an earlier dispatch of the same key
+    has no recorded outcome yet: it must be reconciled first).
+    """
+
+    def __init__(self, key: str, reason: str, detail: str = "") -> None:
+        super().__init__(key, reason, detail)
+        self.key = key
+        self.reason = reason
+        self.detail = detail
+
+    def __str__(self) -> str:
+        text = f"dispatch of effect {self.key} refused: {self.reason}"
+        return f"{text} ({self.detail})" if self.detail else text
+
+
+class EffectConflict(DeadlineError, ValueError):
+    """An effect key was reused with different request parameters (its fingerprint)."""

@@ -120,3 +120,56 @@ class RunEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.outcome} v{self.version} t{self.lease_token}"
+
+
+class EffectState(models.TextChoices):
+    """Where a side effect is (drawn in docs/concepts.md)."""
+
+    INTENT_RECORDED = "INTENT_RECORDED", "intent recorded"
+    DISPATCHED = "DISPATCHED", "dispatched"
+    SUCCEEDED = "SUCCEEDED", "succeeded"
+    UNKNOWN = "UNKNOWN", "unknown (to reconcile)"
+    FAILED = "FAILED", "failed"
+    NOT_DISPATCHED = "NOT_DISPATCHED", "not dispatched"
+
+
+#: An effect in one of these states may have reached the outside world without a
+#: recorded outcome: its run must be reconciled before it runs again.
+UNRESOLVED = frozenset({EffectState.DISPATCHED, EffectState.UNKNOWN})
+
+
+class Effect(models.Model):
+    """One side effect, at most once per key: intent, dispatch, outcome, evidence."""
+
+    class Kind(models.TextChoices):
+        EXECUTION = "execution", "execution"
+        DELIVERY = "delivery", "delivery"
+
+    id = models.BigAutoField(primary_key=True)
+    key = models.CharField(max_length=255)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="effects", db_index=False)
+    name = models.CharField(max_length=128)
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.EXECUTION)
+    state = models.CharField(
+        max_length=20, choices=EffectState.choices, default=EffectState.INTENT_RECORDED
+    )
+    lease_token = models.BigIntegerField(help_text="Token of the attempt that last acted on it.")
+    fingerprint = models.CharField(max_length=64, help_text="SHA-256 of the request's parameters.")
+    dispatches = models.IntegerField(default=0)
+    result = models.JSONField(null=True, blank=True)
+    evidence = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField()
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["key"], name="cdl_effect_key_uniq")]
+        indexes = [
+            models.Index(fields=["run", "id"], name="cdl_effect_run_idx"),
+            models.Index(fields=["state"], name="cdl_effect_state_idx"),
+        ]
+        permissions = [("resolve_effect", "Can resolve an unknown effect with evidence")]
+
+    def __str__(self) -> str:
+        return f"{self.name}[{self.key}] {self.state}"

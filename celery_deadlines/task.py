@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
@@ -34,14 +35,18 @@ from . import conf, gates, ledger, propagation, wire
 from .budgets import UNSET, Anchor, Source, govern, parse_budget, parse_duration
 from .clock import get_clock
 from .conf import settings_for
-from .errors import DeadlineRefused, StaleLease
+from .errors import ConfigurationError, DeadlineRefused, StaleLease
 from .install import install
 from .propagation import ANCHOR, ATTEMPT, CARRIED, Inherited
 from .signals import report_refusal
 
 if TYPE_CHECKING:
+    from .effects import EffectScope
     from .ledger.attempt import Attempt
     from .ledger.store import Lease
+
+#: ``reconciler(pending_effect) -> Found | NotFound``
+Reconciler = Callable[[Any], Any]
 
 logger = logging.getLogger("celery_deadlines")
 
@@ -373,10 +378,12 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
                     result = self.run(*args, **kwargs)
                 finally:
                     attempt.stop()  # no renewal may follow the attempt's final write
+                if attempt.unresolved:
+                    self._end_unresolved(attempt)
                 attempt.succeed()
                 return result
-            except (Retry, StaleLease):
-                raise  # a retry was written by apply_async; a stale write by nobody
+            except (Retry, StaleLease, _Unresolved):
+                raise  # written by apply_async / by nobody (stale) / as UNKNOWN
             except Ignore:
                 attempt.end(Status.SUCCEEDED, "ignored", "the task raised Ignore")
                 raise
@@ -391,11 +398,67 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
                 attempt.end(Status.EXPIRED, exc.reason, str(exc))
                 raise
             except BaseException as exc:
+                if attempt.unresolved:
+                    self._end_unresolved(attempt, exc)
                 attempt.end(Status.FAILED, "error", repr(exc)[:2000])
                 raise
         except StaleLease as exc:
             logger.warning("%s[%s]: %s; nothing stored", self.name, self.request.id, exc)
             raise Ignore(str(exc)) from exc
+
+    def _end_unresolved(self, attempt: Attempt, exc: BaseException | None = None) -> NoReturn:
+        """UNKNOWN is not FAILED: the run waits for its effects to be reconciled."""
+        from .models import Status
+
+        keys = ", ".join(sorted(attempt.unresolved))
+        detail = f"outcome unknown for effect(s) {keys}" + (f" after {exc!r}" if exc else "")
+        attempt.end(Status.UNKNOWN, "effect_unresolved", detail[:2000])
+        logger.warning("%s[%s]: %s; reconcile before retrying", self.name, self.request.id, detail)
+        raise _Unresolved(detail)
+
+    # -- side effects (the effect ledger) -------------------------------------------------
+
+    def effect(
+        self,
+        name: str,
+        *,
+        key: str,
+        fingerprint: Any = None,
+        not_sent: tuple[type[BaseException], ...] = (),
+        kind: str = "execution",
+    ) -> EffectScope:
+        """A side effect performed at most once per ``key`` (see :mod:`celery_deadlines.effects`).
+
+        ``fingerprint``: the request's parameters; the same key with other parameters
+        raises :class:`EffectConflict`. ``not_sent``: exceptions that prove the request
+        never left (recorded NOT_DISPATCHED); any other exception records UNKNOWN.
+        """
+        from .effects import EffectScope
+
+        attempt = self._attempt()
+        if attempt is None:
+            raise ConfigurationError(
+                "side effects need the run ledger: add 'celery_deadlines' to INSTALLED_APPS "
+                "and run the task in a worker"
+            )
+        return EffectScope(attempt, name, key, fingerprint, not_sent, kind)
+
+    def reconciler(self, name: str) -> Callable[[Reconciler], Reconciler]:
+        """Register the function asked about an effect of this task whose outcome is unknown.
+
+        It gets a :class:`~celery_deadlines.effects.PendingEffect` and returns ``Found``
+        (with the result to replay and the evidence) or ``NotFound`` (with evidence).
+        """
+
+        def register(function: Reconciler) -> Reconciler:
+            self.__dict__.setdefault("_effect_reconcilers", {})[name] = function
+            return function
+
+        return register
+
+    def effect_reconciler(self, name: str) -> Reconciler | None:
+        reconcilers: dict[str, Reconciler] = self.__dict__.get("_effect_reconcilers", {})
+        return reconcilers.get(name)
 
     def _attempt(self) -> Attempt | None:
         """The ledger attempt of the delivery this process is executing, if any."""
@@ -474,6 +537,9 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
         raises :class:`DeadlineRefused`, chained to ``exc``, so the run fails with that
         reason. The retried message keeps the original absolute deadline.
         """
+        attempt = self._attempt()
+        if attempt is not None and attempt.unresolved:
+            self._end_unresolved(attempt, exc)  # never retry blindly after an ambiguous call
         anchor = vars(self.request).get(ANCHOR)
         if isinstance(anchor, Anchor) and not self._retries_exhausted(max_retries):
             clock = get_clock()
@@ -509,6 +575,10 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
     def _retries_exhausted(self, max_retries: int | None) -> bool:
         limit = self.max_retries if max_retries is None else max_retries
         return limit is not None and self.request.retries + 1 > limit
+
+
+class _Unresolved(Ignore):
+    """The attempt ended with an effect of unknown outcome: the run is now UNKNOWN."""
 
 
 #: Set on the request while the tracer runs the body of a ledger attempt.

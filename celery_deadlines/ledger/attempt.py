@@ -15,6 +15,7 @@ from typing import Any
 
 from ..errors import StaleLease
 from ..models import Status
+from .effects import Effects
 from .heartbeat import heartbeat
 from .store import Lease, Store
 
@@ -37,6 +38,12 @@ class Attempt:
     owner: str
     ttl: timedelta
     lost: bool = field(default=False)
+    #: keys this attempt dispatched whose outcome is not recorded (or is UNKNOWN)
+    unresolved: set[str] = field(default_factory=set)
+
+    @property
+    def effects(self) -> Effects:
+        return Effects(self.store)
 
     def __str__(self) -> str:
         return f"run {self.lease.task_id} token {self.lease.token}"

@@ -38,6 +38,7 @@ from ..errors import DeadlineRefused
 from ..gates import Gate, Reason
 from ..models import Status
 from . import outbox
+from .effects import Effects, Pending
 from .store import Expired, LapsedLease, Store
 
 logger = logging.getLogger("celery_deadlines")
@@ -67,9 +68,13 @@ class Report:
     failed: list[str] = field(default_factory=list)
     requeued: list[str] = field(default_factory=list)
     republished: list[str] = field(default_factory=list)
+    resolved: list[str] = field(default_factory=list)  # effect keys
 
     def __bool__(self) -> bool:
-        return any((self.expired, self.unknown, self.failed, self.requeued, self.republished))
+        return any(
+            (self.expired, self.unknown, self.failed, self.requeued, self.republished,
+             self.resolved)
+        )  # fmt: skip
 
 
 def reconcile_once(app: Any, store: Store) -> Report:
@@ -82,6 +87,8 @@ def reconcile_once(app: Any, store: Store) -> Report:
     max_lost = settings.get(conf.MAX_LOST_LEASES)
     for lapsed in store.lapsed_leases():
         _settle(app, store, lapsed, max_lost, report)
+    for pending in Effects(store).pending():
+        _reconcile_effect(app, store, pending, report)
     for unclaimed in store.unclaimed(settings.get(conf.REPUBLISH_AFTER)):
         if store.mark_republished(unclaimed.run_id, unclaimed.version):
             _republish(app, unclaimed.task_id, partial(outbox.republish, app, unclaimed))
@@ -102,6 +109,15 @@ def _settle(app: Any, store: Store, lapsed: LapsedLease, max_lost: int, report: 
             )  # fmt: skip
             _store_refusal(app, expired, store.database_now(), detail)
         return
+    effects = Effects(store)
+    if effects.unresolved(lapsed.run_id):
+        # seed 000 steps 3 and 4: a dispatch without a recorded outcome is UNKNOWN, and the
+        # run waits for the effect's reconciliation before anything runs again
+        effects.mark_unknown(lapsed.run_id)
+        detail = "lease lapsed after a dispatch with no recorded outcome"
+        if store.settle_lapsed(lapsed, Status.UNKNOWN, "effect_unresolved", detail):
+            report.unknown.append(lapsed.task_id)
+        return
     if any(check(lapsed) for check in _effect_checks):
         detail = "lease lapsed with an effect unresolved: reconcile it before any retry"
         if store.settle_lapsed(lapsed, Status.UNKNOWN, "effect_unresolved", detail):
@@ -118,6 +134,42 @@ def _settle(app: Any, store: Store, lapsed: LapsedLease, max_lost: int, report: 
         if message is not None:
             _republish(app, lapsed.task_id, partial(outbox.republish, app, message))
         report.requeued.append(lapsed.task_id)
+
+
+def _reconcile_effect(app: Any, store: Store, pending: Pending, report: Report) -> None:
+    """Ask the task's reconciler what happened; settle the effect; release the run."""
+    from ..effects import Found, NotFound, PendingEffect
+
+    task = app.tasks.get(pending.task_name)
+    reconciler = getattr(task, "effect_reconciler", lambda name: None)(pending.name)
+    if reconciler is None:
+        return  # an operator resolves it (admin); the run stays UNKNOWN meanwhile
+    question = PendingEffect(
+        pending.key, pending.name, pending.fingerprint, pending.lease_token, pending.task_id
+    )
+    try:
+        answer = reconciler(question)
+    except Exception:  # the effect stays UNKNOWN: never guessed
+        logger.exception("the reconciler of effect %s failed; it stays UNKNOWN", pending.key)
+        return
+    effects = Effects(store)
+    if isinstance(answer, Found):
+        effects.resolve(pending.key, True, answer.result, answer.evidence)
+    elif isinstance(answer, NotFound):
+        effects.resolve(pending.key, False, None, answer.evidence)
+    else:
+        logger.error(
+            "the reconciler of effect %s returned %r, not Found or NotFound; it stays UNKNOWN",
+            pending.key,
+            answer,
+        )
+        return
+    report.resolved.append(pending.key)
+    if effects.release_resolved(pending.run_id):
+        message = store.message_of(pending.run_id)
+        if message is not None:
+            _republish(app, pending.task_id, partial(outbox.republish, app, message))
+        report.requeued.append(pending.task_id)
 
 
 def _republish(app: Any, task_id: str, publish: Callable[[], None]) -> None:

@@ -152,7 +152,8 @@ class Store:
             connection.close()
         self._local.connection = None
 
-    def _execute(self, sql: str, params: list[Any]) -> tuple[int, list[tuple[Any, ...]]]:
+    def execute(self, sql: str, params: list[Any]) -> tuple[int, list[tuple[Any, ...]]]:
+        """Run one statement; (rows affected, rows returned)."""
         with self._connection().cursor() as cursor:
             cursor.execute(sql, params)
             rows = cursor.fetchall() if cursor.description else []
@@ -163,7 +164,7 @@ class Store:
     def enqueue(self, run: NewRun) -> bool:
         """Record a run before its message is published; ``False`` if the id exists."""
         d = self.dialect
-        count, _ = self._execute(
+        count, _ = self.execute(
             f"""
             INSERT INTO {RUN} (
                 task_id, task_name, status, reason, detail, deadline, delivery_deadline,
@@ -195,7 +196,7 @@ class Store:
     def publish_failed(self, task_id: str, detail: str) -> bool:
         """End a run whose first publish raised: the caller was told, nothing will run."""
         d = self.dialect
-        count, _ = self._execute(
+        count, _ = self.execute(
             f"""
             UPDATE {RUN} SET status = 'FAILED', reason = 'publish_failed', detail = %s,
                 version = version + 1, op = 'publish_failed', op_detail = %s,
@@ -219,7 +220,7 @@ class Store:
     ) -> Lease | ClaimRefused:
         """The compare-and-swap that lets exactly one worker run an attempt."""
         d = self.dialect
-        _, rows = self._execute(
+        _, rows = self.execute(
             f"""
             UPDATE {RUN} SET
                 status = 'RUNNING', owner = %s,
@@ -266,7 +267,7 @@ class Store:
     ) -> ClaimRefused:
         """Record the lost claim (one statement) and say why it was lost."""
         d = self.dialect
-        _, rows = self._execute(
+        _, rows = self.execute(
             f"""
             INSERT INTO {EVENT} ({_EVENT_COLUMNS})
             SELECT id, {d.now}, 'claim', 'rejected', status, reason, version, lease_token,
@@ -296,7 +297,7 @@ class Store:
 
     def _fenced(self, sets: str, params: list[Any], lease: Lease, kind: str, owner: str) -> bool:
         d = self.dialect
-        count, _ = self._execute(
+        count, _ = self.execute(
             f"""
             UPDATE {RUN} SET {sets}, version = version + 1, updated_at = {d.now}
             WHERE id = %s AND lease_token = %s AND status = 'RUNNING'
@@ -316,7 +317,7 @@ class Store:
         deadline has passed): the caller must stop acting on the run.
         """
         d = self.dialect
-        _, rows = self._execute(
+        _, rows = self.execute(
             f"""
             UPDATE {RUN} SET lease_expires_at = {d.least(d.now_plus, "deadline")},
                 version = version + 1, op = 'renew', op_detail = '', updated_at = {d.now}
@@ -392,7 +393,7 @@ class Store:
     def record_rejected(self, run_id: int, kind: str, token: int, owner: str) -> None:
         """Append the rejected write of a stale holder: its token, and the current state."""
         d = self.dialect
-        self._execute(
+        self.execute(
             f"""
             INSERT INTO {EVENT} ({_EVENT_COLUMNS})
             SELECT id, {d.now}, %s, 'rejected', status, reason, version, %s, %s,
@@ -422,7 +423,7 @@ class Store:
         one, already ended. Returns whether this call ended the run.
         """
         d = self.dialect
-        count, _ = self._execute(
+        count, _ = self.execute(
             f"""
             UPDATE {RUN} SET status = %s, reason = %s, detail = %s, owner = '',
                 lease_expires_at = NULL, version = version + 1, op = 'refuse',
@@ -435,7 +436,7 @@ class Store:
         )
         if count:
             return True
-        count, _ = self._execute(
+        count, _ = self.execute(
             f"""
             INSERT INTO {RUN} (
                 task_id, task_name, status, reason, detail, deadline, root_id, parent_id,
@@ -461,7 +462,7 @@ class Store:
         that attempt; the token is bumped, which fences the killed process for good.
         """
         d = self.dialect
-        count, _ = self._execute(
+        count, _ = self.execute(
             f"""
             UPDATE {RUN} SET status = %s, reason = %s, detail = %s,
                 lease_token = lease_token + 1, lease_expires_at = NULL,
@@ -475,7 +476,7 @@ class Store:
     def lapse_owned(self, task_id: str, owner: str, detail: str) -> bool:
         """Let the lease of a lost pool process lapse now, for the reconciler to settle."""
         d = self.dialect
-        count, _ = self._execute(
+        count, _ = self.execute(
             f"""
             UPDATE {RUN} SET lease_expires_at = {d.now_plus}, version = version + 1,
                 op = 'worker_lost', op_detail = %s, updated_at = {d.now}
@@ -491,7 +492,7 @@ class Store:
         """End an unfinished run at once; its holder, if any, is fenced (token + 1)."""
         d = self.dialect
         detail = f"expired by {operator}"
-        count, _ = self._execute(
+        count, _ = self.execute(
             f"""
             UPDATE {RUN} SET status = 'EXPIRED', reason = 'expired_by_operator', detail = %s,
                 lease_token = lease_token + 1, lease_expires_at = NULL,
@@ -510,7 +511,7 @@ class Store:
         """
         d = self.dialect
         detail = f"requeued by {operator}"
-        count, _ = self._execute(
+        count, _ = self.execute(
             f"""
             UPDATE {RUN} SET status = 'QUEUED', reason = '', detail = %s,
                 lease_token = lease_token + 1, owner = '', lease_expires_at = NULL,
@@ -531,7 +532,7 @@ class Store:
     def expire_unclaimed(self, limit: int = 500) -> list[Expired]:
         """End runs whose deadline passed before any worker claimed them."""
         d = self.dialect
-        _, rows = self._execute(
+        _, rows = self.execute(
             f"""
             UPDATE {RUN} SET status = 'EXPIRED', reason = 'expired_before_claim',
                 detail = 'the deadline passed before any worker claimed the run',
@@ -556,7 +557,7 @@ class Store:
         own worker first, so the outcome does not depend on who is quicker.
         """
         d = self.dialect
-        _, rows = self._execute(
+        _, rows = self.execute(
             f"""
             SELECT id, task_id, task_name, version, lease_token, owner, lost_leases, deadline,
                 deadline IS NOT NULL AND deadline <= {d.now}
@@ -575,7 +576,7 @@ class Store:
     def settle_lapsed(self, lapsed: LapsedLease, status: Status, reason: str, detail: str) -> bool:
         """End (or mark UNKNOWN) a run whose lease lapsed, if it has not changed since read."""
         d = self.dialect
-        count, _ = self._execute(
+        count, _ = self.execute(
             f"""
             UPDATE {RUN} SET status = %s, reason = %s, detail = %s,
                 lease_token = lease_token + 1, lease_expires_at = NULL,
@@ -591,7 +592,7 @@ class Store:
     def requeue_lapsed(self, lapsed: LapsedLease) -> bool:
         """Give a lapsed run back to the queue with a fresh token (fences the old holder)."""
         d = self.dialect
-        count, _ = self._execute(
+        count, _ = self.execute(
             f"""
             UPDATE {RUN} SET status = 'QUEUED', lease_token = lease_token + 1, owner = '',
                 lease_expires_at = NULL, lost_leases = lost_leases + 1,
@@ -610,7 +611,7 @@ class Store:
         """Runs unclaimed ``republish_after`` after their last publish *and* after they
         became due (a retry's countdown): the broker may have lost their message."""
         d = self.dialect
-        _, rows = self._execute(
+        _, rows = self.execute(
             f"""
             SELECT id, task_id, task_name, version, retries, available_at, message_body,
                 content_type, content_encoding
@@ -632,7 +633,7 @@ class Store:
     def mark_republished(self, run_id: int, version: int) -> bool:
         """Claim the right to republish a run (one reconciler wins per version)."""
         d = self.dialect
-        count, _ = self._execute(
+        count, _ = self.execute(
             f"""
             UPDATE {RUN} SET published_at = {d.now}, version = version + 1,
                 op = 'republish', op_detail = '', updated_at = {d.now}
@@ -645,7 +646,7 @@ class Store:
     def message_of(self, run_id: int) -> Unclaimed | None:
         """A run's outbox message (for a requeue)."""
         d = self.dialect
-        _, rows = self._execute(
+        _, rows = self.execute(
             f"""
             SELECT id, task_id, task_name, version, retries, available_at, message_body,
                 content_type, content_encoding
@@ -661,7 +662,7 @@ class Store:
     def database_now(self) -> datetime:
         """The database clock."""
         d = self.dialect
-        _, rows = self._execute(f"SELECT {d.now}", [])
+        _, rows = self.execute(f"SELECT {d.now}", [])
         return _required(d.instant(rows[0][0]))
 
 

@@ -33,7 +33,7 @@ POSTGRESQL = [
     $$
     """,
     f"""
-    CREATE TRIGGER celery_deadlines_run_audit AFTER INSERT OR UPDATE ON {RUN_TABLE}
+    CREATE OR REPLACE TRIGGER celery_deadlines_run_audit AFTER INSERT OR UPDATE ON {RUN_TABLE}
     FOR EACH ROW EXECUTE FUNCTION celery_deadlines_run_audit()
     """,
 ]
@@ -43,8 +43,8 @@ POSTGRESQL_REVERSE = [
 ]
 SQLITE = [
     f"""
-    CREATE TRIGGER celery_deadlines_run_audit_{when.lower()} AFTER {when} ON {RUN_TABLE}
-    FOR EACH ROW BEGIN
+    CREATE TRIGGER IF NOT EXISTS celery_deadlines_run_audit_{when.lower()}
+    AFTER {when} ON {RUN_TABLE} FOR EACH ROW BEGIN
         INSERT INTO {EVENT_TABLE} ({COLUMNS}) VALUES ({VALUES});
     END
     """

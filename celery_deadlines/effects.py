@@ -1,0 +1,155 @@
+"""Side effects performed at most once per key: ``with self.effect(...) as fx``.
+
+::
+
+    @app.task(base=DeadlineTask, bind=True, budget=120)
+    def charge(self, order_id, amount):
+        with self.effect("charge", key=f"order-{order_id}:charge:v1",
+                         fingerprint={"amount": amount}, not_sent=(ConnectionRefusedError,)) as fx:
+            if fx.completed:                  # done before, by this or an earlier attempt
+                return fx.result
+            resp = provider.charge(amount, idempotency_key=fx.key, fencing_token=fx.token)
+            fx.succeed(resp.id)
+
+    @charge.reconciler("charge")
+    def find_charge(fx):                      # asked only when an outcome is ambiguous
+        found = provider.lookup(idempotency_key=fx.key)
+        return Found(found.id, evidence=found.url) if found else NotFound(evidence="lookup: none")
+
+Entering the block records the intent and passes the **dispatch guard** (one
+conditional write against the database clock: this attempt's token is current, its
+lease alive, the deadline ahead), or raises :class:`DispatchRefused` and the call is
+not made. Leaving it records the outcome: ``fx.succeed(result)`` (or a normal exit),
+``fx.fail(error)`` for a definitive refusal, an exception listed in ``not_sent`` as
+NOT_DISPATCHED (safe to try again), any other exception as UNKNOWN: the run then waits
+for the task's reconciler (or an operator) before anything is retried.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from .errors import DispatchRefused, EffectConflict
+from .models import EffectState
+
+if TYPE_CHECKING:
+    from .ledger.attempt import Attempt
+
+
+class Found(NamedTuple):
+    """A reconciler's answer: the effect did happen; ``result`` is replayed to the task."""
+
+    result: Any = None
+    evidence: Any = None
+
+
+class NotFound(NamedTuple):
+    """A reconciler's answer: the effect did not happen; it is safe to dispatch again."""
+
+    evidence: Any = None
+
+
+class PendingEffect(NamedTuple):
+    """What a reconciler is asked about."""
+
+    key: str
+    name: str
+    fingerprint: str
+    token: int
+    task_id: str
+
+
+def fingerprint_of(parameters: Any) -> str:
+    """A stable digest of a request's parameters (canonical JSON, SHA-256)."""
+    canonical = json.dumps(parameters, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class EffectScope:
+    """One side effect of the current attempt (see the module docstring)."""
+
+    def __init__(
+        self,
+        attempt: Attempt,
+        name: str,
+        key: str,
+        parameters: Any,
+        not_sent: tuple[type[BaseException], ...],
+        kind: str,
+    ) -> None:
+        self.attempt = attempt
+        self.name = name
+        self.key = key
+        self.fingerprint = fingerprint_of(parameters)
+        self.not_sent = not_sent
+        self.kind = kind
+        #: the run's fencing token: pass it to a fencing-aware provider
+        self.token = attempt.lease.token
+        #: True when the effect already has an outcome (replayed, not called again)
+        self.completed = False
+        self.failed = False
+        self.result: Any = None
+        self._dispatched = False
+
+    def __enter__(self) -> EffectScope:
+        effects = self.attempt.effects
+        recorded = effects.record_intent(
+            self.attempt.lease, self.key, self.name, self.kind, self.fingerprint
+        )
+        if recorded.fingerprint != self.fingerprint:
+            raise EffectConflict(
+                f"effect key {self.key!r} was first used with other parameters "
+                f"(fingerprint {recorded.fingerprint[:12]}, now {self.fingerprint[:12]})"
+            )
+        if recorded.state in (EffectState.SUCCEEDED, EffectState.FAILED):
+            self.completed = True
+            self.failed = recorded.state == EffectState.FAILED
+            self.result = recorded.result
+            return self
+        if recorded.state in (EffectState.DISPATCHED, EffectState.UNKNOWN):
+            raise DispatchRefused(self.key, "unresolved", f"state {recorded.state}")
+        if not effects.dispatch(self.attempt.lease, self.key):
+            reason = effects.why_refused(self.attempt.lease, self.key, self.attempt.owner)
+            raise DispatchRefused(self.key, reason)
+        self._dispatched = True
+        self.attempt.unresolved.add(self.key)
+        return self
+
+    def succeed(self, result: Any = None) -> None:
+        """Record what the provider returned (JSON-serialisable)."""
+        self._record(self.attempt.effects.succeed, result)
+        self.completed, self.result = True, result
+
+    def fail(self, error: str) -> None:
+        """Record a definitive refusal by the provider: the effect will not be retried."""
+        self._record(self.attempt.effects.fail, error)
+        self.completed, self.failed = True, True
+
+    def _record(self, write: Any, value: Any) -> None:
+        if not self._dispatched:
+            raise RuntimeError(f"effect {self.key} was not dispatched by this attempt")
+        write(self.key, self.token, value)
+        self._dispatched = False
+        self.attempt.unresolved.discard(self.key)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if not self._dispatched:
+            return
+        effects = self.attempt.effects
+        if exc is None:
+            self.succeed(None)  # the call returned and nothing said otherwise
+        elif isinstance(exc, self.not_sent):
+            effects.not_sent(self.key, self.token, repr(exc)[:2000])
+            self._dispatched = False
+            self.attempt.unresolved.discard(self.key)
+        else:
+            # a timeout, a reset, a soft time limit...: it may have happened
+            effects.unknown(self.key, self.token, repr(exc)[:2000])

@@ -1,0 +1,222 @@
+"""The effect ledger's statements: intent, the dispatch guard, outcomes, reconciliation.
+
+At most one side effect per key. The guard is one conditional write, evaluated against
+the database clock, immediately before the external call: the effect moves
+INTENT_RECORDED (or NOT_DISPATCHED) -> DISPATCHED only if the caller's run is RUNNING
+under the caller's token, its lease is alive and its deadline has not passed. Zero rows:
+the call must not be made. Every change of an effect appends a RunEvent through the
+audit trigger (kind ``effect_<state>``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Final
+
+from .store import EVENT, RUN, Lease, Store
+
+EFFECT: Final = "celery_deadlines_effect"
+_UNRESOLVED_SQL: Final = "('DISPATCHED', 'UNKNOWN')"
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """An effect as the intent statement found or made it."""
+
+    state: str
+    fingerprint: str
+    result: Any
+    lease_token: int
+
+
+@dataclass(frozen=True)
+class Pending:
+    """An UNKNOWN effect of a run waiting for reconciliation."""
+
+    key: str
+    name: str
+    fingerprint: str
+    lease_token: int
+    run_id: int
+    task_id: str
+    task_name: str
+
+
+class Effects:
+    """The effect statements, on a :class:`Store`'s connection and dialect."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def record_intent(
+        self, lease: Lease, key: str, name: str, kind: str, fingerprint: str
+    ) -> Recorded:
+        """Record the intent to perform ``key`` (or find it recorded): one statement."""
+        d = self.store.dialect
+        _, rows = self.store.execute(
+            f"""
+            INSERT INTO {EFFECT} (key, run_id, name, kind, state, lease_token, fingerprint,
+                dispatches, error, created_at, updated_at)
+            VALUES (%s, %s, %s, %s, 'INTENT_RECORDED', %s, %s, 0, '', {d.now}, {d.now})
+            ON CONFLICT (key) DO UPDATE SET key = excluded.key
+            RETURNING state, fingerprint, result, lease_token
+            """,
+            [key, lease.run_id, name, kind, lease.token, fingerprint],
+        )
+        state, recorded_fingerprint, result, token = rows[0]
+        return Recorded(state, recorded_fingerprint, _json(result), token)
+
+    def dispatch(self, lease: Lease, key: str) -> bool:
+        """The dispatch guard: one conditional write; ``False`` means do not call out."""
+        d = self.store.dialect
+        count, _ = self.store.execute(
+            f"""
+            UPDATE {EFFECT} SET state = 'DISPATCHED', lease_token = %s, run_id = %s,
+                dispatches = dispatches + 1, dispatched_at = {d.now}, updated_at = {d.now}
+            WHERE key = %s AND state IN ('INTENT_RECORDED', 'NOT_DISPATCHED')
+              AND EXISTS (
+                SELECT 1 FROM {RUN} r
+                WHERE r.id = %s AND r.lease_token = %s AND r.status = 'RUNNING'
+                  AND r.lease_expires_at > {d.now}
+                  AND (r.deadline IS NULL OR r.deadline > {d.now})
+              )
+            """,
+            [lease.token, lease.run_id, key, lease.run_id, lease.token],
+        )
+        return count == 1
+
+    def why_refused(self, lease: Lease, key: str, owner: str) -> str:
+        """Why the guard refused ``key`` (recorded as a rejected event): the reason code."""
+        d = self.store.dialect
+        _, rows = self.store.execute(
+            f"""
+            INSERT INTO {EVENT} (run_id, at, kind, outcome, status, reason, version,
+                lease_token, owner, lease_expires_at, detail)
+            SELECT r.id, {d.now}, 'dispatch', 'rejected', r.status, r.reason, r.version, %s, %s,
+                r.lease_expires_at,
+                CASE
+                    WHEN e.state IN {_UNRESOLVED_SQL} THEN 'unresolved'
+                    WHEN e.state IN ('SUCCEEDED', 'FAILED') THEN 'completed'
+                    WHEN r.deadline IS NOT NULL AND r.deadline <= {d.now} THEN 'deadline_passed'
+                    WHEN r.lease_token <> %s OR r.status <> 'RUNNING'
+                         OR r.lease_expires_at IS NULL OR r.lease_expires_at <= {d.now}
+                        THEN 'stale_lease'
+                    ELSE 'changed'
+                END || ':' || e.key
+            FROM {RUN} r, {EFFECT} e
+            WHERE r.id = %s AND e.key = %s
+            RETURNING detail
+            """,
+            [lease.token, owner, lease.token, lease.run_id, key],
+        )
+        return str(rows[0][0]).partition(":")[0] if rows else "changed"
+
+    def _outcome(self, key: str, token: int, state: str, sets: str, params: list[Any]) -> bool:
+        d = self.store.dialect
+        count, _ = self.store.execute(
+            f"""
+            UPDATE {EFFECT} SET state = %s, {sets}, updated_at = {d.now}
+            WHERE key = %s AND lease_token = %s AND state IN {_UNRESOLVED_SQL}
+            """,
+            [state, *params, key, token],
+        )
+        return count == 1
+
+    def succeed(self, key: str, token: int, result: Any) -> bool:
+        """Record the outcome the provider returned (the dispatching attempt knows it)."""
+        d = self.store.dialect
+        return self._outcome(
+            key, token, "SUCCEEDED", f"result = {d.json_param}", [json.dumps(result)]
+        )
+
+    def fail(self, key: str, token: int, error: str) -> bool:
+        """The provider refused for good (a definitive answer, nothing to retry)."""
+        return self._outcome(key, token, "FAILED", "error = %s", [error])
+
+    def not_sent(self, key: str, token: int, error: str) -> bool:
+        """Certainly never reached the provider: safe to dispatch again."""
+        return self._outcome(key, token, "NOT_DISPATCHED", "error = %s", [error])
+
+    def unknown(self, key: str, token: int, error: str) -> bool:
+        """The call may or may not have taken effect: reconcile before anything else."""
+        return self._outcome(key, token, "UNKNOWN", "error = %s", [error])
+
+    # -- the run's side --------------------------------------------------------------------
+
+    def unresolved(self, run_id: int) -> bool:
+        """Does the run have an effect dispatched without a recorded outcome?"""
+        _, rows = self.store.execute(
+            f"SELECT 1 FROM {EFFECT} WHERE run_id = %s AND state IN {_UNRESOLVED_SQL} LIMIT 1",
+            [run_id],
+        )
+        return bool(rows)
+
+    def mark_unknown(self, run_id: int) -> int:
+        """Dispatched effects of a run whose attempt died: their outcome is UNKNOWN."""
+        d = self.store.dialect
+        count, _ = self.store.execute(
+            f"""
+            UPDATE {EFFECT} SET state = 'UNKNOWN', updated_at = {d.now},
+                error = 'the attempt ended without recording an outcome'
+            WHERE run_id = %s AND state = 'DISPATCHED'
+            """,
+            [run_id],
+        )
+        return count
+
+    def pending(self, limit: int = 100) -> list[Pending]:
+        """UNKNOWN effects of runs waiting (status UNKNOWN) for reconciliation."""
+        _, rows = self.store.execute(
+            f"""
+            SELECT e.key, e.name, e.fingerprint, e.lease_token, r.id, r.task_id, r.task_name
+            FROM {EFFECT} e JOIN {RUN} r ON r.id = e.run_id
+            WHERE e.state IN {_UNRESOLVED_SQL} AND r.status = 'UNKNOWN'
+            ORDER BY e.id
+            LIMIT %s
+            """,
+            [limit],
+        )
+        return [Pending(*row) for row in rows]
+
+    def resolve(self, key: str, found: bool, result: Any, evidence: Any) -> bool:
+        """Settle an unresolved effect with evidence: found (SUCCEEDED) or not (safe)."""
+        d = self.store.dialect
+        count, _ = self.store.execute(
+            f"""
+            UPDATE {EFFECT} SET state = %s, result = {d.json_param},
+                evidence = {d.json_param}, updated_at = {d.now}
+            WHERE key = %s AND state IN {_UNRESOLVED_SQL}
+            """,
+            [
+                "SUCCEEDED" if found else "NOT_DISPATCHED",
+                json.dumps(result if found else None),
+                json.dumps(evidence),
+                key,
+            ],
+        )
+        return count == 1
+
+    def release_resolved(self, run_id: int) -> bool:
+        """Queue again an UNKNOWN run all of whose effects are resolved (token + 1)."""
+        d = self.store.dialect
+        count, _ = self.store.execute(
+            f"""
+            UPDATE {RUN} SET status = 'QUEUED', reason = '', lease_token = lease_token + 1,
+                owner = '', lease_expires_at = NULL, published_at = {d.now},
+                version = version + 1, op = 'reconciled', op_detail = 'effects resolved',
+                updated_at = {d.now}
+            WHERE id = %s AND status = 'UNKNOWN'
+              AND NOT EXISTS (
+                SELECT 1 FROM {EFFECT} WHERE run_id = %s AND state IN {_UNRESOLVED_SQL}
+              )
+            """,
+            [run_id, run_id],
+        )
+        return count == 1
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, (str, bytes)):
+        return json.loads(value)
+    return value

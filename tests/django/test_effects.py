@@ -1,0 +1,261 @@
+"""The effect ledger on SQLite and PostgreSQL: intent, the dispatch guard, outcomes,
+replay and reconciliation, driven through ``EffectScope`` as a task body drives it.
+
+Time is the database's; a test *ages* a run (moves its stored instants into the past)
+instead of waiting, and the history shows it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from celery import Celery
+from django.db import connections
+from django.test.utils import CaptureQueriesContext
+
+from celery_deadlines import DeadlineTask
+from celery_deadlines.effects import EffectScope, Found, NotFound, PendingEffect
+from celery_deadlines.errors import DispatchRefused, EffectConflict
+from celery_deadlines.ledger import outbox
+from celery_deadlines.ledger.attempt import Attempt
+from celery_deadlines.ledger.reconcile import reconcile_once
+from celery_deadlines.ledger.store import Lease, NewRun, Store
+from celery_deadlines.models import Effect, EffectState, Run, RunEvent, Status
+from tests.conftest import service_unavailable
+from tests.support.processes import reachable
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
+
+TTL = timedelta(seconds=30)
+
+
+class ProviderTimeout(Exception):
+    pass
+
+
+@pytest.fixture(params=["default", "postgres"], ids=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest) -> Store:
+    if request.param == "postgres" and not reachable("127.0.0.1", 5432):
+        service_unavailable("PostgreSQL 127.0.0.1:5432")
+    return Store(request.param)
+
+
+def record(store: Store, task_id: str = "charge-1", deadline_in: float = 600) -> None:
+    body, content_type, encoding = outbox.encode_message("json", [42], {}, {})
+    deadline = store.database_now() + timedelta(seconds=deadline_in)
+    store.enqueue(
+        NewRun(task_id, "shop.charge", deadline, None, task_id, "", 0, None, body,
+               content_type, encoding)
+    )  # fmt: skip
+
+
+def attempt(store: Store, owner: str, task_id: str = "charge-1") -> Attempt:
+    lease = store.claim(task_id, 0, owner, TTL, timedelta(0), 10)
+    assert isinstance(lease, Lease), lease
+    return Attempt(store, lease, owner, TTL)
+
+
+def lapse(store: Store, task_id: str = "charge-1", deadline_too: bool = False) -> None:
+    past = store.database_now() - timedelta(seconds=2)
+    changes: dict[str, Any] = {"lease_expires_at": past, "op": "age"}
+    if deadline_too:
+        changes["deadline"] = past
+    Run.objects.using(store.using).filter(task_id=task_id).update(**changes)
+
+
+def charge(current: Attempt, amount: int = 100, **options: Any) -> EffectScope:
+    return EffectScope(
+        current, "charge", "order-42:charge:v1", {"amount": amount},
+        options.get("not_sent", (ConnectionRefusedError,)), "execution",
+    )  # fmt: skip
+
+
+def effect(store: Store) -> Effect:
+    return Effect.objects.using(store.using).get(key="order-42:charge:v1")
+
+
+def test_an_effect_is_dispatched_once_and_its_result_replayed_to_a_later_attempt(
+    store: Store,
+) -> None:
+    record(store)
+    first = attempt(store, "w1:1")
+    with charge(first) as fx:
+        assert not fx.completed
+        assert fx.token == 1
+        fx.succeed({"charge": "ch_1"})
+    lapse(store)
+    second = attempt(store, "w2:2")
+    with charge(second) as fx:
+        assert fx.completed
+        assert fx.result == {"charge": "ch_1"}
+    assert (effect(store).state, effect(store).dispatches) == (EffectState.SUCCEEDED, 1)
+
+
+def test_the_same_key_with_other_parameters_is_refused(store: Store) -> None:
+    record(store)
+    first = attempt(store, "w1:1")
+    with charge(first, amount=100) as fx:
+        fx.succeed("ch_1")
+    with pytest.raises(EffectConflict, match="other parameters"), charge(first, amount=999):
+        pass
+
+
+def test_a_stale_attempt_cannot_pass_the_dispatch_guard(store: Store) -> None:
+    record(store)
+    stale = attempt(store, "w1:1")
+    lapse(store)
+    attempt(store, "w2:2")
+    with pytest.raises(DispatchRefused) as refused, charge(stale):
+        pytest.fail("the call must not be made")
+    assert refused.value.reason == "stale_lease"
+    assert effect(store).state == EffectState.INTENT_RECORDED
+    rejected = RunEvent.objects.using(store.using).get(kind="dispatch", outcome="rejected")
+    assert (rejected.lease_token, rejected.owner) == (1, "w1:1")
+
+
+def test_the_dispatch_guard_refuses_once_the_deadline_has_passed(store: Store) -> None:
+    record(store)
+    late = attempt(store, "w1:1")
+    lapse(store, deadline_too=True)
+    with pytest.raises(DispatchRefused) as refused, charge(late):
+        pytest.fail("the call must not be made")
+    assert refused.value.reason == "deadline_passed"
+
+
+def test_a_request_that_certainly_never_left_may_be_dispatched_again(store: Store) -> None:
+    record(store)
+    first = attempt(store, "w1:1")
+    with pytest.raises(ConnectionRefusedError), charge(first):
+        raise ConnectionRefusedError("provider down")
+    assert effect(store).state == EffectState.NOT_DISPATCHED
+    assert first.unresolved == set()
+    lapse(store)
+    second = attempt(store, "w2:2")
+    with charge(second) as fx:
+        fx.succeed("ch_2")
+    assert (effect(store).state, effect(store).dispatches, effect(store).lease_token) == (
+        EffectState.SUCCEEDED, 2, second.lease.token,
+    )  # fmt: skip
+
+
+def test_an_ambiguous_failure_records_unknown_and_blocks_every_new_dispatch(
+    store: Store,
+) -> None:
+    record(store)
+    first = attempt(store, "w1:1")
+    with pytest.raises(ProviderTimeout), charge(first):
+        raise ProviderTimeout("read timed out")
+    assert effect(store).state == EffectState.UNKNOWN
+    assert first.unresolved == {"order-42:charge:v1"}
+    with pytest.raises(DispatchRefused) as refused, charge(first):
+        pytest.fail("the call must not be made")
+    assert refused.value.reason == "unresolved"
+
+
+def test_intent_and_guard_cost_two_statements_and_the_outcome_one_on_postgresql(
+    store: Store,
+) -> None:
+    if store.dialect.vendor != "postgresql":
+        pytest.skip("round trips are counted on PostgreSQL")
+    record(store)
+    current = attempt(store, "w1:1")
+    scope = charge(current)
+    connection = connections[store.using]
+    with CaptureQueriesContext(connection) as entering:
+        scope.__enter__()
+    with CaptureQueriesContext(connection) as recording:
+        scope.succeed("ch_1")
+    assert (len(entering), len(recording)) == (2, 1)
+
+
+effects_app = Celery("effects-test", broker="memory://", backend="cache+memory://")
+effects_app.conf.update(task_default_queue="fx", deadlines_ledger=False)
+
+
+@effects_app.task(base=DeadlineTask, bind=True, name="shop.charge")
+def shop_charge(self: DeadlineTask) -> None:
+    raise AssertionError("the reconciler tests never run the body")
+
+
+@pytest.fixture
+def app() -> Iterator[Celery]:
+    """The app the reconciler republishes with; its task starts with no reconciler."""
+    shop_charge.__dict__.pop("_effect_reconcilers", None)
+    published(effects_app)
+    yield effects_app
+    shop_charge.__dict__.pop("_effect_reconcilers", None)
+
+
+def published(app: Celery) -> list[str]:
+    ids = []
+    with app.connection_for_read() as connection:
+        queue = connection.SimpleQueue("fx")
+        while True:
+            try:
+                message = queue.get(block=False)
+            except queue.Empty:
+                break
+            ids.append(message.headers["id"])
+            message.ack()
+        queue.close()
+    return ids
+
+
+def crash_after_dispatch(store: Store) -> None:
+    """An attempt dispatches, then its worker dies: no outcome recorded, lease lapses."""
+    record(store)
+    scope = charge(attempt(store, "w1:1"))
+    scope.__enter__()
+    lapse(store)
+
+
+@pytest.mark.parametrize(
+    ("answer", "state"),
+    [
+        (Found({"charge": "ch_7"}, evidence="provider lookup: ch_7"), EffectState.SUCCEEDED),
+        (NotFound(evidence="provider lookup: no charge"), EffectState.NOT_DISPATCHED),
+    ],
+    ids=["found", "not-found"],
+)
+def test_a_crash_after_dispatch_is_reconciled_with_the_provider_before_the_run_runs_again(
+    store: Store, app: Celery, answer: Any, state: str
+) -> None:
+    asked: list[PendingEffect] = []
+
+    def lookup(pending: PendingEffect) -> Any:
+        asked.append(pending)
+        return answer
+
+    shop_charge.reconciler("charge")(lookup)
+    crash_after_dispatch(store)
+    report = reconcile_once(app, store)  # one pass: UNKNOWN, asked, resolved, requeued
+    assert report.unknown == ["charge-1"]
+    assert [p.key for p in asked] == ["order-42:charge:v1"]
+    assert (report.resolved, report.requeued) == (["order-42:charge:v1"], ["charge-1"])
+    assert reconcile_once(app, store).resolved == []  # asked once, not again
+    assert effect(store).state == state
+    assert effect(store).evidence == answer.evidence
+    assert Run.objects.using(store.using).get(task_id="charge-1").status == Status.QUEUED
+    assert published(app) == ["charge-1"]
+    replay = attempt(store, "w2:2")
+    if state == EffectState.SUCCEEDED:
+        with charge(replay) as fx:
+            assert (fx.completed, fx.result) == (True, {"charge": "ch_7"})
+    else:
+        with charge(replay) as fx:
+            assert not fx.completed  # safe to dispatch again, under the new token
+            fx.succeed("ch_8")
+        assert effect(store).dispatches == 2
+
+
+def test_without_a_reconciler_an_unknown_effect_waits_for_an_operator(
+    store: Store, app: Celery
+) -> None:
+    crash_after_dispatch(store)
+    reconcile_once(app, store)
+    reconcile_once(app, store)
+    assert effect(store).state == EffectState.UNKNOWN
+    assert Run.objects.using(store.using).get(task_id="charge-1").status == Status.UNKNOWN
