@@ -423,3 +423,28 @@ def test_a_tasks_own_hard_time_limit_fails_the_run_without_a_rerun(
     assert (run.status, run.reason) == (Status.FAILED, "time_limit")
     time.sleep(2)  # a reconciler pass or two: the run must not be requeued
     assert len(lines(sink, "start", "limited")) == 1
+
+
+# -- the effect ledger: seed 000 fixtures 3 and 4 ---------------------------------------
+
+
+@pytest.mark.parametrize("crash", ["before", "after"], ids=["fixture-3", "fixture-4"])
+def test_a_pool_process_killed_around_the_call_performs_the_effect_exactly_once(
+    redis_broker: Transport, ledger_client: Any, ledger_worker: Any, sink: Path, crash: str
+) -> None:
+    tasks = ledger_client(redis_broker)
+    ledger_worker(redis_broker, TEST_ACKS_LATE="1")
+    result = tasks.pay.apply_async((f"pay-{crash}",), {"crash": crash}, budget=60)
+    run = wait_for(lambda: ended(result.id), 45)
+    assert run.status == Status.SUCCEEDED
+    assert len(lines(sink, "effect", f"pay-{crash}")) == 1  # the oracle: one call
+    effect = run.effects.get()
+    assert effect.state == "SUCCEEDED"
+    kinds = [kind for kind, _, _ in history(result.id)]
+    assert "effect_unknown" in kinds  # the ambiguous dispatch was reconciled, not resent
+    if crash == "after":
+        assert effect.evidence == "sink lookup: found"
+        assert result.get(timeout=10) == {"paid": "pay-after", "reconciled": True}
+    else:
+        assert effect.evidence == "sink lookup: no call"
+        assert effect.dispatches == 2

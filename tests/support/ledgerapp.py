@@ -117,3 +117,42 @@ def limited(self: DeadlineTask, key: str, seconds: float) -> str:
     time.sleep(seconds)
     sink("effect", key, self)
     return key
+
+
+def sink_has(key: str) -> bool:
+    """The provider's own lookup: did a call for ``key`` arrive? (the oracle file)"""
+    path = os.environ["TEST_SINK"]
+    if not os.path.exists(path):
+        return False
+    with open(path) as lines:
+        return any(
+            entry["kind"] == "effect" and entry["key"] == key
+            for entry in map(json.loads, filter(None, lines.read().splitlines()))
+        )
+
+
+@app.task(base=DeadlineTask, bind=True, name="l.pay")
+def pay(self: DeadlineTask, key: str, crash: str = "") -> Any:
+    """One payment per key. ``crash``: die after the call, before recording it (``after``),
+    or after passing the guard, before the call (``before``), on the first attempt only."""
+    first = self.lease is not None and self.lease.attempt == 1
+    with self.effect("pay", key=key, fingerprint={"key": key}) as fx:
+        if fx.completed:
+            sink("replayed", key, self)
+            return fx.result
+        if crash == "before" and first:
+            os.kill(os.getpid(), signal.SIGKILL)
+        sink("effect", key, self)
+        if crash == "after" and first:
+            os.kill(os.getpid(), signal.SIGKILL)
+        fx.succeed({"paid": key, "token": fx.token})
+    return fx.result
+
+
+@pay.reconciler("pay")
+def find_payment(pending: Any) -> Any:
+    from celery_deadlines.effects import Found, NotFound
+
+    if sink_has(pending.key):
+        return Found({"paid": pending.key, "reconciled": True}, evidence="sink lookup: found")
+    return NotFound(evidence="sink lookup: no call")
