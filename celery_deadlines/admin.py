@@ -24,7 +24,7 @@ from .clock import get_clock
 from .explain import utc
 from .ledger import outbox
 from .ledger.store import Store
-from .models import Run, RunEvent
+from .models import Effect, EffectState, Run, RunEvent
 
 
 def describe_time_left(run: Run) -> str:
@@ -78,6 +78,23 @@ LEASE_FIELDS = (
 CHECKPOINT_FIELDS = ("checkpoint_name", "checkpoint_data", "checkpoint_at", "checkpoint_token")
 
 
+class EffectInline(admin.TabularInline):  # type: ignore[type-arg]
+    model = Effect
+    fields = readonly_fields = (
+        "key", "name", "kind", "state", "lease_token", "dispatches", "result", "evidence",
+        "error", "dispatched_at", "updated_at",
+    )  # fmt: skip
+    extra = 0
+    can_delete = False
+    verbose_name_plural = "side effects (at most once per key)"
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 @admin.register(Run)
 class RunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = (
@@ -90,7 +107,7 @@ class RunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     ordering = ("-id",)
     list_per_page = 50
     actions = ("expire_now", "requeue")
-    inlines = (RunEventInline,)
+    inlines = (EffectInline, RunEventInline)
     fieldsets = (
         (None, {"fields": ("task_id", "task_name", "status", "reason", "detail")}),
         ("Time", {"fields": ("deadline", "time_left", "delivery_deadline", "available_at")}),
@@ -208,3 +225,78 @@ class RunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 def _operator(request: HttpRequest) -> str:
     user = request.user
     return f"operator {user.get_username()}" if user.is_authenticated else "an operator"
+
+
+@admin.register(Effect)
+class EffectAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Effects, and the operator's way out of UNKNOWN: resolve with evidence."""
+
+    list_display = (
+        "key", "name", "kind", "state", "run_link", "lease_token", "dispatches", "evidence",
+        "updated_at",
+    )  # fmt: skip
+    list_filter = ("state", "kind", "name")
+    search_fields = ("=key",)
+    ordering = ("-id",)
+    actions = ("resolve",)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [field.name for field in Effect._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_resolve_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("celery_deadlines.resolve_effect")
+
+    @admin.display(description="run")
+    def run_link(self, effect: Effect) -> SafeString:
+        url = reverse("admin:celery_deadlines_run_change", args=[effect.run_id])
+        return format_html('<a href="{}">{}</a>', url, effect.run)
+
+    @admin.action(description="Resolve an unknown outcome, with evidence", permissions=["resolve"])
+    def resolve(self, request: HttpRequest, queryset: QuerySet[Effect]) -> Any:
+        from django.template.response import TemplateResponse
+
+        from .ledger.effects import Effects
+
+        unknown = list(queryset.filter(state__in=[EffectState.UNKNOWN, EffectState.DISPATCHED]))
+        if "apply" not in request.POST:
+            return TemplateResponse(
+                request,
+                "admin/celery_deadlines/resolve_effects.html",
+                {**self.admin_site.each_context(request), "effects": unknown},
+            )
+        evidence = str(request.POST.get("evidence", "")).strip()
+        found = request.POST.get("found") == "yes"
+        try:
+            result = json.loads(request.POST.get("result") or "null") if found else None
+        except ValueError:
+            self.message_user(request, "The result must be JSON.", messages.ERROR)
+            return None
+        if not evidence:
+            self.message_user(request, "Evidence is required.", messages.ERROR)
+            return None
+        store = Store(queryset.db)
+        effects = Effects(store)
+        operator = _operator(request)
+        resolved = 0
+        for effect in unknown:
+            if effects.resolve(effect.key, found, result, f"{evidence} ({operator})"):
+                resolved += 1
+                if effects.release_resolved(effect.run_id):
+                    message = store.message_of(effect.run_id)
+                    if message is not None:
+                        from celery import current_app
+
+                        outbox.republish(current_app, message)
+        self.message_user(
+            request, f"{resolved} effect(s) resolved as {'found' if found else 'not found'}."
+        )
+        return None

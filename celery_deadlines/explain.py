@@ -10,26 +10,100 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from typing import Any
 
-from .models import Run, RunEvent
+from .models import Effect, EffectState, Run, RunEvent
 
 
-def explain(run: Run, events: list[RunEvent], database_now: datetime) -> list[str]:
-    """The checklist for ``run`` as lines of text (``events`` oldest first)."""
+def facts(
+    run: Run, events: list[RunEvent], effects: list[Effect], database_now: datetime
+) -> dict[str, Any]:
+    """The checklist's answers as plain values (what ``explain --json`` prints)."""
     claims = [e for e in events if e.kind == "claim" and e.outcome == RunEvent.Outcome.APPLIED]
     current_claim = next((e for e in reversed(claims) if e.lease_token == run.lease_token), None)
     rejected = [e for e in events if e.outcome == RunEvent.Outcome.REJECTED]
     live = run.lease_expires_at is not None and run.lease_expires_at > database_now
+    planned = [e for e in effects if e.state in (EffectState.INTENT_RECORDED,)]
+    dispatched = [e for e in effects if e.state == EffectState.DISPATCHED]
+    unknown = [e for e in effects if e.state == EffectState.UNKNOWN]
+    return {
+        "task_id": run.task_id,
+        "task_name": run.task_name,
+        "status": run.status,
+        "reason": run.reason,
+        "detail": run.detail,
+        "deadline": utc(run.deadline) if run.deadline else None,
+        "database_clock": utc(database_now),
+        "owner": run.owner if live else None,
+        "lease_expires_at": utc(run.lease_expires_at) if run.lease_expires_at else None,
+        "lease_live": live,
+        "fencing_token": run.lease_token,
+        "claimed_version": current_claim.version if current_claim else None,
+        "version": run.version,
+        "attempts": run.attempt,
+        "lost_leases": run.lost_leases,
+        "last_checkpoint": (
+            {
+                "name": run.checkpoint_name,
+                "at": utc(run.checkpoint_at),
+                "token": run.checkpoint_token,
+                "data": run.checkpoint_data,
+            }
+            if run.checkpoint_name
+            else None
+        ),
+        "writes_allowed_for_token": run.lease_token if live else None,
+        "stale_writes_refused": [
+            {"kind": e.kind, "owner": e.owner, "token": e.lease_token, "at": utc(e.at)}
+            for e in rejected
+        ],
+        "next_effect": (
+            {"key": dispatched[-1].key, "state": "dispatched"}
+            if dispatched
+            else {"key": planned[-1].key, "state": "planned"}
+            if planned
+            else None
+        ),
+        "unknown_effects": [
+            {"key": e.key, "error": e.error, "evidence": e.evidence} for e in unknown
+        ],
+        "effects": [
+            {
+                "key": e.key,
+                "name": e.name,
+                "kind": e.kind,
+                "state": e.state,
+                "token": e.lease_token,
+                "dispatches": e.dispatches,
+                "evidence": e.evidence,
+            }
+            for e in effects
+        ],
+        "root_id": run.root_id,
+        "parent_id": run.parent_id,
+    }
+
+
+def explain(
+    run: Run, events: list[RunEvent], database_now: datetime, effects: list[Effect] | None = None
+) -> list[str]:
+    """The checklist for ``run`` as lines of text (``events`` oldest first)."""
+    f = facts(run, events, effects or [], database_now)
     why = f" ({run.reason}: {run.detail})" if run.reason else ""
-    claimed = (
-        f"{current_claim.version} (claim at {utc(current_claim.at)})" if current_claim else "-"
-    )
+    claimed = "-"
+    if f["claimed_version"] is not None:
+        claim = next(e for e in reversed(events) if e.kind == "claim" and e.outcome == "applied"
+                     and e.lease_token == run.lease_token)  # fmt: skip
+        claimed = f"{f['claimed_version']} (claim at {utc(claim.at)})"
+    checkpoint = f["last_checkpoint"]
+    rejected = f["stale_writes_refused"]
+    next_effect = f["next_effect"]
     lines = [
         f"run {run.task_id} ({run.task_name})",
         f"  status            {run.status}{why}",
         f"  deadline          {utc(run.deadline)}{_relative(run.deadline, database_now)}",
         f"  database clock    {utc(database_now)}",
-        f"  owner now         {run.owner if live else 'nobody (no live lease)'}",
+        f"  owner now         {f['owner'] or 'nobody (no live lease)'}",
         f"  lease expires     {utc(run.lease_expires_at)}",
         f"  fencing token     {run.lease_token}",
         f"  claimed version   {claimed}",
@@ -37,24 +111,37 @@ def explain(run: Run, events: list[RunEvent], database_now: datetime) -> list[st
         f"  attempts          {run.attempt} claim(s), {run.lost_leases} lease(s) lost",
         "  last checkpoint   "
         + (
-            f"{run.checkpoint_name!r} at {utc(run.checkpoint_at)} under token "
-            f"{run.checkpoint_token}: {json.dumps(run.checkpoint_data)}"
-            if run.checkpoint_name
+            f"{checkpoint['name']!r} at {checkpoint['at']} under token {checkpoint['token']}: "
+            f"{json.dumps(checkpoint['data'])}"
+            if checkpoint
             else "none"
         ),
         "  old worker guard  "
         + (
-            f"only token {run.lease_token} may write, until {utc(run.lease_expires_at)}"
-            if live
-            else "no token may write: no live lease"
+            f"only token {run.lease_token} may write or dispatch, until "
+            f"{utc(run.lease_expires_at)}"
+            if f["lease_live"]
+            else "no token may write or dispatch: no live lease"
         ),
         f"  stale writes      {len(rejected)} refused"
-        + (": " + ", ".join(f"{e.kind} by {e.owner} (token {e.lease_token})" for e in rejected[-3:])
-           if rejected else ""),
+        + (": " + ", ".join(f"{e['kind']} by {e['owner']} (token {e['token']})"
+                            for e in rejected[-3:]) if rejected else ""),
+        "  next effect       "
+        + (f"{next_effect['key']}: {next_effect['state']}" if next_effect else "none pending"),
+        "  unknown outcomes  "
+        + ("; ".join(f"{e['key']} ({e['error'] or 'no error recorded'}): reconcile with the "
+                     "provider (task reconciler or admin)" for e in f["unknown_effects"])
+           or "none"),
         f"  family            root {run.root_id or '-'}, parent {run.parent_id or '-'}",
-        "",
-        "  history (database clock):",
     ]  # fmt: skip
+    if f["effects"]:
+        lines += ["", "  effects:"]
+        lines += [
+            f"    {e['key']}  {e['state']:<15} t{e['token']:<3} dispatched {e['dispatches']}x"
+            + (f"  evidence: {json.dumps(e['evidence'])}" if e["evidence"] is not None else "")
+            for e in f["effects"]
+        ]
+    lines += ["", "  history (database clock):"]
     for event in events:
         lines.append(
             f"    {utc(event.at)}  {event.kind:<12} {event.outcome:<8} {event.status:<9} "

@@ -45,6 +45,8 @@ class Reason(enum.StrEnum):
     INSUFFICIENT_BUDGET = "insufficient_budget"
     RETRY_BUDGET_EXHAUSTED = "retry_budget_exhausted"
     INVALID_DEADLINE = "invalid_deadline"
+    #: a delivery task (``deadline_kind="delivery"``) past its delivery deadline
+    DELIVERY_EXPIRED = "delivery_expired"
 
 
 class Decision(NamedTuple):
@@ -181,3 +183,10 @@ def cap_time_limits(
 
 def _seconds(duration: timedelta) -> str:
     return f"{duration.total_seconds():.3f} s"
+
+
+def as_delivery(decision: Decision) -> Decision:
+    """The same decision for a delivery task: a passed deadline is ``delivery_expired``."""
+    if decision.reason is not Reason.DEADLINE_PASSED:
+        return decision
+    return decision._replace(reason=Reason.DELIVERY_EXPIRED)

@@ -131,6 +131,8 @@ class DeadlineRequest(Request):
 
     def _refuse(self, decision: gates.Decision) -> None:
         """Acknowledge, store the typed failure, announce: never requeue, never run."""
+        if isinstance(self.task, DeadlineTask):
+            decision = self.task.kind_of(decision)
         exc = decision.refusal()
         report_refusal(self.task, self.id, self.name, decision)
         task_ready(self)

@@ -63,6 +63,10 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
                          (default: ``time_limit``, then the setting)
     ``lease_ttl``        how long a claim owns the run before it must be renewed
                          (Django tier; default: the ``deadlines_lease_ttl`` setting)
+    ``deadline_kind``    ``"execution"`` (default) or ``"delivery"``: a delivery task
+                         (a notification) published from a run is governed by that
+                         run's *delivery* deadline, so it may run after execution
+                         expired, and is refused with ``delivery_expired`` after it
 
     Call options (``apply_async(budget=...)``): ``budget`` or ``deadline`` (an aware
     datetime), ``delivery_budget`` or ``delivery_deadline``.
@@ -75,6 +79,7 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
     reserve: ClassVar[object] = UNSET
     attempt_timeout: ClassVar[object] = UNSET
     lease_ttl: ClassVar[object] = UNSET
+    deadline_kind: ClassVar[str] = "execution"
 
     @classmethod
     def bind(cls, app: Any) -> Any:
@@ -105,6 +110,9 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
         given = options.get("headers")
         headers = dict(given) if given else {}
         parent = propagation.inherited()
+        if self.deadline_kind == "delivery":
+            # a notification lives by the delivery deadline, never by the execution one
+            parent = parent._replace(deadline=parent.delivery)
         if parent.unreadable is not None:
             detail = "the parent task's deadline is unreadable"
             self._refuse_enqueue(gates.invalid(gates.Gate.ENQUEUE, now, detail), task_id)
@@ -230,6 +238,7 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
         return parsed
 
     def _refuse_enqueue(self, decision: gates.Decision, task_id: str | None) -> NoReturn:
+        decision = self.kind_of(decision)
         report_refusal(self, task_id, self.name, decision)
         refusal = decision.refusal()
         if ledger.enabled_for(self.app) and not self.app.conf.task_always_eager:
@@ -342,7 +351,12 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
         )  # fmt: skip
         raise Ignore(f"claim refused: {outcome.why}")
 
+    def kind_of(self, decision: gates.Decision) -> gates.Decision:
+        """The decision in this task's terms (a delivery task's deadline is its delivery)."""
+        return gates.as_delivery(decision) if self.deadline_kind == "delivery" else decision
+
     def _refuse_attempt(self, decision: gates.Decision, task_id: str) -> NoReturn:
+        decision = self.kind_of(decision)
         report_refusal(self, task_id, self.name, decision)
         refusal = decision.refusal()
         if ledger.enabled_for(self.app) and not self.request.is_eager:
@@ -425,7 +439,7 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
         key: str,
         fingerprint: Any = None,
         not_sent: tuple[type[BaseException], ...] = (),
-        kind: str = "execution",
+        kind: str | None = None,
     ) -> EffectScope:
         """A side effect performed at most once per ``key`` (see :mod:`celery_deadlines.effects`).
 
@@ -441,7 +455,7 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
                 "side effects need the run ledger: add 'celery_deadlines' to INSTALLED_APPS "
                 "and run the task in a worker"
             )
-        return EffectScope(attempt, name, key, fingerprint, not_sent, kind)
+        return EffectScope(attempt, name, key, fingerprint, not_sent, kind or self.deadline_kind)
 
     def reconciler(self, name: str) -> Callable[[Reconciler], Reconciler]:
         """Register the function asked about an effect of this task whose outcome is unknown.

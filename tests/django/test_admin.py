@@ -240,3 +240,94 @@ def test_explain_names_a_run_that_does_not_exist() -> None:
 
     with pytest.raises(CommandError, match="no run with task id 'nope'"):
         call_command("deadlines", "explain", "nope")
+
+
+@pytest.fixture
+def unknown_payment(story: dict[str, Any]) -> Run:
+    """A run whose payment call timed out: effect UNKNOWN, run UNKNOWN (reconcile first)."""
+    from celery_deadlines.effects import EffectScope
+    from celery_deadlines.ledger.attempt import Attempt
+
+    store: Store = story["store"]
+    record(store, "pay-42")
+    lease = claim(store, "pay-42", "celery@shop:401")
+    attempt = Attempt(store, lease, "celery@shop:401", TTL)
+    with (
+        pytest.raises(TimeoutError),
+        EffectScope(attempt, "pay", "order-42:pay", {"a": 1}, (), "execution"),
+    ):
+        raise TimeoutError("provider read timed out")
+    assert store.finish(lease, "celery@shop:401", Status.UNKNOWN, "effect_unresolved", "pay")
+    return Run.objects.get(task_id="pay-42")
+
+
+def test_the_run_page_shows_its_effects_inline(client: Client, unknown_payment: Run) -> None:
+    login(client, "view_effect")
+    page = client.get(
+        reverse("admin:celery_deadlines_run_change", args=[unknown_payment.pk])
+    ).content.decode()
+    assert "effects (at most once per key)" in page
+    assert "order-42:pay" in page
+    assert "UNKNOWN" in page
+
+
+def test_an_operator_resolves_an_unknown_effect_with_evidence_and_the_run_is_queued_again(
+    client: Client, unknown_payment: Run, broker: list[dict[str, Any]]
+) -> None:
+    from celery_deadlines.models import Effect, EffectState
+
+    login(client, "view_effect", "resolve_effect")
+    effect = Effect.objects.get(key="order-42:pay")
+    url = reverse("admin:celery_deadlines_effect_changelist")
+    form = client.post(url, {"action": "resolve", "_selected_action": [effect.pk]})
+    assert form.status_code == 200
+    assert "order-42:pay" in form.content.decode()
+    assert "Evidence" in form.content.decode()
+    client.post(
+        url,
+        {
+            "action": "resolve", "_selected_action": [effect.pk], "apply": "Resolve",
+            "found": "no", "evidence": "provider dashboard: no payment for order 42",
+        },
+    )  # fmt: skip
+    effect.refresh_from_db()
+    assert effect.state == EffectState.NOT_DISPATCHED
+    assert effect.evidence == "provider dashboard: no payment for order 42 (operator ops)"
+    assert Run.objects.get(task_id="pay-42").status == Status.QUEUED
+    assert [message["id"] for message in broker] == ["pay-42"]
+
+
+def test_resolving_needs_its_own_permission(client: Client, unknown_payment: Run) -> None:
+    from celery_deadlines.models import Effect, EffectState
+
+    login(client, "view_effect")
+    effect = Effect.objects.get(key="order-42:pay")
+    client.post(
+        reverse("admin:celery_deadlines_effect_changelist"),
+        {"action": "resolve", "_selected_action": [effect.pk], "apply": "Resolve",
+         "found": "yes", "evidence": "x"},
+    )  # fmt: skip
+    effect.refresh_from_db()
+    assert effect.state == EffectState.UNKNOWN
+
+
+def test_explain_says_which_effect_is_unknown_and_json_carries_the_same(
+    unknown_payment: Run,
+) -> None:
+    import json
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    text = StringIO()
+    call_command("deadlines", "explain", "pay-42", stdout=text)
+    assert "unknown outcomes  order-42:pay (TimeoutError('provider read timed out'))" in (
+        text.getvalue()
+    )
+    assert "order-42:pay  UNKNOWN" in text.getvalue()
+    as_json = StringIO()
+    call_command("deadlines", "explain", "pay-42", "--json", stdout=as_json)
+    answers = json.loads(as_json.getvalue())
+    assert answers["status"] == "UNKNOWN"
+    assert [e["key"] for e in answers["unknown_effects"]] == ["order-42:pay"]
+    assert answers["writes_allowed_for_token"] is None

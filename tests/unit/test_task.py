@@ -577,3 +577,59 @@ def test_eager_mode_runs_the_same_gates_in_process(app: Celery, clock: FakeClock
     assert task.apply_async(budget=5).get() == pytest.approx(5)
     with pytest.raises(DeadlineRefused, match="enqueue gate refused: deadline_passed"):
         task.apply_async(deadline=clock.now() - timedelta(seconds=1))
+
+
+# -- delivery tasks: governed by the delivery deadline, not the execution deadline -----
+
+
+def test_a_delivery_task_published_from_a_run_lives_by_the_runs_delivery_deadline(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    from celery._state import _task_stack  # type: ignore[attr-defined]
+
+    parent = make_task(app, name="unit.order")
+    notice = make_task(app, name="unit.notice", deadline_kind="delivery")
+    execution = clock.now() + timedelta(seconds=10)
+    delivery = clock.now() + timedelta(hours=1)
+    start_attempt(
+        parent,
+        {DEADLINE_HEADER: encode(execution), DELIVERY_DEADLINE_HEADER: encode(delivery)},
+    )
+    _task_stack.push(parent)
+    try:
+        notice.delay()
+    finally:
+        _task_stack.pop()
+    assert published[-1][DEADLINE_HEADER] == encode(delivery)
+    assert published[-1][DELIVERY_DEADLINE_HEADER] == encode(delivery)
+
+
+def test_a_delivery_task_may_start_after_execution_expired_while_delivery_is_valid(
+    app: Celery, clock: FakeClock
+) -> None:
+    notice = make_task(app, name="unit.notice", deadline_kind="delivery")
+    delivery = clock.now() + timedelta(hours=1)
+    start_attempt(notice, {DEADLINE_HEADER: encode(delivery)}, "n-1")
+    assert notice.remaining() == pytest.approx(3600)
+
+
+def test_a_delivery_task_past_its_deadline_is_refused_as_delivery_expired(
+    app: Celery, clock: FakeClock, refusals: list[Decision]
+) -> None:
+    notice = make_task(app, name="unit.notice", deadline_kind="delivery")
+    request, on_ack = claim(
+        app, notice, {DEADLINE_HEADER: encode(clock.now() - timedelta(seconds=1))}
+    )
+    assert request.revoked()
+    on_ack.assert_called_once()
+    assert stored_refusal(app, "m-1").reason == "delivery_expired"
+    assert [d.reason for d in refusals] == ["delivery_expired"]
+
+
+def test_an_execution_task_past_its_deadline_is_still_refused_as_deadline_passed(
+    app: Celery, clock: FakeClock
+) -> None:
+    task = make_task(app)
+    request, _ = claim(app, task, {DEADLINE_HEADER: encode(clock.now() - timedelta(seconds=1))})
+    assert request.revoked()
+    assert stored_refusal(app, "m-1").reason == "deadline_passed"

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ...explain import explain
+from ...explain import explain, facts
 from ...ledger.reconcile import reconcile_once
 from ...ledger.store import Store
 from ...models import Run
@@ -20,6 +21,7 @@ class Command(BaseCommand):
         actions = parser.add_subparsers(dest="action", required=True)
         explain_parser = actions.add_parser("explain", help="answer the operator checklist")
         explain_parser.add_argument("task_id")
+        explain_parser.add_argument("--json", action="store_true", help="the answers as JSON")
         actions.add_parser("reconcile", help="one pass of restart reconciliation and sweeping")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -30,7 +32,12 @@ class Command(BaseCommand):
             if run is None:
                 raise CommandError(f"no run with task id {options['task_id']!r}")
             events = list(run.events.using(using).order_by("id"))
-            self.stdout.write("\n".join(explain(run, events, store.database_now())))
+            effects = list(run.effects.using(using).order_by("id"))
+            now = store.database_now()
+            if options["json"]:
+                self.stdout.write(json.dumps(facts(run, events, effects, now), indent=2))
+            else:
+                self.stdout.write("\n".join(explain(run, events, now, effects)))
             return
         from celery import current_app
 
