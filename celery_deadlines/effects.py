@@ -32,7 +32,7 @@ import json
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .errors import DispatchRefused, EffectConflict
+from .errors import DispatchRefused, EffectConflict, StaleLease
 from .models import EffectState
 
 if TYPE_CHECKING:
@@ -131,8 +131,15 @@ class EffectScope:
     def _record(self, write: Any, value: Any) -> None:
         if not self._dispatched:
             raise RuntimeError(f"effect {self.key} was not dispatched by this attempt")
-        write(self.key, self.token, value)
         self._dispatched = False
+        if not write(self.key, self.token, value):
+            # settled meanwhile (reconciled, or dispatched again under a newer token):
+            # this attempt's outcome is not the record; it is a stale holder
+            lease = self.attempt.lease
+            self.attempt.store.record_rejected(
+                lease.run_id, "effect_outcome", self.token, self.attempt.owner
+            )
+            raise StaleLease(lease.task_id, self.token, f"outcome of {self.key}")
         self.attempt.unresolved.discard(self.key)
 
     def __exit__(

@@ -448,3 +448,77 @@ def test_a_pool_process_killed_around_the_call_performs_the_effect_exactly_once(
     else:
         assert effect.evidence == "sink lookup: no call"
         assert effect.dispatches == 2
+
+
+# -- the window no library closes alone: a pause between the guard and the call ---------
+
+
+@pytest.fixture
+def provider(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """The sink as a process of its own (the provider): its URL and its call log."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = tmp_path / "provider.jsonl"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.sink", str(log), str(port)],
+        cwd=Path(__file__).resolve().parents[2],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    assert "ready" in process.stdout.readline()
+    yield f"http://127.0.0.1:{port}", log
+    process.terminate()
+    process.wait(10)
+    process.stdout.close()
+
+
+def provider_calls(log: Path, key: str) -> list[dict[str, Any]]:
+    if not log.exists():
+        return []
+    return [e for e in map(json.loads, log.read_text().splitlines()) if e["key"] == key]
+
+
+@pytest.mark.parametrize("fenced", [False, True], ids=["plain-provider", "fencing-provider"])
+def test_a_worker_paused_between_the_guard_and_the_call_is_stopped_only_by_a_fencing_provider(
+    redis_broker: Transport,
+    ledger_client: Any,
+    ledger_worker: Any,
+    sink: Path,
+    provider: tuple[str, Path],
+    fenced: bool,
+) -> None:
+    url, log = provider
+    key = ("fenced-" if fenced else "plain-") + "order-42"
+    tasks = ledger_client(redis_broker)
+    knobs = {"TEST_ACKS_LATE": "1", "TEST_LEASE_TTL": "1", "TEST_SINK_URL": url}
+    ledger_worker(redis_broker, **knobs)
+    ledger_worker(redis_broker, **knobs)
+    result = tasks.remote_pay.apply_async((key,), budget=60)
+    guarded = wait_for(lambda: lines(sink, "guarded", key), 30)[0]
+    os.kill(guarded["pid"], signal.SIGSTOP)  # past the guard, before the call
+    try:
+        run = wait_for(lambda: ended(result.id), 45)  # reconciled, dispatched again by B
+    finally:
+        os.kill(guarded["pid"], signal.SIGCONT)
+    assert run.status == Status.SUCCEEDED
+    stale = wait_for(lambda: [c for c in provider_calls(log, key) if c["token"] == 1], 15)
+    accepted = [c for c in provider_calls(log, key) if c["outcome"] == "accepted"]
+    if fenced:
+        assert stale[0]["outcome"] == "refused"  # the provider closes the window
+        assert len(accepted) == 1
+    else:
+        assert stale[0]["outcome"] == "accepted"  # the window: a late second call
+        assert len(accepted) == 2
+    assert accepted[0]["token"] > 1  # the run's outcome is the current holder's call
+    effect = Run.objects.using(DB).get(task_id=result.id).effects.get()
+    assert (effect.state, effect.lease_token) == ("SUCCEEDED", accepted[0]["token"])
+    refused_outcome = wait_for(
+        lambda: [e for e in history(result.id) if e[1] == "rejected" and e[2] == 1], 15
+    )
+    assert refused_outcome  # the stale holder's outcome is not the record

@@ -156,3 +156,53 @@ def find_payment(pending: Any) -> Any:
     if sink_has(pending.key):
         return Found({"paid": pending.key, "reconciled": True}, evidence="sink lookup: found")
     return NotFound(evidence="sink lookup: no call")
+
+
+class ProviderRefused(Exception):
+    """The provider answered no (here: a fencing-aware provider refused a stale token)."""
+
+
+def _provider(method: str, key: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        f"{os.environ['TEST_SINK_URL']}/effects/{key}",
+        data=json.dumps(body).encode() if body is not None else None,
+        method=method,
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"{}")
+
+
+@app.task(base=DeadlineTask, bind=True, name="l.remote_pay")
+def remote_pay(self: DeadlineTask, key: str) -> Any:
+    """Pay through the sink process; the first attempt dawdles between guard and call."""
+    with self.effect("remote_pay", key=key, fingerprint={"key": key}) as fx:
+        if fx.completed:
+            return fx.result
+        sink("guarded", key, self)  # the guard passed; a test may SIGSTOP us now
+        if self.lease is not None and self.lease.attempt == 1:
+            time.sleep(1.5)
+        status, answer = _provider("POST", key, {"token": fx.token, "pid": os.getpid()})
+        if status == 409:
+            fx.fail(f"provider refused: {answer}")
+            raise ProviderRefused(answer)
+        fx.succeed(answer)
+    return fx.result
+
+
+@remote_pay.reconciler("remote_pay")
+def find_remote_payment(pending: Any) -> Any:
+    from celery_deadlines.effects import Found, NotFound
+
+    status, answer = _provider("GET", pending.key)
+    if status == 200:
+        return Found(
+            answer["calls"][-1], evidence=f"provider lookup: {len(answer['calls'])} call(s)"
+        )
+    return NotFound(evidence="provider lookup: no call")
