@@ -80,6 +80,8 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
     attempt_timeout: ClassVar[object] = UNSET
     lease_ttl: ClassVar[object] = UNSET
     deadline_kind: ClassVar[str] = "execution"
+    #: ``{effect name: reconciler}``, as a task option (or register with ``@task.reconciler``)
+    reconcilers: ClassVar[dict[str, Any]] = {}
 
     @classmethod
     def bind(cls, app: Any) -> Any:
@@ -471,8 +473,11 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
         return register
 
     def effect_reconciler(self, name: str) -> Reconciler | None:
-        reconcilers: dict[str, Reconciler] = self.__dict__.get("_effect_reconcilers", {})
-        return reconcilers.get(name)
+        """The reconciler of effect ``name``: registered with ``@task.reconciler``, or
+        given as the task option ``reconcilers={name: function}``."""
+        registered: dict[str, Reconciler] = self.__dict__.get("_effect_reconcilers", {})
+        found = registered.get(name) or self.reconcilers.get(name)
+        return found if callable(found) else None
 
     def _attempt(self) -> Attempt | None:
         """The ledger attempt of the delivery this process is executing, if any."""

@@ -34,10 +34,12 @@ from kombu.utils.url import maybe_sanitize_url  # noqa: E402
 from celery_deadlines import DeadlineRefused  # noqa: E402
 from celery_deadlines.models import Run  # noqa: E402
 from demo_project.celery import app  # noqa: E402
+from demo_project.shop import provider  # noqa: E402
 from demo_project.shop.tasks import place_order  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 ORDER_BUDGET = 8.0
+DELIVERY_BUDGET = 60.0
 WAREHOUSE_DOWN_FOR = 5.0
 
 
@@ -132,6 +134,12 @@ def explain(name: str, task_id: str) -> list[str]:
             f"{'':<15} deadline {clock(value['deadline'])} (from the {value['source']}), "
             f"attempt {value['attempt']}",
         ]
+        if "charge" in value:
+            key = value["charge"]["key"]
+            how = "replayed after reconciling a lost reply" if value["replayed"] else "direct"
+            lines.append(
+                f"{'':<15} provider charges for {key}: {len(provider.charges(key))} ({how})"
+            )
     return [*lines, f"{'':<15} {ledger_line(task_id)}"]
 
 
@@ -158,6 +166,7 @@ def main() -> None:
     for folder in ("queue", "processed", "control"):
         (var / "broker" / folder).mkdir(parents=True, exist_ok=True)
     call_command("migrate", verbosity=0)
+    (var / "provider.jsonl").unlink(missing_ok=True)  # a rerun starts with no charges
     purge_queues("celery", "warehouse")  # a rerun must not meet the last run's messages
     database = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
     broker = settings.CELERY_BROKER_URL
@@ -168,7 +177,7 @@ def main() -> None:
     shop = start_worker("celery", var / "shop-worker.log")
     warehouse = None
     try:
-        order = place_order.apply_async((42,), budget=ORDER_BUDGET)
+        order = place_order.apply_async((42,), budget=ORDER_BUDGET, delivery_budget=DELIVERY_BUDGET)
         print(
             f"\norder 42 placed with an {ORDER_BUDGET:.0f} s budget -> deadline "
             f"{clock(order_deadline(order.id))}; print_label has its own 3 s budget "

@@ -17,6 +17,9 @@ from typing import Any
 from celery import shared_task
 
 from celery_deadlines import SOURCE_HEADER, DeadlineTask
+from celery_deadlines.effects import Found, NotFound, PendingEffect
+
+from . import provider
 
 
 class ProviderDown(Exception):
@@ -42,6 +45,8 @@ def place_order(self: DeadlineTask, order_id: int) -> dict[str, Any]:
         "reserve_stock": reserve_stock.delay(order_id).id,
         "charge_card": charge_card.delay(order_id, 4200).id,
         "print_label": print_label.apply_async((order_id,), queue="warehouse").id,
+        "capture_payment": capture_payment.delay(order_id, 4200).id,
+        "send_confirmation": send_confirmation.delay(order_id).id,
     }
     return {**started, "children": children}
 
@@ -69,3 +74,32 @@ def charge_card(self: DeadlineTask, order_id: int, amount_cents: int) -> dict[st
 @shared_task(base=DeadlineTask, bind=True)
 def print_label(self: DeadlineTask, order_id: int) -> dict[str, Any]:
     return {**seen(self), "printed": True}
+
+
+def find_capture(pending: PendingEffect) -> Found | NotFound:
+    """Asked only when a capture's outcome is unknown: what does the provider have?"""
+    found = provider.lookup(pending.key)
+    if found is None:
+        return NotFound(evidence="provider lookup: no charge")
+    return Found(found, evidence=f"provider lookup: {found['id']}")
+
+
+@shared_task(base=DeadlineTask, bind=True, reconcilers={"capture": find_capture})
+def capture_payment(self: DeadlineTask, order_id: int, amount_cents: int) -> dict[str, Any]:
+    """One charge per order, whatever the provider does (it loses its first reply)."""
+    started = seen(self)
+    key = f"order-{order_id}:capture:v1"
+    with self.effect("capture", key=key, fingerprint={"amount": amount_cents}) as fx:
+        if fx.completed:  # reconciled after the lost reply: replay, never charge again
+            return {**started, "charge": fx.result, "replayed": True}
+        fx.succeed(provider.charge(fx.key, amount_cents))
+    return {**started, "charge": fx.result, "replayed": False}
+
+
+@shared_task(base=DeadlineTask, bind=True, deadline_kind="delivery")
+def send_confirmation(self: DeadlineTask, order_id: int) -> dict[str, Any]:
+    """A notice: governed by the order's delivery deadline, not its execution deadline."""
+    with self.effect("email", key=f"order-{order_id}:confirmation:v1") as fx:
+        if not fx.completed:
+            fx.succeed({"to": f"customer-of-order-{order_id}", "sent": True})
+    return {**seen(self), "notice": fx.result}

@@ -54,6 +54,13 @@ def assert_story_explained(output: str) -> None:
     assert "ledger: EXPIRED (deadline_passed), 0 claim(s)" in output  # order 43
     assert "order 43 placed with a deadline 1 s ago -> refused at once" in output
     assert "a retry needs" in output
+    # one charge per order, although the provider lost its first reply (seed 000 fixture 4)
+    assert "provider charges for order-42:capture:v1: 1 (replayed after reconciling" in output
+    assert "SUCCEEDED, started with" in line_of("capture_payment ")
+    # the notice lives by the 60 s delivery deadline, not the 8 s execution deadline
+    notice = line_of("send_confirmation ")
+    assert "SUCCEEDED, started with" in notice
+    assert float(notice.split("started with ")[1].split(" s left")[0]) > 8
 
 
 def test_the_demo_explains_the_story_on_the_embedded_default(tmp_path: Path) -> None:
