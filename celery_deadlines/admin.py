@@ -290,7 +290,7 @@ class EffectAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         for effect in unknown:
             if effects.resolve(effect.key, found, result, f"{evidence} ({operator})"):
                 resolved += 1
-                if effects.release_resolved(effect.run_id):
+                if effects.release_resolved(effect.run_id) == "QUEUED":
                     message = store.message_of(effect.run_id)
                     if message is not None:
                         from celery import current_app

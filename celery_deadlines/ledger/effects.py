@@ -14,9 +14,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Final
 
-from .store import EVENT, RUN, Lease, Store
+from .store import EFFECT, EVENT, RUN, Lease, Store
 
-EFFECT: Final = "celery_deadlines_effect"
 _UNRESOLVED_SQL: Final = "('DISPATCHED', 'UNKNOWN')"
 
 
@@ -197,23 +196,29 @@ class Effects:
         )
         return count == 1
 
-    def release_resolved(self, run_id: int) -> bool:
-        """Queue again an UNKNOWN run all of whose effects are resolved (token + 1)."""
+    def release_resolved(self, run_id: int) -> str | None:
+        """An UNKNOWN run all of whose effects are resolved: queued again (token + 1) to
+        replay or dispatch anew, or, past its deadline, EXPIRED (never resurrected).
+        Returns the status written, or ``None``."""
         d = self.store.dialect
-        count, _ = self.store.execute(
+        past = f"(deadline IS NOT NULL AND deadline <= {d.now})"
+        _, rows = self.store.execute(
             f"""
-            UPDATE {RUN} SET status = 'QUEUED', reason = '', lease_token = lease_token + 1,
-                owner = '', lease_expires_at = NULL, published_at = {d.now},
-                version = version + 1, op = 'reconciled', op_detail = 'effects resolved',
-                updated_at = {d.now}
+            UPDATE {RUN} SET
+                status = CASE WHEN {past} THEN 'EXPIRED' ELSE 'QUEUED' END,
+                reason = CASE WHEN {past} THEN 'deadline_passed' ELSE '' END,
+                lease_token = lease_token + 1, owner = '', lease_expires_at = NULL,
+                published_at = {d.now}, version = version + 1, op = 'reconciled',
+                op_detail = 'effects resolved', updated_at = {d.now}
             WHERE id = %s AND status = 'UNKNOWN'
               AND NOT EXISTS (
                 SELECT 1 FROM {EFFECT} WHERE run_id = %s AND state IN {_UNRESOLVED_SQL}
               )
+            RETURNING status
             """,
             [run_id, run_id],
         )
-        return count == 1
+        return str(rows[0][0]) if rows else None
 
 
 def _json(value: Any) -> Any:

@@ -165,7 +165,7 @@ def _reconcile_effect(app: Any, store: Store, pending: Pending, report: Report) 
         )
         return
     report.resolved.append(pending.key)
-    if effects.release_resolved(pending.run_id):
+    if effects.release_resolved(pending.run_id) == Status.QUEUED:
         message = store.message_of(pending.run_id)
         if message is not None:
             _republish(app, pending.task_id, partial(outbox.republish, app, message))

@@ -35,6 +35,7 @@ from .sql import Dialect, dialect_for
 
 RUN: Final = "celery_deadlines_run"
 EVENT: Final = "celery_deadlines_runevent"
+EFFECT: Final = "celery_deadlines_effect"
 
 #: How long a lapsed lease is left to the worker that supervised it before the
 #: reconciler settles it (that worker ends attempts killed by their time limit).
@@ -455,23 +456,48 @@ class Store:
 
     # -- the worker's main process, about its own pool processes ------------------------------
 
-    def end_owned(self, task_id: str, owner: str, status: Status, reason: str, detail: str) -> bool:
+    def end_owned(
+        self, task_id: str, owner: str, status: Status, reason: str, detail: str
+    ) -> str | None:
         """End the attempt a pool process of this worker holds (its hard time limit hit).
 
         The main process supervises the pool process that owns the lease, so it may end
-        that attempt; the token is bumped, which fences the killed process for good.
+        that attempt; the token is bumped, which fences the killed process for good. If
+        the attempt had dispatched an effect without recording its outcome, the run
+        ends UNKNOWN instead (seed 004: a deadline during a provider call is an outcome
+        to reconcile, not to guess), and those effects are marked UNKNOWN. Returns the
+        status written, or ``None`` if the attempt was not this owner's any more.
         """
         d = self.dialect
-        count, _ = self.execute(
+        unresolved = (
+            f"EXISTS (SELECT 1 FROM {EFFECT} e WHERE e.run_id = {RUN}.id "
+            "AND e.state IN ('DISPATCHED', 'UNKNOWN'))"
+        )
+        _, rows = self.execute(
             f"""
-            UPDATE {RUN} SET status = %s, reason = %s, detail = %s,
-                lease_token = lease_token + 1, lease_expires_at = NULL,
+            UPDATE {RUN} SET
+                status = CASE WHEN {unresolved} THEN 'UNKNOWN' ELSE %s END,
+                reason = CASE WHEN {unresolved} THEN 'effect_unresolved' ELSE %s END,
+                detail = %s, lease_token = lease_token + 1, lease_expires_at = NULL,
                 version = version + 1, op = 'end_owned', op_detail = %s, updated_at = {d.now}
             WHERE task_id = %s AND status = 'RUNNING' AND owner = %s
+            RETURNING id, status
             """,
             [status.value, reason, detail, detail, task_id, owner],
         )
-        return count == 1
+        if not rows:
+            return None
+        run_id, written = rows[0]
+        if written == Status.UNKNOWN:
+            self.execute(
+                f"""
+                UPDATE {EFFECT} SET state = 'UNKNOWN', updated_at = {d.now},
+                    error = %s
+                WHERE run_id = %s AND state = 'DISPATCHED'
+                """,
+                [detail, run_id],
+            )
+        return str(written)
 
     def lapse_owned(self, task_id: str, owner: str, detail: str) -> bool:
         """Let the lease of a lost pool process lapse now, for the reconciler to settle."""

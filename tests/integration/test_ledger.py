@@ -522,3 +522,19 @@ def test_a_worker_paused_between_the_guard_and_the_call_is_stopped_only_by_a_fen
         lambda: [e for e in history(result.id) if e[1] == "rejected" and e[2] == 1], 15
     )
     assert refused_outcome  # the stale holder's outcome is not the record
+
+
+def test_a_deadline_that_expires_during_the_provider_call_records_the_outcome_not_a_guess(
+    redis_broker: Transport, ledger_client: Any, ledger_worker: Any, sink: Path
+) -> None:
+    tasks = ledger_client(redis_broker)
+    ledger_worker(redis_broker)
+    result = tasks.slow_pay.apply_async(("slow",), budget=2)
+    run = wait_for(lambda: ended(result.id), 30)
+    effect = run.effects.get()
+    # the call was cut by the deadline: UNKNOWN, then reconciled with the provider
+    assert (effect.state, effect.evidence) == ("SUCCEEDED", "sink lookup: found")
+    assert (run.status, run.reason) == (Status.EXPIRED, "deadline_passed")  # not resurrected
+    kinds = [kind for kind, _, _ in history(result.id)]
+    assert "effect_unknown" in kinds
+    assert len(lines(sink, "effect", "slow")) == 1

@@ -206,3 +206,11 @@ def find_remote_payment(pending: Any) -> Any:
             answer["calls"][-1], evidence=f"provider lookup: {len(answer['calls'])} call(s)"
         )
     return NotFound(evidence="provider lookup: no call")
+
+
+@app.task(base=DeadlineTask, bind=True, name="l.slow_pay", reconcilers={"pay": find_payment})
+def slow_pay(self: DeadlineTask, key: str) -> None:
+    """The provider takes the payment, then hangs past the deadline (seed 004)."""
+    with self.effect("pay", key=key, fingerprint={"key": key}):
+        sink("effect", key, self)
+        time.sleep(30)
