@@ -24,7 +24,7 @@ from .clock import get_clock
 from .explain import utc
 from .ledger import outbox
 from .ledger.store import Store
-from .models import Effect, EffectState, Run, RunEvent
+from .models import Effect, EffectState, Run, RunEvent, Status
 
 
 def describe_time_left(run: Run) -> str:
@@ -205,9 +205,7 @@ class RunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         done = []
         for run in queryset:
             if store.requeue_now(run.pk, _operator(request)):
-                message = store.message_of(run.pk)
-                if message is not None:
-                    outbox.republish(current_app, message)
+                outbox.republish_run(current_app, store, run.pk)
                 done.append(run)
         self._report(request, "requeued", done, queryset.count())
 
@@ -290,12 +288,10 @@ class EffectAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         for effect in unknown:
             if effects.resolve(effect.key, found, result, f"{evidence} ({operator})"):
                 resolved += 1
-                if effects.release_resolved(effect.run_id) == "QUEUED":
-                    message = store.message_of(effect.run_id)
-                    if message is not None:
-                        from celery import current_app
+                if effects.release_resolved(effect.run_id) == Status.QUEUED:
+                    from celery import current_app
 
-                        outbox.republish(current_app, message)
+                    outbox.republish_run(current_app, store, effect.run_id)
         self.message_user(
             request, f"{resolved} effect(s) resolved as {'found' if found else 'not found'}."
         )

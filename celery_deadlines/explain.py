@@ -39,6 +39,7 @@ def facts(
         "lease_live": live,
         "fencing_token": run.lease_token,
         "claimed_version": current_claim.version if current_claim else None,
+        "claimed_at": utc(current_claim.at) if current_claim else None,
         "version": run.version,
         "attempts": run.attempt,
         "lost_leases": run.lost_leases,
@@ -92,9 +93,7 @@ def explain(
     why = f" ({run.reason}: {run.detail})" if run.reason else ""
     claimed = "-"
     if f["claimed_version"] is not None:
-        claim = next(e for e in reversed(events) if e.kind == "claim" and e.outcome == "applied"
-                     and e.lease_token == run.lease_token)  # fmt: skip
-        claimed = f"{f['claimed_version']} (claim at {utc(claim.at)})"
+        claimed = f"{f['claimed_version']} (claim at {f['claimed_at']})"
     checkpoint = f["last_checkpoint"]
     rejected = f["stale_writes_refused"]
     next_effect = f["next_effect"]

@@ -101,3 +101,10 @@ def republish(app: Celery, message: Unclaimed) -> None:
         retries=message.retries,
         **options,
     )
+
+
+def republish_run(app: Celery, store: Store, run_id: int) -> None:
+    """Publish the recorded message of run ``run_id`` again (after a requeue)."""
+    message = store.message_of(run_id)
+    if message is not None:
+        republish(app, message)

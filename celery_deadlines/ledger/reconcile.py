@@ -81,9 +81,12 @@ def reconcile_once(app: Any, store: Store) -> Report:
     """One pass of reconciliation and sweeping over the whole ledger."""
     settings = settings_for(app)
     report = Report()
-    for expired in store.expire_unclaimed():
-        report.expired.append(expired.task_id)
-        _store_refusal(app, expired, store.database_now())
+    expired_runs = store.expire_unclaimed()
+    if expired_runs:
+        now = store.database_now()  # one reading for the whole batch
+        for expired in expired_runs:
+            report.expired.append(expired.task_id)
+            _store_refusal(app, expired, now)
     max_lost = settings.get(conf.MAX_LOST_LEASES)
     for lapsed in store.lapsed_leases():
         _settle(app, store, lapsed, max_lost, report)
@@ -130,9 +133,7 @@ def _settle(app: Any, store: Store, lapsed: LapsedLease, max_lost: int, report: 
             app.backend.mark_as_failure(lapsed.task_id, WorkerLostError(detail))
         return
     if store.requeue_lapsed(lapsed):
-        message = store.message_of(lapsed.run_id)
-        if message is not None:
-            _republish(app, lapsed.task_id, partial(outbox.republish, app, message))
+        _republish(app, lapsed.task_id, partial(outbox.republish_run, app, store, lapsed.run_id))
         report.requeued.append(lapsed.task_id)
 
 
@@ -166,9 +167,8 @@ def _reconcile_effect(app: Any, store: Store, pending: Pending, report: Report) 
         return
     report.resolved.append(pending.key)
     if effects.release_resolved(pending.run_id) == Status.QUEUED:
-        message = store.message_of(pending.run_id)
-        if message is not None:
-            _republish(app, pending.task_id, partial(outbox.republish, app, message))
+        run_id = pending.run_id
+        _republish(app, pending.task_id, partial(outbox.republish_run, app, store, run_id))
         report.requeued.append(pending.task_id)
 
 

@@ -639,8 +639,7 @@ class Store:
         d = self.dialect
         _, rows = self.execute(
             f"""
-            SELECT id, task_id, task_name, version, retries, available_at, message_body,
-                content_type, content_encoding
+            SELECT {_MESSAGE_COLUMNS}
             FROM {RUN}
             WHERE status IN {_CLAIMABLE_SQL}
               AND published_at <= {d.now_plus}
@@ -651,10 +650,7 @@ class Store:
             """,
             [d.seconds(-republish_after), d.seconds(-republish_after), limit],
         )
-        return [
-            Unclaimed(r[0], r[1], r[2], r[3], r[4], d.instant(r[5]), _bytes(r[6]), r[7], r[8])
-            for r in rows
-        ]
+        return [self._message(row) for row in rows]
 
     def mark_republished(self, run_id: int, version: int) -> bool:
         """Claim the right to republish a run (one reconciler wins per version)."""
@@ -671,19 +667,22 @@ class Store:
 
     def message_of(self, run_id: int) -> Unclaimed | None:
         """A run's outbox message (for a requeue)."""
-        d = self.dialect
         _, rows = self.execute(
             f"""
-            SELECT id, task_id, task_name, version, retries, available_at, message_body,
-                content_type, content_encoding
+            SELECT {_MESSAGE_COLUMNS}
             FROM {RUN} WHERE id = %s
             """,
             [run_id],
         )
-        if not rows:
-            return None
-        r = rows[0]
-        return Unclaimed(r[0], r[1], r[2], r[3], r[4], d.instant(r[5]), _bytes(r[6]), r[7], r[8])
+        return self._message(rows[0]) if rows else None
+
+    def _message(self, row: tuple[Any, ...]) -> Unclaimed:
+        """An :class:`Unclaimed` from a row of :data:`_MESSAGE_COLUMNS`."""
+        run_id, task_id, name, version, retries, available_at, body, ctype, encoding = row
+        return Unclaimed(
+            run_id, task_id, name, version, retries, self.dialect.instant(available_at),
+            _bytes(body), ctype, encoding,
+        )  # fmt: skip
 
     def database_now(self) -> datetime:
         """The database clock."""
@@ -718,6 +717,11 @@ class Unclaimed:
     content_encoding: str
 
 
+#: The columns :meth:`Store._message` reads (a run's outbox message).
+_MESSAGE_COLUMNS: Final = (
+    "id, task_id, task_name, version, retries, available_at, message_body, content_type, "
+    "content_encoding"
+)
 _EVENT_COLUMNS: Final = (
     "run_id, at, kind, outcome, status, reason, version, lease_token, owner, "
     "lease_expires_at, detail"

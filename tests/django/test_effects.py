@@ -25,6 +25,7 @@ from celery_deadlines.ledger.reconcile import reconcile_once
 from celery_deadlines.ledger.store import Lease, NewRun, Store
 from celery_deadlines.models import Effect, EffectState, Run, RunEvent, Status
 from tests.conftest import service_unavailable
+from tests.support.memory_queue import drain
 from tests.support.processes import reachable
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
@@ -190,18 +191,8 @@ def app() -> Iterator[Celery]:
 
 
 def published(app: Celery) -> list[str]:
-    ids = []
-    with app.connection_for_read() as connection:
-        queue = connection.SimpleQueue("fx")
-        while True:
-            try:
-                message = queue.get(block=False)
-            except queue.Empty:
-                break
-            ids.append(message.headers["id"])
-            message.ack()
-        queue.close()
-    return ids
+    """The ids of the messages waiting in the in-memory queue ``fx`` (drained)."""
+    return [message["headers"]["id"] for message in drain(app, "fx")]
 
 
 def crash_after_dispatch(store: Store) -> None:

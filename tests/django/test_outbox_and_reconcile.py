@@ -24,6 +24,7 @@ from celery_deadlines.ledger.reconcile import (
 from celery_deadlines.ledger.store import LapsedLease, Lease, NewRun, Store
 from celery_deadlines.models import Run, Status
 from tests.conftest import service_unavailable
+from tests.support.memory_queue import drain
 from tests.support.processes import reachable
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
@@ -49,18 +50,7 @@ def app() -> Iterator[Celery]:
 
 def published(app: Celery) -> list[dict[str, Any]]:
     """Every message waiting in the in-memory queue ``q`` (drained)."""
-    found = []
-    with app.connection_for_read() as connection:
-        queue = connection.SimpleQueue("q")
-        while True:
-            try:
-                message = queue.get(block=False)
-            except queue.Empty:
-                break
-            found.append({"headers": message.headers, "body": message.decode()})
-            message.ack()
-        queue.close()
-    return found
+    return drain(app, "q")
 
 
 def record(store: Store, task_id: str, deadline_in: float | None = 600) -> NewRun:
