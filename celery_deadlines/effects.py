@@ -32,6 +32,7 @@ import json
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from ._crashpoints import hit
 from .errors import DispatchRefused, EffectConflict, StaleLease
 from .models import EffectState
 
@@ -99,6 +100,7 @@ class EffectScope:
         recorded = effects.record_intent(
             self.attempt.lease, self.key, self.name, self.kind, self.fingerprint
         )
+        hit("effect.intent", self.attempt.lease.task_id)
         if recorded.fingerprint != self.fingerprint:
             raise EffectConflict(
                 f"effect key {self.key!r} was first used with other parameters "
@@ -116,6 +118,7 @@ class EffectScope:
             raise DispatchRefused(self.key, reason)
         self._dispatched = True
         self.attempt.unresolved.add(self.key)
+        hit("effect.dispatched", self.attempt.lease.task_id)
         return self
 
     def succeed(self, result: Any = None) -> None:
@@ -132,6 +135,7 @@ class EffectScope:
         if not self._dispatched:
             raise RuntimeError(f"effect {self.key} was not dispatched by this attempt")
         self._dispatched = False
+        hit("effect.before_outcome", self.attempt.lease.task_id)
         if not write(self.key, self.token, value):
             # settled meanwhile (reconciled, or dispatched again under a newer token):
             # this attempt's outcome is not the record; it is a stale holder
@@ -141,6 +145,7 @@ class EffectScope:
             )
             raise StaleLease(lease.task_id, self.token, f"outcome of {self.key}")
         self.attempt.unresolved.discard(self.key)
+        hit("effect.recorded", self.attempt.lease.task_id)
 
     def __exit__(
         self,

@@ -32,6 +32,7 @@ from celery.utils import uuid
 from celery.utils.time import maybe_make_aware
 
 from . import conf, gates, ledger, propagation, wire
+from ._crashpoints import hit
 from .budgets import UNSET, Anchor, Source, govern, parse_budget, parse_duration
 from .clock import get_clock
 from .conf import settings_for
@@ -301,7 +302,9 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
             if not decision.allowed:
                 self._refuse_attempt(decision, task_id)
         if ledger.enabled_for(self.app) and not request.is_eager:
+            hit("claim.before", task_id)
             attempt = self._claim(task_id, deadline, reserve, now)
+            hit("claim.after", task_id)
             state[ATTEMPT] = attempt
             if attempt.lease.deadline is not None and (
                 deadline is None or attempt.lease.deadline < deadline
@@ -385,8 +388,6 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
             # no ledger, or the body calling its own task directly: a plain call
             return super().__call__(*args, **kwargs)
         state[_IN_BODY] = True
-        from .models import Status
-
         # Called by Celery's tracer, which already pushed the request and the task.
         try:
             try:
@@ -395,42 +396,18 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
                 finally:
                     attempt.stop()  # no renewal may follow the attempt's final write
                 if attempt.unresolved:
-                    self._end_unresolved(attempt)
+                    _end_unresolved(attempt)
                 attempt.succeed()
+                hit("run.completed", self.request.id)
                 return result
             except (Retry, StaleLease, _Unresolved):
                 raise  # written by apply_async / by nobody (stale) / as UNKNOWN
-            except Ignore:
-                attempt.end(Status.SUCCEEDED, "ignored", "the task raised Ignore")
-                raise
-            except Reject as exc:
-                why = getattr(exc, "reason", None)
-                if getattr(exc, "requeue", False):
-                    attempt.release(f"rejected with requeue: {why!r}")
-                else:
-                    attempt.end(Status.FAILED, "rejected", f"rejected: {why!r}")
-                raise
-            except DeadlineRefused as exc:
-                attempt.end(Status.EXPIRED, exc.reason, str(exc))
-                raise
             except BaseException as exc:
-                if attempt.unresolved:
-                    self._end_unresolved(attempt, exc)
-                attempt.end(Status.FAILED, "error", repr(exc)[:2000])
+                _end_after_body(attempt, exc)
                 raise
         except StaleLease as exc:
             logger.warning("%s[%s]: %s; nothing stored", self.name, self.request.id, exc)
             raise Ignore(str(exc)) from exc
-
-    def _end_unresolved(self, attempt: Attempt, exc: BaseException | None = None) -> NoReturn:
-        """UNKNOWN is not FAILED: the run waits for its effects to be reconciled."""
-        from .models import Status
-
-        keys = ", ".join(sorted(attempt.unresolved))
-        detail = f"outcome unknown for effect(s) {keys}" + (f" after {exc!r}" if exc else "")
-        attempt.end(Status.UNKNOWN, "effect_unresolved", detail[:2000])
-        logger.warning("%s[%s]: %s; reconcile before retrying", self.name, self.request.id, detail)
-        raise _Unresolved(detail)
 
     # -- side effects (the effect ledger) -------------------------------------------------
 
@@ -558,7 +535,7 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
         """
         attempt = self._attempt()
         if attempt is not None and attempt.unresolved:
-            self._end_unresolved(attempt, exc)  # never retry blindly after an ambiguous call
+            _end_unresolved(attempt, exc)  # never retry blindly after an ambiguous call
         anchor = vars(self.request).get(ANCHOR)
         if isinstance(anchor, Anchor) and not self._retries_exhausted(max_retries):
             clock = get_clock()
@@ -594,6 +571,39 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
     def _retries_exhausted(self, max_retries: int | None) -> bool:
         limit = self.max_retries if max_retries is None else max_retries
         return limit is not None and self.request.retries + 1 > limit
+
+
+def _end_unresolved(attempt: Attempt, exc: BaseException | None = None) -> NoReturn:
+    """UNKNOWN is not FAILED: the run waits for its effects to be reconciled."""
+    from .models import Status
+
+    keys = ", ".join(sorted(attempt.unresolved))
+    detail = f"outcome unknown for effect(s) {keys}" + (f" after {exc!r}" if exc else "")
+    attempt.end(Status.UNKNOWN, "effect_unresolved", detail[:2000])
+    logger.warning("%s: %s; reconcile before retrying", attempt.lease.task_id, detail)
+    raise _Unresolved(detail)
+
+
+def _end_after_body(attempt: Attempt, exc: BaseException) -> None:
+    """Write the run's outcome for a body that raised ``exc``, as Celery reads ``exc``;
+    with an effect dispatched and no outcome known, whatever was raised, the run ends
+    UNKNOWN (raises :class:`_Unresolved`): never FAILED, never released to run again."""
+    from .models import Status
+
+    if attempt.unresolved:
+        _end_unresolved(attempt, exc)
+    if isinstance(exc, Ignore):
+        attempt.end(Status.SUCCEEDED, "ignored", "the task raised Ignore")
+    elif isinstance(exc, Reject):
+        why = getattr(exc, "reason", None)
+        if getattr(exc, "requeue", False):
+            attempt.release(f"rejected with requeue: {why!r}")
+        else:
+            attempt.end(Status.FAILED, "rejected", f"rejected: {why!r}")
+    elif isinstance(exc, DeadlineRefused):
+        attempt.end(Status.EXPIRED, exc.reason, str(exc))
+    else:
+        attempt.end(Status.FAILED, "error", repr(exc)[:2000])
 
 
 class _Unresolved(Ignore):

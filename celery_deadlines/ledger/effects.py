@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
-from .store import EFFECT, EVENT, RUN, Lease, Store
-
-_UNRESOLVED_SQL: Final = "('DISPATCHED', 'UNKNOWN')"
+from .store import EFFECT, EVENT, RUN, UNRESOLVED_SQL, Lease, Store
 
 
 @dataclass(frozen=True)
@@ -95,7 +93,7 @@ class Effects:
             SELECT r.id, {d.now}, 'dispatch', 'rejected', r.status, r.reason, r.version, %s, %s,
                 r.lease_expires_at,
                 CASE
-                    WHEN e.state IN {_UNRESOLVED_SQL} THEN 'unresolved'
+                    WHEN e.state IN {UNRESOLVED_SQL} THEN 'unresolved'
                     WHEN e.state IN ('SUCCEEDED', 'FAILED') THEN 'completed'
                     WHEN r.deadline IS NOT NULL AND r.deadline <= {d.now} THEN 'deadline_passed'
                     WHEN r.lease_token <> %s OR r.status <> 'RUNNING'
@@ -116,7 +114,7 @@ class Effects:
         count, _ = self.store.execute(
             f"""
             UPDATE {EFFECT} SET state = %s, {sets}, updated_at = {d.now}
-            WHERE key = %s AND lease_token = %s AND state IN {_UNRESOLVED_SQL}
+            WHERE key = %s AND lease_token = %s AND state IN {UNRESOLVED_SQL}
             """,
             [state, *params, key, token],
         )
@@ -146,7 +144,7 @@ class Effects:
     def unresolved(self, run_id: int) -> bool:
         """Does the run have an effect dispatched without a recorded outcome?"""
         _, rows = self.store.execute(
-            f"SELECT 1 FROM {EFFECT} WHERE run_id = %s AND state IN {_UNRESOLVED_SQL} LIMIT 1",
+            f"SELECT 1 FROM {EFFECT} WHERE run_id = %s AND state IN {UNRESOLVED_SQL} LIMIT 1",
             [run_id],
         )
         return bool(rows)
@@ -170,7 +168,7 @@ class Effects:
             f"""
             SELECT e.key, e.name, e.fingerprint, e.lease_token, r.id, r.task_id, r.task_name
             FROM {EFFECT} e JOIN {RUN} r ON r.id = e.run_id
-            WHERE e.state IN {_UNRESOLVED_SQL} AND r.status = 'UNKNOWN'
+            WHERE e.state IN {UNRESOLVED_SQL} AND r.status = 'UNKNOWN'
             ORDER BY e.id
             LIMIT %s
             """,
@@ -185,7 +183,7 @@ class Effects:
             f"""
             UPDATE {EFFECT} SET state = %s, result = {d.json_param},
                 evidence = {d.json_param}, updated_at = {d.now}
-            WHERE key = %s AND state IN {_UNRESOLVED_SQL}
+            WHERE key = %s AND state IN {UNRESOLVED_SQL}
             """,
             [
                 "SUCCEEDED" if found else "NOT_DISPATCHED",
@@ -212,7 +210,7 @@ class Effects:
                 op_detail = 'effects resolved', updated_at = {d.now}
             WHERE id = %s AND status = 'UNKNOWN'
               AND NOT EXISTS (
-                SELECT 1 FROM {EFFECT} WHERE run_id = %s AND state IN {_UNRESOLVED_SQL}
+                SELECT 1 FROM {EFFECT} WHERE run_id = %s AND state IN {UNRESOLVED_SQL}
               )
             RETURNING status
             """,

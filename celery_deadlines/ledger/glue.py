@@ -14,6 +14,7 @@ from celery import Task
 from celery._state import get_current_worker_task
 
 from .. import conf
+from .._crashpoints import hit
 from ..conf import settings_for
 from ..models import Status
 from . import outbox
@@ -66,7 +67,10 @@ def publish(
     retries = int(options.get("retries") or 0)
     if attempt is not None and attempt.lease.task_id == task_id:
         attempt.retry(retries, available_at, body, f"retries={retries}")
-        return send()
+        hit("retry.reserved", task_id)
+        sent = send()
+        hit("retry.published", task_id)
+        return sent
     parent = get_current_worker_task()
     parent_id = options.get("parent_id") or (parent.request.id if parent else None)
     root_id = options.get("root_id") or (

@@ -23,6 +23,7 @@ from celery import Celery
 from django.db import connections, transaction
 from kombu.serialization import dumps, loads
 
+from .._crashpoints import hit
 from .store import NewRun, Store, Unclaimed
 
 logger = logging.getLogger("celery_deadlines")
@@ -63,15 +64,20 @@ def record(store: Store, run: NewRun, publish: Callable[[], Any]) -> Any:
     connection = connections[store.using]
     store.enqueue(run)
     if not connection.in_atomic_block:
+        hit("outbox.recorded", run.task_id)
         try:
-            return publish()
+            sent = publish()
         except Exception as exc:
             store.publish_failed(run.task_id, f"publish raised {exc!r}")
             raise
+        hit("outbox.published", run.task_id)
+        return sent
 
     def publish_after_commit() -> None:
+        hit("outbox.recorded", run.task_id)
         try:
             publish()
+            hit("outbox.published", run.task_id)
         except Exception:
             logger.exception(
                 "publishing %s[%s] after commit failed; the outbox sweeper will publish it again",

@@ -33,6 +33,7 @@ from billiard.exceptions import WorkerLostError
 from django.db import connections
 
 from .. import conf
+from .._crashpoints import hit
 from ..conf import settings_for
 from ..errors import DeadlineRefused
 from ..gates import Gate, Reason
@@ -153,6 +154,7 @@ def _reconcile_effect(app: Any, store: Store, pending: Pending, report: Report) 
     except Exception:  # the effect stays UNKNOWN: never guessed
         logger.exception("the reconciler of effect %s failed; it stays UNKNOWN", pending.key)
         return
+    hit("reconcile.answered", pending.task_id)
     effects = Effects(store)
     if isinstance(answer, Found):
         effects.resolve(pending.key, True, answer.result, answer.evidence)

@@ -43,6 +43,13 @@ SUPERVISOR_GRACE: Final = timedelta(seconds=1)
 
 _TERMINAL_SQL: Final = "('SUCCEEDED', 'FAILED', 'EXPIRED')"
 _CLAIMABLE_SQL: Final = "('QUEUED', 'RETRYING')"
+#: Effects dispatched without a known outcome: their run waits for reconciliation.
+UNRESOLVED_SQL: Final = "('DISPATCHED', 'UNKNOWN')"
+#: True for the run row being updated when one of its effects is unresolved.
+_HAS_UNRESOLVED: Final = (
+    f"EXISTS (SELECT 1 FROM {EFFECT} WHERE {EFFECT}.run_id = {RUN}.id"
+    f" AND {EFFECT}.state IN {UNRESOLVED_SQL})"
+)
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,8 @@ class ClaimRefused:
     HELD: Final = "held"
     LOST_LEASES: Final = "lost_leases"
     UNKNOWN: Final = "unknown"
+    #: a lapsed attempt dispatched an effect with no recorded outcome: reconcile first
+    UNRESOLVED: Final = "unresolved"
     CHANGED: Final = "changed"
     MISSING: Final = "missing"
 
@@ -234,6 +243,7 @@ class Store:
                    OR (status = 'RUNNING' AND lease_expires_at <= {d.now}
                        AND lost_leases < %s))
               AND (deadline IS NULL OR deadline > {d.now_plus})
+              AND NOT {_HAS_UNRESOLVED}
             RETURNING id, lease_token, version, attempt, lease_expires_at, deadline,
                 checkpoint_name, checkpoint_data, {d.now}
             """,
@@ -280,6 +290,7 @@ class Store:
                     WHEN status = 'RUNNING' AND lease_expires_at > {d.now} THEN 'held'
                     WHEN status = 'RUNNING' AND lost_leases >= %s THEN 'lost_leases'
                     WHEN status = 'UNKNOWN' THEN 'unknown'
+                    WHEN {_HAS_UNRESOLVED} THEN 'unresolved'
                     ELSE 'changed'
                 END || ':' || owner
             FROM {RUN} WHERE task_id = %s

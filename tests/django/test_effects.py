@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from celery.exceptions import Ignore, Reject
 from django.db import connections
 from django.test.utils import CaptureQueriesContext
 
@@ -22,8 +23,9 @@ from celery_deadlines.errors import DispatchRefused, EffectConflict
 from celery_deadlines.ledger import outbox
 from celery_deadlines.ledger.attempt import Attempt
 from celery_deadlines.ledger.reconcile import reconcile_once
-from celery_deadlines.ledger.store import Lease, NewRun, Store
+from celery_deadlines.ledger.store import ClaimRefused, Lease, NewRun, Store
 from celery_deadlines.models import Effect, EffectState, Run, RunEvent, Status
+from celery_deadlines.task import _end_after_body
 from tests.conftest import service_unavailable
 from tests.support.memory_queue import drain
 from tests.support.processes import reachable
@@ -250,3 +252,37 @@ def test_without_a_reconciler_an_unknown_effect_waits_for_an_operator(
     reconcile_once(app, store)
     assert effect(store).state == EffectState.UNKNOWN
     assert Run.objects.using(store.using).get(task_id="charge-1").status == Status.UNKNOWN
+
+
+def test_a_redelivery_cannot_claim_a_lapsed_run_before_its_dispatched_effect_is_reconciled(
+    store: Store, app: Celery
+) -> None:
+    # found by the crash-point sweep: a broker redelivery raced the reconciler to a run
+    # whose pool process died between the call and recording its outcome, and the new
+    # attempt failed on the unresolved effect instead of waiting for reconciliation
+    crash_after_dispatch(store)
+    refused = store.claim("charge-1", 0, "w2:2", TTL, timedelta(0), 10)
+    assert isinstance(refused, ClaimRefused)
+    assert refused.why == ClaimRefused.UNRESOLVED
+    assert effect(store).state == EffectState.DISPATCHED
+    reconcile_once(app, store)  # no reconciler: UNKNOWN, for an operator
+    assert Run.objects.using(store.using).get(task_id="charge-1").status == Status.UNKNOWN
+
+
+@pytest.mark.parametrize(
+    "raised",
+    [Reject("busy", requeue=True), Reject("bad"), Ignore(), RuntimeError("boom")],
+    ids=["reject-requeue", "reject", "ignore", "error"],
+)
+def test_a_body_that_raises_anything_with_an_unresolved_effect_ends_its_run_unknown(
+    store: Store, raised: BaseException
+) -> None:
+    record(store)
+    current = attempt(store, "w1:1")
+    scope = charge(current)
+    scope.__enter__()  # dispatched; the body then raises before any outcome is known
+    with pytest.raises(Ignore):  # the run is UNKNOWN; Celery stores nothing over it
+        _end_after_body(current, raised)
+    assert effect(store).state == EffectState.DISPATCHED  # for the reconciler to settle
+    run = Run.objects.using(store.using).get(task_id="charge-1")
+    assert (run.status, run.reason) == (Status.UNKNOWN, "effect_unresolved")

@@ -6,16 +6,20 @@ that lacks them. Each test gets its own queue, so leftovers never leak between t
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import kombu.pools
 import pytest
+from django.db import connections
 
 from tests.conftest import service_unavailable
-from tests.support.processes import Transport, WorkerProcess, reachable
+from tests.support.processes import REPO, Transport, WorkerProcess, reachable
 
 pytestmark = pytest.mark.integration
 
@@ -156,6 +160,119 @@ def start_worker(tmp_path: Path, queue: str, request: pytest.FixtureRequest) -> 
     if failed is not None and failed.failed:
         for worker in started:
             print(f"--- {worker.log_path.name} ---\n{worker.log()}")
+
+
+# -- the ledger's tests: PostgreSQL, ledger workers, the provider process ----------------
+
+#: The database alias of the ledger's integration tests (tests/settings.py).
+LEDGER_DB = "postgres"
+
+
+@pytest.fixture
+def postgres() -> None:
+    """PostgreSQL is required (skipped with a reason on a laptop without it)."""
+    if not reachable("127.0.0.1", 5432):
+        service_unavailable("PostgreSQL 127.0.0.1:5432")
+
+
+@pytest.fixture
+def sink(tmp_path: Path) -> Path:
+    return tmp_path / "sink.jsonl"
+
+
+@pytest.fixture(params=["redis", "rabbitmq"])
+def broker(request: pytest.FixtureRequest) -> Transport:
+    chosen = redis_transport() if request.param == "redis" else rabbitmq_transport()
+    require(chosen)
+    return chosen
+
+
+@pytest.fixture
+def redis_broker() -> Transport:
+    chosen = redis_transport()
+    require(chosen)
+    return chosen
+
+
+@pytest.fixture
+def ledger_client(queue: str) -> Iterator[Callable[[Transport], Any]]:
+    """The ledger app in this process, publishing to ``transport`` and the test's queue."""
+    from tests.support import ledgerapp
+
+    app = ledgerapp.app
+    saved = {key: app.conf[key] for key in ("broker_url", "result_backend", "task_default_queue")}
+    saved_db = app.conf.deadlines_database
+
+    def configure(transport: Transport) -> Any:
+        app.conf.update(
+            broker_url=transport.broker_url,
+            result_backend=transport.result_backend,
+            task_default_queue=queue,
+            deadlines_database=LEDGER_DB,
+        )
+        _reset_connections(app)
+        return ledgerapp
+
+    yield configure
+    app.conf.update(saved, deadlines_database=saved_db)
+    _reset_connections(app)
+
+
+@pytest.fixture
+def ledger_worker(
+    tmp_path: Path, queue: str, sink: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start ledger workers (``env`` adds TEST_* knobs); all are stopped after the test."""
+    started: list[WorkerProcess] = []
+    database = connections[LEDGER_DB].settings_dict
+    url = f"postgres://{database['USER']}@{database['HOST']}:{database['PORT']}/{database['NAME']}"
+
+    def start(transport: Transport, concurrency: int = 1, **env: str) -> WorkerProcess:
+        worker = WorkerProcess(
+            transport,
+            queue,
+            tmp_path / f"ledger-worker-{len(started)}.log",
+            concurrency=concurrency,
+            app_module="tests.support.ledgerapp",
+            node=f"{queue}-{len(started)}",
+            extra_env={
+                "TEST_DATABASE_URL": url,
+                "TEST_SINK": str(sink),
+                "DJANGO_SETTINGS_MODULE": "tests.support.ledger_settings",
+                **env,
+            },
+        )
+        started.append(worker)
+        return worker.start()
+
+    yield start
+    for worker in started:
+        worker.stop()
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        for worker in started:
+            print(f"--- {worker.log_path.name} ---\n{worker.log()}")
+
+
+@pytest.fixture
+def provider(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """The sink as a process of its own (the provider): its URL and its call log."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = tmp_path / "provider.jsonl"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.sink", str(log), str(port)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    assert "ready" in process.stdout.readline()
+    yield f"http://127.0.0.1:{port}", log
+    process.terminate()
+    process.wait(10)
+    process.stdout.close()
 
 
 @pytest.hookimpl(hookwrapper=True)

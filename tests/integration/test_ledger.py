@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,102 +21,16 @@ from django.db import connections, transaction
 
 from celery_deadlines import DeadlineRefused
 from celery_deadlines.models import Run, RunEvent, Status
-from tests.conftest import service_unavailable
-from tests.integration.conftest import rabbitmq_transport, redis_transport, require
-from tests.support.processes import Transport, WorkerProcess, reachable, wait_for
+from tests.integration.conftest import LEDGER_DB
+from tests.support.processes import Transport, wait_for
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.django_db(transaction=True, databases=["postgres"]),
+    pytest.mark.usefixtures("postgres"),
+    pytest.mark.django_db(transaction=True, databases=[LEDGER_DB]),
 ]
 
-DB = "postgres"
-
-
-@pytest.fixture(autouse=True)
-def _postgres() -> None:
-    if not reachable("127.0.0.1", 5432):
-        service_unavailable("PostgreSQL 127.0.0.1:5432")
-
-
-@pytest.fixture
-def sink(tmp_path: Path) -> Path:
-    return tmp_path / "sink.jsonl"
-
-
-@pytest.fixture(params=["redis", "rabbitmq"])
-def broker(request: pytest.FixtureRequest) -> Transport:
-    chosen = redis_transport() if request.param == "redis" else rabbitmq_transport()
-    require(chosen)
-    return chosen
-
-
-@pytest.fixture
-def redis_broker() -> Transport:
-    chosen = redis_transport()
-    require(chosen)
-    return chosen
-
-
-@pytest.fixture
-def ledger_client(queue: str) -> Iterator[Callable[[Transport], Any]]:
-    """The ledger app in this process, publishing to ``transport`` and the test's queue."""
-    from tests.integration.conftest import _reset_connections
-    from tests.support import ledgerapp
-
-    app = ledgerapp.app
-    saved = {key: app.conf[key] for key in ("broker_url", "result_backend", "task_default_queue")}
-    saved_db = app.conf.deadlines_database
-
-    def configure(transport: Transport) -> Any:
-        app.conf.update(
-            broker_url=transport.broker_url,
-            result_backend=transport.result_backend,
-            task_default_queue=queue,
-            deadlines_database=DB,
-        )
-        _reset_connections(app)
-        return ledgerapp
-
-    yield configure
-    app.conf.update(saved, deadlines_database=saved_db)
-    _reset_connections(app)
-
-
-@pytest.fixture
-def ledger_worker(
-    tmp_path: Path, queue: str, sink: Path, request: pytest.FixtureRequest
-) -> Iterator[Callable[..., WorkerProcess]]:
-    """Start ledger workers (``env`` adds TEST_* knobs); all are stopped after the test."""
-    started: list[WorkerProcess] = []
-    database = connections[DB].settings_dict
-    url = f"postgres://{database['USER']}@{database['HOST']}:{database['PORT']}/{database['NAME']}"
-
-    def start(transport: Transport, concurrency: int = 1, **env: str) -> WorkerProcess:
-        worker = WorkerProcess(
-            transport,
-            queue,
-            tmp_path / f"ledger-worker-{len(started)}.log",
-            concurrency=concurrency,
-            app_module="tests.support.ledgerapp",
-            node=f"{queue}-{len(started)}",
-            extra_env={
-                "TEST_DATABASE_URL": url,
-                "TEST_SINK": str(sink),
-                "DJANGO_SETTINGS_MODULE": "tests.support.ledger_settings",
-                **env,
-            },
-        )
-        started.append(worker)
-        return worker.start()
-
-    yield start
-    for worker in started:
-        worker.stop()
-    report = getattr(request.node, "rep_call", None)
-    if report is not None and report.failed:
-        for worker in started:
-            print(f"--- {worker.log_path.name} ---\n{worker.log()}")
+DB = LEDGER_DB
 
 
 def lines(sink: Path, kind: str | None = None, key: str | None = None) -> list[dict[str, Any]]:
@@ -451,31 +364,6 @@ def test_a_pool_process_killed_around_the_call_performs_the_effect_exactly_once(
 
 
 # -- the window no library closes alone: a pause between the guard and the call ---------
-
-
-@pytest.fixture
-def provider(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """The sink as a process of its own (the provider): its URL and its call log."""
-    import socket
-    import subprocess
-    import sys
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    log = tmp_path / "provider.jsonl"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.sink", str(log), str(port)],
-        cwd=Path(__file__).resolve().parents[2],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert process.stdout is not None
-    assert "ready" in process.stdout.readline()
-    yield f"http://127.0.0.1:{port}", log
-    process.terminate()
-    process.wait(10)
-    process.stdout.close()
 
 
 def provider_calls(log: Path, key: str) -> list[dict[str, Any]]:

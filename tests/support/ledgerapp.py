@@ -214,3 +214,25 @@ def slow_pay(self: DeadlineTask, key: str) -> None:
     with self.effect("pay", key=key, fingerprint={"key": key}):
         sink("effect", key, self)
         time.sleep(30)
+
+
+@app.task(
+    base=DeadlineTask, bind=True, name="l.sweep_pay", reconcilers={"pay": find_remote_payment}
+)
+def sweep_pay(self: DeadlineTask, key: str, retry_first: bool = False) -> Any:
+    """One payment per key through the provider process; the crash-point sweep's task.
+
+    ``retry_first``: the first delivery retries before paying (for the retry's points).
+    """
+    if retry_first and not self.request.retries:
+        raise self.retry(countdown=0.2)
+    with self.effect("pay", key=key, fingerprint={"key": key}) as fx:
+        if fx.completed:
+            return fx.result
+        body = {"token": fx.token, "pid": os.getpid(), "task_id": self.request.id}
+        status, answer = _provider("POST", key, body)
+        if status != 200:
+            fx.fail(f"provider answered {status}: {answer}")
+            raise ProviderRefused(answer)
+        fx.succeed(answer)
+    return fx.result

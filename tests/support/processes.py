@@ -81,10 +81,10 @@ class WorkerProcess:
             )  # fmt: skip
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if " ready." in self.log():
+                return self  # even if a crash test killed it since: it did start
             if self.process.poll() is not None:
                 raise RuntimeError(f"worker exited early:\n{self.log()}")
-            if " ready." in self.log():
-                return self
             time.sleep(0.05)
         self.stop()
         raise TimeoutError(f"worker not ready after {timeout} s:\n{self.log()}")

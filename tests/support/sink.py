@@ -6,7 +6,9 @@
   call is appended to LOG (JSONL, O_APPEND + fsync) *before* anything else, so nothing
   the system under test does can hide a duplicate. Keys starting ``fenced-`` are
   checked like a fencing-aware provider would: a token lower than the highest one seen
-  for the key is refused (409) and logged as refused.
+  for the key is refused (409) and logged as refused. Keys starting ``ackloss-`` are
+  *ack-loss* calls: accepted and logged, then the connection is closed before any reply
+  (the provider did it; the caller cannot know).
 * ``GET /effects/<key>``: the provider's lookup, for reconcilers: 200 with the calls
   accepted for the key, or 404.
 
@@ -70,10 +72,14 @@ class Handler(BaseHTTPRequestHandler):
             if not refused:
                 _highest[key] = max(token, _highest.get(key, 0))
             entry = {
-                "key": key, "token": token, "pid": request.get("pid"), "t": time.time(),
+                "key": key, "token": token, "pid": request.get("pid"),
+                "task_id": request.get("task_id"), "t": time.time(),
                 "outcome": "refused" if refused else "accepted",
             }  # fmt: skip
             _append(self.log_path, entry)
+        if key.startswith("ackloss-"):
+            self.close_connection = True  # the effect happened; the reply is lost
+            return
         if refused:
             self._reply(409, {"error": f"stale fencing token {token}"})
         else:
