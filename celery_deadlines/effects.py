@@ -136,7 +136,7 @@ class EffectScope:
             raise RuntimeError(f"effect {self.key} was not dispatched by this attempt")
         self._dispatched = False
         hit("effect.before_outcome", self.attempt.lease.task_id)
-        if not write(self.key, self.token, value):
+        if not write(self.attempt.lease, self.key, value):
             # settled meanwhile (reconciled, or dispatched again under a newer token):
             # this attempt's outcome is not the record; it is a stale holder
             lease = self.attempt.lease
@@ -159,9 +159,9 @@ class EffectScope:
         if exc is None:
             self.succeed(None)  # the call returned and nothing said otherwise
         elif isinstance(exc, self.not_sent):
-            effects.not_sent(self.key, self.token, repr(exc)[:2000])
+            effects.not_sent(self.attempt.lease, self.key, repr(exc)[:2000])
             self._dispatched = False
             self.attempt.unresolved.discard(self.key)
         else:
             # a timeout, a reset, a soft time limit...: it may have happened
-            effects.unknown(self.key, self.token, repr(exc)[:2000])
+            effects.unknown(self.attempt.lease, self.key, repr(exc)[:2000])

@@ -36,7 +36,7 @@ from ._crashpoints import hit
 from .budgets import UNSET, Anchor, Source, govern, parse_budget, parse_duration
 from .clock import get_clock
 from .conf import settings_for
-from .errors import ConfigurationError, DeadlineRefused, StaleLease
+from .errors import ConfigurationError, DeadlineRefused, DispatchRefused, StaleLease
 from .install import install
 from .propagation import ANCHOR, ATTEMPT, CARRIED, Inherited
 from .signals import report_refusal
@@ -602,6 +602,10 @@ def _end_after_body(attempt: Attempt, exc: BaseException) -> None:
             attempt.end(Status.FAILED, "rejected", f"rejected: {why!r}")
     elif isinstance(exc, DeadlineRefused):
         attempt.end(Status.EXPIRED, exc.reason, str(exc))
+    elif isinstance(exc, DispatchRefused) and exc.reason == gates.Reason.DEADLINE_PASSED.value:
+        attempt.end(Status.EXPIRED, gates.Reason.DEADLINE_PASSED.value, str(exc))
+    elif isinstance(exc, DispatchRefused):  # e.g. another run's dispatch of the key is unresolved
+        attempt.end(Status.FAILED, "dispatch_refused", str(exc))
     else:
         attempt.end(Status.FAILED, "error", repr(exc)[:2000])
 

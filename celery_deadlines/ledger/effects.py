@@ -109,35 +109,37 @@ class Effects:
         )
         return str(rows[0][0]).partition(":")[0] if rows else "changed"
 
-    def _outcome(self, key: str, token: int, state: str, sets: str, params: list[Any]) -> bool:
+    def _outcome(self, lease: Lease, key: str, state: str, sets: str, params: list[Any]) -> bool:
+        # fenced by the run *and* its token: tokens count per run, and a key may pass from
+        # one run to another (reconciled as not sent, then dispatched by a duplicate run)
         d = self.store.dialect
         count, _ = self.store.execute(
             f"""
             UPDATE {EFFECT} SET state = %s, {sets}, updated_at = {d.now}
-            WHERE key = %s AND lease_token = %s AND state IN {UNRESOLVED_SQL}
+            WHERE key = %s AND run_id = %s AND lease_token = %s AND state IN {UNRESOLVED_SQL}
             """,
-            [state, *params, key, token],
+            [state, *params, key, lease.run_id, lease.token],
         )
         return count == 1
 
-    def succeed(self, key: str, token: int, result: Any) -> bool:
+    def succeed(self, lease: Lease, key: str, result: Any) -> bool:
         """Record the outcome the provider returned (the dispatching attempt knows it)."""
         d = self.store.dialect
         return self._outcome(
-            key, token, "SUCCEEDED", f"result = {d.json_param}", [json.dumps(result)]
+            lease, key, "SUCCEEDED", f"result = {d.json_param}", [json.dumps(result)]
         )
 
-    def fail(self, key: str, token: int, error: str) -> bool:
+    def fail(self, lease: Lease, key: str, error: str) -> bool:
         """The provider refused for good (a definitive answer, nothing to retry)."""
-        return self._outcome(key, token, "FAILED", "error = %s", [error])
+        return self._outcome(lease, key, "FAILED", "error = %s", [error])
 
-    def not_sent(self, key: str, token: int, error: str) -> bool:
+    def not_sent(self, lease: Lease, key: str, error: str) -> bool:
         """Certainly never reached the provider: safe to dispatch again."""
-        return self._outcome(key, token, "NOT_DISPATCHED", "error = %s", [error])
+        return self._outcome(lease, key, "NOT_DISPATCHED", "error = %s", [error])
 
-    def unknown(self, key: str, token: int, error: str) -> bool:
+    def unknown(self, lease: Lease, key: str, error: str) -> bool:
         """The call may or may not have taken effect: reconcile before anything else."""
-        return self._outcome(key, token, "UNKNOWN", "error = %s", [error])
+        return self._outcome(lease, key, "UNKNOWN", "error = %s", [error])
 
     # -- the run's side --------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from django.test.utils import CaptureQueriesContext
 
 from celery_deadlines import DeadlineTask
 from celery_deadlines.effects import EffectScope, Found, NotFound, PendingEffect
-from celery_deadlines.errors import DispatchRefused, EffectConflict
+from celery_deadlines.errors import DispatchRefused, EffectConflict, StaleLease
 from celery_deadlines.ledger import outbox
 from celery_deadlines.ledger.attempt import Attempt
 from celery_deadlines.ledger.reconcile import reconcile_once
@@ -286,3 +286,46 @@ def test_a_body_that_raises_anything_with_an_unresolved_effect_ends_its_run_unkn
     assert effect(store).state == EffectState.DISPATCHED  # for the reconciler to settle
     run = Run.objects.using(store.using).get(task_id="charge-1")
     assert (run.status, run.reason) == (Status.UNKNOWN, "effect_unresolved")
+
+
+def test_an_outcome_is_fenced_by_the_run_as_well_as_its_token(store: Store, app: Celery) -> None:
+    # tokens count per run: a second run sharing the key (a duplicate order) can hold the
+    # same token number as the stale first one; only the pair (run, token) is the holder
+    shop_charge.reconciler("charge")(lambda pending: NotFound(evidence="no charge"))
+    record(store)
+    stale = charge(attempt(store, "w1:1"))
+    stale.__enter__()  # dispatched by run charge-1 under token 1; then its worker stalls
+    lapse(store)
+    reconcile_once(app, store)  # UNKNOWN, then not found: safe to dispatch again
+    record(store, "charge-2")
+    duplicate = attempt(store, "w2:1", "charge-2")
+    assert duplicate.lease.token == 1
+    with charge(duplicate) as fx:
+        with pytest.raises(StaleLease):
+            stale.succeed("ch_stale")  # same key, same token number, another run
+        fx.succeed("ch_2")
+    assert (effect(store).result, effect(store).run.task_id) == ("ch_2", "charge-2")
+
+
+def test_a_duplicate_run_never_dispatches_a_key_in_flight_and_ends_with_that_reason(
+    store: Store,
+) -> None:
+    record(store)
+    charge(attempt(store, "w1:1")).__enter__()  # run charge-1's call is in flight
+    record(store, "charge-2")  # the same order submitted twice: the same effect key
+    duplicate = attempt(store, "w2:1", "charge-2")
+    with pytest.raises(DispatchRefused) as refused, charge(duplicate):
+        pytest.fail("the call must not be made")
+    assert refused.value.reason == "unresolved"
+    _end_after_body(duplicate, refused.value)
+    run = Run.objects.using(store.using).get(task_id="charge-2")
+    assert (run.status, run.reason) == (Status.FAILED, "dispatch_refused")
+    assert effect(store).dispatches == 1
+
+
+def test_a_dispatch_refused_by_the_deadline_ends_the_run_expired(store: Store) -> None:
+    record(store)
+    current = attempt(store, "w1:1")
+    _end_after_body(current, DispatchRefused("order-42:charge:v1", "deadline_passed"))
+    run = Run.objects.using(store.using).get(task_id="charge-1")
+    assert (run.status, run.reason) == (Status.EXPIRED, "deadline_passed")

@@ -226,13 +226,36 @@ def sweep_pay(self: DeadlineTask, key: str, retry_first: bool = False) -> Any:
     """
     if retry_first and not self.request.retries:
         raise self.retry(countdown=0.2)
-    with self.effect("pay", key=key, fingerprint={"key": key}) as fx:
+    return _pay_once(self, "pay", key)
+
+
+def _pay_once(task: DeadlineTask, name: str, key: str) -> Any:
+    """One provider call for ``key`` under the effect ledger (replayed if already done)."""
+    with task.effect(name, key=key, fingerprint={"key": key}) as fx:
         if fx.completed:
             return fx.result
-        body = {"token": fx.token, "pid": os.getpid(), "task_id": self.request.id}
+        body = {"token": fx.token, "pid": os.getpid(), "task_id": task.request.id}
         status, answer = _provider("POST", key, body)
         if status != 200:
             fx.fail(f"provider answered {status}: {answer}")
             raise ProviderRefused(answer)
         fx.succeed(answer)
     return fx.result
+
+
+@app.task(base=DeadlineTask, bind=True, name="l.order", reconcilers={"pay": find_remote_payment})
+def order(self: DeadlineTask, order_id: str, notify_id: str, countdown: float) -> Any:
+    """The business action (one payment), then its completion notice, sent ``countdown``
+    seconds later: a delivery, governed by the order's delivery deadline (seed 004)."""
+    paid = _pay_once(self, "pay", f"{order_id}:pay:v1")
+    notify.apply_async((order_id,), task_id=notify_id, countdown=countdown)
+    return paid
+
+
+@app.task(
+    base=DeadlineTask, bind=True, name="l.notify", deadline_kind="delivery",
+    reconcilers={"notice": find_remote_payment},
+)  # fmt: skip
+def notify(self: DeadlineTask, order_id: str) -> Any:
+    """The completion notice: its own effect key, so it never re-runs the payment."""
+    return _pay_once(self, "notice", f"{order_id}:completion:v1")
