@@ -37,7 +37,7 @@ POINTS: Final = (
     "outbox.published",  # published, the caller not yet told
     "claim.before",  # the message was received, the run not yet claimed
     "claim.after",  # the claim is committed, the body not yet started
-    "effect.intent",  # INTENT_RECORDED committed, the dispatch guard not yet passed
+    "effect.intent",  # the intent is recorded (a new dispatch is due), the guard not yet run
     "effect.dispatched",  # DISPATCHED committed, the external call not yet made
     "effect.before_outcome",  # the external call returned, its outcome not yet recorded
     "effect.recorded",  # the outcome is recorded, the run not yet completed
@@ -54,6 +54,8 @@ def hit(point: str, task_id: str | None) -> None:
     """Crash here if the plan says so for ``task_id`` (a no-op outside the tests)."""
     if _plan_file is None or task_id is None:
         return
+    if point not in POINTS:  # a misspelt point would never fire: say so (tests only)
+        raise ValueError(f"unknown crash point {point!r}; known: {', '.join(POINTS)}")
     _fire(_plan_file, point, task_id)
 
 

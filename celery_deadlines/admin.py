@@ -215,7 +215,8 @@ class RunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             self.message_user(
                 request,
                 f"{asked - len(done)} run(s) not {verb}: finished, held by a live lease, "
-                "or past the deadline.",
+                "past the deadline, or waiting for an effect to be resolved (see its "
+                "effects).",
                 messages.WARNING,
             )
 

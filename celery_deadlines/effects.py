@@ -8,7 +8,7 @@
                          fingerprint={"amount": amount}, not_sent=(ConnectionRefusedError,)) as fx:
             if fx.completed:                  # done before, by this or an earlier attempt
                 return fx.result
-            resp = provider.charge(amount, idempotency_key=fx.key, fencing_token=fx.token)
+            resp = provider.charge(amount, idempotency_key=fx.key, fencing_token=fx.fence)
             fx.succeed(resp.id)
 
     @charge.reconciler("charge")
@@ -87,8 +87,12 @@ class EffectScope:
         self.fingerprint = fingerprint_of(parameters)
         self.not_sent = not_sent
         self.kind = kind
-        #: the run's fencing token: pass it to a fencing-aware provider
+        #: the run's lease token (which attempt acts; it counts per run)
         self.token = attempt.lease.token
+        #: this dispatch's number for the key (1, 2, ...), set by the guard: a fencing
+        #: token per key, which grows even when the key passes to another run; give it
+        #: to a provider that refuses a fence lower than one it has seen
+        self.fence: int | None = None
         #: True when the effect already has an outcome (replayed, not called again)
         self.completed = False
         self.failed = False
@@ -100,7 +104,6 @@ class EffectScope:
         recorded = effects.record_intent(
             self.attempt.lease, self.key, self.name, self.kind, self.fingerprint
         )
-        hit("effect.intent", self.attempt.lease.task_id)
         if recorded.fingerprint != self.fingerprint:
             raise EffectConflict(
                 f"effect key {self.key!r} was first used with other parameters "
@@ -113,9 +116,12 @@ class EffectScope:
             return self
         if recorded.state in (EffectState.DISPATCHED, EffectState.UNKNOWN):
             raise DispatchRefused(self.key, "unresolved", f"state {recorded.state}")
-        if not effects.dispatch(self.attempt.lease, self.key):
+        hit("effect.intent", self.attempt.lease.task_id)
+        fence = effects.dispatch(self.attempt.lease, self.key)
+        if fence is None:
             reason = effects.why_refused(self.attempt.lease, self.key, self.attempt.owner)
             raise DispatchRefused(self.key, reason)
+        self.fence = fence
         self._dispatched = True
         self.attempt.unresolved.add(self.key)
         hit("effect.dispatched", self.attempt.lease.task_id)

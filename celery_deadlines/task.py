@@ -580,14 +580,15 @@ def _end_unresolved(attempt: Attempt, exc: BaseException | None = None) -> NoRet
     keys = ", ".join(sorted(attempt.unresolved))
     detail = f"outcome unknown for effect(s) {keys}" + (f" after {exc!r}" if exc else "")
     attempt.end(Status.UNKNOWN, "effect_unresolved", detail[:2000])
-    logger.warning("%s: %s; reconcile before retrying", attempt.lease.task_id, detail)
+    logger.warning("run %s: %s; reconcile before retrying", attempt.lease.task_id, detail)
     raise _Unresolved(detail)
 
 
 def _end_after_body(attempt: Attempt, exc: BaseException) -> None:
-    """Write the run's outcome for a body that raised ``exc``, as Celery reads ``exc``;
-    with an effect dispatched and no outcome known, whatever was raised, the run ends
-    UNKNOWN (raises :class:`_Unresolved`): never FAILED, never released to run again."""
+    """Write the run's outcome for a body that raised ``exc``, as Celery reads ``exc``
+    (the caller re-raises it). With an effect dispatched and no outcome known, whatever
+    was raised, the run ends UNKNOWN and :class:`_Unresolved` is raised instead: never
+    FAILED, never released to run again."""
     from .models import Status
 
     if attempt.unresolved:
@@ -602,9 +603,9 @@ def _end_after_body(attempt: Attempt, exc: BaseException) -> None:
             attempt.end(Status.FAILED, "rejected", f"rejected: {why!r}")
     elif isinstance(exc, DeadlineRefused):
         attempt.end(Status.EXPIRED, exc.reason, str(exc))
-    elif isinstance(exc, DispatchRefused) and exc.reason == gates.Reason.DEADLINE_PASSED.value:
-        attempt.end(Status.EXPIRED, gates.Reason.DEADLINE_PASSED.value, str(exc))
-    elif isinstance(exc, DispatchRefused):  # e.g. another run's dispatch of the key is unresolved
+    elif isinstance(exc, DispatchRefused):
+        # another run's dispatch of the key is unresolved (refused for the deadline or a
+        # stale lease, this write is refused too: the reconciler settles the run)
         attempt.end(Status.FAILED, "dispatch_refused", str(exc))
     else:
         attempt.end(Status.FAILED, "error", repr(exc)[:2000])

@@ -64,10 +64,11 @@ class Effects:
         state, recorded_fingerprint, result, token = rows[0]
         return Recorded(state, recorded_fingerprint, _json(result), token)
 
-    def dispatch(self, lease: Lease, key: str) -> bool:
-        """The dispatch guard: one conditional write; ``False`` means do not call out."""
+    def dispatch(self, lease: Lease, key: str) -> int | None:
+        """The dispatch guard: one conditional write. Returns the key's dispatch number
+        (1, 2, ...: a fencing token per key), or ``None``: do not call out."""
         d = self.store.dialect
-        count, _ = self.store.execute(
+        _, rows = self.store.execute(
             f"""
             UPDATE {EFFECT} SET state = 'DISPATCHED', lease_token = %s, run_id = %s,
                 dispatches = dispatches + 1, dispatched_at = {d.now}, updated_at = {d.now}
@@ -78,10 +79,11 @@ class Effects:
                   AND r.lease_expires_at > {d.now}
                   AND (r.deadline IS NULL OR r.deadline > {d.now})
               )
+            RETURNING dispatches
             """,
             [lease.token, lease.run_id, key, lease.run_id, lease.token],
         )
-        return count == 1
+        return int(rows[0][0]) if rows else None
 
     def why_refused(self, lease: Lease, key: str, owner: str) -> str:
         """Why the guard refused ``key`` (recorded as a rejected event): the reason code."""

@@ -103,6 +103,16 @@ def reconcile_once(app: Any, store: Store) -> Report:
 
 
 def _settle(app: Any, store: Store, lapsed: LapsedLease, max_lost: int, report: Report) -> None:
+    effects = Effects(store)
+    if effects.unresolved(lapsed.run_id):
+        # seed 000 steps 3 and 4: a dispatch without a recorded outcome is UNKNOWN, and the
+        # run waits for the effect's reconciliation before anything else (past its deadline
+        # too: the outcome is recorded, then the run ends EXPIRED, see release_resolved)
+        effects.mark_unknown(lapsed.run_id)
+        detail = "lease lapsed after a dispatch with no recorded outcome"
+        if store.settle_lapsed(lapsed, Status.UNKNOWN, "effect_unresolved", detail):
+            report.unknown.append(lapsed.task_id)
+        return
     if lapsed.past_deadline:
         detail = f"lease of {lapsed.owner} lapsed and the deadline has passed"
         if store.settle_lapsed(lapsed, Status.EXPIRED, Reason.DEADLINE_PASSED, detail):
@@ -112,15 +122,6 @@ def _settle(app: Any, store: Store, lapsed: LapsedLease, max_lost: int, report: 
                 lapsed.deadline,
             )  # fmt: skip
             _store_refusal(app, expired, store.database_now(), detail)
-        return
-    effects = Effects(store)
-    if effects.unresolved(lapsed.run_id):
-        # seed 000 steps 3 and 4: a dispatch without a recorded outcome is UNKNOWN, and the
-        # run waits for the effect's reconciliation before anything runs again
-        effects.mark_unknown(lapsed.run_id)
-        detail = "lease lapsed after a dispatch with no recorded outcome"
-        if store.settle_lapsed(lapsed, Status.UNKNOWN, "effect_unresolved", detail):
-            report.unknown.append(lapsed.task_id)
         return
     if any(check(lapsed) for check in _effect_checks):
         detail = "lease lapsed with an effect unresolved: reconcile it before any retry"
@@ -168,10 +169,18 @@ def _reconcile_effect(app: Any, store: Store, pending: Pending, report: Report) 
         )
         return
     report.resolved.append(pending.key)
-    if effects.release_resolved(pending.run_id) == Status.QUEUED:
+    released = effects.release_resolved(pending.run_id)
+    if released == Status.QUEUED:
         run_id = pending.run_id
         _republish(app, pending.task_id, partial(outbox.republish_run, app, store, run_id))
         report.requeued.append(pending.task_id)
+    elif released == Status.EXPIRED:
+        report.expired.append(pending.task_id)
+        expired = Expired(
+            pending.task_id, pending.task_name, Status.EXPIRED, Reason.DEADLINE_PASSED, None
+        )
+        detail = "the deadline passed while an effect's outcome was unknown; it is recorded"
+        _store_refusal(app, expired, store.database_now(), detail)
 
 
 def _republish(app: Any, task_id: str, publish: Callable[[], None]) -> None:

@@ -240,7 +240,7 @@ class Store:
                 op = 'claim', op_detail = %s, updated_at = {d.now}
             WHERE task_id = %s AND retries = %s
               AND (status IN {_CLAIMABLE_SQL}
-                   OR (status = 'RUNNING' AND lease_expires_at <= {d.now}
+                   OR (status = 'RUNNING' AND lease_expires_at <= {d.now_plus}
                        AND lost_leases < %s))
               AND (deadline IS NULL OR deadline > {d.now_plus})
               AND NOT {_HAS_UNRESOLVED}
@@ -253,6 +253,11 @@ class Store:
                 f"retries={retries}",
                 task_id,
                 retries,
+                # a lapsed lease is taken over only after the grace: its supervisor ends
+                # it first (a time limit), and a dispatch guard that passed while it was
+                # live has committed (the guard and the claim read each other's rows
+                # without locks)
+                d.seconds(-SUPERVISOR_GRACE),
                 max_lost_leases,
                 d.seconds(reserve),
             ],
@@ -286,17 +291,26 @@ class Store:
                 CASE
                     WHEN status IN {_TERMINAL_SQL} THEN 'terminal'
                     WHEN retries <> %s THEN 'stale_message'
+                    WHEN {_HAS_UNRESOLVED}
+                         AND NOT (status = 'RUNNING' AND lease_expires_at > {d.now})
+                        THEN 'unresolved'
                     WHEN deadline IS NOT NULL AND deadline <= {d.now_plus} THEN 'deadline'
-                    WHEN status = 'RUNNING' AND lease_expires_at > {d.now} THEN 'held'
+                    WHEN status = 'RUNNING' AND lease_expires_at > {d.now_plus} THEN 'held'
                     WHEN status = 'RUNNING' AND lost_leases >= %s THEN 'lost_leases'
                     WHEN status = 'UNKNOWN' THEN 'unknown'
-                    WHEN {_HAS_UNRESOLVED} THEN 'unresolved'
                     ELSE 'changed'
                 END || ':' || owner
             FROM {RUN} WHERE task_id = %s
             RETURNING detail, status, lease_token, lease_expires_at
             """,
-            [owner, retries, d.seconds(reserve), max_lost_leases, task_id],
+            [
+                owner,
+                retries,
+                d.seconds(reserve),
+                d.seconds(-SUPERVISOR_GRACE),
+                max_lost_leases,
+                task_id,
+            ],
         )
         if not rows:
             return ClaimRefused(ClaimRefused.MISSING, "", 0, "", None)
@@ -360,10 +374,16 @@ class Store:
     def finish(
         self, lease: Lease, owner: str, status: Status, reason: str = "", detail: str = ""
     ) -> bool:
-        """End the run (SUCCEEDED, FAILED, EXPIRED, UNKNOWN) under the attempt's token."""
+        """End the run (SUCCEEDED, FAILED, EXPIRED, UNKNOWN) under the attempt's token.
+
+        If one of the run's effects is dispatched without an outcome, the run ends UNKNOWN
+        whatever ``status`` says: the attempt may not know of it (another attempt's
+        dispatch), and the reconciler must settle it before the run may end.
+        """
         return self._fenced(
-            "status = %s, reason = %s, detail = %s, lease_expires_at = NULL, "
-            "op = %s, op_detail = %s",
+            f"status = CASE WHEN {_HAS_UNRESOLVED} THEN 'UNKNOWN' ELSE %s END, "
+            f"reason = CASE WHEN {_HAS_UNRESOLVED} THEN 'effect_unresolved' ELSE %s END, "
+            "detail = %s, lease_expires_at = NULL, op = %s, op_detail = %s",
             [status.value, reason, detail, status.value.lower(), detail],
             lease,
             status.value.lower(),
@@ -443,6 +463,7 @@ class Store:
             WHERE task_id = %s AND retries = %s
               AND (status IN {_CLAIMABLE_SQL}
                    OR (status = 'RUNNING' AND lease_expires_at <= {d.now}))
+              AND NOT {_HAS_UNRESOLVED}
             """,
             [status.value, reason, detail, detail, task_id, retries],
         )
@@ -480,15 +501,11 @@ class Store:
         status written, or ``None`` if the attempt was not this owner's any more.
         """
         d = self.dialect
-        unresolved = (
-            f"EXISTS (SELECT 1 FROM {EFFECT} e WHERE e.run_id = {RUN}.id "
-            "AND e.state IN ('DISPATCHED', 'UNKNOWN'))"
-        )
         _, rows = self.execute(
             f"""
             UPDATE {RUN} SET
-                status = CASE WHEN {unresolved} THEN 'UNKNOWN' ELSE %s END,
-                reason = CASE WHEN {unresolved} THEN 'effect_unresolved' ELSE %s END,
+                status = CASE WHEN {_HAS_UNRESOLVED} THEN 'UNKNOWN' ELSE %s END,
+                reason = CASE WHEN {_HAS_UNRESOLVED} THEN 'effect_unresolved' ELSE %s END,
                 detail = %s, lease_token = lease_token + 1, lease_expires_at = NULL,
                 version = version + 1, op = 'end_owned', op_detail = %s, updated_at = {d.now}
             WHERE task_id = %s AND status = 'RUNNING' AND owner = %s
@@ -559,6 +576,7 @@ class Store:
                    OR (status = 'RUNNING' AND lease_expires_at <= {d.now}))
               AND (deadline IS NULL OR deadline > {d.now})
               AND message_body IS NOT NULL
+              AND NOT {_HAS_UNRESOLVED}
             """,
             [detail, detail, run_id],
         )

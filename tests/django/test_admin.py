@@ -68,7 +68,7 @@ def story() -> dict[str, Any]:
     record(store, "label-42", parent="order-42", deadline_in=None)
     # the charge's lease lapses; another worker takes over; the stale holder is refused
     Run.objects.filter(task_id="charge-42").update(
-        lease_expires_at=store.database_now() - timedelta(seconds=1), op="age"
+        lease_expires_at=store.database_now() - timedelta(seconds=2), op="age"
     )
     claim(store, "charge-42", "celery@shop:201")
     assert not store.finish(stale, "celery@shop:102", Status.SUCCEEDED)

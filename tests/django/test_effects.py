@@ -304,6 +304,8 @@ def test_an_outcome_is_fenced_by_the_run_as_well_as_its_token(store: Store, app:
         with pytest.raises(StaleLease):
             stale.succeed("ch_stale")  # same key, same token number, another run
         fx.succeed("ch_2")
+    # the per-key fence still tells the two dispatches apart, for a fencing provider
+    assert (stale.fence, fx.fence) == (1, 2)
     assert (effect(store).result, effect(store).run.task_id) == ("ch_2", "charge-2")
 
 
@@ -323,9 +325,53 @@ def test_a_duplicate_run_never_dispatches_a_key_in_flight_and_ends_with_that_rea
     assert effect(store).dispatches == 1
 
 
-def test_a_dispatch_refused_by_the_deadline_ends_the_run_expired(store: Store) -> None:
+def test_a_dispatch_refused_by_the_deadline_is_settled_expired_by_the_reconciler(
+    store: Store, app: Celery
+) -> None:
     record(store)
     current = attempt(store, "w1:1")
-    _end_after_body(current, DispatchRefused("order-42:charge:v1", "deadline_passed"))
+    lapse(store, deadline_too=True)  # the lease is capped at the deadline: both passed
+    with pytest.raises(DispatchRefused) as refused, charge(current):
+        pytest.fail("the call must not be made")
+    assert refused.value.reason == "deadline_passed"
+    with pytest.raises(StaleLease):  # the attempt can no longer write its end...
+        _end_after_body(current, refused.value)
+    assert reconcile_once(app, store).expired == ["charge-1"]  # ...the reconciler does
     run = Run.objects.using(store.using).get(task_id="charge-1")
     assert (run.status, run.reason) == (Status.EXPIRED, "deadline_passed")
+
+
+def test_no_gate_or_operator_ends_or_requeues_a_run_whose_effect_awaits_reconciliation(
+    store: Store,
+) -> None:
+    # found in review: a refused claim (lost leases, deadline) or an operator's requeue
+    # could end or queue such a run, leaving its effect DISPATCHED for good
+    crash_after_dispatch(store)
+    refused = store.claim("charge-1", 0, "w2:2", TTL, timedelta(0), max_lost_leases=0)
+    assert isinstance(refused, ClaimRefused)
+    assert refused.why == ClaimRefused.UNRESOLVED  # not lost_leases: nothing may end it
+    assert not store.refuse(
+        "charge-1", "shop.charge", 0, Status.EXPIRED, "deadline_passed", "gate", None
+    )
+    run = Run.objects.using(store.using).get(task_id="charge-1")
+    assert not store.requeue_now(run.id, "operator")
+    run.refresh_from_db()
+    assert run.status == Status.RUNNING
+    assert effect(store).state == EffectState.DISPATCHED
+
+
+def test_a_lapsed_run_past_its_deadline_is_reconciled_before_it_ends_expired(
+    store: Store, app: Celery
+) -> None:
+    shop_charge.reconciler("charge")(lambda pending: Found("ch_9", evidence="lookup: ch_9"))
+    record(store)
+    charge(attempt(store, "w1:1")).__enter__()
+    lapse(store, deadline_too=True)
+    report = reconcile_once(app, store)  # UNKNOWN first, then asked, then EXPIRED
+    assert (report.unknown, report.resolved, report.expired) == (
+        ["charge-1"], ["order-42:charge:v1"], ["charge-1"],
+    )  # fmt: skip
+    run = Run.objects.using(store.using).get(task_id="charge-1")
+    assert (run.status, run.reason) == (Status.EXPIRED, "deadline_passed")
+    assert (effect(store).state, effect(store).evidence) == (EffectState.SUCCEEDED, "lookup: ch_9")
+    assert published(app) == []  # never resurrected

@@ -83,7 +83,7 @@ def test_execution_expires_but_the_notice_is_delivered_once_while_still_useful(
     assert "effect_unknown" in [e.kind for e in events(notify_id)]  # lost, then reconciled
 
 
-def test_a_notice_that_arrives_after_the_delivery_deadline_is_refused_and_reruns_nothing(
+def test_a_notice_that_arrives_after_the_delivery_deadline_is_never_sent_and_reruns_nothing(
     tmp_path: Path,
     redis_broker: Transport,
     ledger_client: Any,
@@ -111,7 +111,7 @@ def test_a_notice_that_arrives_after_the_delivery_deadline_is_refused_and_reruns
     assert (business.status, business.attempt) == (Status.SUCCEEDED, 1)  # not run again
 
 
-def test_a_duplicate_dispatch_racing_the_deadline_is_decided_by_one_key_and_the_provider(
+def test_a_duplicate_delivery_racing_the_deadline_is_decided_by_one_key_and_the_provider(
     redis_broker: Transport, ledger_client: Any, ledger_worker: Any, sink: Path
 ) -> None:
     tasks = ledger_client(redis_broker)

@@ -188,7 +188,8 @@ def remote_pay(self: DeadlineTask, key: str) -> Any:
         sink("guarded", key, self)  # the guard passed; a test may SIGSTOP us now
         if self.lease is not None and self.lease.attempt == 1:
             time.sleep(1.5)
-        status, answer = _provider("POST", key, {"token": fx.token, "pid": os.getpid()})
+        body = {"token": fx.token, "fence": fx.fence, "pid": os.getpid()}
+        status, answer = _provider("POST", key, body)
         if status == 409:
             fx.fail(f"provider refused: {answer}")
             raise ProviderRefused(answer)
@@ -234,7 +235,10 @@ def _pay_once(task: DeadlineTask, name: str, key: str) -> Any:
     with task.effect(name, key=key, fingerprint={"key": key}) as fx:
         if fx.completed:
             return fx.result
-        body = {"token": fx.token, "pid": os.getpid(), "task_id": task.request.id}
+        body = {
+            "token": fx.token, "fence": fx.fence, "pid": os.getpid(),
+            "task_id": task.request.id,
+        }  # fmt: skip
         status, answer = _provider("POST", key, body)
         if status != 200:
             fx.fail(f"provider answered {status}: {answer}")

@@ -2,10 +2,11 @@
 
 ``python -m tests.support.sink LOG PORT`` serves:
 
-* ``POST /effects/<key>`` with JSON ``{"token": n, "pid": p}``: the "provider call". Every
+* ``POST /effects/<key>`` with JSON ``{"token": n, "fence": f, "pid": p}``: the "provider
+  call" (``token`` attributes it to a lease, ``fence`` is the key's dispatch number). Every
   call is appended to LOG (JSONL, O_APPEND + fsync) *before* anything else, so nothing
   the system under test does can hide a duplicate. Keys starting ``fenced-`` are
-  checked like a fencing-aware provider would: a token lower than the highest one seen
+  checked like a fencing-aware provider would: a fence lower than the highest one seen
   for the key is refused (409) and logged as refused. Keys starting ``ackloss-`` are
   *ack-loss* calls: accepted and logged, then the connection is closed before any reply
   (the provider did it; the caller cannot know).
@@ -67,12 +68,13 @@ class Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         request = json.loads(self.rfile.read(length) or b"{}")
         token = int(request.get("token") or 0)
+        fence = int(request.get("fence") or 0)
         with _lock:
-            refused = key.startswith("fenced-") and token < _highest.get(key, 0)
+            refused = key.startswith("fenced-") and fence < _highest.get(key, 0)
             if not refused:
-                _highest[key] = max(token, _highest.get(key, 0))
+                _highest[key] = max(fence, _highest.get(key, 0))
             entry = {
-                "key": key, "token": token, "pid": request.get("pid"),
+                "key": key, "token": token, "fence": fence, "pid": request.get("pid"),
                 "task_id": request.get("task_id"), "t": time.time(),
                 "outcome": "refused" if refused else "accepted",
             }  # fmt: skip
@@ -81,7 +83,7 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True  # the effect happened; the reply is lost
             return
         if refused:
-            self._reply(409, {"error": f"stale fencing token {token}"})
+            self._reply(409, {"error": f"stale fence {fence}"})
         else:
             self._reply(200, {"id": f"{key}#{token}"})
 
