@@ -14,7 +14,9 @@ from django.apps import AppConfig
 from django.conf import settings as django_settings
 from django.core import checks
 
-from .conf import SETTINGS, Settings
+from .conf import CONTRACTS, SETTINGS, Settings
+from .contracts import review
+from .errors import ConfigurationError
 
 PREFIX = "CELERY_DEADLINES_"
 
@@ -43,6 +45,46 @@ def check_settings(
             checks.Error(str(error), hint="See docs/settings.md.", id="celery_deadlines.E001")
         )
     return messages
+
+
+@checks.register()
+def check_contracts(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """E005: a time contract does not fit the task it names (a time limit or a retry
+    backoff it cannot honour, a value also set on the task, no such task). A contract
+    that is wrong on its own is E001, like any bad setting."""
+    given = getattr(django_settings, f"{PREFIX}CONTRACTS", None)
+    if not given:
+        return []
+    try:
+        contracts = Settings({CONTRACTS.name: given}).get(CONTRACTS)
+    except ConfigurationError:
+        return []  # reported by check_settings
+    from celery import current_app as app  # the project's app, once it was imported
+
+    try:
+        app.loader.import_default_modules()  # the worker does this too: autodiscovery
+        tasks = dict(app.tasks)
+    except Exception as exc:  # noqa: BLE001 (a check must report a failure, not crash)
+        return [
+            checks.Warning(
+                f"Could not load the Celery app's tasks to check {PREFIX}CONTRACTS: {exc!r}",
+                hint="Run the check where the Celery app and its tasks import cleanly.",
+                id="celery_deadlines.W001",
+            )
+        ]
+    problems = review(
+        contracts,
+        tasks,
+        str(app.conf.broker_url or ""),
+        app.conf.broker_transport_options or {},
+        setting=f"{PREFIX}CONTRACTS",
+    )
+    return [
+        checks.Error(problem.message, hint=problem.hint, id="celery_deadlines.E005")
+        for problem in problems
+    ]
 
 
 @checks.register(checks.Tags.database)

@@ -16,6 +16,7 @@ from datetime import timedelta
 from typing import Any, Final, Generic, TypeVar
 
 from .budgets import parse_budget, parse_duration
+from .contracts import TimeContract, parse_contracts
 from .errors import ConfigurationError, InvalidDeadline
 
 T = TypeVar("T")
@@ -54,6 +55,10 @@ def _budgets(value: object, name: str, settings: Settings) -> dict[str, timedelt
             raise InvalidDeadline(f"{name} keys must be task names, got {task_name!r}")
         parsed[task_name] = _optional_budget(budget, f"{name}[{task_name!r}]", settings)
     return parsed
+
+
+def _contracts(value: object, name: str, settings: Settings) -> dict[str, TimeContract]:
+    return parse_contracts(value, name=name, maximum=settings.budget_bound())
 
 
 def _reserve(value: object, name: str, settings: Settings) -> timedelta:
@@ -95,6 +100,13 @@ BUDGETS: Final = Setting(
     {},
     _budgets,
     "Per-task budgets, {task name: seconds | timedelta | None}.",
+)
+CONTRACTS: Final = Setting(
+    "deadlines_contracts",
+    {},
+    _contracts,
+    "Time contracts, {task name: {budget, delivery_budget, reserve, attempt_timeout, "
+    "lease_ttl, observation_ttl, revalidate_before, on_expiry}}; see docs/howto.md.",
 )
 DEFAULT_DELIVERY_BUDGET: Final = Setting(
     "deadlines_default_delivery_budget",
@@ -182,6 +194,7 @@ DATABASE: Final = Setting(
 SETTINGS: Final[tuple[Setting[Any], ...]] = (
     DEFAULT_BUDGET,
     BUDGETS,
+    CONTRACTS,
     DEFAULT_DELIVERY_BUDGET,
     DEFAULT_RESERVE,
     DEFAULT_ATTEMPT_TIMEOUT,
@@ -269,6 +282,10 @@ class Settings:
             except ConfigurationError as exc:
                 errors.append(exc)
         return errors
+
+    def contract_of(self, task_name: str) -> TimeContract | None:
+        """The time contract of ``task_name``, if ``deadlines_contracts`` has one."""
+        return self.get(CONTRACTS).get(task_name)
 
     @property
     def max_budget(self) -> timedelta:

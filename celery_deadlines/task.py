@@ -211,15 +211,24 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
         per_task: conf.Setting[dict[str, timedelta | None]] | None,
         settings: conf.Settings,
     ) -> tuple[Source | None, timedelta | None]:
-        """Task attribute > per-task setting > default setting: a budget and its source."""
+        """Task attribute > contract > per-task setting > default setting: a budget and
+        its source."""
         raw = getattr(self, attribute, UNSET)
         if raw is not UNSET:
             return "task", self._parsed_attribute(attribute, raw, settings)
+        contracted = self._contracted(attribute, settings)
+        if contracted is not UNSET:
+            return "setting", contracted
         if per_task is not None:
             budgets = settings.get(per_task)
             if self.name in budgets:
                 return "setting", budgets[self.name]
         return "default", settings.get(default)
+
+    def _contracted(self, key: str, settings: conf.Settings) -> Any:
+        """The value ``deadlines_contracts`` gives this task for ``key``, or UNSET."""
+        contract = settings.contract_of(self.name)
+        return UNSET if contract is None else getattr(contract, key)
 
     def _parsed_attribute(
         self, attribute: str, raw: object, settings: conf.Settings
@@ -261,22 +270,35 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
         """The reserve: least time left for this task to start (attribute, then setting)."""
         settings = settings or settings_for(self.app)
         if self.reserve is UNSET:
+            contracted = self._contracted("reserve", settings)
+            if contracted is not UNSET:
+                return contracted  # type: ignore[no-any-return]
             return settings.get(conf.DEFAULT_RESERVE)
         return self._parsed_attribute("reserve", self.reserve, settings) or timedelta(0)
 
     def lease_duration(self) -> timedelta:
-        """How long a claim owns the run: ``lease_ttl``, else the setting."""
+        """How long a claim owns the run: ``lease_ttl``, the contract, else the setting."""
         if self.lease_ttl is UNSET:
-            return settings_for(self.app).get(conf.LEASE_TTL)
+            settings = settings_for(self.app)
+            contracted = self._contracted("lease_ttl", settings)
+            if contracted is not UNSET:
+                return contracted  # type: ignore[no-any-return]
+            return settings.get(conf.LEASE_TTL)
         return parse_duration(self.lease_ttl, name=f"{self.name}.lease_ttl")
 
     def attempt_duration(self) -> timedelta:
-        """What one attempt may take: ``attempt_timeout``, ``time_limit``, the setting, or 0."""
+        """What one attempt may take: ``attempt_timeout``, the contract's, ``time_limit``,
+        the setting, or 0."""
+        settings = settings_for(self.app)
+        if self.attempt_timeout is UNSET:
+            contracted = self._contracted("attempt_timeout", settings)
+            if contracted is not UNSET:
+                return contracted  # type: ignore[no-any-return]
         for name in ("attempt_timeout", "time_limit", "soft_time_limit"):
             value = getattr(self, name, None)
             if value is not UNSET and value is not None:
                 return parse_duration(value, name=f"{self.name}.{name}")
-        configured = settings_for(self.app).get(conf.DEFAULT_ATTEMPT_TIMEOUT)
+        configured = settings.get(conf.DEFAULT_ATTEMPT_TIMEOUT)
         return configured if configured is not None else timedelta(0)
 
     # -- attempt gate (runs in the pool process, right before the body) ----------------

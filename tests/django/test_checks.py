@@ -11,7 +11,7 @@ from django.core.management import call_command
 from django.test import override_settings
 
 from celery_deadlines import ConfigurationError
-from celery_deadlines.checks import check_settings
+from celery_deadlines.checks import check_contracts, check_settings
 from celery_deadlines.conf import DEFAULT_BUDGET, settings_for
 
 
@@ -32,6 +32,12 @@ def test_the_demo_settings_pass_the_checks() -> None:
         ("CELERY_DEADLINES_BUDGETS", ["shop.charge"], "must map task names"),
         ("CELERY_DEADLINES_BUDGETS", {"shop.charge": timedelta(days=30)}, "maximum budget"),
         ("CELERY_DEADLINES_MAX_BUDGET", 0, "more than zero"),
+        (
+            "CELERY_DEADLINES_CONTRACTS",
+            {"shop.tasks.change_address": {"budget": 60, "lease_ttl": 90}},
+            "lease_ttl (90 s) is longer than its budget (60 s)",
+        ),
+        ("CELERY_DEADLINES_CONTRACTS", {"shop.x": {"timeout": 5}}, "unknown key(s) timeout"),
     ],
 )
 def test_a_bad_value_is_an_error_that_names_the_setting(
@@ -144,3 +150,19 @@ def test_the_migrations_match_the_models_whatever_the_projects_default_auto_fiel
     )  # fmt: skip
     assert completed.returncode == 0, completed.stdout + completed.stderr
     assert "No changes detected" in completed.stdout
+
+
+def test_a_contract_that_does_not_fit_its_task_is_an_error_naming_the_setting_and_task() -> None:
+    import demo_project.shop.tasks as shop
+
+    contracts = {
+        shop.charge_card.name: {"budget": 30, "attempt_timeout": 3},  # also set on the task
+        "demo_project.shop.tasks.chrage_card": {"budget": 30},  # a typo
+    }
+    with override_settings(CELERY_DEADLINES_CONTRACTS=contracts):
+        found = check_contracts(None)
+    assert [message.id for message in found] == ["celery_deadlines.E005"] * 2
+    assert f"CELERY_DEADLINES_CONTRACTS[{shop.charge_card.name!r}].attempt_timeout" in found[0].msg
+    assert "names no registered task" in found[1].msg
+    with override_settings(CELERY_DEADLINES_CONTRACTS={shop.print_label.name: {"budget": 30}}):
+        assert check_contracts(None) == []

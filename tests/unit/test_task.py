@@ -633,3 +633,46 @@ def test_an_execution_task_past_its_deadline_is_still_refused_as_deadline_passed
     request, _ = claim(app, task, {DEADLINE_HEADER: encode(clock.now() - timedelta(seconds=1))})
     assert request.revoked()
     assert stored_refusal(app, "m-1").reason == "deadline_passed"
+
+
+# -- time contracts (deadlines_contracts) -----------------------------------------------
+
+
+def test_a_contract_gives_the_budgets_when_the_task_names_none(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    app.conf.deadlines_budgets = {"unit.work": 90}  # the contract is the closer word
+    app.conf.deadlines_contracts = {"unit.work": {"budget": 40, "delivery_budget": 600}}
+    make_task(app).delay()
+    assert published[-1][DEADLINE_HEADER] == encode(clock.now() + timedelta(seconds=40))
+    assert published[-1][DELIVERY_DEADLINE_HEADER] == encode(clock.now() + timedelta(seconds=600))
+    assert published[-1][SOURCE_HEADER] == "setting"
+
+
+def test_the_task_option_and_the_call_still_override_a_contract(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    app.conf.deadlines_contracts = {"unit.work": {"budget": 40}}
+    task = make_task(app, budget=20)
+    task.delay()
+    assert published[-1][DEADLINE_HEADER] == encode(clock.now() + timedelta(seconds=20))
+    task.apply_async(budget=5)
+    assert published[-1][DEADLINE_HEADER] == encode(clock.now() + timedelta(seconds=5))
+
+
+def test_a_contract_gives_the_reserve_the_lease_and_the_attempt_timeout(app: Celery) -> None:
+    app.conf.deadlines_contracts = {
+        "unit.work": {"budget": 120, "reserve": 2, "lease_ttl": 45, "attempt_timeout": 10}
+    }
+    task = make_task(app, time_limit=30)
+    assert task.reserve_duration() == timedelta(seconds=2)
+    assert task.lease_duration() == timedelta(seconds=45)
+    assert task.attempt_duration() == timedelta(seconds=10)  # the contract's, not time_limit
+
+
+def test_a_contract_that_cannot_work_raises_naming_the_setting_task_and_key(
+    app: Celery, clock: FakeClock
+) -> None:
+    app.conf.deadlines_contracts = {"unit.work": {"budget": 60, "lease_ttl": 90}}
+    with pytest.raises(ConfigurationError, match=r"deadlines_contracts\['unit.work'\].lease_ttl"):
+        make_task(app).delay()
