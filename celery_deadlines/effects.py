@@ -29,12 +29,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
+from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._crashpoints import hit
+from .clock import get_clock
 from .errors import DispatchRefused, EffectConflict, StaleLease
 from .models import EffectState
+from .observations import ActionClass, Observation, earliest_expiry, stale
 
 if TYPE_CHECKING:
     from .ledger.attempt import Attempt
@@ -80,6 +84,9 @@ class EffectScope:
         parameters: Any,
         not_sent: tuple[type[BaseException], ...],
         kind: str,
+        evidence: Sequence[Observation] = (),
+        action: ActionClass | None = None,
+        required: Sequence[str] = (),
     ) -> None:
         self.attempt = attempt
         self.name = name
@@ -87,6 +94,10 @@ class EffectScope:
         self.fingerprint = fingerprint_of(parameters)
         self.not_sent = not_sent
         self.kind = kind
+        #: the observations the effect relies on, and what it does with them
+        self.evidence = tuple(evidence)
+        self.action = action
+        self.required = tuple(required)
         #: the run's lease token (which attempt acts; it counts per run)
         self.token = attempt.lease.token
         #: this dispatch's number for the key (1, 2, ...), set by the guard: a fencing
@@ -116,16 +127,35 @@ class EffectScope:
             return self
         if recorded.state in (EffectState.DISPATCHED, EffectState.UNKNOWN):
             raise DispatchRefused(self.key, "unresolved", f"state {recorded.state}")
+        fresh_until = self._check_evidence()
         hit("effect.intent", self.attempt.lease.task_id)
-        fence = effects.dispatch(self.attempt.lease, self.key)
+        fence = effects.dispatch(self.attempt.lease, self.key, fresh_until)
         if fence is None:
-            reason = effects.why_refused(self.attempt.lease, self.key, self.attempt.owner)
+            lease, owner = self.attempt.lease, self.attempt.owner
+            reason = effects.why_refused(lease, self.key, owner, fresh_until)
             raise DispatchRefused(self.key, reason)
         self.fence = fence
         self._dispatched = True
         self.attempt.unresolved.add(self.key)
         hit("effect.dispatched", self.attempt.lease.task_id)
         return self
+
+    def _check_evidence(self) -> datetime | None:
+        """Refuse stale evidence before the guard (the worker's view, with reasons); the
+        guard then checks the earliest expiry against the database clock."""
+        if self.action is None:
+            return None
+        lease = self.attempt.lease
+        problems = stale(
+            self.evidence, self.action, now=get_clock().now(), token=lease.token,
+            required=self.required,
+        )  # fmt: skip
+        if problems:
+            self.attempt.store.record_rejected(
+                lease.run_id, "dispatch", lease.token, self.attempt.owner
+            )
+            raise DispatchRefused(self.key, "stale_evidence", "; ".join(problems))
+        return earliest_expiry(self.evidence, self.action)
 
     def succeed(self, result: Any = None) -> None:
         """Record what the provider returned (JSON-serialisable)."""

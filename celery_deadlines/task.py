@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
@@ -38,6 +38,7 @@ from .clock import get_clock
 from .conf import settings_for
 from .errors import ConfigurationError, DeadlineRefused, DispatchRefused, StaleLease
 from .install import install
+from .observations import ActionClass, Observation
 from .propagation import ANCHOR, ATTEMPT, CARRIED, Inherited
 from .signals import report_refusal
 
@@ -441,12 +442,19 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
         fingerprint: Any = None,
         not_sent: tuple[type[BaseException], ...] = (),
         kind: str | None = None,
+        evidence: Sequence[Observation] = (),
+        action: ActionClass | str | None = None,
     ) -> EffectScope:
         """A side effect performed at most once per ``key`` (see :mod:`celery_deadlines.effects`).
 
         ``fingerprint``: the request's parameters; the same key with other parameters
         raises :class:`EffectConflict`. ``not_sent``: exceptions that prove the request
         never left (recorded NOT_DISPATCHED); any other exception records UNKNOWN.
+        ``evidence`` and ``action``: the observations the effect relies on and its action
+        class (``inform``, ``recommend``, ``reserve``, ``commit``); the guard refuses
+        stale evidence with ``DispatchRefused(stale_evidence)`` (see
+        :mod:`celery_deadlines.observations`). A ``commit`` also needs every source the
+        task's contract lists in ``revalidate_before``.
         """
         from .effects import EffectScope
 
@@ -456,7 +464,45 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
                 "side effects need the run ledger: add 'celery_deadlines' to INSTALLED_APPS "
                 "and run the task in a worker"
             )
-        return EffectScope(attempt, name, key, fingerprint, not_sent, kind or self.deadline_kind)
+        action_class = None if action is None else ActionClass(action)
+        contract = settings_for(self.app).contract_of(self.name)
+        required = contract.revalidate_before if contract is not None else ()
+        return EffectScope(
+            attempt, name, key, fingerprint, not_sent, kind or self.deadline_kind,
+            evidence, action_class, required,
+        )  # fmt: skip
+
+    def observe(
+        self,
+        source: str,
+        value: Any,
+        *,
+        evidence_id: str,
+        ttl: float | timedelta | None = None,
+        source_updated_at: datetime | None = None,
+    ) -> Observation:
+        """Record that ``value`` was just read from ``source``: an :class:`Observation`
+        valid for ``ttl`` (default: the contract's ``observation_ttl[source]``), stamped
+        with this attempt's token. Keep it (a checkpoint may hold ``to_json()``) and pass
+        it as an effect's ``evidence``; to trust the source again, observe it again."""
+        if ttl is None:
+            contract = settings_for(self.app).contract_of(self.name)
+            if contract is None or source not in contract.observation_ttl:
+                raise ConfigurationError(
+                    f"no TTL for observation source {source!r}: pass ttl= or set "
+                    f"CELERY_DEADLINES_CONTRACTS[{self.name!r}]['observation_ttl']"
+                    f"[{source!r}] (deadlines_contracts)"
+                )
+            lifetime = contract.observation_ttl[source]
+        else:
+            lifetime = parse_duration(ttl, name=f"ttl of observation {source!r}")
+        now = get_clock().now()
+        lease = self.lease
+        return Observation(
+            source, value, now, now + lifetime, evidence_id,
+            token=lease.token if lease is not None else 0,
+            source_updated_at=source_updated_at,
+        )  # fmt: skip
 
     def reconciler(self, name: str) -> Callable[[Reconciler], Reconciler]:
         """Register the function asked about an effect of this task whose outcome is unknown.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from .store import EFFECT, EVENT, RUN, UNRESOLVED_SQL, Lease, Store
@@ -64,10 +65,15 @@ class Effects:
         state, recorded_fingerprint, result, token = rows[0]
         return Recorded(state, recorded_fingerprint, _json(result), token)
 
-    def dispatch(self, lease: Lease, key: str) -> int | None:
+    def dispatch(self, lease: Lease, key: str, fresh_until: datetime | None = None) -> int | None:
         """The dispatch guard: one conditional write. Returns the key's dispatch number
-        (1, 2, ...: a fencing token per key), or ``None``: do not call out."""
+        (1, 2, ...: a fencing token per key), or ``None``: do not call out.
+
+        ``fresh_until``: the earliest expiry of the evidence the effect relies on; the
+        database clock must not have reached it either.
+        """
         d = self.store.dialect
+        fresh, fresh_params = _fresh_clause(d, fresh_until)
         _, rows = self.store.execute(
             f"""
             UPDATE {EFFECT} SET state = 'DISPATCHED', lease_token = %s, run_id = %s,
@@ -78,16 +84,22 @@ class Effects:
                 WHERE r.id = %s AND r.lease_token = %s AND r.status = 'RUNNING'
                   AND r.lease_expires_at > {d.now}
                   AND (r.deadline IS NULL OR r.deadline > {d.now})
-              )
+              ){fresh}
             RETURNING dispatches
             """,
-            [lease.token, lease.run_id, key, lease.run_id, lease.token],
+            [lease.token, lease.run_id, key, lease.run_id, lease.token, *fresh_params],
         )
         return int(rows[0][0]) if rows else None
 
-    def why_refused(self, lease: Lease, key: str, owner: str) -> str:
+    def why_refused(
+        self, lease: Lease, key: str, owner: str, fresh_until: datetime | None = None
+    ) -> str:
         """Why the guard refused ``key`` (recorded as a rejected event): the reason code."""
         d = self.store.dialect
+        stale, evidence_params = "", []
+        if fresh_until is not None:
+            stale = f"WHEN %s <= {d.now} THEN 'stale_evidence'"
+            evidence_params = [d.param(fresh_until)]
         _, rows = self.store.execute(
             f"""
             INSERT INTO {EVENT} (run_id, at, kind, outcome, status, reason, version,
@@ -101,13 +113,14 @@ class Effects:
                     WHEN r.lease_token <> %s OR r.status <> 'RUNNING'
                          OR r.lease_expires_at IS NULL OR r.lease_expires_at <= {d.now}
                         THEN 'stale_lease'
+                    {stale}
                     ELSE 'changed'
                 END || ':' || e.key
             FROM {RUN} r, {EFFECT} e
             WHERE r.id = %s AND e.key = %s
             RETURNING detail
             """,
-            [lease.token, owner, lease.token, lease.run_id, key],
+            [lease.token, owner, lease.token, *evidence_params, lease.run_id, key],
         )
         return str(rows[0][0]).partition(":")[0] if rows else "changed"
 
@@ -221,6 +234,13 @@ class Effects:
             [run_id, run_id],
         )
         return str(rows[0][0]) if rows else None
+
+
+def _fresh_clause(d: Any, fresh_until: datetime | None) -> tuple[str, list[Any]]:
+    """The guard's evidence condition (none without evidence: no untyped NULL parameter)."""
+    if fresh_until is None:
+        return "", []
+    return f"\n              AND %s > {d.now}", [d.param(fresh_until)]
 
 
 def _json(value: Any) -> Any:

@@ -8,7 +8,7 @@ instead of waiting, and the history shows it.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -25,7 +25,9 @@ from celery_deadlines.ledger.attempt import Attempt
 from celery_deadlines.ledger.reconcile import reconcile_once
 from celery_deadlines.ledger.store import ClaimRefused, Lease, NewRun, Store
 from celery_deadlines.models import Effect, EffectState, Run, RunEvent, Status
+from celery_deadlines.observations import ActionClass, Observation
 from celery_deadlines.task import _end_after_body
+from celery_deadlines.testing import FakeClock, use_clock
 from tests.conftest import service_unavailable
 from tests.support.memory_queue import drain
 from tests.support.processes import reachable
@@ -73,6 +75,7 @@ def charge(current: Attempt, amount: int = 100, **options: Any) -> EffectScope:
     return EffectScope(
         current, "charge", "order-42:charge:v1", {"amount": amount},
         options.get("not_sent", (ConnectionRefusedError,)), "execution",
+        options.get("evidence", ()), options.get("action"), options.get("required", ()),
     )  # fmt: skip
 
 
@@ -375,3 +378,47 @@ def test_a_lapsed_run_past_its_deadline_is_reconciled_before_it_ends_expired(
     assert (run.status, run.reason) == (Status.EXPIRED, "deadline_passed")
     assert (effect(store).state, effect(store).evidence) == (EffectState.SUCCEEDED, "lookup: ch_9")
     assert published(app) == []  # never resurrected
+
+
+def order_state(current: Attempt, observed: datetime, expires: datetime) -> Observation:
+    return Observation("order_state", "editable", observed, expires, "ev-1", current.lease.token)
+
+
+def test_the_guard_refuses_evidence_the_database_clock_says_is_stale(store: Store) -> None:
+    record(store)
+    current = attempt(store, "w1:1")
+    now = store.database_now()
+    evidence = order_state(current, now - timedelta(seconds=60), now - timedelta(seconds=1))
+    # the worker's clock is ten minutes behind: by its own reading the evidence is fresh
+    with use_clock(FakeClock(now - timedelta(minutes=10))):
+        scope = charge(current, evidence=[evidence], action=ActionClass.RECOMMEND)
+        with pytest.raises(DispatchRefused) as refused, scope:
+            pytest.fail("the call must not be made")
+    assert refused.value.reason == "stale_evidence"
+    assert effect(store).state == EffectState.INTENT_RECORDED  # planned, not dispatched
+    rejected = RunEvent.objects.using(store.using).get(kind="dispatch", outcome="rejected")
+    assert rejected.detail.startswith("stale_evidence")
+
+
+def test_evidence_the_worker_sees_as_stale_is_refused_with_its_reasons(store: Store) -> None:
+    record(store)
+    current = attempt(store, "w1:1")
+    now = store.database_now()
+    old = order_state(current, now - timedelta(minutes=6), now - timedelta(minutes=5))
+    with use_clock(FakeClock(now)):
+        scope = charge(current, evidence=[old], action=ActionClass.COMMIT, required=["order_state"])
+        with pytest.raises(DispatchRefused, match="order_state: expired at"), scope:
+            pytest.fail("the call must not be made")
+    assert RunEvent.objects.using(store.using).filter(kind="dispatch", outcome="rejected")
+
+
+def test_fresh_evidence_passes_the_guard_in_the_same_statements(store: Store) -> None:
+    record(store)
+    current = attempt(store, "w1:1")
+    now = store.database_now()
+    evidence = order_state(current, now, now + timedelta(seconds=30))
+    scope = charge(current, evidence=[evidence], action=ActionClass.COMMIT)
+    with use_clock(FakeClock(now)), scope as fx:
+        assert fx.fence == 1
+        fx.succeed("ok")
+    assert effect(store).state == EffectState.SUCCEEDED
