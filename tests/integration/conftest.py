@@ -168,6 +168,12 @@ def start_worker(tmp_path: Path, queue: str, request: pytest.FixtureRequest) -> 
 LEDGER_DB = "postgres"
 
 
+def ledger_database_url() -> str:
+    """The PostgreSQL test database, as worker subprocesses reach it (TEST_DATABASE_URL)."""
+    database = connections[LEDGER_DB].settings_dict
+    return f"postgres://{database['USER']}@{database['HOST']}:{database['PORT']}/{database['NAME']}"
+
+
 @pytest.fixture
 def postgres() -> None:
     """PostgreSQL is required (skipped with a reason on a laptop without it)."""
@@ -224,8 +230,7 @@ def ledger_worker(
 ) -> Iterator[Callable[..., WorkerProcess]]:
     """Start ledger workers (``env`` adds TEST_* knobs); all are stopped after the test."""
     started: list[WorkerProcess] = []
-    database = connections[LEDGER_DB].settings_dict
-    url = f"postgres://{database['USER']}@{database['HOST']}:{database['PORT']}/{database['NAME']}"
+    url = ledger_database_url()
 
     def start(transport: Transport, concurrency: int = 1, **env: str) -> WorkerProcess:
         worker = WorkerProcess(

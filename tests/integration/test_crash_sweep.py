@@ -34,11 +34,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connections
 
 from celery_deadlines._crashpoints import PLAN_FILE_ENV, POINTS
 from celery_deadlines.models import TERMINAL, Run, RunEvent
-from tests.integration.conftest import LEDGER_DB
+from tests.integration.conftest import LEDGER_DB, ledger_database_url
 from tests.support import oracle
 from tests.support.processes import REPO, Transport, WorkerProcess, wait_for
 
@@ -115,7 +114,6 @@ def sweep(
     runs at a time, then judge."""
     url, provider_log = provider
     plan_file = tmp_path / "crashplan.json"
-    database = connections[DB].settings_dict
     knobs = {
         PLAN_FILE_ENV: str(plan_file),
         "TEST_SINK_URL": url,
@@ -124,10 +122,7 @@ def sweep(
         "TEST_LEASE_TTL": str(TTL),
         "TEST_REPUBLISH_AFTER": "3",
         "TEST_MAX_LOST_LEASES": "5",
-        "TEST_DATABASE_URL": (
-            f"postgres://{database['USER']}@{database['HOST']}:{database['PORT']}"
-            f"/{database['NAME']}"
-        ),
+        "TEST_DATABASE_URL": ledger_database_url(),
     }
     tasks = ledger_client(redis_broker)
 
