@@ -4,7 +4,7 @@ from .errors import ConfigurationError, DeadlineError, DeadlineRefused, InvalidD
 from .gates import Gate, Reason
 from .install import install
 from .propagation import deadline_scope
-from .signals import deadline_refused
+from .signals import clock_certain, clock_uncertain, deadline_refused
 from .task import DeadlineTask
 from .wire import (
     DEADLINE_HEADER,
@@ -25,6 +25,8 @@ __all__ = [
     "Gate",
     "InvalidDeadline",
     "Reason",
+    "clock_certain",
+    "clock_uncertain",
     "deadline_refused",
     "deadline_scope",
     "install",

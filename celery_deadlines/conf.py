@@ -133,6 +133,13 @@ CLOCK_SKEW_ALLOWANCE: Final = Setting(
     _reserve,
     "Added to every retry reservation for the difference between worker clocks.",
 )
+CLOCK_SKEW_BUDGET: Final = Setting(
+    "deadlines_clock_skew_budget",
+    None,
+    _optional_duration,
+    "Largest error a worker's wall clock may have against the ledger's clock; beyond it "
+    "the worker takes no new work. None: not measured (ledger tier only).",
+)
 MAX_BUDGET: Final = Setting(
     "deadlines_max_budget",
     DEFAULT_MAX_BUDGET,
@@ -199,6 +206,7 @@ SETTINGS: Final[tuple[Setting[Any], ...]] = (
     DEFAULT_RESERVE,
     DEFAULT_ATTEMPT_TIMEOUT,
     CLOCK_SKEW_ALLOWANCE,
+    CLOCK_SKEW_BUDGET,
     MAX_BUDGET,
     LEDGER,
     LEASE_TTL,

@@ -30,6 +30,12 @@ deadline_refused = Signal(
     providing_args=["task_id", "task_name", "decision"],
 )
 
+#: A worker's clock left ``deadlines_clock_skew_budget`` (or the ledger's clock could not
+#: be read): it takes no new work. ``reading`` is the ClockReading (``None``: unreadable).
+clock_uncertain = Signal(name="clock_uncertain", providing_args=["reading", "budget"])
+#: ... and is back within it: the worker consumes again.
+clock_certain = Signal(name="clock_certain", providing_args=["reading", "budget"])
+
 
 def report_refusal(sender: object, task_id: str | None, task_name: str, decision: Decision) -> None:
     """Log a refusal and send :data:`deadline_refused`."""

@@ -39,6 +39,7 @@ from ..errors import DeadlineRefused
 from ..gates import Gate, Reason
 from ..models import Status
 from . import outbox
+from .clockwatch import ClockWatch
 from .effects import Effects, Pending
 from .store import Expired, LapsedLease, Store
 
@@ -210,10 +211,14 @@ def _store_refusal(app: Any, expired: Expired, now: datetime, detail: str = "") 
 class Reconciler:
     """Runs :func:`reconcile_once` at worker start and then periodically, in a thread."""
 
-    def __init__(self, app: Any, store: Store, interval: timedelta | None) -> None:
+    def __init__(
+        self, app: Any, store: Store, interval: timedelta | None, watch: ClockWatch | None = None
+    ) -> None:
         self.app = app
         self.store = store
         self.interval = interval
+        #: measures the worker's clock on every pass (``deadlines_clock_skew_budget``)
+        self.watch = watch
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(
@@ -236,6 +241,8 @@ class Reconciler:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
+                if self.watch is not None:
+                    self.watch.check()
                 try:
                     reconcile_once(self.app, self.store)
                 except Exception:  # a database outage must not end reconciliation

@@ -13,6 +13,7 @@ from celery.signals import worker_ready, worker_shutdown
 
 from .. import conf
 from ..conf import settings_for
+from .clockwatch import ClockWatch
 from .glue import store_for
 from .reconcile import Reconciler
 
@@ -38,10 +39,18 @@ def _start(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
     if app is None or not enabled_for(app) or _reconciler is not None:
         return
-    interval = settings_for(app).get(conf.RECONCILE_INTERVAL)
-    _reconciler = Reconciler(app, store_for(app, dedicated=True), interval)
+    settings = settings_for(app)
+    interval = settings.get(conf.RECONCILE_INTERVAL)
+    store = store_for(app, dedicated=True)
+    budget = settings.get(conf.CLOCK_SKEW_BUDGET)
+    watch = ClockWatch(store, budget, sender) if budget is not None else None
+    _reconciler = Reconciler(app, store, interval, watch)
     _reconciler.start()
-    logger.info("run ledger reconciler started (every %s)", interval or "start only")
+    logger.info(
+        "run ledger reconciler started (every %s)%s",
+        interval or "start only",
+        f"; clock skew budget {budget.total_seconds()} s" if budget is not None else "",
+    )
 
 
 def _stop(**_: Any) -> None:

@@ -237,6 +237,32 @@ def test_a_wall_clock_moved_backward_never_extends_a_lease(
         assert 0 < granted <= 1.5, (event.at, event.lease_expires_at)
 
 
+# -- seed 001: a worker clock beyond the skew budget takes no new work ------------------
+
+
+@pytest.mark.parametrize("jump", [600, -600], ids=["clock-jumps-forward", "clock-jumps-backward"])
+def test_a_worker_whose_clock_leaves_the_skew_budget_takes_no_new_work_until_it_agrees(
+    redis_broker: Transport, ledger_client: Any, ledger_worker: Any, tmp_path: Path, jump: int
+) -> None:
+    tasks = ledger_client(redis_broker)
+    shift = tmp_path / "shift"
+    shift.write_text("0")
+    worker = ledger_worker(
+        redis_broker,
+        TEST_CLOCK_SKEW_BUDGET="0.5",
+        CELERY_DEADLINES_TESTING_WALL_CLOCK_SHIFT_FILE=str(shift),
+    )
+    assert tasks.effect.apply_async(("before",), budget=60).get(timeout=30)["key"] == "before"
+    shift.write_text(str(jump))  # an NTP step, or a VM resumed with a stale clock
+    wait_for(lambda: "clock uncertain: offset" in worker.log(), 10)
+    held = tasks.effect.apply_async(("held",), budget=60)
+    time.sleep(2)  # long enough for a silent dispatch to show itself: it must not happen
+    assert run_of(held.id).status == Status.QUEUED
+    shift.write_text("0")
+    wait_for(lambda: "clock back within the skew budget" in worker.log(), 10)
+    assert held.get(timeout=30)["key"] == "held"  # consumed again, with its own deadline
+
+
 # -- pool processes killed mid-run, workers restarted ---------------------------------
 
 

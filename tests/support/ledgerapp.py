@@ -57,6 +57,9 @@ app.conf.update(
     deadlines_republish_after=_env_float("TEST_REPUBLISH_AFTER", 60),
     deadlines_max_lost_leases=int(os.environ.get("TEST_MAX_LOST_LEASES", 2)),
     deadlines_clock_skew_allowance=0.1,
+    deadlines_clock_skew_budget=(
+        _env_float("TEST_CLOCK_SKEW_BUDGET", 0) if "TEST_CLOCK_SKEW_BUDGET" in os.environ else None
+    ),
 )
 
 

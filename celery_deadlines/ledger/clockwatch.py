@@ -1,0 +1,102 @@
+"""The worker's clock against the ledger's: measured every reconcile pass, and while it
+is beyond ``deadlines_clock_skew_budget`` the worker takes no new work (seed 001).
+
+Each check reads the database clock between two local wall-clock readings (a
+:class:`~celery_deadlines.skew.ClockReading`). When the error bound leaves the budget,
+or the database cannot be read, the worker says so (a WARNING log and the
+``clock_uncertain`` signal) and cancels its task queues, so no new message is
+received; in-flight work keeps its lease and effect rules. When the reading is back
+within the budget it says so (``clock_certain``) and consumes again. Queue changes run
+on the consumer's event loop (``hub.call_soon``), never from this thread directly.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import Any
+
+from ..clock import get_clock
+from ..signals import clock_certain, clock_uncertain
+from ..skew import ClockReading
+from .store import Store
+
+logger = logging.getLogger("celery_deadlines")
+
+
+class ClockWatch:
+    """One worker's view of its clock; :meth:`check` measures and acts on a change."""
+
+    def __init__(self, store: Store, budget: timedelta, consumer: Any) -> None:
+        self.store = store
+        self.budget = budget
+        self.consumer = consumer
+        #: the last reading (``None``: the authority could not be read)
+        self.reading: ClockReading | None = None
+        self.uncertain = False
+        self._paused: list[str] = []
+
+    def check(self) -> ClockReading | None:
+        clock = get_clock()
+        try:
+            before = clock.now()
+            authority = self.store.database_now()
+            after = clock.now()
+            reading: ClockReading | None = ClockReading.between(before, authority, after)
+        except Exception:  # an unreachable authority is uncertainty, not permission
+            logger.exception("reading the ledger's clock failed")
+            reading = None
+        self.reading = reading
+        uncertain = reading is None or not reading.within(self.budget)
+        if uncertain != self.uncertain:
+            self.uncertain = uncertain
+            if uncertain:
+                self._hold(reading)
+            else:
+                self._release(reading)
+        return reading
+
+    def _hold(self, reading: ClockReading | None) -> None:
+        found = (
+            "the ledger's clock could not be read"
+            if reading is None
+            else f"offset {reading.offset.total_seconds():+.3f} s "
+            f"(+/- {reading.uncertainty.total_seconds():.3f} s)"
+        )
+        logger.warning(
+            "clock uncertain: %s, beyond the skew budget of %s s; "
+            "this worker takes no new work until its clock agrees again",
+            found,
+            self.budget.total_seconds(),
+        )
+        clock_uncertain.send(sender=self, reading=reading, budget=self.budget)
+        self._on_loop(self._cancel_queues)
+
+    def _release(self, reading: ClockReading | None) -> None:
+        assert reading is not None
+        logger.warning(
+            "clock back within the skew budget: offset %+.3f s; consuming again",
+            reading.offset.total_seconds(),
+        )
+        clock_certain.send(sender=self, reading=reading, budget=self.budget)
+        self._on_loop(self._add_queues)
+
+    def _on_loop(self, action: Any) -> None:
+        hub = getattr(self.consumer, "hub", None)
+        if hub is not None:
+            hub.call_soon(action)
+        else:
+            action()
+
+    def _cancel_queues(self) -> None:
+        task_consumer = getattr(self.consumer, "task_consumer", None)
+        if task_consumer is None:
+            return
+        self._paused = [queue.name for queue in task_consumer.queues]
+        for name in self._paused:
+            self.consumer.cancel_task_queue(name)
+
+    def _add_queues(self) -> None:
+        for name in self._paused:
+            self.consumer.add_task_queue(name)
+        self._paused = []
