@@ -2,7 +2,8 @@
 
 Precedence (first level that says anything wins)::
 
-    call option  >  task attribute  >  per-task setting  >  default setting  >  no deadline
+    call option  >  task attribute  >  contract  >  per-task setting  >  default setting
+    >  no deadline
 
 At every level :data:`UNSET` means "ask the next level" and ``None`` means "no
 deadline" (so a task can opt out of a project-wide default). A child task can only

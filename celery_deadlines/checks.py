@@ -21,16 +21,30 @@ from .errors import ConfigurationError
 PREFIX = "CELERY_DEADLINES_"
 
 
+def _given() -> dict[str, Any]:
+    """Every ``CELERY_DEADLINES_*`` setting, under its Celery name."""
+    return {
+        name[len("CELERY_") :].lower(): getattr(django_settings, name)
+        for name in dir(django_settings)
+        if name.startswith(PREFIX)
+    }
+
+
+def _cannot_check(why: str) -> checks.CheckMessage:
+    return checks.Warning(
+        f"{PREFIX}CONTRACTS could not be checked against its tasks: {why}.",
+        hint="Import the project's Celery app where Django starts (the usual "
+        "'from .celery import app as celery_app' in the project package).",
+        id="celery_deadlines.W001",
+    )
+
+
 @checks.register()
 def check_settings(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
     """E001: a setting has a bad value. E002: a ``CELERY_DEADLINES_*`` name is unknown."""
-    given = {
-        name[len("CELERY_") :].lower(): getattr(django_settings, name)
-        for name in dir(django_settings)
-        if name.startswith(PREFIX)
-    }
+    given = _given()
     known = {setting.name for setting in SETTINGS}
     messages: list[checks.CheckMessage] = [
         checks.Error(
@@ -54,11 +68,10 @@ def check_contracts(
     """E005: a time contract does not fit the task it names (a time limit or a retry
     backoff it cannot honour, a value also set on the task, no such task). A contract
     that is wrong on its own is E001, like any bad setting."""
-    given = getattr(django_settings, f"{PREFIX}CONTRACTS", None)
-    if not given:
+    if not getattr(django_settings, f"{PREFIX}CONTRACTS", None):
         return []
-    try:
-        contracts = Settings({CONTRACTS.name: given}).get(CONTRACTS)
+    try:  # read with every other setting of the project (deadlines_max_budget, ...)
+        contracts = Settings(_given()).get(CONTRACTS)
     except ConfigurationError:
         return []  # reported by check_settings
     from celery import current_app as app  # the project's app, once it was imported
@@ -67,13 +80,10 @@ def check_contracts(
         app.loader.import_default_modules()  # the worker does this too: autodiscovery
         tasks = dict(app.tasks)
     except Exception as exc:  # noqa: BLE001 (a check must report a failure, not crash)
-        return [
-            checks.Warning(
-                f"Could not load the Celery app's tasks to check {PREFIX}CONTRACTS: {exc!r}",
-                hint="Run the check where the Celery app and its tasks import cleanly.",
-                id="celery_deadlines.W001",
-            )
-        ]
+        return [_cannot_check(f"its tasks did not load: {exc!r}")]
+    if not any(hasattr(task, "lease_duration") for task in tasks.values()):
+        # Celery's fallback app, not the project's: every contract would look unknown
+        return [_cannot_check("the project's Celery app (with its DeadlineTasks) is not loaded")]
     problems = review(
         contracts,
         tasks,

@@ -112,7 +112,7 @@ def parse_contract(task: str, raw: object, *, name: str, maximum: timedelta) -> 
             f"{name}.observation_ttl does not give a TTL"
         )
     on_expiry = raw.get("on_expiry", OnExpiry.REFUSE.value)
-    if on_expiry not in {choice.value for choice in OnExpiry}:
+    if not isinstance(on_expiry, str) or on_expiry not in {choice.value for choice in OnExpiry}:
         raise InvalidDeadline(
             f"{name}.on_expiry must be one of {', '.join(c.value for c in OnExpiry)}, "
             f"got {on_expiry!r}"
@@ -176,8 +176,12 @@ class Problem:
 
 #: Brokers that redeliver a message held unacknowledged longer than a visibility
 #: timeout, which a retry's countdown (an ETA message) is.
-_VISIBILITY_TIMEOUT_BROKERS: Final = ("redis", "rediss", "sqs", "sentinel")
-_DEFAULT_VISIBILITY_TIMEOUT: Final = timedelta(hours=1)
+_DEFAULT_VISIBILITY_TIMEOUTS: Final = {
+    "redis": timedelta(hours=1),
+    "rediss": timedelta(hours=1),
+    "sentinel": timedelta(hours=1),
+    "sqs": timedelta(minutes=30),
+}
 
 
 def review(
@@ -200,6 +204,14 @@ def review(
                 Problem(
                     f"{where} names no registered task.",
                     "Check the task's name (module path and function) for a typo.",
+                )
+            )
+            continue
+        if not hasattr(task, "lease_duration"):  # not a DeadlineTask: nothing applies it
+            problems.append(
+                Problem(
+                    f"{where} names {name}, which is not a DeadlineTask.",
+                    "Give the task base=DeadlineTask, or remove its contract.",
                 )
             )
             continue
@@ -244,18 +256,16 @@ def _backoff(
     task: Any, broker_url: str, transport_options: Mapping[str, Any], where: str
 ) -> list[Problem]:
     scheme = broker_url.split("://", 1)[0].split("+")[0]
-    if scheme not in _VISIBILITY_TIMEOUT_BROKERS:
+    if scheme not in _DEFAULT_VISIBILITY_TIMEOUTS or not getattr(task, "autoretry_for", ()):
         return []
     if getattr(task, "retry_backoff", False):
         longest = timedelta(seconds=getattr(task, "retry_backoff_max", 600) or 600)
         source = "retry_backoff_max"
-    elif getattr(task, "autoretry_for", ()):
+    else:
         longest = timedelta(seconds=getattr(task, "default_retry_delay", 180) or 0)
         source = "default_retry_delay"
-    else:
-        return []
     raw = transport_options.get("visibility_timeout")
-    timeout = timedelta(seconds=raw) if raw is not None else _DEFAULT_VISIBILITY_TIMEOUT
+    timeout = timedelta(seconds=raw) if raw is not None else _DEFAULT_VISIBILITY_TIMEOUTS[scheme]
     if longest <= timeout:
         return []
     return [

@@ -105,8 +105,9 @@ class DispatchRefused(DeadlineError):
     """The dispatch guard refused a side effect: the external call must not be made.
 
     ``reason`` is ``stale_lease`` (another attempt owns the run, or this attempt's lease
-    lapsed), ``deadline_passed`` or ``unresolved`` (an earlier dispatch of the same key
-    has no recorded outcome yet: it must be reconciled first).
+    lapsed), ``deadline_passed``, ``unresolved`` (an earlier dispatch of the same key
+    has no recorded outcome yet: it must be reconciled first) or ``stale_evidence`` (an
+    observation the effect relies on is too old for its action class).
     """
 
     def __init__(self, key: str, reason: str, detail: str = "") -> None:

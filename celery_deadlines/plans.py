@@ -35,7 +35,16 @@ class Assumption:
     expected: Any
     one_of: bool = False
 
+    def __post_init__(self) -> None:
+        if self.one_of and isinstance(self.expected, (str, bytes)):
+            raise ValueError(f"assumption {self.key!r}: one_of needs a collection of values")
+        if self.one_of or isinstance(self.expected, list):
+            # JSON has no tuples: keep one form, so a plan compares the same after a
+            # checkpoint round trip
+            object.__setattr__(self, "expected", _frozen(self.expected))
+
     def holds(self, found: Any) -> bool:
+        found = _frozen(found)
         if self.one_of:
             return bool(found in self.expected)
         return bool(found == self.expected)
@@ -84,8 +93,13 @@ class Plan:
 
 
 def _expected(data: Mapping[str, Any]) -> Any:
-    expected = data["expected"]
-    return tuple(expected) if data.get("one_of") and isinstance(expected, list) else expected
+    return data["expected"]
+
+
+def _frozen(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(item) for item in value)
+    return value
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,6 +45,9 @@ class LocalSchedule:
     zone: str
     window: timedelta
     days: frozenset[int] = EVERY_DAY
+    #: names the schedule in each occurrence's run id (two schedules at the same local
+    #: time in the same zone must not share ids)
+    name: str = ""
 
     def __post_init__(self) -> None:
         if self.at.tzinfo is not None:
@@ -53,7 +56,8 @@ class LocalSchedule:
             ZoneInfo(self.zone)
         except (ZoneInfoNotFoundError, ValueError) as exc:
             raise InvalidDeadline(f"unknown time zone {self.zone!r}") from exc
-        parse_duration(self.window, name="schedule window")
+        # seconds are accepted too; stored as a timedelta (frozen: set it directly)
+        object.__setattr__(self, "window", parse_duration(self.window, name="schedule window"))
         if not self.days or not self.days <= EVERY_DAY:
             raise InvalidDeadline(f"schedule days must be ISO weekdays 1-7, got {set(self.days)}")
 
@@ -68,6 +72,7 @@ class Occurrence:
     deadline: datetime  # aware UTC
     #: how the local time was resolved: "exact", "gap" (shifted) or "fold" (first of two)
     resolution: str
+    schedule: str = ""
 
     @property
     def not_before(self) -> datetime:
@@ -76,7 +81,8 @@ class Occurrence:
     @property
     def run_id(self) -> str:
         """A stable id for the run of this occurrence (reconcile by id after restarts)."""
-        return f"{self.zone}@{self.local.isoformat()}"
+        prefix = f"{self.schedule}:" if self.schedule else ""
+        return f"{prefix}{self.zone}@{self.local.isoformat()}"
 
 
 def resolve(local: datetime, zone: str) -> tuple[datetime, str]:
@@ -103,12 +109,18 @@ def occurrences(schedule: LocalSchedule, start: datetime, end: datetime) -> Iter
     # local dates that can hold an instant in [start, end): pad a day each side
     day: date = start.astimezone(info).date() - timedelta(days=1)
     last: date = end.astimezone(info).date() + timedelta(days=1)
+    previous: datetime | None = None
     while day <= last:
         if day.isoweekday() in schedule.days:
             local = datetime.combine(day, schedule.at)
             instant, how = resolve(local, schedule.zone)
-            if start <= instant < end:
-                yield Occurrence(instant, local, schedule.zone, instant + schedule.window, how)
+            # a zone that skips a whole day (Pacific/Apia, 2011) maps two local dates to
+            # one instant: it runs once
+            if start <= instant < end and instant != previous:
+                yield Occurrence(
+                    instant, local, schedule.zone, instant + schedule.window, how, schedule.name
+                )
+            previous = instant
         day += timedelta(days=1)
 
 

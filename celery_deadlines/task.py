@@ -56,7 +56,8 @@ logger = logging.getLogger("celery_deadlines")
 class DeadlineTask(Task):  # type: ignore[type-arg]
     """A Celery task that honours one deadline, stamped once and inherited everywhere.
 
-    Task options (``@app.task(base=DeadlineTask, ...)``), each overriding a setting:
+    Task options (``@app.task(base=DeadlineTask, ...)``), each overriding the task's
+    time contract (``deadlines_contracts``) and the settings:
 
     ``budget``           seconds or timedelta from the first publish; ``None``: no deadline
     ``delivery_budget``  the same for the delivery deadline
@@ -464,6 +465,11 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
                 "side effects need the run ledger: add 'celery_deadlines' to INSTALLED_APPS "
                 "and run the task in a worker"
             )
+        if evidence and action is None:
+            raise ConfigurationError(
+                f"effect {name!r} has evidence but no action class: say what it is for "
+                "(action='inform', 'recommend', 'reserve' or 'commit')"
+            )
         action_class = None if action is None else ActionClass(action)
         contract = settings_for(self.app).contract_of(self.name)
         required = contract.revalidate_before if contract is not None else ()
@@ -483,8 +489,9 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
     ) -> Observation:
         """Record that ``value`` was just read from ``source``: an :class:`Observation`
         valid for ``ttl`` (default: the contract's ``observation_ttl[source]``), stamped
-        with this attempt's token. Keep it (a checkpoint may hold ``to_json()``) and pass
-        it as an effect's ``evidence``; to trust the source again, observe it again."""
+        with this attempt's token and, with the ledger, the database clock (one read).
+        Keep it (a checkpoint may hold ``to_json()``) and pass it as an effect's
+        ``evidence``; to trust the source again, observe it again."""
         if ttl is None:
             contract = settings_for(self.app).contract_of(self.name)
             if contract is None or source not in contract.observation_ttl:
@@ -496,8 +503,11 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
             lifetime = contract.observation_ttl[source]
         else:
             lifetime = parse_duration(ttl, name=f"ttl of observation {source!r}")
-        now = get_clock().now()
-        lease = self.lease
+        attempt = self._attempt()
+        # the database clock when there is a ledger: the guard checks expiry by it too,
+        # and a worker clock stepped forward or back must not age or rejuvenate evidence
+        now = attempt.store.database_now() if attempt is not None else get_clock().now()
+        lease = attempt.lease if attempt is not None else None
         return Observation(
             source, value, now, now + lifetime, evidence_id,
             token=lease.token if lease is not None else 0,

@@ -70,7 +70,7 @@ class ClockWatch:
             self.budget.total_seconds(),
         )
         clock_uncertain.send(sender=self, reading=reading, budget=self.budget)
-        self._on_loop(self._cancel_queues)
+        self._on_loop(self._sync)
 
     def _release(self, reading: ClockReading | None) -> None:
         assert reading is not None
@@ -79,24 +79,31 @@ class ClockWatch:
             reading.offset.total_seconds(),
         )
         clock_certain.send(sender=self, reading=reading, budget=self.budget)
-        self._on_loop(self._add_queues)
+        self._on_loop(self._sync)
 
     def _on_loop(self, action: Any) -> None:
         hub = getattr(self.consumer, "hub", None)
         if hub is not None:
-            hub.call_soon(action)
+            hub.call_soon(action)  # thread-safe: kombu's hub wakes its loop for it
         else:
             action()
 
-    def _cancel_queues(self) -> None:
+    def _sync(self) -> None:
+        """Make the consumer match :attr:`uncertain` (idempotent, so callbacks that run
+        late or out of order converge on the current state)."""
         task_consumer = getattr(self.consumer, "task_consumer", None)
         if task_consumer is None:
             return
-        self._paused = [queue.name for queue in task_consumer.queues]
-        for name in self._paused:
-            self.consumer.cancel_task_queue(name)
-
-    def _add_queues(self) -> None:
-        for name in self._paused:
-            self.consumer.add_task_queue(name)
-        self._paused = []
+        if self.uncertain:
+            consuming = [queue.name for queue in task_consumer.queues]
+            for name in consuming:
+                if name not in self._paused:
+                    self._paused.append(name)  # remembered once, never forgotten
+                self.consumer.cancel_task_queue(name)
+        else:
+            queues = self.consumer.app.amqp.queues
+            for name in self._paused:
+                if name in queues:
+                    queues.select_add(queues[name])  # also for a reconnect's rebuild
+                self.consumer.add_task_queue(name)
+            self._paused = []

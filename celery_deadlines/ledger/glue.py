@@ -16,6 +16,7 @@ from celery._state import get_current_worker_task
 from .. import conf
 from .._crashpoints import hit
 from ..conf import settings_for
+from ..gates import Reason
 from ..models import Status
 from . import outbox
 from .attempt import Attempt, owner_name
@@ -126,9 +127,25 @@ def refuse(
 ) -> bool:
     """A gate refused a message: end its run, unless it already ended or another worker
     owns it. Returns whether this refusal ended the run: only then may the caller store
-    the refusal as the task's result (it must not overwrite another attempt's)."""
+    the refusal as the task's result (it must not overwrite another attempt's).
+
+    A refusal for the deadline ends a recorded run only if the database clock agrees
+    (the deadline, less the task's reserve, has passed by it): a worker whose own clock
+    ran ahead must not expire work that is still in time.
+    """
     store = store_for(task.app, dedicated=dedicated)
-    return store.refuse(task_id, task.name, retries, status, reason, detail, deadline)
+    confirm: timedelta | None = None
+    if reason in _DEADLINE_REASONS:
+        reserve = getattr(task, "reserve_duration", None)
+        confirm = reserve() if callable(reserve) else timedelta(0)
+    return store.refuse(
+        task_id, task.name, retries, status, reason, detail, deadline, confirm_within=confirm
+    )
+
+
+_DEADLINE_REASONS = frozenset(
+    {Reason.DEADLINE_PASSED, Reason.INSUFFICIENT_BUDGET, Reason.DELIVERY_EXPIRED}
+)
 
 
 def _run_of_request(

@@ -241,9 +241,9 @@ class Reconciler:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                if self.watch is not None:
-                    self.watch.check()
                 try:
+                    if self.watch is not None:
+                        self.watch.check()
                     reconcile_once(self.app, self.store)
                 except Exception:  # a database outage must not end reconciliation
                     logger.exception("reconciling the run ledger failed; trying again")

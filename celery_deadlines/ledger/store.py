@@ -448,13 +448,22 @@ class Store:
         reason: str,
         detail: str,
         deadline: datetime | None,
+        *,
+        confirm_within: timedelta | None = None,
     ) -> bool:
         """A gate refused a message: end its run, unless another worker owns it now.
 
-        A run with no row (published by name, or before the app was installed) gets
-        one, already ended. Returns whether this call ended the run.
+        ``confirm_within``: a refusal for the deadline; a recorded run ends only if its
+        deadline is within this much of the database clock's now (the reserve), so a
+        worker whose clock runs ahead cannot expire a run that is still in time. A run
+        with no row (published by name, or before the app was installed) gets one,
+        already ended. Returns whether this call ended the run.
         """
         d = self.dialect
+        confirm, confirm_params = "", []
+        if confirm_within is not None:
+            confirm = f"AND deadline IS NOT NULL AND deadline <= {d.now_plus}"
+            confirm_params = [d.seconds(confirm_within)]
         count, _ = self.execute(
             f"""
             UPDATE {RUN} SET status = %s, reason = %s, detail = %s, owner = '',
@@ -464,11 +473,12 @@ class Store:
               AND (status IN {_CLAIMABLE_SQL}
                    OR (status = 'RUNNING' AND lease_expires_at <= {d.now}))
               AND NOT {_HAS_UNRESOLVED}
+              {confirm}
             """,
-            [status.value, reason, detail, detail, task_id, retries],
+            [status.value, reason, detail, detail, task_id, retries, *confirm_params],
         )
         if count:
-            return True
+            return True  # (a recorded run still in time by the database clock is left)
         count, _ = self.execute(
             f"""
             INSERT INTO {RUN} (

@@ -44,6 +44,11 @@ def _start(sender: Any = None, **_: Any) -> None:
     store = store_for(app, dedicated=True)
     budget = settings.get(conf.CLOCK_SKEW_BUDGET)
     watch = ClockWatch(store, budget, sender) if budget is not None else None
+    if watch is not None and interval is None:
+        logger.warning(
+            "deadlines_clock_skew_budget is set but deadlines_reconcile_interval is None: "
+            "the clock is measured only once, at start"
+        )
     _reconciler = Reconciler(app, store, interval, watch)
     _reconciler.start()
     logger.info(

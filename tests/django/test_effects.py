@@ -422,3 +422,15 @@ def test_fresh_evidence_passes_the_guard_in_the_same_statements(store: Store) ->
         assert fx.fence == 1
         fx.succeed("ok")
     assert effect(store).state == EffectState.SUCCEEDED
+
+
+def test_a_deadline_refusal_ends_a_run_only_if_the_database_clock_agrees(store: Store) -> None:
+    # a worker whose clock ran ahead refuses a message as expired: the ledger, which
+    # still sees a minute left, keeps the run for a worker with a sound clock
+    record(store, "in-time", deadline_in=60)
+    args = ("shop.charge", 0, Status.EXPIRED, "deadline_passed", "claim gate", None)
+    assert not store.refuse("in-time", *args, confirm_within=timedelta(0))
+    assert Run.objects.using(store.using).get(task_id="in-time").status == Status.QUEUED
+    record(store, "late", deadline_in=-1)
+    assert store.refuse("late", *args, confirm_within=timedelta(0))
+    assert Run.objects.using(store.using).get(task_id="late").status == Status.EXPIRED

@@ -57,11 +57,12 @@ def test_a_contract_may_opt_a_task_out_of_a_deadline_with_none() -> None:
         ({"revalidate_before": ["order_state"]}, r"names order_state, which .* no"),
         ({"revalidate_before": "order_state"}, r"must be a list of observation sources"),
         ({"on_expiry": "retry"}, r"on_expiry must be one of revalidate, pause, refuse, escalate"),
+        ({"on_expiry": ["refuse"]}, r"on_expiry must be one of"),
     ],
     ids=[
         "lease-longer-than-budget", "attempt-longer-than-budget", "reserve-eats-budget",
         "unknown-key", "negative-budget", "absurd-budget", "zero-ttl", "revalidate-unknown",
-        "revalidate-string", "bad-on-expiry",
+        "revalidate-string", "bad-on-expiry", "unhashable-on-expiry",
     ],
 )  # fmt: skip
 def test_a_contract_that_cannot_work_is_refused_naming_the_task_and_key(
@@ -84,6 +85,7 @@ def task(**attributes: Any) -> Any:
         "attempt_timeout": UNSET, "lease_ttl": UNSET, "time_limit": None,
         "soft_time_limit": None, "autoretry_for": (), "retry_backoff": False,
         "retry_backoff_max": 600, "default_retry_delay": 180,
+        "lease_duration": lambda: None,  # what marks a DeadlineTask
     }  # fmt: skip
     return SimpleNamespace(**{**defaults, **attributes})
 
@@ -128,3 +130,20 @@ def test_a_contract_for_a_task_nobody_registered_is_a_problem() -> None:
     contracts = parse_contracts(typo, name=NAME, maximum=WEEK)
     [problem] = review(contracts, {ADDRESS: task()}, "redis://", {}, setting=NAME)
     assert "names no registered task" in problem.message
+
+
+def test_a_contract_for_a_plain_celery_task_is_a_problem() -> None:
+    contracts = parse_contracts({ADDRESS: {"budget": 60}}, name=NAME, maximum=WEEK)
+    plain = SimpleNamespace(name=ADDRESS)
+    [problem] = review(contracts, {ADDRESS: plain}, "redis://", {}, setting=NAME)
+    assert "is not a DeadlineTask" in problem.message
+
+
+def test_sqs_has_its_own_default_visibility_timeout() -> None:
+    retrying: dict[str, Any] = {"autoretry_for": (OSError,), "retry_backoff": True}
+    assert problems({"budget": 3600}, broker="sqs://", retry_backoff_max=2000, **retrying)
+    assert not problems({"budget": 3600}, broker="redis://", retry_backoff_max=2000, **retrying)
+
+
+def test_a_backoff_on_a_task_that_never_retries_by_itself_is_not_a_problem() -> None:
+    assert problems({"budget": 3600}, vt=300, retry_backoff=True) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -62,7 +63,7 @@ def test_a_fact_that_could_not_be_read_counts_as_changed() -> None:
 
 
 def test_a_plan_restored_from_a_checkpoint_keeps_its_age() -> None:
-    restored = Plan.from_json(address_change().to_json())
+    restored = Plan.from_json(json.loads(json.dumps(address_change().to_json())))
     assert restored == address_change()
     assert resume(restored, MADE + timedelta(minutes=6), NOW_FACTS).reason == "plan_expired"
 
@@ -72,3 +73,14 @@ def test_a_plan_needs_aware_instants_and_some_validity() -> None:
         Plan((), (), MADE, MADE)
     with pytest.raises(ValueError, match="timezone-aware"):
         Plan((), (), datetime(2026, 3, 12), MADE)
+
+
+def test_a_tuple_assumption_still_holds_after_a_json_checkpoint() -> None:
+    plan = Plan((), (Assumption("dims", (1, 2)),), MADE, MADE + timedelta(minutes=5))
+    restored = Plan.from_json(json.loads(json.dumps(plan.to_json())))
+    assert resume(restored, MADE, {"dims": [1, 2]}).kind == "continue"
+
+
+def test_one_of_needs_a_collection_not_a_string() -> None:
+    with pytest.raises(ValueError, match="one_of needs a collection"):
+        Assumption("state", "editable", one_of=True)

@@ -119,3 +119,22 @@ def test_a_schedule_that_cannot_work_is_refused(options: dict[str, object], comp
     fields: dict[str, object] = {"at": time(9, 0), "zone": "Europe/Berlin", "window": FIVE_MINUTES}
     with pytest.raises(InvalidDeadline, match=complaint):
         LocalSchedule(**{**fields, **options})  # type: ignore[arg-type]
+
+
+def test_a_zone_that_skips_a_whole_day_still_runs_once() -> None:
+    # Samoa skipped 2011-12-30 entirely: two local dates map to one instant
+    found = list(occurrences(daily("09:00", "Pacific/Apia"), utc("2011-12-28T00:00"),
+                             utc("2012-01-02T00:00")))  # fmt: skip
+    instants = [o.at for o in found]
+    assert len(instants) == len(set(instants))
+
+
+def test_run_ids_name_their_schedule_and_windows_may_be_seconds() -> None:
+    first = LocalSchedule(time(9, 0), "Europe/Berlin", 300, name="digest")  # type: ignore[arg-type]
+    other = LocalSchedule(time(9, 0), "Europe/Berlin", FIVE_MINUTES, name="report")
+    window = (utc("2026-06-01T00:00"), utc("2026-06-02T00:00"))
+    [a], [b] = occurrences(first, *window), occurrences(other, *window)
+    assert (a.run_id, b.run_id) == (
+        "digest:Europe/Berlin@2026-06-01T09:00:00", "report:Europe/Berlin@2026-06-01T09:00:00",
+    )  # fmt: skip
+    assert a.deadline - a.at == FIVE_MINUTES
