@@ -151,10 +151,12 @@ class EffectScope:
             required=self.required,
         )  # fmt: skip
         if problems:
+            detail = "; ".join(problems)
             self.attempt.store.record_rejected(
-                lease.run_id, "dispatch", lease.token, self.attempt.owner
-            )
-            raise DispatchRefused(self.key, "stale_evidence", "; ".join(problems))
+                lease.run_id, "dispatch", lease.token, self.attempt.owner,
+                f"stale_evidence:{self.key}: {detail}"[:2000],
+            )  # fmt: skip
+            raise DispatchRefused(self.key, "stale_evidence", detail)
         return earliest_expiry(self.evidence, self.action)
 
     def succeed(self, result: Any = None) -> None:

@@ -422,19 +422,26 @@ class Store:
             owner,
         )
 
-    def record_rejected(self, run_id: int, kind: str, token: int, owner: str) -> None:
-        """Append the rejected write of a stale holder: its token, and the current state."""
+    def record_rejected(
+        self, run_id: int, kind: str, token: int, owner: str, why: str | None = None
+    ) -> None:
+        """Append a rejected write: by default a stale holder's (its token, and the
+        current owner's); ``why`` says otherwise (e.g. ``stale_evidence: ...``)."""
         d = self.dialect
+        detail = (
+            "%s"
+            if why is not None
+            else "'stale token ' || %s || '; current token ' || lease_token || ' owned by ' "
+            "|| owner"
+        )
         self.execute(
             f"""
             INSERT INTO {EVENT} ({_EVENT_COLUMNS})
             SELECT id, {d.now}, %s, 'rejected', status, reason, version, %s, %s,
-                lease_expires_at,
-                'stale token ' || %s || '; current token ' || lease_token || ' owned by '
-                    || owner
+                lease_expires_at, {detail}
             FROM {RUN} WHERE id = %s
             """,
-            [kind, token, owner, str(token), run_id],
+            [kind, token, owner, why if why is not None else str(token), run_id],
         )
 
     # -- refusals recorded by the gates ------------------------------------------------------

@@ -409,7 +409,8 @@ def test_evidence_the_worker_sees_as_stale_is_refused_with_its_reasons(store: St
         scope = charge(current, evidence=[old], action=ActionClass.COMMIT, required=["order_state"])
         with pytest.raises(DispatchRefused, match="order_state: expired at"), scope:
             pytest.fail("the call must not be made")
-    assert RunEvent.objects.using(store.using).filter(kind="dispatch", outcome="rejected")
+    rejected = RunEvent.objects.using(store.using).get(kind="dispatch", outcome="rejected")
+    assert rejected.detail.startswith("stale_evidence:order-42:charge:v1: order_state: expired")
 
 
 def test_fresh_evidence_passes_the_guard_in_the_same_statements(store: Store) -> None:
