@@ -6,6 +6,7 @@ that lacks them. Each test gets its own queue, so leftovers never leak between t
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -156,6 +157,9 @@ def start_worker(tmp_path: Path, queue: str, request: pytest.FixtureRequest) -> 
     yield start
     for worker in started:
         worker.stop()
+    for broker_url in {worker.transport.broker_url for worker in started}:
+        if broker_url.startswith("redis://"):
+            forget_unacked(broker_url, queue)
     failed = getattr(request.node, "rep_call", None)
     if failed is not None and failed.failed:
         for worker in started:
@@ -166,6 +170,31 @@ def start_worker(tmp_path: Path, queue: str, request: pytest.FixtureRequest) -> 
 
 #: The database alias of the ledger's integration tests (tests/settings.py).
 LEDGER_DB = "postgres"
+
+
+def unacked_of(client: Any, queue: str) -> list[str]:
+    """The delivery tags kombu's Redis transport holds unacknowledged for ``queue``.
+
+    The ``unacked`` hash is shared by every queue of the database; each value is the
+    JSON ``[message, exchange, routing_key]`` (routing key = queue name here).
+    """
+    return [
+        tag.decode() if isinstance(tag, bytes) else tag
+        for tag, value in client.hgetall("unacked").items()
+        if json.loads(value)[2] == queue
+    ]
+
+
+def forget_unacked(broker_url: str, queue: str) -> None:
+    """Drop a finished test's unacknowledged messages (from workers it killed), so that
+    no later test's worker restores them into a queue nobody consumes any more."""
+    import redis as redis_py
+
+    with redis_py.Redis.from_url(broker_url) as client:
+        tags = unacked_of(client, queue)
+        if tags:
+            client.hdel("unacked", *tags)
+            client.zrem("unacked_index", *tags)
 
 
 def ledger_database_url() -> str:
@@ -253,6 +282,9 @@ def ledger_worker(
     yield start
     for worker in started:
         worker.stop()
+    for broker_url in {worker.transport.broker_url for worker in started}:
+        if broker_url.startswith("redis://"):
+            forget_unacked(broker_url, queue)
     report = getattr(request.node, "rep_call", None)
     if report is not None and report.failed:
         for worker in started:

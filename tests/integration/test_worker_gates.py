@@ -16,6 +16,7 @@ import pytest
 from celery.exceptions import TimeLimitExceeded
 
 from celery_deadlines import DEADLINE_HEADER, DeadlineRefused
+from tests.integration.conftest import unacked_of
 from tests.support.processes import Transport, wait_for
 
 pytestmark = pytest.mark.integration
@@ -72,7 +73,7 @@ def test_a_refused_message_is_acknowledged_not_requeued(
     time.sleep(0.5)  # the ack follows the result write
     with redis_py.Redis.from_url(redis.broker_url) as store:
         assert store.llen(queue) == 0
-        assert store.hlen("unacked") == 0
+        assert unacked_of(store, queue) == []
 
 
 def test_claim_refuses_a_message_whose_remaining_budget_is_below_the_reserve(
