@@ -197,6 +197,21 @@ def forget_unacked(broker_url: str, queue: str) -> None:
             client.zrem("unacked_index", *tags)
 
 
+def provider_calls(log: Path, key: str) -> list[dict[str, Any]]:
+    """Every call the provider process logged for ``key`` (accepted and refused)."""
+    if not log.exists():
+        return []
+    return [e for e in map(json.loads, log.read_text().splitlines()) if e["key"] == key]
+
+
+def ended(task_id: str) -> Any:
+    """The run of ``task_id`` in the ledger once it is terminal, else ``None``."""
+    from celery_deadlines.models import Run
+
+    run = Run.objects.using(LEDGER_DB).filter(task_id=task_id).first()
+    return run if run is not None and run.is_terminal else None
+
+
 def ledger_database_url() -> str:
     """The PostgreSQL test database, as worker subprocesses reach it (TEST_DATABASE_URL)."""
     database = connections[LEDGER_DB].settings_dict
@@ -223,10 +238,9 @@ def broker(request: pytest.FixtureRequest) -> Transport:
 
 
 @pytest.fixture
-def redis_broker() -> Transport:
-    chosen = redis_transport()
-    require(chosen)
-    return chosen
+def redis_broker(redis: Transport) -> Transport:
+    """Redis, under the name the ledger's tests use beside ``broker``."""
+    return redis
 
 
 @pytest.fixture

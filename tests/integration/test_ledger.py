@@ -21,7 +21,7 @@ from django.db import connections, transaction
 
 from celery_deadlines import DeadlineRefused
 from celery_deadlines.models import Run, RunEvent, Status
-from tests.integration.conftest import LEDGER_DB
+from tests.integration.conftest import LEDGER_DB, ended, provider_calls
 from tests.support.processes import Transport, wait_for
 
 pytestmark = [
@@ -53,11 +53,6 @@ def history(task_id: str) -> list[tuple[str, str, int]]:
         (e.kind, e.outcome, e.lease_token)
         for e in RunEvent.objects.using(DB).filter(run__task_id=task_id)
     ]
-
-
-def ended(task_id: str) -> Run | None:
-    run = Run.objects.using(DB).filter(task_id=task_id).first()
-    return run if run is not None and run.is_terminal else None
 
 
 def pool_pid(run: Run) -> int:
@@ -390,12 +385,6 @@ def test_a_pool_process_killed_around_the_call_performs_the_effect_exactly_once(
 
 
 # -- the window no library closes alone: a pause between the guard and the call ---------
-
-
-def provider_calls(log: Path, key: str) -> list[dict[str, Any]]:
-    if not log.exists():
-        return []
-    return [e for e in map(json.loads, log.read_text().splitlines()) if e["key"] == key]
 
 
 @pytest.mark.parametrize("fenced", [False, True], ids=["plain-provider", "fencing-provider"])

@@ -17,7 +17,7 @@ import pytest
 
 from celery_deadlines._crashpoints import PLAN_FILE_ENV
 from celery_deadlines.models import Run, RunEvent, Status
-from tests.integration.conftest import LEDGER_DB
+from tests.integration.conftest import LEDGER_DB, ended, provider_calls
 from tests.support.processes import Transport, wait_for
 
 pytestmark = [
@@ -26,18 +26,6 @@ pytestmark = [
     pytest.mark.django_db(transaction=True, databases=[LEDGER_DB]),
 ]
 DB = LEDGER_DB
-
-
-def calls_for(log: Path, key: str) -> list[dict[str, Any]]:
-    if not log.exists():
-        return []
-    entries = [json.loads(line) for line in log.read_text().splitlines() if line]
-    return [entry for entry in entries if entry["key"] == key]
-
-
-def ended(task_id: str) -> Run | None:
-    run = Run.objects.using(DB).filter(task_id=task_id).first()
-    return run if run is not None and run.is_terminal else None
 
 
 def events(task_id: str) -> list[RunEvent]:
@@ -76,8 +64,8 @@ def test_execution_expires_but_the_notice_is_delivered_once_while_still_useful(
     assert business.deadline is not None
     first_claim = next(e for e in events(notify_id) if (e.kind, e.outcome) == ("claim", "applied"))
     assert first_claim.at > business.deadline  # it ran after execution expired
-    assert len(calls_for(log, f"{order_id}:pay:v1")) == 1  # the business action: once
-    assert len(calls_for(log, f"{order_id}:completion:v1")) == 1  # the notice: once
+    assert len(provider_calls(log, f"{order_id}:pay:v1")) == 1  # the business action: once
+    assert len(provider_calls(log, f"{order_id}:completion:v1")) == 1  # the notice: once
     effect = notice.effects.get()
     assert (effect.state, effect.evidence) == ("SUCCEEDED", "provider lookup: 1 call(s)")
     assert "effect_unknown" in [e.kind for e in events(notify_id)]  # lost, then reconciled
@@ -105,8 +93,8 @@ def test_a_notice_that_arrives_after_the_delivery_deadline_is_never_sent_and_rer
     assert (notice.status, notice.reason) == (Status.EXPIRED, "expired_before_claim")
     assert notice.deadline == Run.objects.using(DB).get(task_id=result.id).delivery_deadline
     assert ("claim", "applied") not in [(e.kind, e.outcome) for e in events(notify_id)]
-    assert calls_for(log, f"{order_id}:completion:v1") == []
-    assert len(calls_for(log, f"{order_id}:pay:v1")) == 1
+    assert provider_calls(log, f"{order_id}:completion:v1") == []
+    assert len(provider_calls(log, f"{order_id}:pay:v1")) == 1
     business = Run.objects.using(DB).get(task_id=result.id)
     assert (business.status, business.attempt) == (Status.SUCCEEDED, 1)  # not run again
 
