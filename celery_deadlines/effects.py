@@ -39,6 +39,7 @@ from .clock import get_clock
 from .errors import DispatchRefused, EffectConflict, StaleLease
 from .models import EffectState
 from .observations import ActionClass, Observation, earliest_expiry, stale
+from .signals import dispatch_refused, write_refused
 
 if TYPE_CHECKING:
     from .ledger.attempt import Attempt
@@ -126,19 +127,28 @@ class EffectScope:
             self.result = recorded.result
             return self
         if recorded.state in (EffectState.DISPATCHED, EffectState.UNKNOWN):
-            raise DispatchRefused(self.key, "unresolved", f"state {recorded.state}")
+            raise self._refused("unresolved", f"state {recorded.state}")
         fresh_until = self._check_evidence()
         hit("effect.intent", self.attempt.lease.task_id)
         fence = effects.dispatch(self.attempt.lease, self.key, fresh_until)
         if fence is None:
             lease, owner = self.attempt.lease, self.attempt.owner
             reason = effects.why_refused(lease, self.key, owner, fresh_until)
-            raise DispatchRefused(self.key, reason)
+            raise self._refused(reason)
         self.fence = fence
         self._dispatched = True
         self.attempt.unresolved.add(self.key)
         hit("effect.dispatched", self.attempt.lease.task_id)
         return self
+
+    def _refused(self, reason: str, detail: str = "") -> DispatchRefused:
+        """The guard's refusal, announced (:data:`~celery_deadlines.signals.dispatch_refused`;
+        a stale lease's is also a refused write)."""
+        task_id = self.attempt.lease.task_id
+        dispatch_refused.send(sender=self, task_id=task_id, key=self.key, reason=reason)
+        if reason == "stale_lease":
+            write_refused.send(sender=self, task_id=task_id, write="dispatch")
+        return DispatchRefused(self.key, reason, detail)
 
     def _check_evidence(self) -> datetime | None:
         """Refuse stale evidence before the guard (the worker's view, with reasons); the
@@ -156,7 +166,7 @@ class EffectScope:
                 lease.run_id, "dispatch", lease.token, self.attempt.owner,
                 f"stale_evidence:{self.key}: {detail}"[:2000],
             )  # fmt: skip
-            raise DispatchRefused(self.key, "stale_evidence", detail)
+            raise self._refused("stale_evidence", detail)
         return earliest_expiry(self.evidence, self.action)
 
     def succeed(self, result: Any = None) -> None:

@@ -8,6 +8,7 @@
     ├── ConfigurationError             a setting has a bad value; the message names the setting
     ├── StaleLease                     a write by an attempt that no longer owns its run
     ├── DispatchRefused                the dispatch guard refused a side effect
+    ├── PlanRefused                    a resumed plan may not go on, and its contract refuses
     └── EffectConflict (ValueError)    an effect key reused with other parameters
 
 ``DeadlineRefused`` crosses the result backend: the worker stores it as the task's
@@ -123,3 +124,24 @@ class DispatchRefused(DeadlineError):
 
 class EffectConflict(DeadlineError, ValueError):
     """An effect key was reused with different request parameters (its fingerprint)."""
+
+
+class PlanRefused(DeadlineError):
+    """A resumed plan failed its gate and the task's contract says ``on_expiry: refuse``.
+
+    ``reason`` is ``plan_expired`` (its validity ended) or ``assumption_changed`` (the
+    world no longer matches what it was made from); ``detail`` says which, in words a
+    user can read. The run ends FAILED with that reason, and the plan is kept as
+    invalidated history. Like :class:`DeadlineRefused` it crosses the result backend.
+    """
+
+    def __init__(self, reason: str, detail: str = "", plan_id: str = "") -> None:
+        super().__init__(reason, detail, plan_id)
+        self.reason = reason
+        self.detail = detail
+        self.plan_id = plan_id
+
+    def __str__(self) -> str:
+        plan = f"plan {self.plan_id}" if self.plan_id else "the plan"
+        text = f"{plan} refused on resume: {self.reason}"
+        return f"{text}: {self.detail}" if self.detail else text

@@ -16,9 +16,15 @@ class Status(models.TextChoices):
     """Where a run is in its life (drawn in docs/concepts.md)."""
 
     QUEUED = "QUEUED", "queued"
+    #: a worker whose clock disagreed with the ledger's took the run and gave it back
+    #: unstarted; a worker whose clock agrees publishes it again (not failed, not expired)
+    CLOCK_UNCERTAIN = "CLOCK_UNCERTAIN", "clock uncertain (held)"
     RUNNING = "RUNNING", "running"
     RETRYING = "RETRYING", "retrying"
     UNKNOWN = "UNKNOWN", "unknown (to reconcile)"
+    #: the run's resumed plan may not go on and its contract says ``pause`` or
+    #: ``escalate``: it waits for a person (the admin's *requeue*) or its deadline
+    PAUSED = "PAUSED", "paused (waits for a person)"
     SUCCEEDED = "SUCCEEDED", "succeeded"
     FAILED = "FAILED", "failed"
     EXPIRED = "EXPIRED", "expired"
@@ -27,7 +33,7 @@ class Status(models.TextChoices):
 #: A run in one of these states never changes again.
 TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.EXPIRED})
 #: A run in one of these states waits for a worker to claim it.
-CLAIMABLE = frozenset({Status.QUEUED, Status.RETRYING})
+CLAIMABLE = frozenset({Status.QUEUED, Status.RETRYING, Status.CLOCK_UNCERTAIN})
 
 
 class Run(models.Model):
@@ -173,3 +179,41 @@ class Effect(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}[{self.key}] {self.state}"
+
+
+class PlanState(models.TextChoices):
+    """Where a stored plan is: the one a run follows, or history."""
+
+    ACTIVE = "ACTIVE", "active"
+    SUPERSEDED = "SUPERSEDED", "superseded by a newer plan"
+    INVALIDATED = "INVALIDATED", "invalidated on resume"
+
+
+class RunPlan(models.Model):
+    """A plan a run made (:class:`celery_deadlines.plans.Plan`), kept after it stops
+    applying: a run has at most one ACTIVE plan, and an invalidated one is never
+    executed again, only read (seed 003: an invalidated plan is evidence)."""
+
+    id = models.BigAutoField(primary_key=True)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="plans", db_index=False)
+    plan_id = models.CharField(max_length=255, blank=True, default="")
+    state = models.CharField(max_length=16, choices=PlanState.choices, default=PlanState.ACTIVE)
+    document = models.JSONField(help_text="The plan as it was made (Plan.to_json()).")
+    lease_token = models.BigIntegerField(help_text="Token of the attempt that made it.")
+    reason = models.CharField(max_length=64, blank=True, default="")
+    detail = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(help_text="Database clock.")
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run"],
+                condition=models.Q(state="ACTIVE"),
+                name="cdl_plan_one_active",
+            )
+        ]
+        indexes = [models.Index(fields=["run", "id"], name="cdl_plan_run_idx")]
+
+    def __str__(self) -> str:
+        return f"plan {self.plan_id or self.id} of run {self.run_id} {self.state}"

@@ -35,6 +35,25 @@ deadline_refused = Signal(
 clock_uncertain = Signal(name="clock_uncertain", providing_args=["reading", "budget"])
 #: ... and is back within it: the worker consumes again.
 clock_certain = Signal(name="clock_certain", providing_args=["reading", "budget"])
+#: A worker measured its clock against the ledger's (every reconcile pass, with a skew
+#: budget set): ``reading`` is the ClockReading, ``None`` when it could not be read.
+clock_measured = Signal(name="clock_measured", providing_args=["reading"])
+#: A run was claimed by a worker whose clock is beyond the budget and given back
+#: unstarted, as CLOCK_UNCERTAIN (``reading`` is the claim's own measurement).
+run_held = Signal(name="run_held", providing_args=["task_id", "task_name", "reading", "budget"])
+#: A run was claimed: ``queue_wait`` (a timedelta, by the ledger's clock) is how long it
+#: waited for a worker since it became claimable.
+run_claimed = Signal(name="run_claimed", providing_args=["task_id", "task_name", "queue_wait"])
+#: A fenced write of a stale attempt was refused by the ledger: ``write`` is what it
+#: tried (``checkpoint``, ``succeed``, ``retry``, ``dispatch``, ...).
+write_refused = Signal(name="write_refused", providing_args=["task_id", "write"])
+#: The dispatch guard refused a side effect (``reason`` as in DispatchRefused).
+dispatch_refused = Signal(name="dispatch_refused", providing_args=["task_id", "key", "reason"])
+#: A run resumed a stored plan: ``verdict`` is the plans.Verdict, ``action`` what the
+#: run does about it (``continue`` or the contract's ``on_expiry``).
+plan_resumed = Signal(
+    name="plan_resumed", providing_args=["task_id", "task_name", "verdict", "action"]
+)
 
 
 def report_refusal(sender: object, task_id: str | None, task_name: str, decision: Decision) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
@@ -36,11 +36,19 @@ from ._crashpoints import hit
 from .budgets import UNSET, Anchor, Source, govern, parse_budget, parse_duration
 from .clock import get_clock
 from .conf import settings_for
-from .errors import ConfigurationError, DeadlineRefused, DispatchRefused, StaleLease
+from .errors import (
+    ConfigurationError,
+    DeadlineRefused,
+    DispatchRefused,
+    PlanRefused,
+    StaleLease,
+)
 from .install import install
 from .observations import ActionClass, Observation
+from .plans import Plan, Verdict
+from .plans import resume as resume_plan
 from .propagation import ANCHOR, ATTEMPT, CARRIED, Inherited
-from .signals import report_refusal
+from .signals import plan_resumed, report_refusal, run_claimed, run_held
 
 if TYPE_CHECKING:
     from .effects import EffectScope
@@ -321,11 +329,16 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
             self._refuse_attempt(gates.invalid(gates.Gate.ATTEMPT, now, detail), task_id)
         reserve = self.reserve_duration()
         deadline = carried.deadline
-        if deadline is not None:
+        with_ledger = ledger.enabled_for(self.app) and not request.is_eager
+        # With a clock-skew budget the ledger's clock decides (seed 001's gate order:
+        # CLOCK_UNCERTAIN before EXPIRED): the claim measures this clock against it,
+        # holds the run if they disagree, and checks the deadline by the database clock.
+        skew_budget = settings_for(self.app).get(conf.CLOCK_SKEW_BUDGET) if with_ledger else None
+        if deadline is not None and skew_budget is None:
             decision = gates.admit(gates.Gate.ATTEMPT, deadline, now, reserve)
             if not decision.allowed:
                 self._refuse_attempt(decision, task_id)
-        if ledger.enabled_for(self.app) and not request.is_eager:
+        if with_ledger:
             hit("claim.before", task_id)
             attempt = self._claim(task_id, deadline, reserve, now)
             hit("claim.after", task_id)
@@ -336,6 +349,8 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
                 # the ledger's deadline is the authority; a header can only shorten it
                 deadline = attempt.lease.deadline
                 state[CARRIED] = carried._replace(deadline=deadline)
+            if skew_budget is not None and attempt.reading is not None:
+                now = attempt.reading.corrected(now)  # remaining time by the ledger's clock
             attempt.start()
         if deadline is not None:
             state[ANCHOR] = Anchor.at(deadline, now, clock.monotonic())
@@ -349,7 +364,15 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
 
         request = self.request
         outcome = glue.claim(self, request, deadline, reserve)
+        if isinstance(outcome, glue.Held):
+            self._hold(task_id, outcome)
         if not isinstance(outcome, ClaimRefused):
+            lease = outcome.lease
+            if lease.waiting_since is not None:
+                run_claimed.send(
+                    sender=self, task_id=task_id, task_name=self.name,
+                    queue_wait=max(lease.database_now - lease.waiting_since, timedelta(0)),
+                )  # fmt: skip
             return outcome
         if outcome.why == ClaimRefused.DEADLINE:
             passed = deadline is not None and deadline <= now
@@ -379,6 +402,20 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
             outcome.token, outcome.owner or "none",
         )  # fmt: skip
         raise Ignore(f"claim refused: {outcome.why}")
+
+    def _hold(self, task_id: str, held: Any) -> NoReturn:
+        """This worker's clock is beyond the skew budget: the run was given back as
+        CLOCK_UNCERTAIN (not failed, not expired) for a worker whose clock agrees."""
+        logger.warning(
+            "%s[%s]: not started, held as CLOCK_UNCERTAIN: %s%s",
+            self.name, task_id, held.explain(),
+            "" if held.recorded else " (the hold was not recorded; the reconciler settles it)",
+        )  # fmt: skip
+        run_held.send(
+            sender=self, task_id=task_id, task_name=self.name, reading=held.reading,
+            budget=held.budget,
+        )  # fmt: skip
+        raise Ignore(f"clock uncertain: {held.explain()}")
 
     def kind_of(self, decision: gates.Decision) -> gates.Decision:
         """The decision in this task's terms (a delivery task's deadline is its delivery)."""
@@ -424,8 +461,8 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
                 attempt.succeed()
                 hit("run.completed", self.request.id)
                 return result
-            except (Retry, StaleLease, _Unresolved):
-                raise  # written by apply_async / by nobody (stale) / as UNKNOWN
+            except (Retry, StaleLease, _Unresolved, _Paused):
+                raise  # written by apply_async / by nobody (stale) / as UNKNOWN / PAUSED
             except BaseException as exc:
                 _end_after_body(attempt, exc)
                 raise
@@ -459,12 +496,7 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
         """
         from .effects import EffectScope
 
-        attempt = self._attempt()
-        if attempt is None:
-            raise ConfigurationError(
-                "side effects need the run ledger: add 'celery_deadlines' to INSTALLED_APPS "
-                "and run the task in a worker"
-            )
+        attempt = self._ledger_attempt("side effects")
         if evidence and action is None:
             raise ConfigurationError(
                 f"effect {name!r} has evidence but no action class: say what it is for "
@@ -506,13 +538,101 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
         attempt = self._attempt()
         # the database clock when there is a ledger: the guard checks expiry by it too,
         # and a worker clock stepped forward or back must not age or rejuvenate evidence
-        now = attempt.store.database_now() if attempt is not None else get_clock().now()
+        now = self.ledger_now()
         lease = attempt.lease if attempt is not None else None
         return Observation(
             source, value, now, now + lifetime, evidence_id,
             token=lease.token if lease is not None else 0,
             source_updated_at=source_updated_at,
         )  # fmt: skip
+
+    # -- plans (seed 003: a resumed plan must earn the right to continue) -----------------
+
+    def save_plan(self, plan: Plan) -> None:
+        """Store ``plan`` as the run's active plan, fenced by this attempt's token (the
+        previous one is kept as superseded history). Raises :class:`StaleLease` if the
+        attempt no longer owns the run."""
+        from .ledger.plans import Plans
+
+        attempt = self._ledger_attempt("plans")
+        if not Plans(attempt.store).save(attempt.lease, plan.plan_id, plan.to_json()):
+            attempt.lost = True
+            raise StaleLease(attempt.lease.task_id, attempt.lease.token, "save_plan")
+
+    def resume_plan(self, current: Mapping[str, Any]) -> Verdict | None:
+        """The resume gate: may the run's stored plan go on, given the ``current`` facts?
+
+        ``None``: the run has no active plan (a first attempt, or its last plan was
+        invalidated), so the body plans from fresh observations. Otherwise the plan is
+        checked by :func:`celery_deadlines.plans.resume` at the *ledger's* time. A plan
+        that continues is returned. One that does not is invalidated (kept as history,
+        never executed) and the contract's ``on_expiry`` decides (default ``refuse``):
+
+        * ``revalidate``: the verdict is returned; re-read the world and save a new plan
+          (``steps_of(verdict)`` is empty);
+        * ``refuse``: raises :class:`PlanRefused`; the run ends FAILED with the reason;
+        * ``pause`` / ``escalate``: the run becomes PAUSED with the reason and waits for
+          a person (the admin's *requeue*) or its deadline; ``escalate`` also logs an
+          ERROR. The body stops here (Celery's ``Ignore``; no result is stored).
+
+        Every call sends :data:`~celery_deadlines.signals.plan_resumed`.
+        """
+        from .contracts import OnExpiry
+        from .ledger.plans import Plans
+        from .models import Status
+
+        attempt = self._ledger_attempt("plans")
+        plans = Plans(attempt.store)
+        stored = plans.active(attempt.lease.run_id)
+        if stored is None:
+            return None
+        verdict = resume_plan(
+            Plan.from_json(stored.document), attempt.store.database_now(), current
+        )
+        contract = settings_for(self.app).contract_of(self.name)
+        on_expiry = contract.on_expiry if contract is not None else OnExpiry.REFUSE
+        action = "continue" if verdict.may_execute else on_expiry.value
+        task_id = attempt.lease.task_id
+        plan_resumed.send(
+            sender=self, task_id=task_id, task_name=self.name, verdict=verdict, action=action
+        )
+        if verdict.may_execute:
+            return verdict
+        detail = verdict.explain()
+        if not plans.invalidate(attempt.lease, stored.row_id, verdict.reason, detail):
+            attempt.lost = True
+            raise StaleLease(task_id, attempt.lease.token, "invalidate_plan")
+        if on_expiry is OnExpiry.REVALIDATE:
+            logger.info("%s[%s]: plan invalidated (%s); revalidating", self.name, task_id, detail)
+            return verdict
+        if on_expiry is OnExpiry.REFUSE:
+            raise PlanRefused(verdict.reason, detail, verdict.plan.plan_id)
+        if attempt.unresolved:
+            _end_unresolved(attempt)  # an unknown outcome is settled before anything else
+        escalated = on_expiry is OnExpiry.ESCALATE
+        said = f"{detail}; {'escalated to an operator' if escalated else 'paused'}"
+        attempt.end(Status.PAUSED, verdict.reason, said)
+        logger.log(
+            logging.ERROR if escalated else logging.WARNING,
+            "%s[%s]: run PAUSED (%s): %s", self.name, task_id, verdict.reason, said,
+        )  # fmt: skip
+        raise _Paused(said)
+
+    def ledger_now(self) -> datetime:
+        """The ledger's clock (the database's; one read) in a ledger attempt, else this
+        process's: what a plan's ``created_at`` and an observation's stamp are read from,
+        so the resume gate and the dispatch guard judge them by the same clock."""
+        attempt = self._attempt()
+        return attempt.store.database_now() if attempt is not None else get_clock().now()
+
+    def _ledger_attempt(self, feature: str) -> Attempt:
+        attempt = self._attempt()
+        if attempt is None:
+            raise ConfigurationError(
+                f"{feature} need the run ledger: add 'celery_deadlines' to INSTALLED_APPS "
+                "and run the task in a worker"
+            )
+        return attempt
 
     def reconciler(self, name: str) -> Callable[[Reconciler], Reconciler]:
         """Register the function asked about an effect of this task whose outcome is unknown.
@@ -681,6 +801,8 @@ def _end_after_body(attempt: Attempt, exc: BaseException) -> None:
             attempt.end(Status.FAILED, "rejected", f"rejected: {why!r}")
     elif isinstance(exc, DeadlineRefused):
         attempt.end(Status.EXPIRED, exc.reason, str(exc))
+    elif isinstance(exc, PlanRefused):
+        attempt.end(Status.FAILED, exc.reason, str(exc))
     elif isinstance(exc, DispatchRefused):
         # another run's dispatch of the key is unresolved (refused for the deadline or a
         # stale lease, this write is refused too: the reconciler settles the run)
@@ -691,6 +813,10 @@ def _end_after_body(attempt: Attempt, exc: BaseException) -> None:
 
 class _Unresolved(Ignore):
     """The attempt ended with an effect of unknown outcome: the run is now UNKNOWN."""
+
+
+class _Paused(Ignore):
+    """The run's resumed plan may not go on and its contract pauses: it is now PAUSED."""
 
 
 #: Set on the request while the tracer runs the body of a ledger attempt.

@@ -15,6 +15,8 @@ from typing import Any
 
 from ..errors import StaleLease
 from ..models import Status
+from ..signals import write_refused
+from ..skew import ClockReading
 from .effects import Effects
 from .heartbeat import heartbeat
 from .store import Lease, Store
@@ -38,6 +40,8 @@ class Attempt:
     owner: str
     ttl: timedelta
     lost: bool = field(default=False)
+    #: the claim's round trip as a clock reading (the ledger's clock against this one)
+    reading: ClockReading | None = None
     #: keys this attempt dispatched whose outcome is not recorded (or is UNKNOWN)
     unresolved: set[str] = field(default_factory=set)
 
@@ -89,4 +93,5 @@ class Attempt:
     def _check(self, written: bool, write: str) -> None:
         if not written:
             self.lost = True
+            write_refused.send(sender=self, task_id=self.lease.task_id, write=write)
             raise StaleLease(self.lease.task_id, self.lease.token, write)

@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 from ..clock import get_clock
-from ..signals import clock_certain, clock_uncertain
+from ..signals import clock_certain, clock_measured, clock_uncertain
 from ..skew import ClockReading
 from .store import Store
 
@@ -47,6 +47,7 @@ class ClockWatch:
             logger.exception("reading the ledger's clock failed")
             reading = None
         self.reading = reading
+        clock_measured.send(sender=self, reading=reading)
         uncertain = reading is None or not reading.within(self.budget)
         if uncertain != self.uncertain:
             self.uncertain = uncertain

@@ -7,6 +7,7 @@ Translating outcomes into Celery's ``Ignore``/``Retry`` stays in ``task.py``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -15,9 +16,11 @@ from celery._state import get_current_worker_task
 
 from .. import conf
 from .._crashpoints import hit
+from ..clock import get_clock
 from ..conf import settings_for
 from ..gates import Reason
 from ..models import Status
+from ..skew import ClockReading
 from . import outbox
 from .attempt import Attempt, owner_name
 from .store import ClaimRefused, NewRun, Store
@@ -94,24 +97,56 @@ def publish(
     return sent if sent is not None else task.AsyncResult(task_id)
 
 
+@dataclass(frozen=True)
+class Held:
+    """A claim won by a worker whose clock is beyond the skew budget: the run was given
+    back unstarted, as CLOCK_UNCERTAIN (or, if that write was refused, left to the
+    reconciler: ``recorded`` is False)."""
+
+    reading: ClockReading
+    budget: timedelta
+    recorded: bool
+
+    def explain(self) -> str:
+        return (
+            f"clock offset {self.reading.offset.total_seconds():+.3f} s "
+            f"(+/- {self.reading.uncertainty.total_seconds():.3f} s) from the ledger's "
+            f"clock is beyond the skew budget of {self.budget.total_seconds()} s"
+        )
+
+
 def claim(
     task: DeadlineTask, request: Any, deadline: datetime | None, reserve: timedelta
-) -> Attempt | ClaimRefused:
-    """Claim the run of the message being executed (recording it first if it has no row)."""
+) -> Attempt | ClaimRefused | Held:
+    """Claim the run of the message being executed (recording it first if it has no row).
+
+    The claim's round trip is also a clock reading (the database's clock between two
+    local ones): with ``deadlines_clock_skew_budget`` set and the reading beyond it, the
+    won claim is given back at once as CLOCK_UNCERTAIN (:class:`Held`).
+    """
     settings = settings_for(task.app)
     store = store_for(task.app, dedicated=True)
     owner = owner_name(request.hostname)
     ttl = task.lease_duration()
     retries = int(request.retries or 0)
     max_lost = settings.get(conf.MAX_LOST_LEASES)
+    clock = get_clock()
+    before = clock.now()
     outcome = store.claim(request.id, retries, owner, ttl, reserve, max_lost)
     if isinstance(outcome, ClaimRefused) and outcome.why == ClaimRefused.MISSING:
         # published without the outbox (by name, or before the app was installed)
         store.enqueue(_run_of_request(task, request, deadline, retries))
+        before = clock.now()
         outcome = store.claim(request.id, retries, owner, ttl, reserve, max_lost)
     if isinstance(outcome, ClaimRefused):
         return outcome
-    return Attempt(store, outcome, owner, ttl)
+    reading = ClockReading.between(before, outcome.database_now, clock.now())
+    budget = settings.get(conf.CLOCK_SKEW_BUDGET)
+    if budget is not None and not reading.within(budget):
+        held = Held(reading, budget, recorded=False)
+        recorded = store.hold(outcome, owner, held.explain())
+        return Held(reading, budget, recorded)
+    return Attempt(store, outcome, owner, ttl, reading=reading)
 
 
 def refuse(

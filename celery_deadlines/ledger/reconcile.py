@@ -79,8 +79,12 @@ class Report:
         )  # fmt: skip
 
 
-def reconcile_once(app: Any, store: Store) -> Report:
-    """One pass of reconciliation and sweeping over the whole ledger."""
+def reconcile_once(app: Any, store: Store, *, clock_certain: bool = True) -> Report:
+    """One pass of reconciliation and sweeping over the whole ledger.
+
+    ``clock_certain``: this worker's clock agrees with the ledger's (or no skew budget
+    is set), so runs held as CLOCK_UNCERTAIN are published again at once.
+    """
     settings = settings_for(app)
     report = Report()
     expired_runs = store.expire_unclaimed()
@@ -94,7 +98,7 @@ def reconcile_once(app: Any, store: Store) -> Report:
         _settle(app, store, lapsed, max_lost, report)
     for pending in Effects(store).pending():
         _reconcile_effect(app, store, pending, report)
-    for unclaimed in store.unclaimed(settings.get(conf.REPUBLISH_AFTER)):
+    for unclaimed in store.unclaimed(settings.get(conf.REPUBLISH_AFTER), held=clock_certain):
         if store.mark_republished(unclaimed.run_id, unclaimed.version):
             _republish(app, unclaimed.task_id, partial(outbox.republish, app, unclaimed))
             report.republished.append(unclaimed.task_id)
@@ -244,7 +248,8 @@ class Reconciler:
                 try:
                     if self.watch is not None:
                         self.watch.check()
-                    reconcile_once(self.app, self.store)
+                    certain = self.watch is None or not self.watch.uncertain
+                    reconcile_once(self.app, self.store, clock_certain=certain)
                 except Exception:  # a database outage must not end reconciliation
                     logger.exception("reconciling the run ledger failed; trying again")
                 if self.interval is None:

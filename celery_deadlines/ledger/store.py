@@ -42,7 +42,9 @@ EFFECT: Final = "celery_deadlines_effect"
 SUPERVISOR_GRACE: Final = timedelta(seconds=1)
 
 _TERMINAL_SQL: Final = "('SUCCEEDED', 'FAILED', 'EXPIRED')"
-_CLAIMABLE_SQL: Final = "('QUEUED', 'RETRYING')"
+_CLAIMABLE_SQL: Final = "('QUEUED', 'RETRYING', 'CLOCK_UNCERTAIN')"
+#: Unfinished runs no worker holds: the deadline ends them by the database clock.
+_WAITING_SQL: Final = "('QUEUED', 'RETRYING', 'CLOCK_UNCERTAIN', 'PAUSED')"
 #: Effects dispatched without a known outcome: their run waits for reconciliation.
 UNRESOLVED_SQL: Final = "('DISPATCHED', 'UNKNOWN')"
 #: True for the run row being updated when one of its effects is unresolved.
@@ -83,6 +85,8 @@ class Lease:
     checkpoint_name: str
     checkpoint_data: Any
     database_now: datetime
+    #: when the run last became claimable (its publish, or a retry's countdown end)
+    waiting_since: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -245,7 +249,9 @@ class Store:
               AND (deadline IS NULL OR deadline > {d.now_plus})
               AND NOT {_HAS_UNRESOLVED}
             RETURNING id, lease_token, version, attempt, lease_expires_at, deadline,
-                checkpoint_name, checkpoint_data, {d.now}
+                checkpoint_name, checkpoint_data, {d.now},
+                CASE WHEN available_at IS NOT NULL AND available_at > published_at
+                     THEN available_at ELSE published_at END
             """,
             [
                 owner,
@@ -275,6 +281,7 @@ class Store:
                 checkpoint_name=row[6],
                 checkpoint_data=_json(row[7]),
                 database_now=_required(d.instant(row[8])),
+                waiting_since=d.instant(row[9]),
             )
         return self._claim_refused(task_id, retries, owner, reserve, max_lost_leases)
 
@@ -419,6 +426,19 @@ class Store:
             [detail],
             lease,
             "release",
+            owner,
+        )
+
+    def hold(self, lease: Lease, owner: str, detail: str) -> bool:
+        """Give a just-claimed run back unstarted, as CLOCK_UNCERTAIN (fenced): the
+        claiming worker's clock is beyond the skew budget. It stays claimable; a worker
+        whose clock agrees publishes it again (:meth:`unclaimed`)."""
+        return self._fenced(
+            "status = 'CLOCK_UNCERTAIN', reason = 'clock_uncertain', detail = %s, "
+            "owner = '', lease_expires_at = NULL, op = 'clock_hold', op_detail = %s",
+            [detail, detail],
+            lease,
+            "clock_hold",
             owner,
         )
 
@@ -589,7 +609,8 @@ class Store:
                 available_at = NULL, published_at = {d.now}, version = version + 1,
                 op = 'requeue_now', op_detail = %s, updated_at = {d.now}
             WHERE id = %s
-              AND (status IN ('QUEUED', 'RETRYING', 'UNKNOWN', 'FAILED')
+              AND (status IN ('QUEUED', 'RETRYING', 'CLOCK_UNCERTAIN', 'PAUSED', 'UNKNOWN',
+                              'FAILED')
                    OR (status = 'RUNNING' AND lease_expires_at <= {d.now}))
               AND (deadline IS NULL OR deadline > {d.now})
               AND message_body IS NOT NULL
@@ -602,19 +623,27 @@ class Store:
     # -- reconciliation ----------------------------------------------------------------------
 
     def expire_unclaimed(self, limit: int = 500) -> list[Expired]:
-        """End runs whose deadline passed before any worker claimed them."""
+        """End runs whose deadline passed before any worker claimed them
+        (``expired_before_claim``), or while they were paused (``deadline_passed``)."""
         d = self.dialect
         _, rows = self.execute(
             f"""
-            UPDATE {RUN} SET status = 'EXPIRED', reason = 'expired_before_claim',
-                detail = 'the deadline passed before any worker claimed the run',
-                version = version + 1, op = 'expire', op_detail = 'expired_before_claim',
+            UPDATE {RUN} SET status = 'EXPIRED',
+                reason = CASE WHEN status = 'PAUSED' THEN 'deadline_passed'
+                              ELSE 'expired_before_claim' END,
+                detail = CASE WHEN status = 'PAUSED'
+                              THEN 'the deadline passed while the run was paused'
+                              ELSE 'the deadline passed before any worker claimed the run'
+                         END,
+                version = version + 1, op = 'expire',
+                op_detail = CASE WHEN status = 'PAUSED' THEN 'deadline_passed'
+                                 ELSE 'expired_before_claim' END,
                 updated_at = {d.now}
             WHERE id IN (
                 SELECT id FROM {RUN}
-                WHERE status IN {_CLAIMABLE_SQL} AND deadline <= {d.now}
+                WHERE status IN {_WAITING_SQL} AND deadline <= {d.now}
                 LIMIT %s
-            ) AND status IN {_CLAIMABLE_SQL} AND deadline <= {d.now}
+            ) AND status IN {_WAITING_SQL} AND deadline <= {d.now}
             RETURNING task_id, task_name, status, reason, deadline
             """,
             [limit],
@@ -679,31 +708,41 @@ class Store:
         )  # fmt: skip
         return count == 1
 
-    def unclaimed(self, republish_after: timedelta, limit: int = 100) -> list[Unclaimed]:
+    def unclaimed(
+        self, republish_after: timedelta, limit: int = 100, *, held: bool = False
+    ) -> list[Unclaimed]:
         """Runs unclaimed ``republish_after`` after their last publish *and* after they
-        became due (a retry's countdown): the broker may have lost their message."""
+        became due (a retry's countdown): the broker may have lost their message.
+
+        ``held``: also every CLOCK_UNCERTAIN run at once (the caller's clock agrees with
+        the ledger's, so the hold is over); otherwise they wait like any other.
+        """
         d = self.dialect
         _, rows = self.execute(
             f"""
             SELECT {_MESSAGE_COLUMNS}
             FROM {RUN}
             WHERE status IN {_CLAIMABLE_SQL}
-              AND published_at <= {d.now_plus}
-              AND (available_at IS NULL OR available_at <= {d.now_plus})
+              AND ((published_at <= {d.now_plus}
+                    AND (available_at IS NULL OR available_at <= {d.now_plus}))
+                   OR (status = 'CLOCK_UNCERTAIN' AND %s = 1))
               AND (deadline IS NULL OR deadline > {d.now})
             ORDER BY published_at
             LIMIT %s
             """,
-            [d.seconds(-republish_after), d.seconds(-republish_after), limit],
+            [d.seconds(-republish_after), d.seconds(-republish_after), int(held), limit],
         )
         return [self._message(row) for row in rows]
 
     def mark_republished(self, run_id: int, version: int) -> bool:
-        """Claim the right to republish a run (one reconciler wins per version)."""
+        """Claim the right to republish a run (one reconciler wins per version); a held
+        (CLOCK_UNCERTAIN) run is QUEUED again."""
         d = self.dialect
         count, _ = self.execute(
             f"""
             UPDATE {RUN} SET published_at = {d.now}, version = version + 1,
+                status = CASE WHEN status = 'CLOCK_UNCERTAIN' THEN 'QUEUED' ELSE status END,
+                reason = CASE WHEN status = 'CLOCK_UNCERTAIN' THEN '' ELSE reason END,
                 op = 'republish', op_detail = '', updated_at = {d.now}
             WHERE id = %s AND version = %s AND status IN {_CLAIMABLE_SQL}
             """,

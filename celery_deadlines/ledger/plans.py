@@ -1,0 +1,99 @@
+"""The plan ledger's statements: a run's plans, the one it follows and its history.
+
+Every write is fenced like the run's own (the attempt's token, a live lease, by the
+database clock), so a stale attempt can neither store a plan nor retire one. A run has
+at most one ACTIVE plan (a partial unique index); storing a new one supersedes it, and
+a plan that fails its resume gate is INVALIDATED with the reason: both stay as history.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final
+
+from .store import RUN, Lease, Store
+
+PLAN: Final = "celery_deadlines_runplan"
+
+
+@dataclass(frozen=True)
+class StoredPlan:
+    """The active plan of a run, as stored."""
+
+    row_id: int
+    document: dict[str, Any]
+    lease_token: int
+    created_at: datetime
+
+
+class Plans:
+    """The plan statements, on a :class:`Store`'s connection and dialect."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def _alive(self) -> str:
+        """The fence: the run is RUNNING under the caller's token, its lease alive."""
+        d = self.store.dialect
+        return (
+            f"EXISTS (SELECT 1 FROM {RUN} WHERE {RUN}.id = %s AND {RUN}.lease_token = %s"
+            f" AND {RUN}.status = 'RUNNING' AND {RUN}.lease_expires_at > {d.now})"
+        )
+
+    def save(self, lease: Lease, plan_id: str, document: dict[str, Any]) -> bool:
+        """Make ``document`` the run's active plan (the previous one is superseded).
+        ``False``: the attempt no longer owns the run; nothing was written."""
+        d = self.store.dialect
+        self.store.execute(
+            f"""
+            UPDATE {PLAN} SET state = 'SUPERSEDED', ended_at = {d.now},
+                detail = 'a newer plan was stored'
+            WHERE run_id = %s AND state = 'ACTIVE' AND {self._alive()}
+            """,
+            [lease.run_id, lease.run_id, lease.token],
+        )
+        count, _ = self.store.execute(
+            f"""
+            INSERT INTO {PLAN} (run_id, plan_id, state, document, lease_token, reason, detail,
+                created_at)
+            SELECT %s, %s, 'ACTIVE', {d.json_param}, %s, '', '', {d.now}
+            WHERE {self._alive()}
+            """,
+            [lease.run_id, plan_id, json.dumps(document), lease.token, lease.run_id,
+             lease.token],
+        )  # fmt: skip
+        return count == 1
+
+    def active(self, run_id: int) -> StoredPlan | None:
+        """The plan the run follows, if it has one."""
+        d = self.store.dialect
+        _, rows = self.store.execute(
+            f"""
+            SELECT id, document, lease_token, created_at FROM {PLAN}
+            WHERE run_id = %s AND state = 'ACTIVE'
+            """,
+            [run_id],
+        )
+        if not rows:
+            return None
+        row_id, document, token, created_at = rows[0]
+        if isinstance(document, (str, bytes)):
+            document = json.loads(document)
+        created = d.instant(created_at)
+        assert created is not None
+        return StoredPlan(row_id, document, token, created)
+
+    def invalidate(self, lease: Lease, row_id: int, reason: str, detail: str) -> bool:
+        """Retire the active plan ``row_id`` as history: it failed its resume gate."""
+        d = self.store.dialect
+        count, _ = self.store.execute(
+            f"""
+            UPDATE {PLAN} SET state = 'INVALIDATED', reason = %s, detail = %s,
+                ended_at = {d.now}
+            WHERE id = %s AND state = 'ACTIVE' AND {self._alive()}
+            """,
+            [reason, detail, row_id, lease.run_id, lease.token],
+        )
+        return count == 1
