@@ -80,9 +80,10 @@ class DeadlineRequest(Request):
     def time_limits(self) -> tuple[float | None, float | None]:
         deadline = self._carried().deadline
         hard, soft = self._raw_time_limits
-        if deadline is None:
+        now = self._judging_now()
+        if deadline is None or now is None:
             return hard, soft
-        remaining = deadline - get_clock().now()
+        remaining = deadline - now
         return gates.cap_time_limits(
             remaining,
             hard or self.task.time_limit,
@@ -106,15 +107,29 @@ class DeadlineRequest(Request):
             )
         return self._deadlines
 
+    def _judging_now(self) -> datetime | None:
+        """The time to judge deadlines by: the wall clock, or with a skew budget the
+        ledger's time as the clock watch estimates it (``None`` while the clock is in
+        doubt: the pool process's claim measures again and holds the run if need be)."""
+        local = get_clock().now()
+        watch = ledger.clock_watch(self._app or self.task.app)
+        if watch is None:
+            return local
+        authority: datetime | None = watch.authority_now()
+        if authority is not None and abs(local - authority) > watch.budget:
+            watch.suspect()  # the wall clock moved since the last reading
+        return authority
+
     def _claim_decision(self) -> gates.Decision | None:
-        now = get_clock().now()
+        judging = self._judging_now()
+        now = judging or get_clock().now()
         try:
             carried = self._carried()
             if carried.unreadable is not None:
                 return gates.invalid(
                     gates.Gate.CLAIM, now, f"unreadable deadline header {carried.unreadable!r}"
                 )
-            if carried.deadline is None:
+            if carried.deadline is None or judging is None:
                 return None
             reserve = self._reserve
             if reserve is None:

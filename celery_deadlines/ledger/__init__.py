@@ -48,3 +48,14 @@ def reset() -> None:
     """Decide again on the next call (tests that install or remove the app)."""
     global _active
     _active = None
+
+
+def clock_watch(app: Any) -> Any:
+    """This worker's :class:`~celery_deadlines.ledger.clockwatch.ClockWatch`, when the
+    ledger is on and ``deadlines_clock_skew_budget`` is set (main process), else None."""
+    if not enabled_for(app):
+        return None
+    from .worker import reconciler
+
+    running = reconciler()
+    return running.watch if running is not None else None

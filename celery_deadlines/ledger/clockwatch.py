@@ -13,7 +13,7 @@ on the consumer's event loop (``hub.call_soon``), never from this thread directl
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from ..clock import get_clock
@@ -35,18 +35,27 @@ class ClockWatch:
         self.reading: ClockReading | None = None
         self.uncertain = False
         self._paused: list[str] = []
+        #: the ledger's time at the last good reading, and this process's monotonic
+        #: clock then: the ledger's time now is estimated without the wall clock
+        self._anchor: tuple[datetime, float] | None = None
+        #: set by :meth:`suspect`; the reconciler re-measures at once
+        self.on_suspect: Any = None
 
     def check(self) -> ClockReading | None:
         clock = get_clock()
         try:
-            before = clock.now()
+            before, start = clock.now(), clock.monotonic()
             authority = self.store.database_now()
-            after = clock.now()
+            after, end = clock.now(), clock.monotonic()
             reading: ClockReading | None = ClockReading.between(before, authority, after)
         except Exception:  # an unreachable authority is uncertainty, not permission
             logger.exception("reading the ledger's clock failed")
             reading = None
         self.reading = reading
+        if reading is not None and reading.within(self.budget):
+            self._anchor = (authority, (start + end) / 2)
+        else:
+            self._anchor = None
         clock_measured.send(sender=self, reading=reading)
         uncertain = reading is None or not reading.within(self.budget)
         if uncertain != self.uncertain:
@@ -56,6 +65,21 @@ class ClockWatch:
             else:
                 self._release(reading)
         return reading
+
+    def authority_now(self) -> datetime | None:
+        """The ledger's time now, from the last reading within the budget plus the
+        monotonic time since (a wall-clock step since then changes nothing); ``None``
+        while the clock is uncertain: the caller must not judge time by itself."""
+        if self.uncertain or self._anchor is None:
+            return None
+        authority, monotonic = self._anchor
+        return authority + timedelta(seconds=get_clock().monotonic() - monotonic)
+
+    def suspect(self) -> None:
+        """Someone saw this worker's wall clock disagree with :meth:`authority_now`:
+        measure again now rather than at the next pass."""
+        if self.on_suspect is not None:
+            self.on_suspect()
 
     def _hold(self, reading: ClockReading | None) -> None:
         found = (

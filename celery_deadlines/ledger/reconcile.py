@@ -45,6 +45,9 @@ from .store import Expired, LapsedLease, Store
 
 logger = logging.getLogger("celery_deadlines")
 
+#: How often a worker whose clock is uncertain measures it again (and reconciles).
+RECHECK_UNCERTAIN = timedelta(seconds=1)
+
 #: ``check(lapsed) -> True`` when an effect of the lapsed attempt is unresolved.
 EffectCheck = Callable[[LapsedLease], bool]
 _effect_checks: list[EffectCheck] = []
@@ -223,6 +226,8 @@ class Reconciler:
         self.interval = interval
         #: measures the worker's clock on every pass (``deadlines_clock_skew_budget``)
         self.watch = watch
+        if watch is not None:
+            watch.on_suspect = self.wake
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(
@@ -245,16 +250,22 @@ class Reconciler:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
+                certain = True
                 try:
                     if self.watch is not None:
                         self.watch.check()
-                    certain = self.watch is None or not self.watch.uncertain
+                        certain = not self.watch.uncertain
                     reconcile_once(self.app, self.store, clock_certain=certain)
                 except Exception:  # a database outage must not end reconciliation
                     logger.exception("reconciling the run ledger failed; trying again")
-                if self.interval is None:
+                if self.interval is None and certain:
                     return
-                self._wake.wait(self.interval.total_seconds())
+                # a worker holding its work for its clock looks again soon
+                wait = self.interval if certain and self.interval is not None else None
+                if not certain:
+                    wait = min(self.interval or RECHECK_UNCERTAIN, RECHECK_UNCERTAIN)
+                assert wait is not None
+                self._wake.wait(wait.total_seconds())
                 self._wake.clear()
         finally:
             self.store.close()

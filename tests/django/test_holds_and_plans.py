@@ -77,6 +77,10 @@ def app_for(alias: str, skew_budget: float | None) -> Celery:
     return app
 
 
+def digest_task(app: Celery) -> Any:
+    return app.tasks["shop.digest"]
+
+
 def digest(self: DeadlineTask) -> float:
     ran.append(self.request.id)
     return self.remaining()
@@ -153,7 +157,7 @@ def test_a_worker_whose_clock_is_beyond_the_skew_budget_holds_the_run_unstarted(
 ) -> None:
     app, ran = skewed
     with use_clock(FakeClock(ledger_now(alias) + timedelta(minutes=10))):
-        result = app.tasks["shop.digest"].apply_async(task_id="digest-1")
+        result = digest_task(app).apply_async(task_id="digest-1")
         state, _ = execute_next(app, QUEUE)
     assert (state, ran) == ("IGNORED", [])
     run = run_of(alias, "digest-1")
@@ -173,7 +177,7 @@ def test_a_held_run_is_published_again_only_by_a_worker_whose_clock_agrees(
     app, ran = skewed
     store = Store(alias)
     with use_clock(FakeClock(ledger_now(alias) + timedelta(minutes=10))):
-        app.tasks["shop.digest"].apply_async(task_id="digest-2")
+        digest_task(app).apply_async(task_id="digest-2")
         execute_next(app, QUEUE)
     assert reconcile_once(app, store, clock_certain=False).republished == []
     assert reconcile_once(app, store, clock_certain=True).republished == ["digest-2"]
@@ -191,7 +195,7 @@ def test_a_held_run_whose_deadline_passes_expires_by_the_ledger_clock(
 ) -> None:
     app, _ = skewed
     with use_clock(FakeClock(ledger_now(alias) - timedelta(minutes=10))):  # behind, too
-        app.tasks["shop.digest"].apply_async(task_id="digest-3", budget=3600)
+        digest_task(app).apply_async(task_id="digest-3", budget=3600)
         execute_next(app, QUEUE)
     assert run_of(alias, "digest-3").status == Status.CLOCK_UNCERTAIN
     Run.objects.using(alias).filter(task_id="digest-3").update(
@@ -210,7 +214,7 @@ def test_with_a_skew_budget_remaining_time_is_measured_on_the_ledger_clock(
     app, _ = skewed
     behind = timedelta(seconds=0.4)
     with use_clock(FakeClock(ledger_now(alias) - behind)) as clock:
-        app.tasks["shop.digest"].apply_async(task_id="digest-4", budget=100)
+        digest_task(app).apply_async(task_id="digest-4", budget=100)
         deadline = clock.now() + timedelta(seconds=100)
         state, remaining = execute_next(app, QUEUE)
         local_view = (deadline - clock.now()).total_seconds()
@@ -230,7 +234,7 @@ def test_a_claim_reports_how_long_the_run_waited_for_a_worker(
 
     run_claimed.connect(receive, weak=False)
     try:
-        app.tasks["shop.digest"].apply_async(task_id="digest-5")
+        digest_task(app).apply_async(task_id="digest-5")
         Run.objects.using(alias).filter(task_id="digest-5").update(
             published_at=ledger_now(alias) - timedelta(seconds=30)
         )

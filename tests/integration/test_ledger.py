@@ -258,6 +258,38 @@ def test_a_worker_whose_clock_leaves_the_skew_budget_takes_no_new_work_until_it_
     assert held.get(timeout=30)["key"] == "held"  # consumed again, with its own deadline
 
 
+def test_a_message_that_reaches_a_pool_process_first_is_held_as_clock_uncertain_not_run(
+    redis_broker: Transport, ledger_client: Any, ledger_worker: Any, tmp_path: Path, sink: Path
+) -> None:
+    # the clock watch measures once per reconcile pass (here: hourly); a message received
+    # before it notices a step is judged by the ledger's time as the watch estimates it
+    # (monotonic time since its last reading), and the claim's own reading holds the run
+    tasks = ledger_client(redis_broker)
+    shift = tmp_path / "shift"
+    shift.write_text("0")
+    worker = ledger_worker(
+        redis_broker,
+        TEST_CLOCK_SKEW_BUDGET="0.5",
+        TEST_RECONCILE_INTERVAL="3600",
+        CELERY_DEADLINES_TESTING_WALL_CLOCK_SHIFT_FILE=str(shift),
+    )
+    assert tasks.effect.apply_async(("before",), budget=60).get(timeout=30)["key"] == "before"
+    shift.write_text("600")
+    held = tasks.effect.apply_async(("held",), budget=60)
+    wait_for(lambda: ("clock_hold", "applied", 1) in history(held.id), 15)
+    assert lines(sink, "start", "held") == []  # never started
+    assert "held as CLOCK_UNCERTAIN: clock offset -600" in worker.log()
+    assert "refused" not in worker.log()  # not failed, not expired
+    wait_for(lambda: "clock uncertain: offset" in worker.log(), 10)  # the watch woke up
+    shift.write_text("0")
+    # the worker's clock agrees again: it consumes, and publishes the held run again
+    assert held.get(timeout=30)["key"] == "held"
+    run = run_of(held.id)
+    assert (run.status, run.attempt, run.lease_token) == (Status.SUCCEEDED, 2, 2)
+    assert len(lines(sink, "effect", "held")) == 1
+    assert "clock back within the skew budget" in worker.log()
+
+
 # -- pool processes killed mid-run, workers restarted ---------------------------------
 
 
