@@ -125,3 +125,37 @@ def test_late_or_reordered_loop_callbacks_converge_on_the_current_state(
     for callback in reversed(pending):  # the loop runs them in the other order
         callback()
     assert consumer.consuming == {"orders", "mail"}
+
+
+def test_the_ledgers_time_is_estimated_on_the_monotonic_clock_after_a_wall_clock_step(
+    clock: FakeClock,
+) -> None:
+    authority = Authority(clock)
+    authority.offset = timedelta(seconds=0.2)
+    watch = ClockWatch(authority, timedelta(seconds=0.5), Consumer())  # type: ignore[arg-type]
+    watch.check()
+    clock.advance(30)
+    clock.jump_wall(600)  # an NTP step after the reading: the estimate does not move
+    assert watch.authority_now() == NOW + timedelta(seconds=30.2)
+
+
+def test_no_time_is_estimated_while_the_clock_is_uncertain_or_never_read(
+    clock: FakeClock,
+) -> None:
+    authority = Authority(clock)
+    watch = ClockWatch(authority, timedelta(seconds=0.5), Consumer())  # type: ignore[arg-type]
+    assert watch.authority_now() is None  # never read
+    authority.offset = timedelta(seconds=5)
+    watch.check()
+    assert watch.authority_now() is None
+    authority.offset, authority.down = timedelta(0), True
+    watch.check()
+    assert watch.authority_now() is None
+
+
+def test_a_suspected_clock_is_measured_again_at_once(clock: FakeClock) -> None:
+    watch = ClockWatch(Authority(clock), timedelta(seconds=0.5), Consumer())  # type: ignore[arg-type]
+    woken: list[bool] = []
+    watch.on_suspect = lambda: woken.append(True)
+    watch.suspect()
+    assert woken == [True]
