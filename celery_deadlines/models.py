@@ -49,6 +49,16 @@ class Run(models.Model):
     deadline = models.DateTimeField(null=True, blank=True)
     delivery_deadline = models.DateTimeField(null=True, blank=True)
     root_id = models.CharField(max_length=255, blank=True, default="")
+    # A scheduled run's occurrence (seed 001): resolved to UTC before the run existed,
+    # stored with the zone and local wall time it came from; its window is
+    # [not_before, deadline). NULL for unscheduled runs (nullable, so that adding the
+    # columns does not rebuild the table under its audit triggers on SQLite).
+    not_before = models.DateTimeField(null=True, blank=True)
+    schedule = models.CharField(max_length=255, null=True, blank=True)
+    schedule_zone = models.CharField(max_length=64, null=True, blank=True)
+    schedule_local = models.CharField(
+        max_length=32, null=True, blank=True, help_text="Local wall time, ISO 8601."
+    )
     parent_id = models.CharField(max_length=255, blank=True, default="")
 
     # The retry number the next claim must carry: an older message is stale.

@@ -14,6 +14,9 @@ header                     meaning
 ``x_deadline_origin``      id of the task whose publish computed the deadline
 ``x_deadline_source``      where it came from: call, task, setting, default,
                            scope or parent
+``x_deadline_occurrence``  a scheduled run's occurrence: ``{"schedule",
+                           "zone", "local", "at"}`` (the local wall time it
+                           was resolved from, and the UTC instant)
 =========================  ===================================================
 
 Celery's own ``expires`` header is set to the same instant, so Flower and workers
@@ -34,6 +37,7 @@ DEADLINE_HEADER: Final = "x_deadline"
 DELIVERY_DEADLINE_HEADER: Final = "x_delivery_deadline"
 ORIGIN_HEADER: Final = "x_deadline_origin"
 SOURCE_HEADER: Final = "x_deadline_source"
+OCCURRENCE_HEADER: Final = "x_deadline_occurrence"
 
 #: Every header this package writes, in the order above.
 HEADERS: Final = (DEADLINE_HEADER, DELIVERY_DEADLINE_HEADER, ORIGIN_HEADER, SOURCE_HEADER)

@@ -21,6 +21,7 @@ from ..conf import settings_for
 from ..gates import Reason
 from ..models import Status
 from ..skew import ClockReading
+from ..wire import OCCURRENCE_HEADER
 from . import outbox
 from .attempt import Attempt, owner_name
 from .store import ClaimRefused, NewRun, Store
@@ -92,6 +93,7 @@ def publish(
         message_body=body,
         content_type=content_type,
         content_encoding=encoding,
+        **occurrence_fields((options.get("headers") or {}).get(OCCURRENCE_HEADER)),
     )
     sent = outbox.record(store_for(task.app), run, send)
     return sent if sent is not None else task.AsyncResult(task_id)
@@ -113,6 +115,22 @@ class Held:
             f"(+/- {self.reading.uncertainty.total_seconds():.3f} s) from the ledger's "
             f"clock is beyond the skew budget of {self.budget.total_seconds()} s"
         )
+
+
+def occurrence_fields(header: Any) -> dict[str, Any]:
+    """The run's schedule columns from an ``x_deadline_occurrence`` header (or none)."""
+    if not isinstance(header, dict):
+        return {}
+    try:
+        not_before: datetime | None = datetime.fromisoformat(str(header.get("at")))
+    except ValueError:  # recorded without it; the deadline still governs
+        not_before = None
+    return {
+        "not_before": not_before,
+        "schedule": str(header.get("schedule") or "")[:255],
+        "schedule_zone": str(header.get("zone") or "")[:64],
+        "schedule_local": str(header.get("local") or "")[:32],
+    }
 
 
 def claim(

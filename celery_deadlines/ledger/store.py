@@ -69,6 +69,11 @@ class NewRun:
     message_body: bytes | None
     content_type: str
     content_encoding: str
+    #: a scheduled run's occurrence (see :class:`celery_deadlines.schedules.Occurrence`)
+    not_before: datetime | None = None
+    schedule: str | None = None
+    schedule_zone: str | None = None
+    schedule_local: str | None = None
 
 
 @dataclass(frozen=True)
@@ -184,10 +189,11 @@ class Store:
                 task_id, task_name, status, reason, detail, deadline, delivery_deadline,
                 root_id, parent_id, retries, attempt, lost_leases, owner, lease_token,
                 version, checkpoint_name, message_body, content_type, content_encoding,
-                available_at, published_at, op, op_detail, created_at, updated_at
+                available_at, published_at, op, op_detail, created_at, updated_at,
+                not_before, schedule, schedule_zone, schedule_local
             ) VALUES (
                 %s, %s, 'QUEUED', '', '', %s, %s, %s, %s, %s, 0, 0, '', 0, 0, '', %s, %s, %s,
-                %s, {d.now}, 'enqueue', '', {d.now}, {d.now}
+                %s, {d.now}, 'enqueue', '', {d.now}, {d.now}, %s, %s, %s, %s
             )
             ON CONFLICT (task_id) DO NOTHING
             """,
@@ -203,8 +209,49 @@ class Store:
                 run.content_type,
                 run.content_encoding,
                 d.param(run.available_at),
+                d.param(run.not_before),
+                run.schedule,
+                run.schedule_zone,
+                run.schedule_local,
             ],
         )
+        return count == 1
+
+    def known(self, task_ids: list[str]) -> set[str]:
+        """Which of ``task_ids`` have a run (in any state): a scheduler's durable memory."""
+        if not task_ids:
+            return set()
+        marks = ", ".join(["%s"] * len(task_ids))
+        _, rows = self.execute(f"SELECT task_id FROM {RUN} WHERE task_id IN ({marks})", task_ids)
+        return {row[0] for row in rows}
+
+    def last_occurrence(self, schedule: str) -> datetime | None:
+        """The latest occurrence of ``schedule`` the ledger holds a run for (any state)."""
+        _, rows = self.execute(f"SELECT MAX(not_before) FROM {RUN} WHERE schedule = %s", [schedule])
+        return self.dialect.instant(rows[0][0]) if rows else None
+
+    def record_missed(self, run: NewRun, detail: str) -> bool:
+        """Record a scheduled occurrence whose window closed before it was published:
+        EXPIRED, reason ``missed_occurrence``, never run late. ``False`` if the id exists."""
+        d = self.dialect
+        count, _ = self.execute(
+            f"""
+            INSERT INTO {RUN} (
+                task_id, task_name, status, reason, detail, deadline, root_id, parent_id,
+                retries, attempt, lost_leases, owner, lease_token, version, checkpoint_name,
+                content_type, content_encoding, op, op_detail, created_at, updated_at,
+                not_before, schedule, schedule_zone, schedule_local
+            ) VALUES (
+                %s, %s, 'EXPIRED', 'missed_occurrence', %s, %s, %s, '', 0, 0, 0, '', 0, 0, '',
+                '', '', 'missed', %s, {d.now}, {d.now}, %s, %s, %s, %s
+            )
+            ON CONFLICT (task_id) DO NOTHING
+            """,
+            [
+                run.task_id, run.task_name, detail, d.param(run.deadline), run.task_id, detail,
+                d.param(run.not_before), run.schedule, run.schedule_zone, run.schedule_local,
+            ],
+        )  # fmt: skip
         return count == 1
 
     def publish_failed(self, task_id: str, detail: str) -> bool:

@@ -1,0 +1,197 @@
+"""Timezone-true schedules through Celery beat's own scheduler loop, on SQLite and
+PostgreSQL: each occurrence is published once as its run id, with its window; after a
+restart or an outage the ledger, not beat's state file, says what was done.
+
+Beat's ``tick()`` runs for real; its clock is the library's (a :class:`FakeClock`), and
+the broker is kombu's in-memory transport.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, time, timedelta
+from pathlib import Path
+
+import pytest
+from celery import Celery
+
+from celery_deadlines import DeadlineTask
+from celery_deadlines.beat import DeadlineScheduler, ZonedSchedule
+from celery_deadlines.ledger import glue
+from celery_deadlines.models import Run, Status
+from celery_deadlines.schedules import WEEKDAYS, LocalSchedule
+from celery_deadlines.testing import FakeClock, use_clock
+from tests.conftest import service_unavailable
+from tests.support.memory_queue import drain
+from tests.support.processes import reachable
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
+
+QUEUE = "beat"
+DIGEST = LocalSchedule(time(9, 0), "Europe/Berlin", timedelta(minutes=15), WEEKDAYS, "digest")
+NIGHTLY = LocalSchedule(time(2, 30), "Europe/Berlin", timedelta(minutes=20), name="nightly")
+#: Wednesday 19 August 2026, 09:00 in Berlin (CEST, UTC+2)
+WEDNESDAY_0900 = datetime(2026, 8, 19, 7, 0, tzinfo=UTC)
+WEDNESDAY_ID = "digest:Europe/Berlin@2026-08-19T09:00:00"
+
+_apps: dict[str, Celery] = {}
+
+
+def app_for(alias: str) -> Celery:
+    if alias not in _apps:
+        app = _apps[alias] = Celery(f"beat-{alias}", broker="memory://", backend="cache+memory://")
+        app.conf.update(task_default_queue=QUEUE, deadlines_ledger=True, deadlines_database=alias)
+        app.task(base=DeadlineTask, name="shop.send_digest")(send_digest)
+        app.task(name="shop.plain")(plain)
+    return _apps[alias]
+
+
+def send_digest() -> str:
+    return "sent"
+
+
+def plain() -> str:
+    return "plain"
+
+
+@pytest.fixture(params=["default", "postgres"], ids=["sqlite", "postgresql"])
+def app(request: pytest.FixtureRequest) -> Iterator[Celery]:
+    if request.param == "postgres" and not reachable("127.0.0.1", 5432):
+        service_unavailable("PostgreSQL 127.0.0.1:5432")
+    app = app_for(str(request.param))
+    drain(app, QUEUE)
+    yield app
+    drain(app, QUEUE)
+    for store in glue._stores.values():
+        store.close()
+
+
+def beat(app: Celery, state: Path, *entries: tuple[str, LocalSchedule]) -> DeadlineScheduler:
+    """A beat scheduler with its own state file (a new file: beat's state lost)."""
+    app.conf.beat_schedule = {
+        name: {"task": "shop.send_digest", "schedule": ZonedSchedule(local)}
+        for name, local in entries
+    }
+    return DeadlineScheduler(app=app, schedule_filename=str(state), lazy=False)
+
+
+def run_beat(scheduler: DeadlineScheduler, clock: FakeClock, seconds: float) -> None:
+    """Let beat's loop run for ``seconds`` of the fake clock, a second at a time."""
+    for _ in range(int(seconds)):
+        while scheduler.tick() == 0:
+            pass
+        clock.advance(1)
+
+
+def published(app: Celery) -> list[str]:
+    return [message["headers"]["id"] for message in drain(app, QUEUE)]
+
+
+def runs(app: Celery) -> dict[str, Run]:
+    alias = app.conf.deadlines_database
+    return {run.task_id: run for run in Run.objects.using(alias).order_by("id")}
+
+
+def test_an_occurrence_is_published_once_as_its_run_id_with_its_window(
+    app: Celery, tmp_path: Path
+) -> None:
+    with use_clock(FakeClock(WEDNESDAY_0900 - timedelta(seconds=3))) as clock:
+        scheduler = beat(app, tmp_path / "beat", ("digest", DIGEST))
+        run_beat(scheduler, clock, 2)
+        assert published(app) == []  # not yet
+        run_beat(scheduler, clock, 60)
+    assert published(app) == [WEDNESDAY_ID]
+    run = runs(app)[WEDNESDAY_ID]
+    assert run.not_before == WEDNESDAY_0900
+    assert run.deadline == WEDNESDAY_0900 + timedelta(minutes=15)
+    assert (run.schedule, run.schedule_zone, run.schedule_local) == (
+        "digest", "Europe/Berlin", "2026-08-19T09:00:00",
+    )  # fmt: skip
+
+
+def test_a_restarted_scheduler_reconciles_by_run_id_and_publishes_nothing_twice(
+    app: Celery, tmp_path: Path
+) -> None:
+    with use_clock(FakeClock(WEDNESDAY_0900 - timedelta(seconds=1))) as clock:
+        run_beat(beat(app, tmp_path / "first", ("digest", DIGEST)), clock, 3)
+        assert published(app) == [WEDNESDAY_ID]
+        # killed right after the boundary, restarted with its state file lost
+        run_beat(beat(app, tmp_path / "second", ("digest", DIGEST)), clock, 30)
+    assert published(app) == []
+    assert list(runs(app)) == [WEDNESDAY_ID]
+
+
+def test_a_scheduler_down_at_the_boundary_publishes_the_occurrence_late_in_its_window(
+    app: Celery, tmp_path: Path
+) -> None:
+    with use_clock(FakeClock(WEDNESDAY_0900 + timedelta(minutes=5))) as clock:
+        run_beat(beat(app, tmp_path / "beat", ("digest", DIGEST)), clock, 2)
+    assert published(app) == [WEDNESDAY_ID]
+    assert runs(app)[WEDNESDAY_ID].deadline == WEDNESDAY_0900 + timedelta(minutes=15)
+
+
+def test_occurrences_whose_window_closed_during_an_outage_are_recorded_missed_not_run(
+    app: Celery, tmp_path: Path
+) -> None:
+    monday = "digest:Europe/Berlin@2026-08-17T09:00:00"
+    with use_clock(FakeClock(WEDNESDAY_0900 - timedelta(days=2, seconds=1))) as clock:
+        run_beat(beat(app, tmp_path / "beat", ("digest", DIGEST)), clock, 3)
+    assert published(app) == [monday]
+    # the scheduler is down from Monday until Wednesday 09:20, after the window closed
+    with use_clock(FakeClock(WEDNESDAY_0900 + timedelta(minutes=20))) as clock:
+        run_beat(beat(app, tmp_path / "beat", ("digest", DIGEST)), clock, 2)
+    assert published(app) == []  # the stale backlog is not run late
+    recorded = runs(app)
+    assert list(recorded) == [monday, "digest:Europe/Berlin@2026-08-18T09:00:00", WEDNESDAY_ID]
+    for missed in list(recorded.values())[1:]:
+        assert (missed.status, missed.reason) == (Status.EXPIRED, "missed_occurrence")
+        assert "was not published before its window closed" in missed.detail
+
+
+def test_a_schedule_the_ledger_has_never_seen_records_nothing_before_it_as_missed(
+    app: Celery, tmp_path: Path
+) -> None:
+    with use_clock(FakeClock(WEDNESDAY_0900 + timedelta(minutes=20))) as clock:
+        run_beat(beat(app, tmp_path / "beat", ("digest", DIGEST)), clock, 2)
+    assert (published(app), runs(app)) == ([], {})
+
+
+def test_a_local_time_skipped_by_the_spring_transition_runs_once_shifted(
+    app: Celery, tmp_path: Path
+) -> None:
+    # 29 March 2026: Berlin's clocks jump from 02:00 to 03:00; 02:30 does not exist
+    at = datetime(2026, 3, 29, 1, 30, tzinfo=UTC)  # 02:30 at the old offset: 03:30 CEST
+    with use_clock(FakeClock(at - timedelta(seconds=2))) as clock:
+        run_beat(beat(app, tmp_path / "beat", ("nightly", NIGHTLY)), clock, 3600)
+    assert published(app) == ["nightly:Europe/Berlin@2026-03-29T02:30:00"]
+    assert runs(app)["nightly:Europe/Berlin@2026-03-29T02:30:00"].not_before == at
+
+
+def test_a_local_time_repeated_by_the_autumn_transition_runs_once_at_its_first(
+    app: Celery, tmp_path: Path
+) -> None:
+    # 25 October 2026: Berlin's clocks fall back from 03:00 to 02:00; 02:30 happens twice
+    first = datetime(2026, 10, 25, 0, 30, tzinfo=UTC)  # 02:30 CEST
+    with use_clock(FakeClock(first - timedelta(seconds=2))) as clock:
+        scheduler = beat(app, tmp_path / "beat", ("nightly", NIGHTLY))
+        run_beat(scheduler, clock, 2 * 3600)  # through the second 02:30 (CET) as well
+    assert published(app) == ["nightly:Europe/Berlin@2026-10-25T02:30:00"]
+    assert runs(app)["nightly:Europe/Berlin@2026-10-25T02:30:00"].not_before == first
+
+
+def test_a_zoned_schedule_on_a_plain_task_is_refused_with_the_fix(
+    app: Celery, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    app.conf.beat_schedule = {"plain": {"task": "shop.plain", "schedule": ZonedSchedule(DIGEST)}}
+    scheduler = DeadlineScheduler(app=app, schedule_filename=str(tmp_path / "b"), lazy=False)
+    with use_clock(FakeClock(WEDNESDAY_0900)):
+        scheduler.tick()
+    assert "a ZonedSchedule needs a DeadlineTask" in caplog.text
+    assert published(app) == []
+
+
+def test_a_catch_up_shorter_than_the_window_or_an_unnamed_schedule_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least the schedule's window"):
+        ZonedSchedule(DIGEST, catch_up=60)
+    with pytest.raises(ValueError, match="needs a name"):
+        ZonedSchedule(LocalSchedule(time(9), "Europe/Berlin", timedelta(minutes=5)))
