@@ -200,6 +200,10 @@ def catch_up(app: Any, entry: Any, producer: Any = None) -> list[str]:
             entry.name, due.run_id, due.at.isoformat(), due.deadline.isoformat(),
         )  # fmt: skip
     zoned.handled_through = now
+    logger.info(
+        "%s: occurrences reconciled through %s: %d published, %d already recorded",
+        entry.name, now.isoformat(), len(published), len(known),
+    )  # fmt: skip
     return published
 
 

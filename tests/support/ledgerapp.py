@@ -266,3 +266,34 @@ def order(self: DeadlineTask, order_id: str, notify_id: str, countdown: float) -
 def notify(self: DeadlineTask, order_id: str) -> Any:
     """The completion notice: its own effect key, so it never re-runs the payment."""
     return _pay_once(self, "notice", f"{order_id}:completion:v1")
+
+
+@app.task(base=DeadlineTask, bind=True, name="l.report")
+def report(self: DeadlineTask) -> str:
+    """A scheduled report: one effect line per run, keyed by the occurrence's run id."""
+    sink("effect", str(self.request.id), self)
+    return str(self.request.id)
+
+
+if os.environ.get("TEST_BEAT_AT"):
+    # ``celery beat -S celery_deadlines.beat:DeadlineScheduler`` runs this entry daily at
+    # TEST_BEAT_AT (local wall time in TEST_BEAT_ZONE), with TEST_BEAT_WINDOW seconds
+    from datetime import time as wall_time
+    from datetime import timedelta
+
+    from celery_deadlines.beat import ZonedSchedule
+    from celery_deadlines.schedules import LocalSchedule
+
+    app.conf.beat_schedule = {
+        "report": {
+            "task": "l.report",
+            "schedule": ZonedSchedule(
+                LocalSchedule(
+                    wall_time.fromisoformat(os.environ["TEST_BEAT_AT"]),
+                    os.environ.get("TEST_BEAT_ZONE", "Europe/Berlin"),
+                    timedelta(seconds=_env_float("TEST_BEAT_WINDOW", 60)),
+                    name=os.environ.get("TEST_BEAT_NAME", "report"),
+                )
+            ),
+        }
+    }

@@ -115,6 +115,44 @@ class WorkerProcess:
         self.stop()
 
 
+@dataclass
+class BeatProcess:
+    """One ``celery beat`` subprocess with the library's scheduler."""
+
+    transport: Transport
+    queue: str
+    log_path: Path
+    state_path: Path
+    app_module: str = "tests.support.ledgerapp"
+    extra_env: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 30.0) -> BeatProcess:
+        env = {**os.environ, **self.transport.env(), "TEST_QUEUE": self.queue, **self.extra_env}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        command = [
+            sys.executable, "-m", "celery", "-A", self.app_module, "beat",
+            "-S", "celery_deadlines.beat:DeadlineScheduler", "-s", str(self.state_path),
+            "--max-interval", "1", "-l", "INFO",
+        ]  # fmt: skip
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        wait_for(lambda: "beat: Starting..." in self.log(), timeout)
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, no sync of its state file."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
 def wait_for(predicate: Any, timeout: float, interval: float = 0.05) -> Any:
     """Poll ``predicate`` until it returns something truthy; never a bare sleep."""
     deadline = time.monotonic() + timeout
