@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -36,6 +37,9 @@ from .sql import Dialect, dialect_for
 RUN: Final = "celery_deadlines_run"
 EVENT: Final = "celery_deadlines_runevent"
 EFFECT: Final = "celery_deadlines_effect"
+
+#: A dedicated connection idle longer than this is pinged before its next statement.
+IDLE_PING: Final = 1.0
 
 #: How long a lapsed lease is left to the worker that supervised it before the
 #: reconciler settles it (that worker ends attempts killed by their time limit).
@@ -161,7 +165,15 @@ class Store:
             wrapper = load_backend(settings["ENGINE"]).DatabaseWrapper
             connection = local.connection = wrapper(settings, self.using)
             local.pid = os.getpid()
+            local.used_at = time.monotonic()
         connection.close_if_unusable_or_obsolete()  # reconnects after a database error
+        now = time.monotonic()
+        # a connection idle through a database restart or a network cut fails its next
+        # statement; a claim must not fail for that: ping it first, reconnect if dead
+        idle = now - local.used_at > IDLE_PING and connection.connection is not None
+        if idle and not connection.is_usable():
+            connection.close()
+        local.used_at = now
         return connection
 
     def close(self) -> None:

@@ -23,6 +23,7 @@ from celery_deadlines import DeadlineRefused
 from celery_deadlines.models import Run, RunEvent, Status
 from tests.integration.conftest import LEDGER_DB, ended, provider_calls
 from tests.support.processes import Transport, wait_for
+from tests.support.proxy import Proxy
 
 pytestmark = [
     pytest.mark.integration,
@@ -256,6 +257,30 @@ def test_a_worker_whose_clock_leaves_the_skew_budget_takes_no_new_work_until_it_
     shift.write_text("0")
     wait_for(lambda: "clock back within the skew budget" in worker.log(), 10)
     assert held.get(timeout=30)["key"] == "held"  # consumed again, with its own deadline
+
+
+def test_a_worker_that_cannot_read_the_ledgers_clock_dispatches_nothing_until_it_can(
+    redis_broker: Transport, ledger_client: Any, ledger_worker: Any, sink: Path
+) -> None:
+    # seed 001's "NTP becomes unavailable" row: the authority clock (the database) is
+    # unreachable from this worker only; it says so and takes no work, it never guesses
+    tasks = ledger_client(redis_broker)
+    database = connections[DB].settings_dict
+    with Proxy((database["HOST"] or "127.0.0.1", int(database["PORT"] or 5432))) as proxy:
+        url = f"postgres://{database['USER']}@127.0.0.1:{proxy.port}/{database['NAME']}"
+        worker = ledger_worker(redis_broker, TEST_DATABASE_URL=url, TEST_CLOCK_SKEW_BUDGET="0.5")
+        assert tasks.effect.apply_async(("before",), budget=60).get(timeout=30)["key"] == "before"
+        proxy.block()
+        wait_for(
+            lambda: "clock uncertain: the ledger's clock could not be read" in worker.log(), 15
+        )
+        held = tasks.effect.apply_async(("held",), budget=60)  # recorded by this process
+        time.sleep(2)  # long enough for a silent dispatch to show itself: it must not happen
+        assert (run_of(held.id).status, lines(sink, "start", "held")) == (Status.QUEUED, [])
+        proxy.unblock()
+        wait_for(lambda: "clock back within the skew budget" in worker.log(), 20)
+        assert held.get(timeout=30)["key"] == "held"
+    assert len(lines(sink, "effect", "held")) == 1
 
 
 def test_a_message_that_reaches_a_pool_process_first_is_held_as_clock_uncertain_not_run(
