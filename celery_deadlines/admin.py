@@ -24,7 +24,7 @@ from .clock import get_clock
 from .explain import utc
 from .ledger import outbox
 from .ledger.store import Store
-from .models import Effect, EffectState, Run, RunEvent, Status
+from .models import Effect, EffectState, Run, RunEvent, RunPlan, Status
 
 
 def describe_time_left(run: Run) -> str:
@@ -95,6 +95,23 @@ class EffectInline(admin.TabularInline):  # type: ignore[type-arg]
         return False
 
 
+class RunPlanInline(admin.TabularInline):  # type: ignore[type-arg]
+    model = RunPlan
+    fields = readonly_fields = (
+        "plan_id", "state", "reason", "detail", "lease_token", "created_at", "ended_at",
+        "document",
+    )  # fmt: skip
+    extra = 0
+    can_delete = False
+    verbose_name_plural = "plans (the active one, and invalidated ones kept as history)"
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 @admin.register(Run)
 class RunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = (
@@ -107,10 +124,14 @@ class RunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     ordering = ("-id",)
     list_per_page = 50
     actions = ("expire_now", "requeue")
-    inlines = (EffectInline, RunEventInline)
+    inlines = (EffectInline, RunPlanInline, RunEventInline)
     fieldsets = (
         (None, {"fields": ("task_id", "task_name", "status", "reason", "detail")}),
         ("Time", {"fields": ("deadline", "time_left", "delivery_deadline", "available_at")}),
+        (
+            "Schedule (the occurrence this run is for)",
+            {"fields": ("schedule", "schedule_zone", "schedule_local", "not_before")},
+        ),
         ("Lease (who may act on this run now)", {"fields": LEASE_FIELDS}),
         ("Last durable checkpoint", {"fields": CHECKPOINT_FIELDS}),
         ("Workflow", {"fields": ("root_link", "parent_link", "children")}),

@@ -40,6 +40,7 @@ from typing import Any
 
 from celery.beat import PersistentScheduler, SchedulingError
 from celery.schedules import BaseSchedule, schedstate
+from django.db import close_old_connections
 
 from .budgets import parse_duration
 from .clock import get_clock
@@ -52,6 +53,8 @@ logger = logging.getLogger("celery_deadlines")
 #: Far enough ahead to find the next occurrence of any weekly schedule.
 _HORIZON = timedelta(days=8)
 _TICK = timedelta(microseconds=1)
+#: How soon an entry with an unhandled occurrence is looked at again.
+RETRY_PENDING = timedelta(seconds=5)
 
 
 class ZonedSchedule(BaseSchedule):
@@ -92,6 +95,10 @@ class ZonedSchedule(BaseSchedule):
         pending = next(occurrences(self.local, floor + _TICK, now + _TICK), None)
         upcoming = next(occurrences(self.local, now + _TICK, now + _HORIZON), None)
         wait = (upcoming.at - now).total_seconds() if upcoming is not None else 3600.0
+        if pending is not None:
+            # look again soon: if publishing fails (the database is away), the occurrence
+            # is retried within its window, not at the next occurrence
+            wait = min(wait, RETRY_PENDING.total_seconds())
         return schedstate(pending is not None, max(wait, 0.0))
 
     def remaining_estimate(self, last_run_at: datetime | None) -> timedelta:
@@ -137,6 +144,7 @@ class ZonedSchedulerMixin:
         if not isinstance(entry.schedule, ZonedSchedule):
             return super().apply_async(entry, producer, advance, **kwargs)  # type: ignore[misc]
         entry = self.reserve(entry) if advance else entry  # type: ignore[attr-defined]
+        close_old_connections()  # beat has no request cycle: drop a connection that broke
         try:
             return catch_up(self.app, entry, producer)
         except Exception as exc:  # beat logs it and tries again at the next tick

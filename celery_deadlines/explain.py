@@ -82,6 +82,20 @@ def facts(
         ],
         "root_id": run.root_id,
         "parent_id": run.parent_id,
+        "occurrence": (
+            {
+                "schedule": run.schedule,
+                "zone": run.schedule_zone,
+                "local": run.schedule_local,
+                "not_before": utc(run.not_before),
+            }
+            if run.schedule
+            else None
+        ),
+        "plans": [
+            {"plan_id": p.plan_id, "state": p.state, "reason": p.reason, "detail": p.detail}
+            for p in run.plans.order_by("id")
+        ],
     }
 
 
@@ -133,6 +147,16 @@ def explain(
            or "none"),
         f"  family            root {run.root_id or '-'}, parent {run.parent_id or '-'}",
     ]  # fmt: skip
+    occurrence = f["occurrence"]
+    if occurrence is not None:
+        lines.append(
+            f"  occurrence        {occurrence['schedule']}: {occurrence['local']} "
+            f"{occurrence['zone']} = {occurrence['not_before']}, window until "
+            f"{utc(run.deadline)}"
+        )
+    for plan in f["plans"]:
+        why = f" ({plan['reason']}: {plan['detail']})" if plan["reason"] else ""
+        lines.append(f"  plan              {plan['plan_id'] or '-'} {plan['state']}{why}")
     if f["effects"]:
         lines += ["", "  effects:"]
         lines += [

@@ -5,7 +5,11 @@
 2. place order 42 with an 8 second budget; the warehouse worker is "down" for 5 s;
 3. try to place order 43 with a deadline already past: refused at enqueue;
 4. start the warehouse worker, wait for every task to finish, print what happened
-   to each and why (deadline, time left, gate decision), and stop the workers.
+   to each and why (deadline, time left, gate decision), and stop the workers;
+5. seed 003's address change: the customer confirms a new address for order 42; the
+   first attempt plans the change and finds the fulfillment service unavailable; while
+   the worker is down the order moves to the locked warehouse queue; the resumed plan
+   is refused with a reason the user can read, and the address is left alone.
 """
 
 from __future__ import annotations
@@ -31,11 +35,11 @@ from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from kombu.utils.url import maybe_sanitize_url  # noqa: E402
 
-from celery_deadlines import DeadlineRefused  # noqa: E402
-from celery_deadlines.models import Run  # noqa: E402
+from celery_deadlines import DeadlineRefused, PlanRefused  # noqa: E402
+from celery_deadlines.models import Run, RunPlan  # noqa: E402
 from demo_project.celery import app  # noqa: E402
-from demo_project.shop import provider  # noqa: E402
-from demo_project.shop.tasks import place_order  # noqa: E402
+from demo_project.shop import fulfillment, provider  # noqa: E402
+from demo_project.shop.tasks import ADDRESS_RETRY_IN, change_address, place_order  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 ORDER_BUDGET = 8.0
@@ -69,8 +73,9 @@ def start_worker(queue: str, log: Path) -> subprocess.Popen[bytes]:
 
 
 def stop_worker(process: subprocess.Popen[bytes]) -> None:
+    """Warm shutdown (SIGTERM to the main process: tasks in progress finish first)."""
     if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
+        process.send_signal(signal.SIGTERM)
         try:
             process.wait(30)
         except subprocess.TimeoutExpired:
@@ -167,7 +172,9 @@ def main() -> None:
         (var / "broker" / folder).mkdir(parents=True, exist_ok=True)
     call_command("migrate", verbosity=0)
     (var / "provider.jsonl").unlink(missing_ok=True)  # a rerun starts with no charges
-    purge_queues("celery", "warehouse")  # a rerun must not meet the last run's messages
+    purge_queues(
+        "celery", "warehouse", "addresses"
+    )  # a rerun must not meet the last run's messages
     database = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
     broker = settings.CELERY_BROKER_URL
     if "@" in broker:  # credentials: print the URL with its password masked
@@ -199,11 +206,62 @@ def main() -> None:
         print("\nwhat happened, and why:")
         for name, task_id in ids.items():
             print("\n".join(explain(name, task_id)))
-        print(f"\nworker logs: {var / 'shop-worker.log'}, {var / 'warehouse-worker.log'}")
+        address_change_story(var)
+        print(
+            f"\nworker logs: {var / 'shop-worker.log'}, {var / 'warehouse-worker.log'}, "
+            f"{var / 'address-worker.log'}"
+        )
     finally:
         stop_worker(shop)
         if warehouse is not None:
             stop_worker(warehouse)
+
+
+def address_change_story(var: Path) -> None:
+    """Seed 003, end to end: a resumed plan is checked against the world before it acts."""
+    print("\nthe address change (seed 003):")
+    fulfillment.reset(42, available=False)
+    log = var / "address-worker.log"
+    worker = start_worker("addresses", log)
+    try:
+        change_address.apply_async(
+            (42, "Hauptstr. 5, Berlin"), queue="addresses", task_id="address-42"
+        )
+        wait_until(lambda: app.AsyncResult("address-42").state == "RETRY", 30, "the first attempt")
+        print(
+            "attempt 1: planned the change from the confirmed request (order open); the "
+            f"fulfillment service is unavailable -> retry in {ADDRESS_RETRY_IN:.0f} s"
+        )
+        stop_worker(worker)
+        fulfillment.move_to_warehouse(42)
+        print("the worker is down; meanwhile order 42 moves to the locked warehouse queue")
+        worker = start_worker("addresses", var / "address-worker-2.log")
+        wait_until(
+            lambda: (
+                run_status("address-42") in ("SUCCEEDED", "FAILED", "EXPIRED")
+                and finished("address-42")
+            ),
+            90,
+            "the resumed address change",
+        )
+    finally:
+        stop_worker(worker)
+    try:
+        app.AsyncResult("address-42").get(timeout=1, disable_sync_subtasks=False)
+        print("change_address SUCCEEDED (the plan still applied)")
+    except PlanRefused as refused:
+        print(f"change_address REFUSED on resume: {refused.reason}")
+        print(f"{'':<15} {refused.detail}")
+    plans = RunPlan.objects.filter(run__task_id="address-42").order_by("id")
+    for plan in plans:
+        print(f"{'':<15} plan {plan.plan_id}: {plan.state} {plan.reason}".rstrip())
+    print(f"{'':<15} {ledger_line('address-42')}")
+    print(f"{'':<15} the order's address is still {fulfillment.address_of(42)!r}")
+
+
+def run_status(task_id: str) -> str | None:
+    run = Run.objects.filter(task_id=task_id).first()
+    return run.status if run is not None else None
 
 
 if __name__ == "__main__":

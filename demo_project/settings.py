@@ -104,3 +104,17 @@ CELERY_DEADLINES_BUDGETS = {"demo_project.shop.tasks.print_label": 3}
 # The run ledger (this app is in INSTALLED_APPS): reconcile every second, so a message
 # left in a queue past its deadline is expired by the sweeper within a second.
 CELERY_DEADLINES_RECONCILE_INTERVAL = 1
+# The address change's time contract (seed 003): one reviewable block. A resumed plan
+# whose assumptions no longer hold is refused, with the reason, rather than executed.
+CELERY_DEADLINES_CONTRACTS = {
+    "demo_project.shop.tasks.change_address": {
+        "budget": 120,
+        "lease_ttl": 30,
+        "observation_ttl": {"order_state": 30, "customer_confirmation": 300},
+        "revalidate_before": ["order_state", "customer_confirmation"],
+        "on_expiry": "refuse",
+    },
+}
+# A message the broker lost (a worker stopped with a retry waiting in its memory) is
+# published again this long after it was due.
+CELERY_DEADLINES_REPUBLISH_AFTER = 5

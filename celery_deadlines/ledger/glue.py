@@ -158,9 +158,11 @@ def claim(
         outcome = store.claim(request.id, retries, owner, ttl, reserve, max_lost)
     if isinstance(outcome, ClaimRefused):
         return outcome
-    reading = ClockReading.between(before, outcome.database_now, clock.now())
     budget = settings.get(conf.CLOCK_SKEW_BUDGET)
-    if budget is not None and not reading.within(budget):
+    if budget is None:  # not measured: no skew budget to hold the run to
+        return Attempt(store, outcome, owner, ttl)
+    reading = ClockReading.between(before, outcome.database_now, clock.now())
+    if not reading.within(budget):
         held = Held(reading, budget, recorded=False)
         recorded = store.hold(outcome, owner, held.explain())
         return Held(reading, budget, recorded)

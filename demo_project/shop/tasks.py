@@ -12,14 +12,19 @@ when it comes back, refuses to start it.
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from typing import Any
 
 from celery import shared_task
 
-from celery_deadlines import SOURCE_HEADER, DeadlineTask
+from celery_deadlines import SOURCE_HEADER, Assumption, DeadlineTask, Plan
 from celery_deadlines.effects import Found, NotFound, PendingEffect
+from celery_deadlines.plans import steps_of
 
-from . import provider
+from . import fulfillment, provider
+
+#: How long the address change waits before trying the fulfillment service again.
+ADDRESS_RETRY_IN = 8.0
 
 
 class ProviderDown(Exception):
@@ -103,3 +108,39 @@ def send_confirmation(self: DeadlineTask, order_id: int) -> dict[str, Any]:
         if not fx.completed:
             fx.succeed({"to": f"customer-of-order-{order_id}", "sent": True})
     return {**seen(self), "notice": fx.result}
+
+
+@shared_task(base=DeadlineTask, bind=True, max_retries=3)
+def change_address(self: DeadlineTask, order_id: int, address: str) -> dict[str, Any]:
+    """Seed 003's story: plan the change from what the customer confirmed, and resume the
+    plan only if the world still matches it (its contract is in settings:
+    ``on_expiry: refuse``, so a plan that no longer applies ends the run, with why)."""
+    facts = fulfillment.facts(order_id)  # read now, every attempt
+    verdict = self.resume_plan(current=facts)  # PlanRefused if the world moved on
+    if verdict is None:  # the first attempt: plan from fresh observations
+        now = self.ledger_now()
+        plan = Plan(
+            steps=({"do": "update_address", "order": order_id, "to": address},),
+            assumptions=(
+                Assumption("order_state", "open"),
+                Assumption("customer_confirmation", "confirmed"),
+            ),
+            created_at=now,
+            valid_until=now + timedelta(minutes=5),
+            plan_id=f"address-{order_id}",
+        )
+        self.save_plan(plan)
+        steps = plan.steps
+    else:
+        steps = tuple(steps_of(verdict))
+    for step in steps:
+        key = f"order-{order_id}:address:v1"
+        unavailable = fulfillment.FulfillmentUnavailable
+        try:
+            with self.effect("update_address", key=key, fingerprint=step,
+                             not_sent=(unavailable,)) as fx:  # fmt: skip
+                if not fx.completed:
+                    fx.succeed(fulfillment.update_address(order_id, address))
+        except unavailable as exc:  # certainly not applied: come back later
+            raise self.retry(exc=exc, countdown=ADDRESS_RETRY_IN) from exc
+    return {**seen(self), "address": address}

@@ -17,6 +17,7 @@ from celery import Celery
 
 from celery_deadlines import DeadlineTask
 from celery_deadlines.beat import DeadlineScheduler, ZonedSchedule
+from celery_deadlines.explain import explain
 from celery_deadlines.ledger import glue
 from celery_deadlines.models import Run, Status
 from celery_deadlines.schedules import WEEKDAYS, LocalSchedule
@@ -107,6 +108,11 @@ def test_an_occurrence_is_published_once_as_its_run_id_with_its_window(
     assert (run.schedule, run.schedule_zone, run.schedule_local) == (
         "digest", "Europe/Berlin", "2026-08-19T09:00:00",
     )  # fmt: skip
+    told = explain(run, [], WEDNESDAY_0900)
+    assert (
+        "  occurrence        digest: 2026-08-19T09:00:00 Europe/Berlin = "
+        "2026-08-19T07:00:00.000Z, window until 2026-08-19T07:15:00.000Z"
+    ) in told
 
 
 def test_a_restarted_scheduler_reconciles_by_run_id_and_publishes_nothing_twice(

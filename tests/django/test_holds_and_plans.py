@@ -25,6 +25,7 @@ from celery_deadlines import (
     run_claimed,
     run_held,
 )
+from celery_deadlines.explain import explain
 from celery_deadlines.ledger import glue, outbox
 from celery_deadlines.ledger.attempt import Attempt
 from celery_deadlines.ledger.plans import Plans
@@ -331,6 +332,11 @@ def test_a_plan_whose_assumption_changed_is_refused_with_a_reason_the_user_can_r
     assert (run.status, run.reason) == (Status.FAILED, "assumption_changed")
     assert "locked_for_warehouse" in run.detail
     assert plans_of(alias, "addr-2") == [(PlanState.INVALIDATED, "assumption_changed")]
+    lines = explain(run, list(run.events.order_by("id")), ledger_now(alias))
+    assert any(
+        line.startswith("  plan              address-v1 INVALIDATED (assumption_changed: ")
+        for line in lines
+    )
     stored = app.AsyncResult("addr-2")
     with pytest.raises(PlanRefused, match="assumption_changed"):
         stored.get(timeout=1, propagate=True)

@@ -61,6 +61,13 @@ def assert_story_explained(output: str) -> None:
     notice = line_of("send_confirmation ")
     assert "SUCCEEDED, started with" in notice
     assert float(notice.split("started with ")[1].split(" s left")[0]) > 8
+    # seed 003: the order moved to the locked warehouse queue while the worker was down;
+    # the resumed plan is refused with a reason the user can read, and nothing changed
+    assert "change_address REFUSED on resume: assumption_changed" in output
+    assert "order_state was 'open', is now 'locked_for_warehouse'" in output
+    assert "plan address-42: INVALIDATED assumption_changed" in output
+    assert "ledger: FAILED (assumption_changed), 2 claim(s)" in output
+    assert "the order's address is still 'Alte Str. 1, Berlin'" in output
 
 
 def test_the_demo_explains_the_story_on_the_embedded_default(tmp_path: Path) -> None:

@@ -81,8 +81,8 @@ def test_claim_refuses_a_message_whose_remaining_budget_is_below_the_reserve(
 ) -> None:
     from tests.support.workerapp import reserved
 
-    result = reserved.apply_async(budget=4)  # reserve=3: allowed at enqueue
-    time.sleep(1.5)
+    result = reserved.apply_async(budget=11.5)  # reserve=10: allowed at enqueue
+    time.sleep(1.5)  # then the worker starts: less than 10 s is left, but some is
     start_worker(transport)
     refusal = refusal_of(result)
     assert (refusal.gate, refusal.reason) == ("claim", "insufficient_budget")
@@ -316,9 +316,9 @@ def test_a_refused_chord_member_fails_the_chord_instead_of_hanging(
 
     from tests.support.workerapp import collect, probe, reserved
 
-    # Given a chord whose second member needs 3 s of reserve, and a worker 1.5 s late
+    # Given a chord whose second member needs 10 s of reserve, and a worker 1.5 s late
     member: Any = reserved.si()
-    result = chord([probe.s("fine"), member.set(budget=4)])(collect.s())
+    result = chord([probe.s("fine"), member.set(budget=11.5)])(collect.s())
     time.sleep(1.5)
     start_worker(redis)
     # When the worker refuses that member, the caller learns why, at once

@@ -143,7 +143,9 @@ def cleanup(self: DeadlineTask, seconds: float) -> dict[str, Any]:
     return {"interrupted_after": None}
 
 
-@app.task(base=DeadlineTask, bind=True, name="t.reserved", reserve=3)
+# a reserve much longer than a worker takes to start: a message published with a
+# budget just above it is refused for insufficient budget however fast the worker is
+@app.task(base=DeadlineTask, bind=True, name="t.reserved", reserve=10)
 def reserved(self: DeadlineTask) -> dict[str, Any]:
     return _seen(self)
 
