@@ -22,6 +22,7 @@ from .signals import (
     dispatch_refused,
     plan_resumed,
     run_claimed,
+    run_expired,
     run_held,
     write_refused,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "install",
     "plan_resumed",
     "run_claimed",
+    "run_expired",
     "run_held",
     "write_refused",
 ]

@@ -40,12 +40,16 @@ from typing import Any
 
 from celery.beat import PersistentScheduler, SchedulingError
 from celery.schedules import BaseSchedule, schedstate
-from django.db import close_old_connections
+from django.db import close_old_connections, transaction
 
+from . import conf
 from .budgets import parse_duration
 from .clock import get_clock
+from .conf import settings_for
 from .errors import ConfigurationError, DeadlineRefused
 from .schedules import LocalSchedule, Occurrence, classify, occurrences
+from .signals import clock_uncertain, run_expired
+from .skew import ClockReading
 from .wire import OCCURRENCE_HEADER
 
 logger = logging.getLogger("celery_deadlines")
@@ -83,12 +87,17 @@ class ZonedSchedule(BaseSchedule):
             )
         #: the instant through which every occurrence is published or recorded missed
         self.handled_through: datetime | None = None
+        #: after a failed attempt (database away, clock in doubt): not due again before
+        #: this, so beat waits instead of trying on every tick
+        self.retry_at: datetime | None = None
 
     def now(self) -> datetime:
         return get_clock().now()
 
     def is_due(self, last_run_at: datetime | None) -> schedstate:
         now = self.now()
+        if self.retry_at is not None and now < self.retry_at:
+            return schedstate(False, (self.retry_at - now).total_seconds())
         floor = now - self.catch_up
         if self.handled_through is not None and self.handled_through > floor:
             floor = self.handled_through
@@ -145,9 +154,11 @@ class ZonedSchedulerMixin:
             return super().apply_async(entry, producer, advance, **kwargs)  # type: ignore[misc]
         entry = self.reserve(entry) if advance else entry  # type: ignore[attr-defined]
         close_old_connections()  # beat has no request cycle: drop a connection that broke
+        zoned: ZonedSchedule = entry.schedule
         try:
             return catch_up(self.app, entry, producer)
-        except Exception as exc:  # beat logs it and tries again at the next tick
+        except Exception as exc:  # beat logs it; the entry is due again in RETRY_PENDING
+            zoned.retry_at = zoned.now() + RETRY_PENDING
             raise SchedulingError(f"Couldn't apply scheduled task {entry.name}: {exc}") from exc
 
 
@@ -159,8 +170,12 @@ def catch_up(app: Any, entry: Any, producer: Any = None) -> list[str]:
     from .task import DeadlineTask
 
     zoned: ZonedSchedule = entry.schedule
-    now = zoned.now()
     store = store_for(app)
+    if not _clock_agrees(app, store, entry.name):
+        zoned.retry_at = zoned.now() + RETRY_PENDING
+        return []
+    zoned.retry_at = None
+    now = zoned.now()
     last = store.last_occurrence(zoned.local.name)
     # a schedule the ledger has never seen starts now: nothing before it was "missed"
     since = now - zoned.local.window if last is None else max(last, now - zoned.catch_up)
@@ -181,6 +196,10 @@ def catch_up(app: Any, entry: Any, producer: Any = None) -> list[str]:
         )
         if store.record_missed(run, detail):
             logger.warning("%s: %s; recorded as missed, not run late", entry.name, detail)
+            run_expired.send(
+                sender=app, task_id=missed.run_id, task_name=entry.task,
+                reason="missed_occurrence", detail=detail,
+            )  # fmt: skip
     published = []
     task = app.tasks[entry.task]
     if not isinstance(task, DeadlineTask):
@@ -195,13 +214,16 @@ def catch_up(app: Any, entry: Any, producer: Any = None) -> list[str]:
         headers = dict(options.pop("headers", None) or {})
         headers["celery_beat_task"] = True
         headers[OCCURRENCE_HEADER] = occurrence_header(due)
-        try:
-            task.apply_async(
-                entry.args, entry.kwargs, task_id=due.run_id, producer=producer,
-                deadline=due.deadline, headers=headers, **options,
-            )  # fmt: skip
-        except DeadlineRefused:  # too little of its window left: recorded EXPIRED, logged
-            continue
+        # in a transaction, the outbox publishes on commit: if the broker is down the run
+        # stays QUEUED and the sweeper publishes it again; the occurrence is not lost
+        with transaction.atomic(using=store.using):
+            try:
+                task.apply_async(
+                    entry.args, entry.kwargs, task_id=due.run_id, producer=producer,
+                    deadline=due.deadline, headers=headers, **options,
+                )  # fmt: skip
+            except DeadlineRefused:  # too little of its window left: recorded EXPIRED
+                continue
         published.append(due.run_id)
         logger.info(
             "%s: published occurrence %s (window %s to %s)",
@@ -213,6 +235,36 @@ def catch_up(app: Any, entry: Any, producer: Any = None) -> list[str]:
         entry.name, now.isoformat(), len(published), len(known),
     )  # fmt: skip
     return published
+
+
+def _clock_agrees(app: Any, store: Any, name: str) -> bool:
+    """With ``deadlines_clock_skew_budget`` set, beat publishes only while its clock
+    agrees with the ledger's (seed 001's gate: CLOCK_UNCERTAIN comes before NOT_READY
+    and EXPIRED); without it, beat's clock is trusted, as a worker's is."""
+    budget = settings_for(app).get(conf.CLOCK_SKEW_BUDGET)
+    if budget is None:
+        return True
+    try:
+        authority = store.database_now()
+        sent, answered = store.last_round_trip()
+        reading: ClockReading | None = ClockReading.between(sent, authority, answered)
+    except Exception:  # an unreachable authority is uncertainty, not permission
+        logger.exception("%s: reading the ledger's clock failed", name)
+        reading = None
+    if reading is not None and reading.within(budget):
+        return True
+    found = (
+        "the ledger's clock could not be read"
+        if reading is None
+        else f"offset {reading.offset.total_seconds():+.3f} s"
+    )
+    logger.warning(
+        "%s: clock uncertain (%s, beyond the skew budget of %s s): nothing is published "
+        "or recorded missed until beat's clock agrees with the ledger's",
+        name, found, budget.total_seconds(),
+    )  # fmt: skip
+    clock_uncertain.send(sender=app, reading=reading, budget=budget)
+    return False
 
 
 class DeadlineScheduler(ZonedSchedulerMixin, PersistentScheduler):

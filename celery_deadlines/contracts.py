@@ -172,6 +172,9 @@ class Problem:
 
     message: str
     hint: str
+    #: ``"warning"`` when the problem may be the checking process's view, not the
+    #: contract (a task not registered *there*); otherwise ``"error"``
+    severity: str = "error"
 
 
 #: Brokers that redeliver a message held unacknowledged longer than a visibility
@@ -203,7 +206,9 @@ def review(
             problems.append(
                 Problem(
                     f"{where} names no registered task.",
-                    "Check the task's name (module path and function) for a typo.",
+                    "Check the task's name (module path and function) for a typo, or that "
+                    "the module defining it is imported (autodiscovered) where this runs.",
+                    severity="warning",
                 )
             )
             continue

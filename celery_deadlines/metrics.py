@@ -13,6 +13,8 @@ so nothing here is on the path of a decision: a failing exporter never changes o
 ==================================================  ==========================================
 ``celery_deadlines_refusals_total``                 gate refusals, by ``task``, ``gate``,
                                                     ``reason`` (``deadline_refused``)
+``celery_deadlines_runs_expired_total``            runs the ledger expired on its own, by
+                                                    ``task``, ``reason`` (``run_expired``)
 ``celery_deadlines_dispatch_refusals_total``        side effects the dispatch guard refused,
                                                     by ``reason``
 ``celery_deadlines_fenced_writes_rejected_total``   late writes of stale attempts rejected by
@@ -58,6 +60,7 @@ QUEUE_WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600)
 @dataclass(frozen=True)
 class Metrics:
     refusals: Counter
+    expired: Counter
     dispatch_refusals: Counter
     fenced_writes_rejected: Counter
     plan_resumes: Counter
@@ -68,20 +71,24 @@ class Metrics:
     clock_readable: Gauge
 
 
-_installed: dict[int, Metrics] = {}
+#: by registry (kept alive here, so its id() in the receivers' dispatch_uid stays unique)
+_installed: dict[CollectorRegistry, Metrics] = {}
 
 
 def install(registry: CollectorRegistry | None = None) -> Metrics:
     """Create the metrics in ``registry`` (default: prometheus_client's) and feed them
     from the library's signals. Idempotent per registry."""
     registry = registry if registry is not None else REGISTRY
-    key = id(registry)
-    if key in _installed:
-        return _installed[key]
+    if registry in _installed:
+        return _installed[registry]
     made = Metrics(
         refusals=Counter(
             "celery_deadlines_refusals", "Work refused by a deadline gate.",
             ["task", "gate", "reason"], registry=registry,
+        ),
+        expired=Counter(
+            "celery_deadlines_runs_expired", "Runs the ledger expired on its own, by reason.",
+            ["task", "reason"], registry=registry,
         ),
         dispatch_refusals=Counter(
             "celery_deadlines_dispatch_refusals", "Side effects refused by the dispatch guard.",
@@ -121,14 +128,17 @@ def install(registry: CollectorRegistry | None = None) -> Metrics:
             registry=registry, multiprocess_mode="liveall",
         ),
     )  # fmt: skip
-    _connect(made, key)
-    _installed[key] = made
+    _connect(made, id(registry))
+    _installed[registry] = made
     return made
 
 
 def _connect(m: Metrics, key: int) -> None:
     def refused(task_name: str, decision: Any, **_: Any) -> None:
         m.refusals.labels(task_name, str(decision.gate), str(decision.reason)).inc()
+
+    def expired(task_name: str, reason: str, **_: Any) -> None:
+        m.expired.labels(task_name, reason).inc()
 
     def dispatch(reason: str, **_: Any) -> None:
         m.dispatch_refusals.labels(reason).inc()
@@ -153,6 +163,7 @@ def _connect(m: Metrics, key: int) -> None:
 
     for signal, receiver in (
         (signals.deadline_refused, refused),
+        (signals.run_expired, expired),
         (signals.dispatch_refused, dispatch),
         (signals.write_refused, write),
         (signals.plan_resumed, resumed),

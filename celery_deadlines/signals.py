@@ -41,6 +41,12 @@ clock_measured = Signal(name="clock_measured", providing_args=["reading"])
 #: A run was claimed by a worker whose clock is beyond the budget and given back
 #: unstarted, as CLOCK_UNCERTAIN (``reading`` is the claim's own measurement).
 run_held = Signal(name="run_held", providing_args=["task_id", "task_name", "reading", "budget"])
+#: The ledger ended a run as EXPIRED on its own, not at a gate: the sweeper (a run never
+#: claimed in time, ``expired_before_claim``; a paused run, ``deadline_passed``), the
+#: reconciler, or beat (``missed_occurrence``). Gate refusals are ``deadline_refused``.
+run_expired = Signal(
+    name="run_expired", providing_args=["task_id", "task_name", "reason", "detail"]
+)
 #: A run was claimed: ``queue_wait`` (a timedelta, by the ledger's clock) is how long it
 #: waited for a worker since it became claimable.
 run_claimed = Signal(name="run_claimed", providing_args=["task_id", "task_name", "queue_wait"])

@@ -318,6 +318,8 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
         request = self.request
         clock = get_clock()
         now = clock.now()
+        # read together: the budget is anchored at this instant, whatever the claim takes
+        started = clock.monotonic()
         headers = request.headers or {}
         carried = propagation.read_headers(headers, now, settings_for(self.app).max_budget, task_id)
         state = vars(request)
@@ -353,7 +355,7 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
                 now = attempt.reading.corrected(now)  # remaining time by the ledger's clock
             attempt.start()
         if deadline is not None:
-            state[ANCHOR] = Anchor.at(deadline, now, clock.monotonic())
+            state[ANCHOR] = Anchor.at(deadline, now, started)
 
     def _claim(
         self, task_id: str, deadline: datetime | None, reserve: timedelta, now: datetime
@@ -555,9 +557,10 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
         from .ledger.plans import Plans
 
         attempt = self._ledger_attempt("plans")
-        if not Plans(attempt.store).save(attempt.lease, plan.plan_id, plan.to_json()):
-            attempt.lost = True
-            raise StaleLease(attempt.lease.task_id, attempt.lease.token, "save_plan")
+        saved = Plans(attempt.store).save(
+            attempt.lease, attempt.owner, plan.plan_id, plan.to_json()
+        )
+        attempt.check_written(saved, "save_plan")
 
     def resume_plan(self, current: Mapping[str, Any]) -> Verdict | None:
         """The resume gate: may the run's stored plan go on, given the ``current`` facts?
@@ -599,9 +602,10 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
         if verdict.may_execute:
             return verdict
         detail = verdict.explain()
-        if not plans.invalidate(attempt.lease, stored.row_id, verdict.reason, detail):
-            attempt.lost = True
-            raise StaleLease(task_id, attempt.lease.token, "invalidate_plan")
+        invalidated = plans.invalidate(
+            attempt.lease, attempt.owner, stored.row_id, verdict.reason, detail
+        )
+        attempt.check_written(invalidated, "invalidate_plan")
         if on_expiry is OnExpiry.REVALIDATE:
             logger.info("%s[%s]: plan invalidated (%s); revalidating", self.name, task_id, detail)
             return verdict

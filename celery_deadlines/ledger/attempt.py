@@ -90,6 +90,11 @@ class Attempt:
     def release(self, detail: str) -> None:
         self._check(self.store.release(self.lease, self.owner, detail), "release")
 
+    def check_written(self, written: bool, write: str) -> None:
+        """A fenced write's outcome: refused marks the attempt lost, is announced
+        (``write_refused``) and raises :class:`StaleLease`."""
+        self._check(written, write)
+
     def _check(self, written: bool, write: str) -> None:
         if not written:
             self.lost = True

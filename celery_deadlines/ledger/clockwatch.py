@@ -44,10 +44,11 @@ class ClockWatch:
     def check(self) -> ClockReading | None:
         clock = get_clock()
         try:
-            before, start = clock.now(), clock.monotonic()
             authority = self.store.database_now()
-            after, end = clock.now(), clock.monotonic()
+            end = clock.monotonic()
+            before, after = self.store.last_round_trip()  # the statement's own round trip
             reading: ClockReading | None = ClockReading.between(before, authority, after)
+            start = end - (after - before).total_seconds()
         except Exception:  # an unreachable authority is uncertainty, not permission
             logger.exception("reading the ledger's clock failed")
             reading = None

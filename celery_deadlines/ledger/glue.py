@@ -16,7 +16,6 @@ from celery._state import get_current_worker_task
 
 from .. import conf
 from .._crashpoints import hit
-from ..clock import get_clock
 from ..conf import settings_for
 from ..gates import Reason
 from ..models import Status
@@ -148,20 +147,18 @@ def claim(
     ttl = task.lease_duration()
     retries = int(request.retries or 0)
     max_lost = settings.get(conf.MAX_LOST_LEASES)
-    clock = get_clock()
-    before = clock.now()
     outcome = store.claim(request.id, retries, owner, ttl, reserve, max_lost)
     if isinstance(outcome, ClaimRefused) and outcome.why == ClaimRefused.MISSING:
         # published without the outbox (by name, or before the app was installed)
         store.enqueue(_run_of_request(task, request, deadline, retries))
-        before = clock.now()
         outcome = store.claim(request.id, retries, owner, ttl, reserve, max_lost)
     if isinstance(outcome, ClaimRefused):
         return outcome
     budget = settings.get(conf.CLOCK_SKEW_BUDGET)
     if budget is None:  # not measured: no skew budget to hold the run to
         return Attempt(store, outcome, owner, ttl)
-    reading = ClockReading.between(before, outcome.database_now, clock.now())
+    sent, answered = store.last_round_trip()  # the claim statement's own round trip
+    reading = ClockReading.between(sent, outcome.database_now, answered)
     if not reading.within(budget):
         held = Held(reading, budget, recorded=False)
         recorded = store.hold(outcome, owner, held.explain())

@@ -42,9 +42,14 @@ class Plans:
             f" AND {RUN}.status = 'RUNNING' AND {RUN}.lease_expires_at > {d.now})"
         )
 
-    def save(self, lease: Lease, plan_id: str, document: dict[str, Any]) -> bool:
+    def save(self, lease: Lease, owner: str, plan_id: str, document: dict[str, Any]) -> bool:
         """Make ``document`` the run's active plan (the previous one is superseded).
-        ``False``: the attempt no longer owns the run; nothing was written."""
+        ``False``: the attempt no longer owns the run; nothing was stored, and the refusal
+        is recorded as a rejected event.
+
+        Two statements: if the lease is lost between them the previous plan is left
+        superseded and the run has no active plan, which is safe (the next attempt plans
+        from fresh observations; a plan is never executed without passing the gate)."""
         d = self.store.dialect
         self.store.execute(
             f"""
@@ -58,12 +63,15 @@ class Plans:
             f"""
             INSERT INTO {PLAN} (run_id, plan_id, state, document, lease_token, reason, detail,
                 created_at)
-            SELECT %s, %s, 'ACTIVE', {d.json_param}, %s, '', '', {d.now}
-            WHERE {self._alive()}
+            SELECT {RUN}.id, %s, 'ACTIVE', {d.json_param}, {RUN}.lease_token, '', '', {d.now}
+            FROM {RUN}
+            WHERE {RUN}.id = %s AND {RUN}.lease_token = %s AND {RUN}.status = 'RUNNING'
+              AND {RUN}.lease_expires_at > {d.now}{d.lock_rows}
             """,
-            [lease.run_id, plan_id, json.dumps(document), lease.token, lease.run_id,
-             lease.token],
-        )  # fmt: skip
+            [plan_id, json.dumps(document), lease.run_id, lease.token],
+        )
+        if count != 1:
+            self.store.record_rejected(lease.run_id, "save_plan", lease.token, owner)
         return count == 1
 
     def active(self, run_id: int) -> StoredPlan | None:
@@ -85,8 +93,9 @@ class Plans:
         assert created is not None
         return StoredPlan(row_id, document, token, created)
 
-    def invalidate(self, lease: Lease, row_id: int, reason: str, detail: str) -> bool:
-        """Retire the active plan ``row_id`` as history: it failed its resume gate."""
+    def invalidate(self, lease: Lease, owner: str, row_id: int, reason: str, detail: str) -> bool:
+        """Retire the active plan ``row_id`` as history: it failed its resume gate.
+        ``False`` (recorded as a rejected event): the attempt no longer owns the run."""
         d = self.store.dialect
         count, _ = self.store.execute(
             f"""
@@ -96,4 +105,6 @@ class Plans:
             """,
             [reason, detail, row_id, lease.run_id, lease.token],
         )
+        if count != 1:
+            self.store.record_rejected(lease.run_id, "invalidate_plan", lease.token, owner)
         return count == 1

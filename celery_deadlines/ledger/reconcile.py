@@ -38,6 +38,7 @@ from ..conf import settings_for
 from ..errors import DeadlineRefused
 from ..gates import Gate, Reason
 from ..models import Status
+from ..signals import run_expired
 from . import outbox
 from .clockwatch import ClockWatch
 from .effects import Effects, Pending
@@ -199,13 +200,17 @@ def _republish(app: Any, task_id: str, publish: Callable[[], None]) -> None:
 
 
 def _store_refusal(app: Any, expired: Expired, now: datetime, detail: str = "") -> None:
-    """Tell the caller waiting on the result why the run ended (a typed refusal)."""
+    """Tell the caller waiting on the result why the run ended (a typed refusal), and
+    the operator (a WARNING and :data:`~celery_deadlines.signals.run_expired`): an
+    expiry found by the sweeper is never silent."""
+    detail = detail or expired.detail or "the deadline passed before any worker claimed the run"
+    announce_expiry(app, expired.task_id, expired.task_name, expired.reason, detail)
     refusal = DeadlineRefused(
         Gate.CLAIM.value,
         expired.reason,
         expired.deadline.isoformat() if expired.deadline else None,
         now.isoformat(),
-        detail or "the deadline passed before any worker claimed the run",
+        detail,
     )
     try:
         app.backend.mark_as_failure(expired.task_id, refusal)
@@ -213,6 +218,13 @@ def _store_refusal(app: Any, expired: Expired, now: datetime, detail: str = "") 
         logger.exception(
             "storing the expiry of run %s in the result backend failed", expired.task_id
         )
+
+
+def announce_expiry(sender: Any, task_id: str, task_name: str, reason: str, detail: str) -> None:
+    """Log and signal a run the ledger ended as EXPIRED on its own (not at a gate)."""
+    logger.warning("%s[%s] EXPIRED (%s): %s", task_name, task_id, reason, detail)
+    run_expired.send(sender=sender, task_id=task_id, task_name=task_name, reason=reason,
+                     detail=detail)  # fmt: skip
 
 
 class Reconciler:

@@ -36,6 +36,9 @@ class Dialect:
     least_template: str
     #: A placeholder for a JSON document given as text.
     json_param: str = "%s"
+    #: Appended to a SELECT that fences a write on the run row: lock it until the
+    #: statement commits (PostgreSQL); SQLite serialises writers anyway.
+    lock_rows: str = ""
 
     def least(self, first: str, nullable: str) -> str:
         return self.least_template.format(first=first, nullable=nullable)
@@ -71,6 +74,7 @@ POSTGRESQL = Dialect(
     now_plus="(clock_timestamp() + make_interval(secs => %s))",
     least_template="LEAST({first}, {nullable})",
     json_param="CAST(%s AS jsonb)",
+    lock_rows=" FOR UPDATE",
 )
 _SQLITE_NOW = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
 SQLITE = Dialect(

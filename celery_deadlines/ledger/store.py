@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -31,6 +30,7 @@ from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.utils import load_backend
 
+from ..clock import get_clock
 from ..models import Status
 from .sql import Dialect, dialect_for
 
@@ -130,6 +130,7 @@ class Expired:
     status: str
     reason: str
     deadline: datetime | None
+    detail: str = ""
 
 
 class Store:
@@ -165,9 +166,9 @@ class Store:
             wrapper = load_backend(settings["ENGINE"]).DatabaseWrapper
             connection = local.connection = wrapper(settings, self.using)
             local.pid = os.getpid()
-            local.used_at = time.monotonic()
+            local.used_at = get_clock().monotonic()
         connection.close_if_unusable_or_obsolete()  # reconnects after a database error
-        now = time.monotonic()
+        now = get_clock().monotonic()
         # a connection idle through a database restart or a network cut fails its next
         # statement; a claim must not fail for that: ping it first, reconnect if dead
         idle = now - local.used_at > IDLE_PING and connection.connection is not None
@@ -181,14 +182,30 @@ class Store:
         connection = getattr(self._local, "connection", None)
         if connection is not None and self._local.pid == os.getpid():
             connection.close()
+            if connection.connection is not None:
+                # Django keeps an in-memory SQLite database open on close(), lest the
+                # data go with it; this connection is the store's own, never the last
+                connection.connection.close()
+                connection.connection = None
         self._local.connection = None
 
     def execute(self, sql: str, params: list[Any]) -> tuple[int, list[tuple[Any, ...]]]:
-        """Run one statement; (rows affected, rows returned)."""
+        """Run one statement; (rows affected, rows returned). The local clock is read just
+        before and after the statement itself (:meth:`last_round_trip`): a statement that
+        returns the database clock is then a clock reading, whatever reconnecting or
+        pinging the connection took."""
+        clock = get_clock()
         with self._connection().cursor() as cursor:
+            sent = clock.now()
             cursor.execute(sql, params)
             rows = cursor.fetchall() if cursor.description else []
+            self._local.round_trip = (sent, clock.now())
             return cursor.rowcount, rows
+
+    def last_round_trip(self) -> tuple[datetime, datetime]:
+        """This thread's last statement: the local clock when it was sent and answered."""
+        trip: tuple[datetime, datetime] = self._local.round_trip
+        return trip
 
     # -- the outbox ----------------------------------------------------------------------
 
@@ -703,11 +720,11 @@ class Store:
                 WHERE status IN {_WAITING_SQL} AND deadline <= {d.now}
                 LIMIT %s
             ) AND status IN {_WAITING_SQL} AND deadline <= {d.now}
-            RETURNING task_id, task_name, status, reason, deadline
+            RETURNING task_id, task_name, status, reason, deadline, detail
             """,
             [limit],
         )
-        return [Expired(r[0], r[1], r[2], r[3], d.instant(r[4])) for r in rows]
+        return [Expired(r[0], r[1], r[2], r[3], d.instant(r[4]), r[5]) for r in rows]
 
     def lapsed_leases(self, limit: int = 100) -> list[LapsedLease]:
         """Runs whose lease expired by the database clock (seed 000 steps 1 and 2).

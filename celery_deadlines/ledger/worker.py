@@ -7,6 +7,7 @@ app has DeadlineTasks, and only while the ledger is active.
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 from typing import Any
 
 from celery.signals import worker_ready, worker_shutdown
@@ -20,6 +21,9 @@ from .reconcile import Reconciler
 logger = logging.getLogger("celery_deadlines")
 
 _reconciler: Reconciler | None = None
+
+#: How often the clock is measured when a skew budget is set without a reconcile interval.
+CLOCK_CHECK_INTERVAL = timedelta(seconds=10)
 
 
 def connect() -> None:
@@ -45,9 +49,13 @@ def _start(sender: Any = None, **_: Any) -> None:
     budget = settings.get(conf.CLOCK_SKEW_BUDGET)
     watch = ClockWatch(store, budget, sender) if budget is not None else None
     if watch is not None and interval is None:
+        # a clock measured once proves nothing later, and runs held for it need a worker
+        # whose clock agrees to publish them again
+        interval = CLOCK_CHECK_INTERVAL
         logger.warning(
             "deadlines_clock_skew_budget is set but deadlines_reconcile_interval is None: "
-            "the clock is measured only once, at start"
+            "the clock is measured (and the ledger reconciled) every %s s",
+            interval.total_seconds(),
         )
     _reconciler = Reconciler(app, store, interval, watch)
     _reconciler.start()

@@ -116,29 +116,34 @@ def change_address(self: DeadlineTask, order_id: int, address: str) -> dict[str,
     plan only if the world still matches it (its contract is in settings:
     ``on_expiry: refuse``, so a plan that no longer applies ends the run, with why)."""
     facts = fulfillment.facts(order_id)  # read now, every attempt
+    evidence = [  # stamped by the ledger's clock, with this attempt's token
+        self.observe(source, value, evidence_id=f"fulfillment:order-{order_id}:{source}")
+        for source, value in facts.items()
+    ]
     verdict = self.resume_plan(current=facts)  # PlanRefused if the world moved on
-    if verdict is None:  # the first attempt: plan from fresh observations
+    if verdict is None:  # the first attempt: plan from what was just read, then check it
         now = self.ledger_now()
-        plan = Plan(
-            steps=({"do": "update_address", "order": order_id, "to": address},),
-            assumptions=(
-                Assumption("order_state", "open"),
-                Assumption("customer_confirmation", "confirmed"),
-            ),
-            created_at=now,
-            valid_until=now + timedelta(minutes=5),
-            plan_id=f"address-{order_id}",
+        self.save_plan(
+            Plan(
+                steps=({"do": "update_address", "order": order_id, "to": address},),
+                assumptions=(
+                    Assumption("order_state", "open"),
+                    Assumption("customer_confirmation", "confirmed"),
+                ),
+                created_at=now,
+                valid_until=now + timedelta(minutes=5),
+                plan_id=f"address-{order_id}",
+            )
         )
-        self.save_plan(plan)
-        steps = plan.steps
-    else:
-        steps = tuple(steps_of(verdict))
-    for step in steps:
+        verdict = self.resume_plan(current=facts)
+        assert verdict is not None
+    for step in steps_of(verdict):
         key = f"order-{order_id}:address:v1"
         unavailable = fulfillment.FulfillmentUnavailable
         try:
-            with self.effect("update_address", key=key, fingerprint=step,
-                             not_sent=(unavailable,)) as fx:  # fmt: skip
+            # a commit: the guard wants both facts fresh and read by this attempt
+            with self.effect("update_address", key=key, fingerprint=step, evidence=evidence,
+                             action="commit", not_sent=(unavailable,)) as fx:  # fmt: skip
                 if not fx.completed:
                     fx.succeed(fulfillment.update_address(order_id, address))
         except unavailable as exc:  # certainly not applied: come back later

@@ -19,6 +19,8 @@ from celery_deadlines import DeadlineTask
 from celery_deadlines.beat import DeadlineScheduler, ZonedSchedule
 from celery_deadlines.explain import explain
 from celery_deadlines.ledger import glue
+from celery_deadlines.ledger.reconcile import reconcile_once
+from celery_deadlines.ledger.store import Store
 from celery_deadlines.models import Run, Status
 from celery_deadlines.schedules import WEEKDAYS, LocalSchedule
 from celery_deadlines.testing import FakeClock, use_clock
@@ -201,3 +203,38 @@ def test_a_catch_up_shorter_than_the_window_or_an_unnamed_schedule_is_refused() 
         ZonedSchedule(DIGEST, catch_up=60)
     with pytest.raises(ValueError, match="needs a name"):
         ZonedSchedule(LocalSchedule(time(9), "Europe/Berlin", timedelta(minutes=5)))
+
+
+def test_an_occurrence_whose_publish_fails_is_kept_and_published_by_the_sweeper(
+    app: Celery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broker_down(*args: object, **kwargs: object) -> None:
+        raise ConnectionError("broker unreachable")
+
+    monkeypatch.setattr(app.amqp, "send_task_message", broker_down)
+    with use_clock(FakeClock(WEDNESDAY_0900 - timedelta(seconds=1))) as clock:
+        run_beat(beat(app, tmp_path / "beat", ("digest", DIGEST)), clock, 3)
+    assert published(app) == []
+    assert runs(app)[WEDNESDAY_ID].status == Status.QUEUED  # recorded, not failed
+    monkeypatch.undo()  # the broker is back; any worker's sweeper publishes it again
+    alias = app.conf.deadlines_database
+    Run.objects.using(alias).filter(task_id=WEDNESDAY_ID).update(
+        published_at=Store(alias).database_now() - timedelta(minutes=2),
+        deadline=Store(alias).database_now() + timedelta(minutes=10),  # (a fake-clock date)
+    )
+    assert reconcile_once(app, Store(alias)).republished == [WEDNESDAY_ID]
+    assert published(app) == [WEDNESDAY_ID]
+
+
+def test_with_a_skew_budget_beat_publishes_nothing_while_its_clock_disagrees_with_the_ledger(
+    app: Celery, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    app.conf.deadlines_clock_skew_budget = 0.5
+    try:
+        # beat's clock says Wednesday 09:00 in August; the ledger's says otherwise
+        with use_clock(FakeClock(WEDNESDAY_0900 + timedelta(seconds=1))) as clock:
+            run_beat(beat(app, tmp_path / "beat", ("digest", DIGEST)), clock, 3)
+    finally:
+        app.conf.deadlines_clock_skew_budget = None
+    assert (published(app), runs(app)) == ([], {})
+    assert "clock uncertain (offset" in caplog.text

@@ -438,7 +438,7 @@ def test_a_stale_attempt_can_neither_store_nor_retire_a_plan(alias: str) -> None
     first = store.claim("plan-stale", 0, "w1:1", ttl, timedelta(0), 10)
     assert isinstance(first, Lease)
     plans = Plans(store)
-    assert plans.save(first, "p1", address_plan(datetime.now(UTC)).to_json())
+    assert plans.save(first, "w1:1", "p1", address_plan(datetime.now(UTC)).to_json())
     Run.objects.using(alias).filter(task_id="plan-stale").update(
         lease_expires_at=ledger_now(alias) - timedelta(seconds=2)
     )
@@ -446,10 +446,13 @@ def test_a_stale_attempt_can_neither_store_nor_retire_a_plan(alias: str) -> None
     assert isinstance(second, Lease)
     stored = plans.active(first.run_id)
     assert stored is not None
-    assert not plans.save(first, "p-stale", address_plan(datetime.now(UTC)).to_json())
-    assert not plans.invalidate(first, stored.row_id, "plan_expired", "stale")
+    assert not plans.save(first, "w1:1", "p-stale", address_plan(datetime.now(UTC)).to_json())
+    assert not plans.invalidate(first, "w1:1", stored.row_id, "plan_expired", "stale")
+    rejected = RunEvent.objects.using(alias).filter(run__task_id="plan-stale", outcome="rejected")
+    assert sorted(e.kind for e in rejected) == ["invalidate_plan", "save_plan"]
+    assert {e.lease_token for e in rejected} == {1}
     assert plans_of(alias, "plan-stale") == [(PlanState.ACTIVE, "")]
-    assert plans.save(second, "p2", address_plan(datetime.now(UTC)).to_json())
+    assert plans.save(second, "w2:2", "p2", address_plan(datetime.now(UTC)).to_json())
     assert plans_of(alias, "plan-stale") == [(PlanState.SUPERSEDED, ""), (PlanState.ACTIVE, "")]
     attempt = Attempt(store, first, "w1:1", ttl)
     with pytest.raises(StaleLease):

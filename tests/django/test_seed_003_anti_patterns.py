@@ -24,6 +24,7 @@ from celery_deadlines import (
     DispatchRefused,
     StaleLease,
     deadline_refused,
+    run_expired,
 )
 from celery_deadlines.ledger import glue
 from celery_deadlines.ledger.attempt import Attempt
@@ -204,12 +205,17 @@ def test_anti_pattern_5_expiry_is_never_a_silent_background_failure(
     app: Celery, caplog: pytest.LogCaptureFixture
 ) -> None:
     refusals: list[str] = []
+    expiries: list[str] = []
 
     def receive(task_id: str, decision: Any, **_: Any) -> None:
         refusals.append(f"{task_id}:{decision.reason}")
 
+    def expired(task_id: str, reason: str, **_: Any) -> None:
+        expiries.append(f"{task_id}:{reason}")
+
     task: Any = app.tasks["shop.change_address"]
     deadline_refused.connect(receive, weak=False)
+    run_expired.connect(expired, weak=False)
     try:
         # a message that arrives after its deadline, and a run nobody claimed in time
         task.apply_async(("clocks",), task_id="late", budget=60)
@@ -226,11 +232,14 @@ def test_anti_pattern_5_expiry_is_never_a_silent_background_failure(
             reconcile_once(app, Store(alias))
     finally:
         deadline_refused.disconnect(receive)
+        run_expired.disconnect(expired)
     # the caller is told, with a reason; the operator sees a log, a signal, a state
     assert state == "IGNORED"
     assert isinstance(app.AsyncResult("late").result, DeadlineRefused)
-    assert refusals == ["late:deadline_passed"]
+    assert refusals == ["late:deadline_passed"]  # refused at a gate
+    assert expiries == ["never-claimed:expired_before_claim"]  # found by the sweeper
     assert "refused at attempt gate: deadline_passed" in caplog.text
+    assert "[never-claimed] EXPIRED (expired_before_claim)" in caplog.text
     swept = app.AsyncResult("never-claimed").result
     assert isinstance(swept, DeadlineRefused)
     assert swept.reason == "expired_before_claim"

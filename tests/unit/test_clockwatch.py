@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
@@ -27,7 +28,14 @@ class Authority:
     def database_now(self) -> datetime:
         if self.down:
             raise ConnectionError("database unreachable")
+        self.round_trip = (self.clock.now(), self.clock.now())
         return self.clock.now() + self.offset
+
+    def last_round_trip(self) -> tuple[datetime, datetime]:
+        return self.round_trip
+
+    def close(self) -> None:
+        pass
 
 
 class Queues(dict[str, Any]):
@@ -153,9 +161,28 @@ def test_no_time_is_estimated_while_the_clock_is_uncertain_or_never_read(
     assert watch.authority_now() is None
 
 
-def test_a_suspected_clock_is_measured_again_at_once(clock: FakeClock) -> None:
-    watch = ClockWatch(Authority(clock), timedelta(seconds=0.5), Consumer())  # type: ignore[arg-type]
-    woken: list[bool] = []
-    watch.on_suspect = lambda: woken.append(True)
-    watch.suspect()
-    assert woken == [True]
+def test_a_suspected_clock_is_measured_again_at_once_not_at_the_next_pass(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from celery_deadlines.ledger import reconcile
+
+    monkeypatch.setattr(reconcile, "reconcile_once", lambda *args, **kwargs: None)
+    authority = Authority(clock)
+    measured = threading.Semaphore(0)
+    read = authority.database_now
+
+    def database_now() -> datetime:
+        value = read()
+        measured.release()
+        return value
+
+    authority.database_now = database_now  # type: ignore[method-assign]
+    watch = ClockWatch(authority, timedelta(seconds=0.5), Consumer())  # type: ignore[arg-type]
+    hourly = reconcile.Reconciler(None, authority, timedelta(hours=1), watch)  # type: ignore[arg-type]
+    hourly.start()
+    try:
+        assert measured.acquire(timeout=5)  # the pass at start
+        watch.suspect()  # e.g. the claim gate saw the wall clock disagree
+        assert measured.acquire(timeout=5)  # measured again now, not in an hour
+    finally:
+        hourly.stop()

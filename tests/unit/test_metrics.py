@@ -33,6 +33,13 @@ def test_refusals_are_counted_by_task_gate_and_reason(registry: CollectorRegistr
     assert value(registry, "celery_deadlines_refusals_total", **labels) == 2
 
 
+def test_expiries_found_by_the_ledger_are_counted_by_reason(registry: CollectorRegistry) -> None:
+    signals.run_expired.send(sender=None, task_id="t", task_name="shop.digest",
+                             reason="missed_occurrence", detail="window closed")  # fmt: skip
+    labels = {"task": "shop.digest", "reason": "missed_occurrence"}
+    assert value(registry, "celery_deadlines_runs_expired_total", **labels) == 1
+
+
 def test_fenced_writes_and_dispatch_refusals_are_counted(registry: CollectorRegistry) -> None:
     signals.write_refused.send(sender=None, task_id="t-1", write="checkpoint")
     signals.dispatch_refused.send(sender=None, task_id="t-1", key="k", reason="stale_lease")

@@ -43,3 +43,12 @@ def test_a_zoned_schedule_survives_beats_state_file() -> None:
 
     zoned = ZonedSchedule(DIGEST, catch_up=timedelta(days=2))
     assert pickle.loads(pickle.dumps(zoned)) == zoned
+
+
+def test_after_a_failed_attempt_an_entry_waits_before_it_is_due_again() -> None:
+    zoned = ZonedSchedule(DIGEST)
+    with use_clock(FakeClock(WEDNESDAY_0900 + timedelta(seconds=1))) as clock:
+        zoned.retry_at = clock.now() + timedelta(seconds=5)  # the database was away
+        assert zoned.is_due(None) == (False, 5.0)  # beat sleeps instead of spinning
+        clock.advance(5)
+        assert zoned.is_due(None) == (True, 5.0)
