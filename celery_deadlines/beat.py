@@ -49,7 +49,6 @@ from .conf import settings_for
 from .errors import ConfigurationError, DeadlineRefused
 from .schedules import LocalSchedule, Occurrence, classify, occurrences
 from .signals import clock_uncertain, run_expired
-from .skew import ClockReading
 from .wire import OCCURRENCE_HEADER
 
 logger = logging.getLogger("celery_deadlines")
@@ -241,27 +240,18 @@ def _clock_agrees(app: Any, store: Any, name: str) -> bool:
     """With ``deadlines_clock_skew_budget`` set, beat publishes only while its clock
     agrees with the ledger's (seed 001's gate: CLOCK_UNCERTAIN comes before NOT_READY
     and EXPIRED); without it, beat's clock is trusted, as a worker's is."""
+    from .ledger.clockwatch import describe, measure
+
     budget = settings_for(app).get(conf.CLOCK_SKEW_BUDGET)
     if budget is None:
         return True
-    try:
-        authority = store.database_now()
-        sent, answered = store.last_round_trip()
-        reading: ClockReading | None = ClockReading.between(sent, authority, answered)
-    except Exception:  # an unreachable authority is uncertainty, not permission
-        logger.exception("%s: reading the ledger's clock failed", name)
-        reading = None
+    reading, _ = measure(store)
     if reading is not None and reading.within(budget):
         return True
-    found = (
-        "the ledger's clock could not be read"
-        if reading is None
-        else f"offset {reading.offset.total_seconds():+.3f} s"
-    )
     logger.warning(
         "%s: clock uncertain (%s, beyond the skew budget of %s s): nothing is published "
         "or recorded missed until beat's clock agrees with the ledger's",
-        name, found, budget.total_seconds(),
+        name, describe(reading), budget.total_seconds(),
     )  # fmt: skip
     clock_uncertain.send(sender=app, reading=reading, budget=budget)
     return False

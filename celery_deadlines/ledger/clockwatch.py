@@ -24,6 +24,31 @@ from .store import Store
 logger = logging.getLogger("celery_deadlines")
 
 
+def measure(store: Store) -> tuple[ClockReading | None, tuple[datetime, float] | None]:
+    """Read the ledger's clock once: the reading (``None``: it could not be read) and the
+    ledger's time then with this process's monotonic clock at the same moment (the
+    midpoint of the statement's round trip)."""
+    try:
+        authority = store.database_now()
+        end = get_clock().monotonic()
+        before, after = store.last_round_trip()  # the statement's own round trip
+    except Exception:  # an unreachable authority is uncertainty, not permission
+        logger.exception("reading the ledger's clock failed")
+        return None, None
+    midpoint = end - (after - before).total_seconds() / 2
+    return ClockReading.between(before, authority, after), (authority, midpoint)
+
+
+def describe(reading: ClockReading | None) -> str:
+    """A reading as the logs say it."""
+    if reading is None:
+        return "the ledger's clock could not be read"
+    return (
+        f"offset {reading.offset.total_seconds():+.3f} s "
+        f"(+/- {reading.uncertainty.total_seconds():.3f} s)"
+    )
+
+
 class ClockWatch:
     """One worker's view of its clock; :meth:`check` measures and acts on a change."""
 
@@ -42,21 +67,9 @@ class ClockWatch:
         self.on_suspect: Any = None
 
     def check(self) -> ClockReading | None:
-        clock = get_clock()
-        try:
-            authority = self.store.database_now()
-            end = clock.monotonic()
-            before, after = self.store.last_round_trip()  # the statement's own round trip
-            reading: ClockReading | None = ClockReading.between(before, authority, after)
-            start = end - (after - before).total_seconds()
-        except Exception:  # an unreachable authority is uncertainty, not permission
-            logger.exception("reading the ledger's clock failed")
-            reading = None
+        reading, anchor = measure(self.store)
         self.reading = reading
-        if reading is not None and reading.within(self.budget):
-            self._anchor = (authority, (start + end) / 2)
-        else:
-            self._anchor = None
+        self._anchor = anchor if reading is not None and reading.within(self.budget) else None
         clock_measured.send(sender=self, reading=reading)
         uncertain = reading is None or not reading.within(self.budget)
         if uncertain != self.uncertain:
@@ -83,16 +96,10 @@ class ClockWatch:
             self.on_suspect()
 
     def _hold(self, reading: ClockReading | None) -> None:
-        found = (
-            "the ledger's clock could not be read"
-            if reading is None
-            else f"offset {reading.offset.total_seconds():+.3f} s "
-            f"(+/- {reading.uncertainty.total_seconds():.3f} s)"
-        )
         logger.warning(
             "clock uncertain: %s, beyond the skew budget of %s s; "
             "this worker takes no new work until its clock agrees again",
-            found,
+            describe(reading),
             self.budget.total_seconds(),
         )
         clock_uncertain.send(sender=self, reading=reading, budget=self.budget)

@@ -23,6 +23,7 @@ from ..skew import ClockReading
 from ..wire import OCCURRENCE_HEADER
 from . import outbox
 from .attempt import Attempt, owner_name
+from .clockwatch import describe
 from .store import ClaimRefused, NewRun, Store
 
 if TYPE_CHECKING:
@@ -110,9 +111,8 @@ class Held:
 
     def explain(self) -> str:
         return (
-            f"clock offset {self.reading.offset.total_seconds():+.3f} s "
-            f"(+/- {self.reading.uncertainty.total_seconds():.3f} s) from the ledger's "
-            f"clock is beyond the skew budget of {self.budget.total_seconds()} s"
+            f"clock {describe(self.reading)} from the ledger's clock is beyond the skew "
+            f"budget of {self.budget.total_seconds()} s"
         )
 
 

@@ -189,13 +189,18 @@ class Store:
                 connection.connection = None
         self._local.connection = None
 
-    def execute(self, sql: str, params: list[Any]) -> tuple[int, list[tuple[Any, ...]]]:
-        """Run one statement; (rows affected, rows returned). The local clock is read just
-        before and after the statement itself (:meth:`last_round_trip`): a statement that
-        returns the database clock is then a clock reading, whatever reconnecting or
-        pinging the connection took."""
-        clock = get_clock()
+    def execute(
+        self, sql: str, params: list[Any], *, timed: bool = False
+    ) -> tuple[int, list[tuple[Any, ...]]]:
+        """Run one statement; (rows affected, rows returned). ``timed``: the statement
+        returns the database clock; the local clock is read just before and after the
+        statement itself (:meth:`last_round_trip`), so it is a clock reading whatever
+        reconnecting or pinging the connection took."""
         with self._connection().cursor() as cursor:
+            if not timed:
+                cursor.execute(sql, params)
+                return cursor.rowcount, (cursor.fetchall() if cursor.description else [])
+            clock = get_clock()
             sent = clock.now()
             cursor.execute(sql, params)
             rows = cursor.fetchall() if cursor.description else []
@@ -262,23 +267,32 @@ class Store:
     def record_missed(self, run: NewRun, detail: str) -> bool:
         """Record a scheduled occurrence whose window closed before it was published:
         EXPIRED, reason ``missed_occurrence``, never run late. ``False`` if the id exists."""
+        return self._record_ended(run, Status.EXPIRED, "missed_occurrence", detail, "missed")
+
+    def _record_ended(
+        self, run: NewRun, status: Status, reason: str, detail: str, op: str, *,
+        published: bool = False,
+    ) -> bool:  # fmt: skip
+        """Insert ``run`` already ended (never claimed); ``False`` if the id exists."""
         d = self.dialect
+        published_at = d.now if published else "NULL"
         count, _ = self.execute(
             f"""
             INSERT INTO {RUN} (
                 task_id, task_name, status, reason, detail, deadline, root_id, parent_id,
                 retries, attempt, lost_leases, owner, lease_token, version, checkpoint_name,
-                content_type, content_encoding, op, op_detail, created_at, updated_at,
-                not_before, schedule, schedule_zone, schedule_local
+                content_type, content_encoding, published_at, op, op_detail, created_at,
+                updated_at, not_before, schedule, schedule_zone, schedule_local
             ) VALUES (
-                %s, %s, 'EXPIRED', 'missed_occurrence', %s, %s, %s, '', 0, 0, 0, '', 0, 0, '',
-                '', '', 'missed', %s, {d.now}, {d.now}, %s, %s, %s, %s
+                %s, %s, %s, %s, %s, %s, %s, %s, %s, 0, 0, '', 0, 0, '', '', '', {published_at},
+                %s, %s, {d.now}, {d.now}, %s, %s, %s, %s
             )
             ON CONFLICT (task_id) DO NOTHING
             """,
             [
-                run.task_id, run.task_name, detail, d.param(run.deadline), run.task_id, detail,
-                d.param(run.not_before), run.schedule, run.schedule_zone, run.schedule_local,
+                run.task_id, run.task_name, status.value, reason, detail, d.param(run.deadline),
+                run.root_id, run.parent_id, run.retries, op, detail, d.param(run.not_before),
+                run.schedule, run.schedule_zone, run.schedule_local,
             ],
         )  # fmt: skip
         return count == 1
@@ -310,7 +324,7 @@ class Store:
     ) -> Lease | ClaimRefused:
         """The compare-and-swap that lets exactly one worker run an attempt."""
         d = self.dialect
-        _, rows = self.execute(
+        _, rows = self.execute(  # timed: a won claim is also a clock reading
             f"""
             UPDATE {RUN} SET
                 status = 'RUNNING', owner = %s,
@@ -343,6 +357,7 @@ class Store:
                 max_lost_leases,
                 d.seconds(reserve),
             ],
+            timed=True,
         )
         if rows:
             row = rows[0]
@@ -582,22 +597,8 @@ class Store:
         )
         if count:
             return True  # (a recorded run still in time by the database clock is left)
-        count, _ = self.execute(
-            f"""
-            INSERT INTO {RUN} (
-                task_id, task_name, status, reason, detail, deadline, root_id, parent_id,
-                retries, attempt, lost_leases, owner, lease_token, version, checkpoint_name,
-                content_type, content_encoding, published_at, op, op_detail, created_at,
-                updated_at
-            ) VALUES (
-                %s, %s, %s, %s, %s, %s, '', '', %s, 0, 0, '', 0, 0, '', '', '', {d.now},
-                'refuse', %s, {d.now}, {d.now}
-            )
-            ON CONFLICT (task_id) DO NOTHING
-            """,
-            [task_id, task_name, status.value, reason, detail, d.param(deadline), retries, detail],
-        )
-        return count == 1
+        unrecorded = NewRun(task_id, task_name, deadline, None, "", "", retries, None, None, "", "")
+        return self._record_ended(unrecorded, status, reason, detail, "refuse", published=True)
 
     # -- the worker's main process, about its own pool processes ------------------------------
 
@@ -848,7 +849,7 @@ class Store:
     def database_now(self) -> datetime:
         """The database clock."""
         d = self.dialect
-        _, rows = self.execute(f"SELECT {d.now}", [])
+        _, rows = self.execute(f"SELECT {d.now}", [], timed=True)
         return _required(d.instant(rows[0][0]))
 
 

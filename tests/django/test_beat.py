@@ -18,15 +18,12 @@ from celery import Celery
 from celery_deadlines import DeadlineTask
 from celery_deadlines.beat import DeadlineScheduler, ZonedSchedule
 from celery_deadlines.explain import explain
-from celery_deadlines.ledger import glue
 from celery_deadlines.ledger.reconcile import reconcile_once
 from celery_deadlines.ledger.store import Store
 from celery_deadlines.models import Run, Status
 from celery_deadlines.schedules import WEEKDAYS, LocalSchedule
 from celery_deadlines.testing import FakeClock, use_clock
-from tests.conftest import service_unavailable
 from tests.support.memory_queue import drain
-from tests.support.processes import reachable
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
 
@@ -57,16 +54,12 @@ def plain() -> str:
     return "plain"
 
 
-@pytest.fixture(params=["default", "postgres"], ids=["sqlite", "postgresql"])
-def app(request: pytest.FixtureRequest) -> Iterator[Celery]:
-    if request.param == "postgres" and not reachable("127.0.0.1", 5432):
-        service_unavailable("PostgreSQL 127.0.0.1:5432")
-    app = app_for(str(request.param))
+@pytest.fixture
+def app(alias: str) -> Iterator[Celery]:
+    app = app_for(alias)
     drain(app, QUEUE)
     yield app
     drain(app, QUEUE)
-    for store in glue._stores.values():
-        store.close()
 
 
 def beat(app: Celery, state: Path, *entries: tuple[str, LocalSchedule]) -> DeadlineScheduler:

@@ -26,7 +26,7 @@ from celery_deadlines import (
     run_held,
 )
 from celery_deadlines.explain import explain
-from celery_deadlines.ledger import glue, outbox
+from celery_deadlines.ledger import outbox
 from celery_deadlines.ledger.attempt import Attempt
 from celery_deadlines.ledger.plans import Plans
 from celery_deadlines.ledger.reconcile import reconcile_once
@@ -34,10 +34,9 @@ from celery_deadlines.ledger.store import Lease, Store
 from celery_deadlines.models import PlanState, Run, RunEvent, RunPlan, Status
 from celery_deadlines.plans import steps_of
 from celery_deadlines.testing import FakeClock, use_clock
-from tests.conftest import service_unavailable
 from tests.django.test_effects import record
 from tests.support.memory_queue import drain
-from tests.support.processes import reachable
+from tests.support.signals import received
 from tests.support.trace import execute_next
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
@@ -104,22 +103,6 @@ def change_address(self: DeadlineTask, order: str) -> str:
     return "updated"
 
 
-@pytest.fixture(params=["default", "postgres"], ids=["sqlite", "postgresql"])
-def alias(request: pytest.FixtureRequest) -> str:
-    if request.param == "postgres" and not reachable("127.0.0.1", 5432):
-        service_unavailable("PostgreSQL 127.0.0.1:5432")
-    return str(request.param)
-
-
-@pytest.fixture(autouse=True)
-def close_worker_connections() -> Iterator[None]:
-    """The worker's store keeps a connection of its own: close it, or the test database
-    cannot be dropped at the end of the session."""
-    yield
-    for store in glue._stores.values():
-        store.close()
-
-
 def run_of(alias: str, task_id: str) -> Run:
     return Run.objects.using(alias).get(task_id=task_id)
 
@@ -143,14 +126,8 @@ def skewed(alias: str) -> Iterator[tuple[Celery, list[Any]]]:
 
 @pytest.fixture
 def held_signals() -> Iterator[list[dict[str, Any]]]:
-    seen: list[dict[str, Any]] = []
-
-    def receive(**kwargs: Any) -> None:
-        seen.append(kwargs)
-
-    run_held.connect(receive, weak=False)
-    yield seen
-    run_held.disconnect(receive)
+    with received(run_held) as sent:
+        yield sent
 
 
 def test_a_worker_whose_clock_is_beyond_the_skew_budget_holds_the_run_unstarted(
@@ -228,22 +205,14 @@ def test_a_claim_reports_how_long_the_run_waited_for_a_worker(
     alias: str, skewed: tuple[Celery, list[Any]]
 ) -> None:
     app, _ = skewed
-    waits: list[timedelta] = []
-
-    def receive(queue_wait: timedelta, **_: Any) -> None:
-        waits.append(queue_wait)
-
-    run_claimed.connect(receive, weak=False)
-    try:
+    with received(run_claimed) as claims:
         digest_task(app).apply_async(task_id="digest-5")
         Run.objects.using(alias).filter(task_id="digest-5").update(
             published_at=ledger_now(alias) - timedelta(seconds=30)
         )
         execute_next(app, QUEUE)
-    finally:
-        run_claimed.disconnect(receive)
-    assert len(waits) == 1
-    assert timedelta(seconds=30) <= waits[0] < timedelta(seconds=35)
+    assert len(claims) == 1
+    assert timedelta(seconds=30) <= claims[0]["queue_wait"] < timedelta(seconds=35)
 
 
 # -- plans and the resume gate -----------------------------------------------------------
@@ -416,18 +385,11 @@ def test_every_resume_is_announced_with_the_action_taken(
     alias: str, shop: tuple[Celery, dict[str, Any]]
 ) -> None:
     app, _ = shop
-    seen: list[tuple[str, str]] = []
-
-    def receive(verdict: Any, action: str, **_: Any) -> None:
-        seen.append((verdict.kind, action))
-
-    plan_resumed.connect(receive, weak=False)
-    try:
+    with received(plan_resumed) as resumes:
         interrupted(app, "shop.change_address.revalidate", "addr-4")
         age_plan(alias, "addr-4", minutes=6)
         execute_next(app, QUEUE)
-    finally:
-        plan_resumed.disconnect(receive)
+    seen = [(sent["verdict"].kind, sent["action"]) for sent in resumes]
     assert seen == [("revalidate", "revalidate"), ("continue", "continue")]
 
 

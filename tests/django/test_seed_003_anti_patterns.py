@@ -26,16 +26,14 @@ from celery_deadlines import (
     deadline_refused,
     run_expired,
 )
-from celery_deadlines.ledger import glue
 from celery_deadlines.ledger.attempt import Attempt
 from celery_deadlines.ledger.reconcile import reconcile_once
 from celery_deadlines.ledger.store import Lease, Store
 from celery_deadlines.models import Run, RunEvent, Status
 from celery_deadlines.observations import Observation
-from tests.conftest import service_unavailable
 from tests.django.test_effects import charge, record
 from tests.support.memory_queue import drain
-from tests.support.processes import reachable
+from tests.support.signals import received
 from tests.support.trace import execute, execute_next
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
@@ -96,17 +94,13 @@ def call_carrier(self: DeadlineTask) -> None:
     raise ConnectionError("carrier API timed out")  # transient, says the error
 
 
-@pytest.fixture(params=["default", "postgres"], ids=["sqlite", "postgresql"])
-def app(request: pytest.FixtureRequest) -> Iterator[Celery]:
-    if request.param == "postgres" and not reachable("127.0.0.1", 5432):
-        service_unavailable("PostgreSQL 127.0.0.1:5432")
-    app = app_for(str(request.param))
+@pytest.fixture
+def app(alias: str) -> Iterator[Celery]:
+    app = app_for(alias)
     seen.clear()
     drain(app, QUEUE)
     yield app
     drain(app, QUEUE)
-    for store in glue._stores.values():
-        store.close()
 
 
 def run_of(app: Celery, task_id: str) -> Run:
@@ -204,19 +198,8 @@ def test_anti_pattern_4_an_expired_action_is_not_retried_because_the_error_was_t
 def test_anti_pattern_5_expiry_is_never_a_silent_background_failure(
     app: Celery, caplog: pytest.LogCaptureFixture
 ) -> None:
-    refusals: list[str] = []
-    expiries: list[str] = []
-
-    def receive(task_id: str, decision: Any, **_: Any) -> None:
-        refusals.append(f"{task_id}:{decision.reason}")
-
-    def expired(task_id: str, reason: str, **_: Any) -> None:
-        expiries.append(f"{task_id}:{reason}")
-
     task: Any = app.tasks["shop.change_address"]
-    deadline_refused.connect(receive, weak=False)
-    run_expired.connect(expired, weak=False)
-    try:
+    with received(deadline_refused) as refused, received(run_expired) as expired:
         # a message that arrives after its deadline, and a run nobody claimed in time
         task.apply_async(("clocks",), task_id="late", budget=60)
         task.apply_async(("clocks",), task_id="never-claimed", budget=60)
@@ -230,9 +213,8 @@ def test_anti_pattern_5_expiry_is_never_a_silent_background_failure(
         with caplog.at_level(logging.WARNING, logger="celery_deadlines"):
             state, _ = execute(app, late)
             reconcile_once(app, Store(alias))
-    finally:
-        deadline_refused.disconnect(receive)
-        run_expired.disconnect(expired)
+    refusals = [f"{sent['task_id']}:{sent['decision'].reason}" for sent in refused]
+    expiries = [f"{sent['task_id']}:{sent['reason']}" for sent in expired]
     # the caller is told, with a reason; the operator sees a log, a signal, a state
     assert state == "IGNORED"
     assert isinstance(app.AsyncResult("late").result, DeadlineRefused)

@@ -236,18 +236,28 @@ def test_a_wall_clock_moved_backward_never_extends_a_lease(
 # -- seed 001: a worker clock beyond the skew budget takes no new work ------------------
 
 
+def skewable_worker(
+    ledger_worker: Any, transport: Transport, tmp_path: Path, **env: str
+) -> tuple[Any, Path]:
+    """A ledger worker with a 0.5 s skew budget, and the file its wall clock is shifted
+    by (seconds; 0 at start): write to it to step the worker's clock."""
+    shift = tmp_path / "shift"
+    shift.write_text("0")
+    worker = ledger_worker(
+        transport,
+        TEST_CLOCK_SKEW_BUDGET="0.5",
+        CELERY_DEADLINES_TESTING_WALL_CLOCK_SHIFT_FILE=str(shift),
+        **env,
+    )
+    return worker, shift
+
+
 @pytest.mark.parametrize("jump", [600, -600], ids=["clock-jumps-forward", "clock-jumps-backward"])
 def test_a_worker_whose_clock_leaves_the_skew_budget_takes_no_new_work_until_it_agrees(
     redis_broker: Transport, ledger_client: Any, ledger_worker: Any, tmp_path: Path, jump: int
 ) -> None:
     tasks = ledger_client(redis_broker)
-    shift = tmp_path / "shift"
-    shift.write_text("0")
-    worker = ledger_worker(
-        redis_broker,
-        TEST_CLOCK_SKEW_BUDGET="0.5",
-        CELERY_DEADLINES_TESTING_WALL_CLOCK_SHIFT_FILE=str(shift),
-    )
+    worker, shift = skewable_worker(ledger_worker, redis_broker, tmp_path)
     assert tasks.effect.apply_async(("before",), budget=60).get(timeout=30)["key"] == "before"
     shift.write_text(str(jump))  # an NTP step, or a VM resumed with a stale clock
     wait_for(lambda: "clock uncertain: offset" in worker.log(), 10)
@@ -290,13 +300,8 @@ def test_a_message_that_reaches_a_pool_process_first_is_held_as_clock_uncertain_
     # before it notices a step is judged by the ledger's time as the watch estimates it
     # (monotonic time since its last reading), and the claim's own reading holds the run
     tasks = ledger_client(redis_broker)
-    shift = tmp_path / "shift"
-    shift.write_text("0")
-    worker = ledger_worker(
-        redis_broker,
-        TEST_CLOCK_SKEW_BUDGET="0.5",
-        TEST_RECONCILE_INTERVAL="3600",
-        CELERY_DEADLINES_TESTING_WALL_CLOCK_SHIFT_FILE=str(shift),
+    worker, shift = skewable_worker(
+        ledger_worker, redis_broker, tmp_path, TEST_RECONCILE_INTERVAL="3600"
     )
     assert tasks.effect.apply_async(("before",), budget=60).get(timeout=30)["key"] == "before"
     shift.write_text("600")

@@ -64,21 +64,18 @@ class WorkerProcess:
     process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 30.0) -> WorkerProcess:
-        env = {**os.environ, **self.transport.env(), "TEST_QUEUE": self.queue, **self.extra_env}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        extra = dict(self.extra_env)
         if self.clock_shift_file is not None:
-            env["CELERY_DEADLINES_TESTING_WALL_CLOCK_SHIFT_FILE"] = str(self.clock_shift_file)
-        command = [
-            sys.executable, "-m", "celery", "-A", self.app_module, "worker",
-            "-P", self.pool, "-c", str(self.concurrency), "-Q", self.queue,
-            "-n", f"{self.node or self.queue}@%h", "-l", "INFO",
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
-        ]  # fmt: skip
-        with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen(
-                command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )  # fmt: skip
+            extra["CELERY_DEADLINES_TESTING_WALL_CLOCK_SHIFT_FILE"] = str(self.clock_shift_file)
+        self.process = spawn(
+            [
+                "-A", self.app_module, "worker",
+                "-P", self.pool, "-c", str(self.concurrency), "-Q", self.queue,
+                "-n", f"{self.node or self.queue}@%h", "-l", "INFO",
+                "--without-gossip", "--without-mingle", "--without-heartbeat",
+            ],
+            self.transport, self.queue, extra, self.log_path, "wb",
+        )  # fmt: skip
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if " ready." in self.log():
@@ -91,12 +88,10 @@ class WorkerProcess:
 
     def kill(self) -> None:
         """SIGKILL the whole worker (main and pool processes): no shutdown, no acks."""
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(10)
+        kill_group(self.process)
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return read_log(self.log_path)
 
     def stop(self, timeout: float = 20.0) -> None:
         if self.process is None or self.process.poll() is not None:
@@ -128,29 +123,49 @@ class BeatProcess:
     process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 30.0) -> BeatProcess:
-        env = {**os.environ, **self.transport.env(), "TEST_QUEUE": self.queue, **self.extra_env}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-        command = [
-            sys.executable, "-m", "celery", "-A", self.app_module, "beat",
-            "-S", "celery_deadlines.beat:DeadlineScheduler", "-s", str(self.state_path),
-            "--max-interval", "1", "-l", "INFO",
-        ]  # fmt: skip
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )  # fmt: skip
+        self.process = spawn(
+            [
+                "-A", self.app_module, "beat",
+                "-S", "celery_deadlines.beat:DeadlineScheduler", "-s", str(self.state_path),
+                "--max-interval", "1", "-l", "INFO",
+            ],
+            self.transport, self.queue, self.extra_env, self.log_path, "ab",
+        )  # fmt: skip
         wait_for(lambda: "beat: Starting..." in self.log(), timeout)
         return self
 
     def kill(self) -> None:
         """SIGKILL: no shutdown, no sync of its state file."""
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(10)
+        kill_group(self.process)
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return read_log(self.log_path)
+
+
+def spawn(
+    arguments: list[str], transport: Transport, queue: str, extra_env: dict[str, str],
+    log_path: Path, mode: str,
+) -> subprocess.Popen[bytes]:  # fmt: skip
+    """``python -m celery <arguments>`` in a session of its own, logging to ``log_path``
+    (opened with ``mode``), with the transport's and the test's environment."""
+    env = {**os.environ, **transport.env(), "TEST_QUEUE": queue, **extra_env}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    with log_path.open(mode) as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "celery", *arguments], cwd=REPO, env=env, stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+
+
+def kill_group(process: subprocess.Popen[bytes] | None) -> None:
+    """SIGKILL a spawned process and its children, and reap it."""
+    if process is not None and process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
+
+
+def read_log(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
 
 
 def wait_for(predicate: Any, timeout: float, interval: float = 0.05) -> Any:
