@@ -16,7 +16,10 @@ can prove that the crash it planned really happened.
 
 Actions: ``kill`` (SIGKILL this process: a pool process dies mid-task), ``kill_worker``
 (SIGKILL this process's group: the whole worker dies), ``stop:<seconds>`` (SIGSTOP this
-process; a detached helper sends SIGCONT after the pause).
+process; a detached helper sends SIGCONT after the pause), ``wait:<path>`` (this thread
+waits until the test creates ``path``, at most :data:`WAIT_LIMIT` seconds: one process,
+or one thread of it such as a reconciler, is held at a point while others go on, so a
+test can interleave them in the order it wants).
 """
 
 from __future__ import annotations
@@ -48,6 +51,10 @@ POINTS: Final = (
 )
 
 _plan_file: Final = os.environ.get(PLAN_FILE_ENV) or None
+
+#: The longest a ``wait:<path>`` action holds its thread (a test that never releases it
+#: must not hang the worker for ever).
+WAIT_LIMIT: Final = 120.0
 
 
 def hit(point: str, task_id: str | None) -> None:
@@ -103,5 +110,10 @@ def _act(action: str) -> None:
             ["sh", "-c", f"sleep {seconds}; kill -CONT {os.getpid()}"], start_new_session=True
         )
         os.kill(os.getpid(), signal.SIGSTOP)
+    elif action.startswith("wait:"):
+        released = action.removeprefix("wait:")
+        until = time.monotonic() + WAIT_LIMIT
+        while not os.path.exists(released) and time.monotonic() < until:
+            time.sleep(0.02)
     else:
         raise ValueError(f"unknown crash point action {action!r}")

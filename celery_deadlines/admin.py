@@ -23,6 +23,8 @@ from django.utils.safestring import SafeString
 from .clock import get_clock
 from .explain import utc
 from .ledger import outbox
+from .ledger.effects import Pending
+from .ledger.operations import settle_effect
 from .ledger.store import Store
 from .models import Effect, EffectState, Run, RunEvent, RunPlan, Status
 
@@ -284,8 +286,6 @@ class EffectAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def resolve(self, request: HttpRequest, queryset: QuerySet[Effect]) -> Any:
         from django.template.response import TemplateResponse
 
-        from .ledger.effects import Effects
-
         unknown = list(queryset.filter(state__in=[EffectState.UNKNOWN, EffectState.DISPATCHED]))
         if "apply" not in request.POST:
             return TemplateResponse(
@@ -303,18 +303,42 @@ class EffectAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         if not evidence:
             self.message_user(request, "Evidence is required.", messages.ERROR)
             return None
-        store = Store(queryset.db)
-        effects = Effects(store)
-        operator = _operator(request)
-        resolved = 0
-        for effect in unknown:
-            if effects.resolve(effect.key, found, result, f"{evidence} ({operator})"):
-                resolved += 1
-                if effects.release_resolved(effect.run_id) == Status.QUEUED:
-                    from celery import current_app
+        from celery import current_app
 
-                    outbox.republish_run(current_app, store, effect.run_id)
-        self.message_user(
-            request, f"{resolved} effect(s) resolved as {'found' if found else 'not found'}."
-        )
+        store = Store(queryset.db)
+        operator = _operator(request)
+        resolved, changed, released = 0, [], []
+        for effect in unknown:
+            seen = _seen(request, effect)
+            if seen is None:
+                changed.append(f"{effect.key}: the form did not say which dispatch you saw")
+                continue
+            settled = settle_effect(
+                current_app, store, seen, found, result, f"{evidence} ({operator})", by=operator
+            )
+            if settled.applied:
+                resolved += 1
+                if settled.released:
+                    released.append(f"run {effect.run.task_id} {settled.released.lower()}")
+            else:
+                changed.append(settled.detail)
+        verdict = "found" if found else "not found"
+        summary = f"{resolved} effect(s) resolved as {verdict}"
+        self.message_user(request, f"{summary}; {', '.join(released)}." if released
+                          else f"{summary}.")  # fmt: skip
+        for detail in changed:
+            self.message_user(request, f"Not resolved: {detail}", messages.WARNING)
+        return None
+
+
+def _seen(request: HttpRequest, effect: Effect) -> Pending | None:
+    """The dispatch the operator looked at when filling the form (``seen-<pk>`` is
+    ``state:dispatches:token:run``): the settlement applies only to that dispatch."""
+    try:
+        state, dispatches, token, run_id = str(request.POST[f"seen-{effect.pk}"]).split(":")
+        return Pending(
+            effect.key, effect.name, effect.fingerprint, int(token), int(run_id),
+            effect.run.task_id, effect.run.task_name, state, int(dispatches),
+        )  # fmt: skip
+    except (KeyError, ValueError):
         return None

@@ -188,10 +188,14 @@ class EffectScope:
             # settled meanwhile (reconciled, or dispatched again under a newer token):
             # this attempt's outcome is not the record; it is a stale holder
             lease = self.attempt.lease
-            self.attempt.store.record_rejected(
-                lease.run_id, "effect_outcome", self.token, self.attempt.owner
+            why = (
+                f"effect {self.key} moved on since this attempt's dispatch {self.fence} "
+                f"(token {self.token}): it is now {self.attempt.effects.describe(self.key)}"
             )
-            raise StaleLease(lease.task_id, self.token, f"outcome of {self.key}")
+            self.attempt.store.record_rejected(
+                lease.run_id, "effect_outcome", self.token, self.attempt.owner, why
+            )
+            raise StaleLease(lease.task_id, self.token, f"outcome of {self.key}", why)
         self.attempt.unresolved.discard(self.key)
         hit("effect.recorded", self.attempt.lease.task_id)
 

@@ -89,17 +89,17 @@ class StaleLease(DeadlineError):
     stale attempt stores no result over the current owner's.
     """
 
-    def __init__(self, task_id: str, token: int, write: str) -> None:
-        super().__init__(task_id, token, write)
+    def __init__(self, task_id: str, token: int, write: str, why: str = "") -> None:
+        super().__init__(task_id, token, write, why)
         self.task_id = task_id
         self.token = token
         self.write = write
+        #: why the write was refused, when it is not the lease (an effect that moved on)
+        self.why = why
 
     def __str__(self) -> str:
-        return (
-            f"{self.write} of run {self.task_id} refused: lease token {self.token} "
-            "is no longer current"
-        )
+        why = self.why or f"lease token {self.token} is no longer current"
+        return f"{self.write} of run {self.task_id} refused: {why}"
 
 
 class DispatchRefused(DeadlineError):

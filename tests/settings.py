@@ -2,7 +2,8 @@
 
 ``default`` stays SQLite (the embedded default); ``postgres`` is the reference database
 (``TEST_POSTGRES_URL``, default ``postgres://postgres@127.0.0.1:5432/postgres``; the
-test database is created next to it and dropped afterwards).
+test database, ``TEST_POSTGRES_DB`` or ``test_celery_deadlines``, is created next to it
+and dropped afterwards).
 """
 
 from __future__ import annotations
@@ -18,4 +19,8 @@ DATABASES["postgres"] = dj_database_url.parse(
     os.environ.get("TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres"),
     conn_max_age=0,
 )
-DATABASES["postgres"]["TEST"] = {"NAME": "test_celery_deadlines", "DEPENDENCIES": []}
+# two suites (or a suite and a benchmark) on one machine each name their own
+DATABASES["postgres"]["TEST"] = {
+    "NAME": os.environ.get("TEST_POSTGRES_DB", "test_celery_deadlines"),
+    "DEPENDENCIES": [],
+}

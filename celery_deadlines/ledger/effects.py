@@ -30,7 +30,12 @@ class Recorded:
 
 @dataclass(frozen=True)
 class Pending:
-    """An UNKNOWN effect of a run waiting for reconciliation."""
+    """An unresolved effect of a run waiting for reconciliation, as it was read.
+
+    ``state``, ``dispatches`` (the key's dispatch number), ``lease_token`` and ``run_id``
+    say *which* dispatch was asked about: a settlement applies only while the effect is
+    still exactly that (:meth:`Effects.settle`).
+    """
 
     key: str
     name: str
@@ -39,6 +44,20 @@ class Pending:
     run_id: int
     task_id: str
     task_name: str
+    state: str = "UNKNOWN"
+    dispatches: int = 1
+
+    def describe(self) -> str:
+        return f"dispatch {self.dispatches} ({self.state}, run {self.run_id}, token " \
+            f"{self.lease_token})"
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """What :meth:`Effects.settle` did: ``applied``, or why not (``detail``)."""
+
+    applied: bool
+    detail: str = ""
 
 
 class Effects:
@@ -166,24 +185,29 @@ class Effects:
         )
         return bool(rows)
 
-    def mark_unknown(self, run_id: int) -> int:
-        """Dispatched effects of a run whose attempt died: their outcome is UNKNOWN."""
+    def mark_unknown(self, run_id: int, token: int) -> int:
+        """The effects the lapsed attempt ``token`` dispatched without an outcome: UNKNOWN.
+
+        Conditioned on the attempt's token: a newer attempt's live dispatch is never
+        touched, whoever read the run as lapsed and whenever it acts.
+        """
         d = self.store.dialect
         count, _ = self.store.execute(
             f"""
             UPDATE {EFFECT} SET state = 'UNKNOWN', updated_at = {d.now},
                 error = 'the attempt ended without recording an outcome'
-            WHERE run_id = %s AND state = 'DISPATCHED'
+            WHERE run_id = %s AND lease_token = %s AND state = 'DISPATCHED'
             """,
-            [run_id],
+            [run_id, token],
         )
         return count
 
     def pending(self, limit: int = 100) -> list[Pending]:
-        """UNKNOWN effects of runs waiting (status UNKNOWN) for reconciliation."""
+        """Unresolved effects of runs waiting (status UNKNOWN) for reconciliation."""
         _, rows = self.store.execute(
             f"""
-            SELECT e.key, e.name, e.fingerprint, e.lease_token, r.id, r.task_id, r.task_name
+            SELECT e.key, e.name, e.fingerprint, e.lease_token, r.id, r.task_id, r.task_name,
+                e.state, e.dispatches
             FROM {EFFECT} e JOIN {RUN} r ON r.id = e.run_id
             WHERE e.state IN {UNRESOLVED_SQL} AND r.status = 'UNKNOWN'
             ORDER BY e.id
@@ -193,23 +217,64 @@ class Effects:
         )
         return [Pending(*row) for row in rows]
 
-    def resolve(self, key: str, found: bool, result: Any, evidence: Any) -> bool:
-        """Settle an unresolved effect with evidence: found (SUCCEEDED) or not (safe)."""
+    def settle(
+        self, seen: Pending, found: bool, result: Any, evidence: Any, *, by: str
+    ) -> Settlement:
+        """Settle the dispatch ``seen`` with evidence: found (SUCCEEDED) or not (safe to
+        dispatch again). A compare-and-swap on what was asked about: if the effect has
+        changed since it was read (settled by someone else, or dispatched again), nothing
+        is written but a rejected event on the run, and the settlement says why.
+        """
         d = self.store.dialect
         count, _ = self.store.execute(
             f"""
             UPDATE {EFFECT} SET state = %s, result = {d.json_param},
                 evidence = {d.json_param}, updated_at = {d.now}
-            WHERE key = %s AND state IN {UNRESOLVED_SQL}
+            WHERE key = %s AND state = %s AND dispatches = %s AND lease_token = %s
+              AND run_id = %s
             """,
             [
                 "SUCCEEDED" if found else "NOT_DISPATCHED",
                 json.dumps(result if found else None),
                 json.dumps(evidence),
-                key,
+                seen.key, seen.state, seen.dispatches, seen.lease_token, seen.run_id,
             ],
+        )  # fmt: skip
+        if count == 1:
+            return Settlement(True)
+        detail = (
+            f"effect {seen.key} changed since {seen.describe()} was read: it is now "
+            f"{self.describe(seen.key)}; left as it is"
         )
-        return count == 1
+        self.store.record_rejected(seen.run_id, "effect_settle", seen.lease_token, by, detail)
+        return Settlement(False, detail)
+
+    def describe(self, key: str) -> str:
+        """The effect as it stands: ``dispatch 2 (DISPATCHED, run 7, token 5)``."""
+        _, rows = self.store.execute(
+            f"SELECT state, dispatches, run_id, lease_token FROM {EFFECT} WHERE key = %s", [key]
+        )
+        if not rows:
+            return "gone"
+        state, dispatches, run_id, token = rows[0]
+        return f"dispatch {dispatches} ({state}, run {run_id}, token {token})"
+
+    def settled_unknown(self, limit: int = 100) -> list[tuple[int, str, str]]:
+        """UNKNOWN runs none of whose effects is unresolved any more (``run_id, task_id,
+        task_name``): their effects were settled, e.g. by a late outcome of the attempt
+        that dispatched them, and the run waits only for its release."""
+        _, rows = self.store.execute(
+            f"""
+            SELECT r.id, r.task_id, r.task_name FROM {RUN} r
+            WHERE r.status = 'UNKNOWN' AND NOT EXISTS (
+                SELECT 1 FROM {EFFECT} e WHERE e.run_id = r.id AND e.state IN {UNRESOLVED_SQL}
+            )
+            ORDER BY r.id
+            LIMIT %s
+            """,
+            [limit],
+        )
+        return [(int(r[0]), str(r[1]), str(r[2])) for r in rows]
 
     def release_resolved(self, run_id: int) -> str | None:
         """An UNKNOWN run all of whose effects are resolved: queued again (token + 1) to

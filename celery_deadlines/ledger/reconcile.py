@@ -23,9 +23,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from functools import partial
 from typing import Any
 
@@ -35,35 +34,18 @@ from django.db import connections
 from .. import conf
 from .._crashpoints import hit
 from ..conf import settings_for
-from ..errors import DeadlineRefused
-from ..gates import Gate, Reason
+from ..gates import Reason
 from ..models import Status
-from ..signals import run_expired
 from . import outbox
 from .clockwatch import ClockWatch
 from .effects import Effects, Pending
+from .operations import release_settled, republish, settle_effect, store_refusal
 from .store import Expired, LapsedLease, Store
 
 logger = logging.getLogger("celery_deadlines")
 
 #: How often a worker whose clock is uncertain measures it again (and reconciles).
 RECHECK_UNCERTAIN = timedelta(seconds=1)
-
-#: ``check(lapsed) -> True`` when an effect of the lapsed attempt is unresolved.
-EffectCheck = Callable[[LapsedLease], bool]
-_effect_checks: list[EffectCheck] = []
-
-
-def register_effect_check(check: EffectCheck) -> None:
-    """Let the effect ledger say that a lapsed run must be reconciled, not re-run."""
-    if check not in _effect_checks:
-        _effect_checks.append(check)
-
-
-def unregister_effect_check(check: EffectCheck) -> None:
-    if check in _effect_checks:
-        _effect_checks.remove(check)
-
 
 @dataclass
 class Report:
@@ -96,15 +78,20 @@ def reconcile_once(app: Any, store: Store, *, clock_certain: bool = True) -> Rep
         now = store.database_now()  # one reading for the whole batch
         for expired in expired_runs:
             report.expired.append(expired.task_id)
-            _store_refusal(app, expired, now)
+            store_refusal(app, expired, now)
     max_lost = settings.get(conf.MAX_LOST_LEASES)
     for lapsed in store.lapsed_leases():
         _settle(app, store, lapsed, max_lost, report)
-    for pending in Effects(store).pending():
+    effects = Effects(store)
+    for pending in effects.pending():
         _reconcile_effect(app, store, pending, report)
+    # an effect settled by the attempt that dispatched it (its late outcome), after its
+    # run was marked UNKNOWN: nothing is left to ask, the run only waits for its release
+    for run_id, task_id, task_name in effects.settled_unknown():
+        _count_release(report, task_id, release_settled(app, store, run_id, task_id, task_name))
     for unclaimed in store.unclaimed(settings.get(conf.REPUBLISH_AFTER), held=clock_certain):
         if store.mark_republished(unclaimed.run_id, unclaimed.version):
-            _republish(app, unclaimed.task_id, partial(outbox.republish, app, unclaimed))
+            republish(app, unclaimed.task_id, partial(outbox.republish, app, unclaimed))
             report.republished.append(unclaimed.task_id)
     if report:
         logger.info("reconciled the run ledger: %s", report)
@@ -112,14 +99,18 @@ def reconcile_once(app: Any, store: Store, *, clock_certain: bool = True) -> Rep
 
 
 def _settle(app: Any, store: Store, lapsed: LapsedLease, max_lost: int, report: Report) -> None:
+    """Settle one lapsed lease; every write is conditioned on the version read (and on
+    whether an effect of the attempt is unresolved), so of several reconcilers reading
+    the same lapsed run one acts and the others change nothing."""
     effects = Effects(store)
     if effects.unresolved(lapsed.run_id):
-        # seed 000 steps 3 and 4: a dispatch without a recorded outcome is UNKNOWN, and the
-        # run waits for the effect's reconciliation before anything else (past its deadline
-        # too: the outcome is recorded, then the run ends EXPIRED, see release_resolved)
-        effects.mark_unknown(lapsed.run_id)
+        # a dispatch without a recorded outcome is UNKNOWN, and the run waits for the
+        # effect's reconciliation before anything else (past its deadline too: the
+        # outcome is recorded, then the run ends EXPIRED, see release_settled)
         detail = "lease lapsed after a dispatch with no recorded outcome"
-        if store.settle_lapsed(lapsed, Status.UNKNOWN, "effect_unresolved", detail):
+        if store.settle_lapsed(lapsed, Status.UNKNOWN, "effect_unresolved", detail,
+                               unresolved=True):  # fmt: skip
+            effects.mark_unknown(lapsed.run_id, lapsed.token)
             report.unknown.append(lapsed.task_id)
         return
     if lapsed.past_deadline:
@@ -130,12 +121,7 @@ def _settle(app: Any, store: Store, lapsed: LapsedLease, max_lost: int, report: 
                 lapsed.task_id, lapsed.task_name, Status.EXPIRED, Reason.DEADLINE_PASSED,
                 lapsed.deadline,
             )  # fmt: skip
-            _store_refusal(app, expired, store.database_now(), detail)
-        return
-    if any(check(lapsed) for check in _effect_checks):
-        detail = "lease lapsed with an effect unresolved: reconcile it before any retry"
-        if store.settle_lapsed(lapsed, Status.UNKNOWN, "effect_unresolved", detail):
-            report.unknown.append(lapsed.task_id)
+            store_refusal(app, expired, store.database_now(), detail)
         return
     if lapsed.lost_leases >= max_lost:
         detail = f"lost {lapsed.lost_leases + 1} leases (deadlines_max_lost_leases={max_lost})"
@@ -144,12 +130,13 @@ def _settle(app: Any, store: Store, lapsed: LapsedLease, max_lost: int, report: 
             app.backend.mark_as_failure(lapsed.task_id, WorkerLostError(detail))
         return
     if store.requeue_lapsed(lapsed):
-        _republish(app, lapsed.task_id, partial(outbox.republish_run, app, store, lapsed.run_id))
+        republish(app, lapsed.task_id, partial(outbox.republish_run, app, store, lapsed.run_id))
         report.requeued.append(lapsed.task_id)
 
 
 def _reconcile_effect(app: Any, store: Store, pending: Pending, report: Report) -> None:
-    """Ask the task's reconciler what happened; settle the effect; release the run."""
+    """Ask the task's reconciler what happened to the dispatch ``pending``; settle it
+    (if it is still what was asked about) and release the run."""
     from ..effects import Found, NotFound, PendingEffect
 
     task = app.tasks.get(pending.task_name)
@@ -164,67 +151,28 @@ def _reconcile_effect(app: Any, store: Store, pending: Pending, report: Report) 
     except Exception:  # the effect stays UNKNOWN: never guessed
         logger.exception("the reconciler of effect %s failed; it stays UNKNOWN", pending.key)
         return
-    hit("reconcile.answered", pending.task_id)
-    effects = Effects(store)
-    if isinstance(answer, Found):
-        effects.resolve(pending.key, True, answer.result, answer.evidence)
-    elif isinstance(answer, NotFound):
-        effects.resolve(pending.key, False, None, answer.evidence)
-    else:
+    if not isinstance(answer, (Found, NotFound)):
         logger.error(
             "the reconciler of effect %s returned %r, not Found or NotFound; it stays UNKNOWN",
             pending.key,
             answer,
         )
         return
-    report.resolved.append(pending.key)
-    released = effects.release_resolved(pending.run_id)
-    if released == Status.QUEUED:
-        run_id = pending.run_id
-        _republish(app, pending.task_id, partial(outbox.republish_run, app, store, run_id))
-        report.requeued.append(pending.task_id)
-    elif released == Status.EXPIRED:
-        report.expired.append(pending.task_id)
-        expired = Expired(
-            pending.task_id, pending.task_name, Status.EXPIRED, Reason.DEADLINE_PASSED, None
-        )
-        detail = "the deadline passed while an effect's outcome was unknown; it is recorded"
-        _store_refusal(app, expired, store.database_now(), detail)
-
-
-def _republish(app: Any, task_id: str, publish: Callable[[], None]) -> None:
-    try:
-        publish()
-    except Exception:  # the sweeper publishes it again later; nothing is lost
-        logger.exception("republishing run %s failed; the sweeper will try again", task_id)
-
-
-def _store_refusal(app: Any, expired: Expired, now: datetime, detail: str = "") -> None:
-    """Tell the caller waiting on the result why the run ended (a typed refusal), and
-    the operator (a WARNING and :data:`~celery_deadlines.signals.run_expired`): an
-    expiry found by the sweeper is never silent."""
-    detail = detail or expired.detail or "the deadline passed before any worker claimed the run"
-    announce_expiry(app, expired.task_id, expired.task_name, expired.reason, detail)
-    refusal = DeadlineRefused(
-        Gate.CLAIM.value,
-        expired.reason,
-        expired.deadline.isoformat() if expired.deadline else None,
-        now.isoformat(),
-        detail,
+    hit("reconcile.answered", pending.task_id)
+    result = answer.result if isinstance(answer, Found) else None
+    settled = settle_effect(
+        app, store, pending, isinstance(answer, Found), result, answer.evidence, by="reconciler"
     )
-    try:
-        app.backend.mark_as_failure(expired.task_id, refusal)
-    except Exception:  # the ledger already holds the outcome
-        logger.exception(
-            "storing the expiry of run %s in the result backend failed", expired.task_id
-        )
+    if settled.applied:
+        report.resolved.append(pending.key)
+        _count_release(report, pending.task_id, settled.released)
 
 
-def announce_expiry(sender: Any, task_id: str, task_name: str, reason: str, detail: str) -> None:
-    """Log and signal a run the ledger ended as EXPIRED on its own (not at a gate)."""
-    logger.warning("%s[%s] EXPIRED (%s): %s", task_name, task_id, reason, detail)
-    run_expired.send(sender=sender, task_id=task_id, task_name=task_name, reason=reason,
-                     detail=detail)  # fmt: skip
+def _count_release(report: Report, task_id: str, released: str | None) -> None:
+    if released == Status.QUEUED:
+        report.requeued.append(task_id)
+    elif released == Status.EXPIRED:
+        report.expired.append(task_id)
 
 
 class Reconciler:

@@ -751,9 +751,15 @@ class Store:
             for r in rows
         ]
 
-    def settle_lapsed(self, lapsed: LapsedLease, status: Status, reason: str, detail: str) -> bool:
-        """End (or mark UNKNOWN) a run whose lease lapsed, if it has not changed since read."""
+    def settle_lapsed(
+        self, lapsed: LapsedLease, status: Status, reason: str, detail: str, *,
+        unresolved: bool = False,
+    ) -> bool:  # fmt: skip
+        """End (or mark UNKNOWN) a run whose lease lapsed, if it has not changed since read
+        and still has (``unresolved``) or has not an effect without a recorded outcome,
+        as when the decision was taken."""
         d = self.dialect
+        has = _HAS_UNRESOLVED if unresolved else f"NOT {_HAS_UNRESOLVED}"
         count, _ = self.execute(
             f"""
             UPDATE {RUN} SET status = %s, reason = %s, detail = %s,
@@ -761,7 +767,7 @@ class Store:
                 version = version + 1, op = 'reconcile', op_detail = %s,
                 updated_at = {d.now}
             WHERE id = %s AND version = %s AND status = 'RUNNING'
-              AND lease_expires_at <= {d.now}
+              AND lease_expires_at <= {d.now} AND {has}
             """,
             [status.value, reason, detail, detail, lapsed.run_id, lapsed.version],
         )
@@ -779,6 +785,7 @@ class Store:
             WHERE id = %s AND version = %s AND status = 'RUNNING'
               AND lease_expires_at <= {d.now}
               AND (deadline IS NULL OR deadline > {d.now})
+              AND NOT {_HAS_UNRESOLVED}
             """,
             [f"lease of {lapsed.owner} (token {lapsed.token}) lapsed", lapsed.run_id,
              lapsed.version],

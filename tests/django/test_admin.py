@@ -288,6 +288,7 @@ def test_an_operator_resolves_an_unknown_effect_with_evidence_and_the_run_is_que
         {
             "action": "resolve", "_selected_action": [effect.pk], "apply": "Resolve",
             "found": "no", "evidence": "provider dashboard: no payment for order 42",
+            **seen_in(form.content.decode()),
         },
     )  # fmt: skip
     effect.refresh_from_db()
@@ -295,6 +296,46 @@ def test_an_operator_resolves_an_unknown_effect_with_evidence_and_the_run_is_que
     assert effect.evidence == "provider dashboard: no payment for order 42 (operator ops)"
     assert Run.objects.get(task_id="pay-42").status == Status.QUEUED
     assert [message["id"] for message in broker] == ["pay-42"]
+
+
+def seen_in(page: str) -> dict[str, str]:
+    """The hidden ``seen-<pk>`` fields of the resolve form: the dispatch the operator saw."""
+    import re
+
+    return dict(re.findall(r'name="(seen-\d+)" value="([^"]+)"', page))
+
+
+def test_an_operator_resolution_of_a_dispatch_that_moved_on_is_refused_and_said(
+    client: Client, unknown_payment: Run, broker: list[dict[str, Any]]
+) -> None:
+    from celery_deadlines.models import Effect, EffectState
+
+    login(client, "view_effect", "resolve_effect")
+    effect = Effect.objects.get(key="order-42:pay")
+    url = reverse("admin:celery_deadlines_effect_changelist")
+    form = client.post(url, {"action": "resolve", "_selected_action": [effect.pk]})
+    seen = seen_in(form.content.decode())
+    # meanwhile the reconciler settled it, and a new attempt dispatched it again
+    Effect.objects.filter(pk=effect.pk).update(
+        state=EffectState.DISPATCHED, dispatches=effect.dispatches + 1, lease_token=9
+    )
+    Run.objects.filter(task_id="pay-42").update(status=Status.RUNNING, lease_token=9)
+    answer = client.post(
+        url,
+        {
+            "action": "resolve", "_selected_action": [effect.pk], "apply": "Resolve",
+            "found": "no", "evidence": "provider dashboard: nothing", **seen,
+        },
+        follow=True,
+    )  # fmt: skip
+    effect.refresh_from_db()
+    assert (effect.state, effect.dispatches) == (EffectState.DISPATCHED, 2)
+    page = answer.content.decode()
+    assert "0 effect(s) resolved" in page
+    assert "changed since dispatch 1" in page and "dispatch 2 (DISPATCHED" in page
+    assert broker == []
+    rejected = Run.objects.get(task_id="pay-42").events.filter(outcome="rejected").get()
+    assert (rejected.kind, rejected.owner) == ("effect_settle", "operator ops")
 
 
 def test_resolving_needs_its_own_permission(client: Client, unknown_payment: Run) -> None:

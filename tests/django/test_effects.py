@@ -304,8 +304,9 @@ def test_an_outcome_is_fenced_by_the_run_as_well_as_its_token(store: Store, app:
     duplicate = attempt(store, "w2:1", "charge-2")
     assert duplicate.lease.token == 1
     with charge(duplicate) as fx:
-        with pytest.raises(StaleLease):
+        with pytest.raises(StaleLease, match="moved on since this attempt's dispatch 1") as no:
             stale.succeed("ch_stale")  # same key, same token number, another run
+        assert "is now dispatch 2 (DISPATCHED" in str(no.value)
         fx.succeed("ch_2")
     # the per-key fence still tells the two dispatches apart, for a fencing provider
     assert (stale.fence, fx.fence) == (1, 2)

@@ -16,13 +16,10 @@ from django.db import transaction
 
 from celery_deadlines import DeadlineRefused
 from celery_deadlines.ledger import outbox
-from celery_deadlines.ledger.reconcile import (
-    reconcile_once,
-    register_effect_check,
-    unregister_effect_check,
-)
-from celery_deadlines.ledger.store import LapsedLease, Lease, NewRun, Store
-from celery_deadlines.models import Run, Status
+from celery_deadlines.ledger.effects import Effects
+from celery_deadlines.ledger.reconcile import Report, _settle, reconcile_once
+from celery_deadlines.ledger.store import Lease, NewRun, Store
+from celery_deadlines.models import Effect, Run, Status
 from tests.conftest import service_unavailable
 from tests.support.memory_queue import drain
 from tests.support.processes import reachable
@@ -178,19 +175,57 @@ def test_reconcile_hands_a_run_with_an_unresolved_effect_to_effect_reconciliatio
     store: Store, app: Celery
 ) -> None:
     record(store, "ambiguous")
-    claim(store, "ambiguous")
+    lease = claim(store, "ambiguous")
+    effects = Effects(store)
+    effects.record_intent(lease, "ambiguous:pay", "pay", "execution", "f")
+    assert effects.dispatch(lease, "ambiguous:pay") == 1  # then the worker vanished
     lapse(store, "ambiguous")
-
-    def unresolved(lapsed: LapsedLease) -> bool:
-        return lapsed.task_id == "ambiguous"
-
-    register_effect_check(unresolved)
-    try:
-        assert reconcile_once(app, store).unknown == ["ambiguous"]
-    finally:
-        unregister_effect_check(unresolved)
+    assert reconcile_once(app, store).unknown == ["ambiguous"]
     assert status(store, "ambiguous") == (Status.UNKNOWN, "effect_unresolved")
-    assert published(app) == []
+    assert published(app) == []  # no reconciler for the task: an operator resolves it
+    assert reconcile_once(app, store).requeued == []  # it waits, pass after pass
+
+
+def test_a_late_outcome_of_the_lapsed_attempt_releases_its_unknown_run(
+    store: Store, app: Celery
+) -> None:
+    record(store, "late")
+    lease = claim(store, "late")
+    effects = Effects(store)
+    effects.record_intent(lease, "late:pay", "pay", "execution", "f")
+    assert effects.dispatch(lease, "late:pay") == 1
+    lapse(store, "late")
+    assert reconcile_once(app, store).unknown == ["late"]
+    # the paused attempt wakes up and records the provider's reply: it is the truth
+    assert effects.succeed(lease, "late:pay", {"paid": 1})
+    assert reconcile_once(app, store).requeued == ["late"]  # nothing left to ask
+    assert status(store, "late") == (Status.QUEUED, "")
+    assert [message["headers"]["id"] for message in published(app)] == ["late"]
+
+
+def test_two_reconcilers_that_read_one_lapsed_run_settle_it_once(
+    store: Store, app: Celery
+) -> None:
+    record(store, "lapsed")
+    lease = claim(store, "lapsed")
+    effects = Effects(store)
+    effects.record_intent(lease, "lapsed:pay", "pay", "execution", "f")
+    assert effects.dispatch(lease, "lapsed:pay") == 1
+    lapse(store, "lapsed")
+    [first] = [x for x in store.lapsed_leases() if x.task_id == "lapsed"]
+    [second] = [x for x in store.lapsed_leases() if x.task_id == "lapsed"]  # read alike
+    _settle(app, store, first, 5, Report())
+    # the first settles it; an operator resolves it as not sent; a new attempt
+    # dispatches again: the second reconciler's reading is stale by then
+    [seen] = [p for p in effects.pending() if p.task_id == "lapsed"]
+    assert effects.settle(seen, False, None, "none", by="operator").applied
+    assert effects.release_resolved(seen.run_id) == Status.QUEUED
+    again = claim(store, "lapsed")
+    assert effects.dispatch(again, "lapsed:pay") == 2
+    _settle(app, store, second, 5, Report())
+    effect = Effect.objects.using(store.using).get(key="lapsed:pay")
+    assert (effect.state, effect.dispatches) == ("DISPATCHED", 2)  # not marked UNKNOWN
+    assert status(store, "lapsed") == (Status.RUNNING, "")
 
 
 def test_the_sweeper_expires_unclaimed_runs_and_republishes_forgotten_ones(

@@ -7,6 +7,7 @@ that lacks them. Each test gets its own queue, so leftovers never leak between t
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -28,15 +29,19 @@ REDIS = ("127.0.0.1", 6379)
 RABBITMQ = ("127.0.0.1", 5672)
 
 
+#: The Redis databases of the broker and the result backend; two suites on one machine
+#: (or a suite and a benchmark) set their own, so that neither restores or flushes the
+#: other's messages.
+REDIS_BROKER = f"redis://127.0.0.1:6379/{os.environ.get('TEST_REDIS_BROKER_DB', '10')}"
+REDIS_RESULTS = f"redis://127.0.0.1:6379/{os.environ.get('TEST_REDIS_RESULT_DB', '11')}"
+
+
 def redis_transport() -> Transport:
-    return Transport("redis", "redis://127.0.0.1:6379/10", "redis://127.0.0.1:6379/11", *REDIS)
+    return Transport("redis", REDIS_BROKER, REDIS_RESULTS, *REDIS)
 
 
 def rabbitmq_transport() -> Transport:
-    return Transport(
-        "rabbitmq", "amqp://guest:guest@127.0.0.1:5672//", "redis://127.0.0.1:6379/11",
-        *RABBITMQ,
-    )  # fmt: skip
+    return Transport("rabbitmq", "amqp://guest:guest@127.0.0.1:5672//", REDIS_RESULTS, *RABBITMQ)
 
 
 def filesystem_transport(tmp: Path) -> Transport:

@@ -59,3 +59,26 @@ def test_a_plan_for_another_run_or_point_does_not_fire(tmp_path: Path) -> None:
     )
     done = run_hit(plan)
     assert (done.returncode, done.stdout.strip()) == (0, "alive")
+
+
+def test_a_wait_holds_the_process_until_the_test_releases_it(tmp_path: Path) -> None:
+    plan, released = tmp_path / "plan.json", tmp_path / "go"
+    plan.write_text(
+        json.dumps({"run-1": {"point": "effect.dispatched", "action": f"wait:{released}"}})
+    )
+    env = {**os.environ, PLAN_FILE_ENV: str(plan)}
+    process = subprocess.Popen(
+        [sys.executable, "-c", HIT], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True
+    )
+    fired = Path(f"{plan}.fired.jsonl")
+    try:
+        for _ in range(3000):  # polls the fired log, not the clock: the wait has begun
+            if fired.exists() and fired.read_text():
+                break
+            subprocess.run(["sleep", "0.01"], check=True)
+        assert process.poll() is None  # held at the point
+        released.touch()
+        out, _ = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert (process.returncode, out.strip()) == (0, "alive")

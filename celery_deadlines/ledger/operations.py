@@ -1,0 +1,107 @@
+"""The operations that settle an effect or move a run outside an attempt: one copy each.
+
+The worker's reconciler and the operator (the admin) call the same functions, so that
+whoever settles an effect or ends a run, the ledger, the caller's result, the signal and
+the log line are the same. Each write is a compare-and-swap on the state it was decided
+from: two reconcilers, or a reconciler and an operator, may act on one effect or run at
+once; one wins, the other changes nothing and says so.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from functools import partial
+from typing import Any
+
+from ..errors import DeadlineRefused
+from ..gates import Gate, Reason
+from ..models import Status
+from ..signals import run_expired
+from . import outbox
+from .effects import Effects, Pending
+from .store import Expired, Store
+
+logger = logging.getLogger("celery_deadlines")
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What settling one effect did: ``applied`` (or ``detail`` says why not), and the
+    status its run was released to (``QUEUED``, ``EXPIRED``) or ``None``."""
+
+    applied: bool
+    released: str | None = None
+    detail: str = ""
+
+
+def settle_effect(
+    app: Any, store: Store, seen: Pending, found: bool, result: Any, evidence: Any, *, by: str
+) -> Settled:
+    """Record what the provider's records show about the dispatch ``seen``, then release
+    its run if nothing else of it is unresolved.
+
+    ``seen`` is the effect as it was read when the question was asked (the reconciler's
+    pending list, the operator's form): if it has changed since (another reconciler or
+    operator settled it, or a new attempt dispatched it again), nothing is written.
+    """
+    settlement = Effects(store).settle(seen, found, result, evidence, by=by)
+    if not settlement.applied:
+        logger.warning("%s[%s]: %s", seen.task_name, seen.task_id, settlement.detail)
+        return Settled(False, detail=settlement.detail)
+    released = release_settled(app, store, seen.run_id, seen.task_id, seen.task_name)
+    return Settled(True, released)
+
+
+def release_settled(app: Any, store: Store, run_id: int, task_id: str, task_name: str) -> str | None:
+    """An UNKNOWN run none of whose effects is unresolved: queued again and republished
+    (the next attempt replays or dispatches anew), or, past its deadline, EXPIRED with
+    the caller told why. Returns the status written, or ``None`` (another reconciler or
+    operator released it, or an effect is still unresolved)."""
+    released = Effects(store).release_resolved(run_id)
+    if released == Status.QUEUED:
+        republish(app, task_id, partial(outbox.republish_run, app, store, run_id))
+    elif released == Status.EXPIRED:
+        detail = "the deadline passed while an effect's outcome was unknown; it is recorded"
+        expired = Expired(task_id, task_name, Status.EXPIRED, Reason.DEADLINE_PASSED, None)
+        store_refusal(app, expired, store.database_now(), detail)
+    return released
+
+
+def republish(app: Any, task_id: str, publish: Callable[[], None]) -> None:
+    """Publish a run's message again; a broker error leaves it to the sweeper."""
+    try:
+        publish()
+    except Exception:  # the sweeper publishes it again later; nothing is lost
+        logger.exception("republishing run %s failed; the sweeper will try again", task_id)
+
+
+def store_refusal(app: Any, expired: Expired, now: datetime, detail: str = "") -> None:
+    """Tell the caller waiting on the result why the run ended (a typed refusal), and
+    the operator (a WARNING and :data:`~celery_deadlines.signals.run_expired`): an
+    expiry found by the sweeper is never silent."""
+    detail = detail or expired.detail or "the deadline passed before any worker claimed the run"
+    announce_expiry(app, expired.task_id, expired.task_name, expired.reason, detail)
+    refusal = DeadlineRefused(
+        Gate.CLAIM.value,
+        expired.reason,
+        expired.deadline.isoformat() if expired.deadline else None,
+        now.isoformat(),
+        detail,
+    )
+    try:
+        app.backend.mark_as_failure(expired.task_id, refusal)
+    except Exception:  # the ledger already holds the outcome
+        logger.exception(
+            "storing the expiry of run %s in the result backend failed", expired.task_id
+        )
+
+
+def announce_expiry(sender: Any, task_id: str, task_name: str, reason: str, detail: str) -> None:
+    """Log and signal a run the ledger ended as EXPIRED on its own (not at a gate)."""
+    logger.warning("%s[%s] EXPIRED (%s): %s", task_name, task_id, reason, detail)
+    run_expired.send(
+        sender=sender, task_id=task_id, task_name=task_name, reason=reason, detail=detail
+    )
