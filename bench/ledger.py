@@ -84,7 +84,8 @@ def racer(index: int, task_ids: list[str], barrier: Any, results: Any) -> None:
 
     os.environ["DJANGO_SETTINGS_MODULE"] = "bench.ledger_settings"
     django.setup()
-    from celery_deadlines.ledger.store import Lease, Store
+    from celery_deadlines.ledger.sql.connection import Store
+    from celery_deadlines.ledger.sql.rows import Lease
 
     store = Store()
     order = list(task_ids)
@@ -93,18 +94,26 @@ def racer(index: int, task_ids: list[str], barrier: Any, results: Any) -> None:
     started = time.perf_counter()
     won = 0
     for task_id in order:
-        outcome = store.claim(task_id, 0, f"racer-{index}", timedelta(60), timedelta(0), 3)
+        outcome = store.runs.claim(
+            task_id,
+            0,
+            owner=f"racer-{index}",
+            ttl=timedelta(60),
+            reserve=timedelta(0),
+            max_lost_leases=3,
+        )
         won += isinstance(outcome, Lease)
     results.put((won, len(order), time.perf_counter() - started))
 
 
 def racing_claims(claims: int) -> tuple[float, float, int]:
-    from celery_deadlines.ledger.store import NewRun, Store
+    from celery_deadlines.ledger.sql.connection import Store
+    from celery_deadlines.ledger.sql.rows import NewRun
 
     store = Store()
     ids = [f"race-{uuid.uuid4().hex}" for _ in range(claims)]
     for task_id in ids:
-        store.enqueue(NewRun(task_id, "race", None, None, task_id, "", 0, None, None, "", ""))
+        store.runs.enqueue(NewRun(task_id, "race", None, None, task_id, "", 0, None, None, "", ""))
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(8)
     results = context.Queue()

@@ -23,10 +23,10 @@ from django.utils.safestring import SafeString
 from .clock import get_clock
 from .explain import utc
 from .ledger import outbox
-from .ledger.effects import Pending
 from .ledger.operations import settle_effect
-from .ledger.store import Store
-from .models import Effect, EffectState, Run, RunEvent, RunPlan, Status
+from .ledger.sql.connection import Store
+from .ledger.sql.effects import Pending
+from .models import Effect, EffectState, Run, RunEvent, RunPlan
 
 
 def describe_time_left(run: Run) -> str:
@@ -217,7 +217,7 @@ class RunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     @admin.action(description="Expire now (fences the current holder)", permissions=["expire"])
     def expire_now(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
         store = Store(queryset.db)
-        done = [run for run in queryset if store.expire_now(run.pk, _operator(request))]
+        done = [run for run in queryset if store.operator.expire_now(run.pk, _operator(request))]
         self._report(request, "expired", done, queryset.count())
 
     @admin.action(description="Requeue (if the deadline allows)", permissions=["requeue"])
@@ -227,7 +227,7 @@ class RunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         store = Store(queryset.db)
         done = []
         for run in queryset:
-            if store.requeue_now(run.pk, _operator(request)):
+            if store.operator.requeue_now(run.pk, _operator(request)):
                 outbox.republish_run(current_app, store, run.pk)
                 done.append(run)
         self._report(request, "requeued", done, queryset.count())

@@ -165,7 +165,7 @@ def catch_up(app: Any, entry: Any, producer: Any = None) -> list[str]:
     """Publish the occurrences of ``entry`` still in their window that have no run, and
     record the ones whose window closed as missed. Returns the run ids published."""
     from .ledger.glue import store_for
-    from .ledger.store import NewRun
+    from .ledger.sql.rows import NewRun
     from .task import DeadlineTask
 
     zoned: ZonedSchedule = entry.schedule
@@ -175,11 +175,11 @@ def catch_up(app: Any, entry: Any, producer: Any = None) -> list[str]:
         return []
     zoned.retry_at = None
     now = zoned.now()
-    last = store.last_occurrence(zoned.local.name)
+    last = store.sweeps.last_occurrence(zoned.local.name)
     # a schedule the ledger has never seen starts now: nothing before it was "missed"
     since = now - zoned.local.window if last is None else max(last, now - zoned.catch_up)
     backlog = classify(zoned.local, since, now)
-    known = store.known([o.run_id for o in (*backlog.due, *backlog.missed)])
+    known = store.sweeps.known([o.run_id for o in (*backlog.due, *backlog.missed)])
     for missed in backlog.missed:
         if missed.run_id in known:
             continue
@@ -193,7 +193,7 @@ def catch_up(app: Any, entry: Any, producer: Any = None) -> list[str]:
             f"occurrence {header['local']} {missed.zone} ({missed.at.isoformat()}) was not "
             f"published before its window closed at {missed.deadline.isoformat()}"
         )
-        if store.record_missed(run, detail):
+        if store.sweeps.record_missed(run, detail):
             logger.warning("%s: %s; recorded as missed, not run late", entry.name, detail)
             run_expired.send(
                 sender=app, task_id=missed.run_id, task_name=entry.task,

@@ -108,7 +108,7 @@ def check_ledger_database(
     """E003: the ledger's database is not PostgreSQL or SQLite. E004: ``USE_TZ`` is off."""
     from django.db import connections
 
-    from .ledger.sql import SUPPORTED
+    from .ledger.sql.dialect import SUPPORTED
 
     messages: list[checks.CheckMessage] = []
     alias = getattr(django_settings, f"{PREFIX}DATABASE", "default")

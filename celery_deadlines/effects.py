@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from ._crashpoints import hit
 from .clock import get_clock
 from .errors import DispatchRefused, EffectConflict, StaleLease
-from .models import EffectState
 from .observations import ActionClass, Observation, earliest_expiry, stale
 from .signals import dispatch_refused, write_refused
+from .states import EffectState
 
 if TYPE_CHECKING:
     from .ledger.attempt import Attempt
@@ -162,7 +162,7 @@ class EffectScope:
         )  # fmt: skip
         if problems:
             detail = "; ".join(problems)
-            self.attempt.store.record_rejected(
+            self.attempt.store.runs.record_rejected(
                 lease.run_id, "dispatch", lease.token, self.attempt.owner,
                 f"stale_evidence:{self.key}: {detail}"[:2000],
             )  # fmt: skip
@@ -192,7 +192,7 @@ class EffectScope:
                 f"effect {self.key} moved on since this attempt's dispatch {self.fence} "
                 f"(token {self.token}): it is now {self.attempt.effects.describe(self.key)}"
             )
-            self.attempt.store.record_rejected(
+            self.attempt.store.runs.record_rejected(
                 lease.run_id, "effect_outcome", self.token, self.attempt.owner, why
             )
             raise StaleLease(lease.task_id, self.token, f"outcome of {self.key}", why)

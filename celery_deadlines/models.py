@@ -11,29 +11,16 @@ from __future__ import annotations
 
 from django.db import models
 
+from .states import (
+    EFFECT_LABELS,
+    STATUS_LABELS,
+    TERMINAL,
+    EffectState,
+    Status,
+    choices,
+)
 
-class Status(models.TextChoices):
-    """Where a run is in its life (drawn in docs/concepts.md)."""
-
-    QUEUED = "QUEUED", "queued"
-    #: a worker whose clock disagreed with the ledger's took the run and gave it back
-    #: unstarted; a worker whose clock agrees publishes it again (not failed, not expired)
-    CLOCK_UNCERTAIN = "CLOCK_UNCERTAIN", "clock uncertain (held)"
-    RUNNING = "RUNNING", "running"
-    RETRYING = "RETRYING", "retrying"
-    UNKNOWN = "UNKNOWN", "unknown (to reconcile)"
-    #: the run's resumed plan may not go on and its contract says ``pause`` or
-    #: ``escalate``: it waits for a person (the admin's *requeue*) or its deadline
-    PAUSED = "PAUSED", "paused (waits for a person)"
-    SUCCEEDED = "SUCCEEDED", "succeeded"
-    FAILED = "FAILED", "failed"
-    EXPIRED = "EXPIRED", "expired"
-
-
-#: A run in one of these states never changes again.
-TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.EXPIRED})
-#: A run in one of these states waits for a worker to claim it.
-CLAIMABLE = frozenset({Status.QUEUED, Status.RETRYING, Status.CLOCK_UNCERTAIN})
+__all__ = ["TERMINAL", "Effect", "EffectState", "Run", "RunEvent", "RunPlan", "Status"]
 
 
 class Run(models.Model):
@@ -42,7 +29,9 @@ class Run(models.Model):
     id = models.BigAutoField(primary_key=True)
     task_id = models.CharField(max_length=255)
     task_name = models.CharField(max_length=255)
-    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    status = models.CharField(
+        max_length=16, choices=choices(Status, STATUS_LABELS), default=Status.QUEUED
+    )
     reason = models.CharField(max_length=64, blank=True, default="")
     detail = models.TextField(blank=True, default="")
 
@@ -122,7 +111,7 @@ class RunEvent(models.Model):
     at = models.DateTimeField(help_text="Database clock.")
     kind = models.CharField(max_length=32)
     outcome = models.CharField(max_length=16, choices=Outcome.choices)
-    status = models.CharField(max_length=16, choices=Status.choices)
+    status = models.CharField(max_length=16, choices=choices(Status, STATUS_LABELS))
     reason = models.CharField(max_length=64, blank=True, default="")
     version = models.BigIntegerField()
     lease_token = models.BigIntegerField()
@@ -138,22 +127,6 @@ class RunEvent(models.Model):
         return f"{self.kind} {self.outcome} v{self.version} t{self.lease_token}"
 
 
-class EffectState(models.TextChoices):
-    """Where a side effect is (drawn in docs/concepts.md)."""
-
-    INTENT_RECORDED = "INTENT_RECORDED", "intent recorded"
-    DISPATCHED = "DISPATCHED", "dispatched"
-    SUCCEEDED = "SUCCEEDED", "succeeded"
-    UNKNOWN = "UNKNOWN", "unknown (to reconcile)"
-    FAILED = "FAILED", "failed"
-    NOT_DISPATCHED = "NOT_DISPATCHED", "not dispatched"
-
-
-#: An effect in one of these states may have reached the outside world without a
-#: recorded outcome: its run must be reconciled before it runs again.
-UNRESOLVED = frozenset({EffectState.DISPATCHED, EffectState.UNKNOWN})
-
-
 class Effect(models.Model):
     """One side effect, at most once per key: intent, dispatch, outcome, evidence."""
 
@@ -167,7 +140,9 @@ class Effect(models.Model):
     name = models.CharField(max_length=128)
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.EXECUTION)
     state = models.CharField(
-        max_length=20, choices=EffectState.choices, default=EffectState.INTENT_RECORDED
+        max_length=20,
+        choices=choices(EffectState, EFFECT_LABELS),
+        default=EffectState.INTENT_RECORDED,
     )
     lease_token = models.BigIntegerField(help_text="Token of the attempt that last acted on it.")
     fingerprint = models.CharField(max_length=64, help_text="SHA-256 of the request's parameters.")

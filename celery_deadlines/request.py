@@ -169,7 +169,7 @@ class DeadlineRequest(Request):
         if not ledger.enabled_for(self.task.app):
             return True
         from .ledger import glue
-        from .models import Status
+        from .states import Status
 
         try:
             return glue.refuse(
@@ -186,7 +186,7 @@ class DeadlineRequest(Request):
         if not soft and isinstance(self.task, DeadlineTask) and ledger.enabled_for(self.task.app):
             from .ledger import glue
             from .ledger.attempt import owner_name_of
-            from .models import Status
+            from .states import Status
 
             deadline = self._carried().deadline
             if deadline is not None and get_clock().now() >= deadline - DEADLINE_CAP_SLACK:
@@ -195,7 +195,7 @@ class DeadlineRequest(Request):
             else:
                 status, reason = Status.FAILED, "time_limit"
             try:
-                glue.store_for(self.task.app, dedicated=True).end_owned(
+                glue.store_for(self.task.app, dedicated=True).runs.end_owned(
                     self.id, owner_name_of(self.hostname, self.worker_pid), status, reason,
                     f"hard time limit ({timeout} s) exceeded",
                 )  # fmt: skip
@@ -217,7 +217,7 @@ class DeadlineRequest(Request):
 
             try:
                 owner = owner_name_of(self.hostname, self.worker_pid)
-                if glue.store_for(self.task.app, dedicated=True).lapse_owned(
+                if glue.store_for(self.task.app, dedicated=True).runs.lapse_owned(
                     self.id, owner, repr(exc)
                 ):
                     running = worker.reconciler()

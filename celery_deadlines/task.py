@@ -53,7 +53,7 @@ from .signals import plan_resumed, report_refusal, run_claimed, run_held
 if TYPE_CHECKING:
     from .effects import EffectScope
     from .ledger.attempt import Attempt
-    from .ledger.store import Lease
+    from .ledger.sql.rows import Lease
 
 #: ``reconciler(pending_effect) -> Found | NotFound``
 Reconciler = Callable[[Any], Any]
@@ -265,7 +265,7 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
         refusal = decision.refusal()
         if ledger.enabled_for(self.app) and not self.app.conf.task_always_eager:
             from .ledger import glue
-            from .models import Status
+            from .states import Status
 
             # the refused run is on record too (under a fresh id if the caller gave none)
             glue.refuse(
@@ -362,7 +362,7 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
     ) -> Attempt:
         """Claim the run in the ledger, or end this delivery without running the body."""
         from .ledger import glue
-        from .ledger.store import ClaimRefused
+        from .ledger.sql.rows import ClaimRefused
 
         request = self.request
         outcome = glue.claim(self, request, deadline, reserve)
@@ -387,7 +387,7 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
         if outcome.why == ClaimRefused.LOST_LEASES:
             from billiard.exceptions import WorkerLostError
 
-            from .models import Status
+            from .states import Status
 
             detail = "the run lost its lease too many times (deadlines_max_lost_leases)"
             if glue.refuse(
@@ -429,7 +429,7 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
         refusal = decision.refusal()
         if ledger.enabled_for(self.app) and not self.request.is_eager:
             from .ledger import glue
-            from .models import Status
+            from .states import Status
 
             if not glue.refuse(
                 self, task_id, self.request.retries or 0, Status.EXPIRED,
@@ -554,12 +554,9 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
         """Store ``plan`` as the run's active plan, fenced by this attempt's token (the
         previous one is kept as superseded history). Raises :class:`StaleLease` if the
         attempt no longer owns the run."""
-        from .ledger.plans import Plans
 
         attempt = self._ledger_attempt("plans")
-        saved = Plans(attempt.store).save(
-            attempt.lease, attempt.owner, plan.plan_id, plan.to_json()
-        )
+        saved = attempt.store.plans.save(attempt.lease, attempt.owner, plan.plan_id, plan.to_json())
         attempt.check_written(saved, "save_plan")
 
     def resume_plan(self, current: Mapping[str, Any]) -> Verdict | None:
@@ -581,11 +578,10 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
         Every call sends :data:`~celery_deadlines.signals.plan_resumed`.
         """
         from .contracts import OnExpiry
-        from .ledger.plans import Plans
-        from .models import Status
+        from .states import Status
 
         attempt = self._ledger_attempt("plans")
-        plans = Plans(attempt.store)
+        plans = attempt.store.plans
         stored = plans.active(attempt.lease.run_id)
         if stored is None:
             return None
@@ -777,7 +773,7 @@ class DeadlineTask(Task):  # type: ignore[type-arg]
 
 def _end_unresolved(attempt: Attempt, exc: BaseException | None = None) -> NoReturn:
     """UNKNOWN is not FAILED: the run waits for its effects to be reconciled."""
-    from .models import Status
+    from .states import Status
 
     keys = ", ".join(sorted(attempt.unresolved))
     detail = f"outcome unknown for effect(s) {keys}" + (f" after {exc!r}" if exc else "")
@@ -791,7 +787,7 @@ def _end_after_body(attempt: Attempt, exc: BaseException) -> None:
     (the caller re-raises it). With an effect dispatched and no outcome known, whatever
     was raised, the run ends UNKNOWN and :class:`_Unresolved` is raised instead: never
     FAILED, never released to run again."""
-    from .models import Status
+    from .states import Status
 
     if attempt.unresolved:
         _end_unresolved(attempt, exc)

@@ -14,12 +14,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ..errors import StaleLease
-from ..models import Status
 from ..signals import write_refused
 from ..skew import ClockReading
-from .effects import Effects
+from ..states import Status
 from .heartbeat import heartbeat
-from .store import Lease, Store
+from .sql.connection import Store
+from .sql.effects import Effects
+from .sql.rows import Lease
 
 
 def owner_name(hostname: str | None) -> str:
@@ -47,7 +48,7 @@ class Attempt:
 
     @property
     def effects(self) -> Effects:
-        return Effects(self.store)
+        return self.store.effects
 
     def __str__(self) -> str:
         return f"run {self.lease.task_id} token {self.lease.token}"
@@ -67,28 +68,30 @@ class Attempt:
 
     def renew(self) -> datetime | None:
         """Extend the lease (the heartbeat calls this); ``None`` marks the attempt lost."""
-        expires = self.store.renew(self.lease, self.owner, self.ttl)
+        expires = self.store.runs.renew(self.lease, self.owner, self.ttl)
         if expires is None:
             self.lost = True
         return expires
 
     def checkpoint(self, name: str, data: Any) -> None:
-        self._check(self.store.checkpoint(self.lease, self.owner, name, data), "checkpoint")
+        self._check(self.store.runs.checkpoint(self.lease, self.owner, name, data), "checkpoint")
 
     def succeed(self) -> None:
-        self._check(self.store.finish(self.lease, self.owner, Status.SUCCEEDED), "succeed")
+        self._check(self.store.runs.finish(self.lease, self.owner, Status.SUCCEEDED), "succeed")
 
     def end(self, status: Status, reason: str, detail: str) -> None:
-        self._check(self.store.finish(self.lease, self.owner, status, reason, detail), "finish")
+        self._check(
+            self.store.runs.finish(self.lease, self.owner, status, reason, detail), "finish"
+        )
 
     def retry(
         self, retries: int, available_at: datetime | None, body: bytes | None, detail: str
     ) -> None:
-        written = self.store.retry(self.lease, self.owner, retries, available_at, body, detail)
+        written = self.store.runs.retry(self.lease, self.owner, retries, available_at, body, detail)
         self._check(written, "retry")
 
     def release(self, detail: str) -> None:
-        self._check(self.store.release(self.lease, self.owner, detail), "release")
+        self._check(self.store.runs.release(self.lease, self.owner, detail), "release")
 
     def check_written(self, written: bool, write: str) -> None:
         """A fenced write's outcome: refused marks the attempt lost, is announced

@@ -19,7 +19,7 @@ from typing import Any
 from ..clock import get_clock
 from ..signals import clock_certain, clock_measured, clock_uncertain
 from ..skew import ClockReading
-from .store import Store
+from .sql.connection import Store
 
 logger = logging.getLogger("celery_deadlines")
 

@@ -18,13 +18,14 @@ from .. import conf
 from .._crashpoints import hit
 from ..conf import settings_for
 from ..gates import Reason
-from ..models import Status
 from ..skew import ClockReading
+from ..states import Status
 from ..wire import OCCURRENCE_HEADER
 from . import outbox
 from .attempt import Attempt, owner_name
 from .clockwatch import describe
-from .store import ClaimRefused, NewRun, Store
+from .sql.connection import Store
+from .sql.rows import ClaimRefused, NewRun
 
 if TYPE_CHECKING:
     from ..task import DeadlineTask
@@ -147,11 +148,15 @@ def claim(
     ttl = task.lease_duration()
     retries = int(request.retries or 0)
     max_lost = settings.get(conf.MAX_LOST_LEASES)
-    outcome = store.claim(request.id, retries, owner, ttl, reserve, max_lost)
+    outcome = store.runs.claim(
+        request.id, retries, owner=owner, ttl=ttl, reserve=reserve, max_lost_leases=max_lost
+    )
     if isinstance(outcome, ClaimRefused) and outcome.why == ClaimRefused.MISSING:
         # published without the outbox (by name, or before the app was installed)
-        store.enqueue(_run_of_request(task, request, deadline, retries))
-        outcome = store.claim(request.id, retries, owner, ttl, reserve, max_lost)
+        store.runs.enqueue(_run_of_request(task, request, deadline, retries))
+        outcome = store.runs.claim(
+            request.id, retries, owner=owner, ttl=ttl, reserve=reserve, max_lost_leases=max_lost
+        )
     if isinstance(outcome, ClaimRefused):
         return outcome
     budget = settings.get(conf.CLOCK_SKEW_BUDGET)
@@ -161,7 +166,7 @@ def claim(
     reading = ClockReading.between(sent, outcome.database_now, answered)
     if not reading.within(budget):
         held = Held(reading, budget, recorded=False)
-        recorded = store.hold(outcome, owner, held.explain())
+        recorded = store.runs.hold(outcome, owner, held.explain())
         return Held(reading, budget, recorded)
     return Attempt(store, outcome, owner, ttl, reading=reading)
 
@@ -190,7 +195,7 @@ def refuse(
     if reason in _DEADLINE_REASONS:
         reserve = getattr(task, "reserve_duration", None)
         confirm = reserve() if callable(reserve) else timedelta(0)
-    return store.refuse(
+    return store.runs.refuse(
         task_id, task.name, retries, status, reason, detail, deadline, confirm_within=confirm
     )
 

@@ -18,11 +18,12 @@ from typing import Any
 
 from ..errors import DeadlineRefused
 from ..gates import Gate, Reason
-from ..models import Status
 from ..signals import run_expired
+from ..states import Status
 from . import outbox
-from .effects import Effects, Pending
-from .store import Expired, Store
+from .sql.connection import Store
+from .sql.effects import Pending
+from .sql.rows import Expired
 
 logger = logging.getLogger("celery_deadlines")
 
@@ -47,7 +48,7 @@ def settle_effect(
     pending list, the operator's form): if it has changed since (another reconciler or
     operator settled it, or a new attempt dispatched it again), nothing is written.
     """
-    settlement = Effects(store).settle(seen, found, result, evidence, by=by)
+    settlement = store.effects.settle(seen, found, result, evidence, by=by)
     if not settlement.applied:
         logger.warning("%s[%s]: %s", seen.task_name, seen.task_id, settlement.detail)
         return Settled(False, detail=settlement.detail)
@@ -55,12 +56,14 @@ def settle_effect(
     return Settled(True, released)
 
 
-def release_settled(app: Any, store: Store, run_id: int, task_id: str, task_name: str) -> str | None:
+def release_settled(
+    app: Any, store: Store, run_id: int, task_id: str, task_name: str
+) -> str | None:
     """An UNKNOWN run none of whose effects is unresolved: queued again and republished
     (the next attempt replays or dispatches anew), or, past its deadline, EXPIRED with
     the caller told why. Returns the status written, or ``None`` (another reconciler or
     operator released it, or an effect is still unresolved)."""
-    released = Effects(store).release_resolved(run_id)
+    released = store.effects.release_resolved(run_id)
     if released == Status.QUEUED:
         republish(app, task_id, partial(outbox.republish_run, app, store, run_id))
     elif released == Status.EXPIRED:

@@ -24,7 +24,8 @@ from django.db import connections, transaction
 from kombu.serialization import dumps, loads
 
 from .._crashpoints import hit
-from .store import NewRun, Store, Unclaimed
+from .sql.connection import Store
+from .sql.rows import NewRun, Unclaimed
 
 logger = logging.getLogger("celery_deadlines")
 
@@ -62,13 +63,13 @@ def record(store: Store, run: NewRun, publish: Callable[[], Any]) -> Any:
     is logged and the sweeper publishes the run again.
     """
     connection = connections[store.using]
-    store.enqueue(run)
+    store.runs.enqueue(run)
     if not connection.in_atomic_block:
         hit("outbox.recorded", run.task_id)
         try:
             sent = publish()
         except Exception as exc:
-            store.publish_failed(run.task_id, f"publish raised {exc!r}")
+            store.runs.publish_failed(run.task_id, f"publish raised {exc!r}")
             raise
         hit("outbox.published", run.task_id)
         return sent
@@ -111,6 +112,6 @@ def republish(app: Celery, message: Unclaimed) -> None:
 
 def republish_run(app: Celery, store: Store, run_id: int) -> None:
     """Publish the recorded message of run ``run_id`` again (after a requeue)."""
-    message = store.message_of(run_id)
+    message = store.sweeps.message_of(run_id)
     if message is not None:
         republish(app, message)

@@ -35,17 +35,19 @@ from .. import conf
 from .._crashpoints import hit
 from ..conf import settings_for
 from ..gates import Reason
-from ..models import Status
+from ..states import Status
 from . import outbox
 from .clockwatch import ClockWatch
-from .effects import Effects, Pending
 from .operations import release_settled, republish, settle_effect, store_refusal
-from .store import Expired, LapsedLease, Store
+from .sql.connection import Store
+from .sql.effects import Pending
+from .sql.rows import Expired, LapsedLease
 
 logger = logging.getLogger("celery_deadlines")
 
 #: How often a worker whose clock is uncertain measures it again (and reconciles).
 RECHECK_UNCERTAIN = timedelta(seconds=1)
+
 
 @dataclass
 class Report:
@@ -73,24 +75,24 @@ def reconcile_once(app: Any, store: Store, *, clock_certain: bool = True) -> Rep
     """
     settings = settings_for(app)
     report = Report()
-    expired_runs = store.expire_unclaimed()
+    expired_runs = store.sweeps.expire_unclaimed()
     if expired_runs:
         now = store.database_now()  # one reading for the whole batch
         for expired in expired_runs:
             report.expired.append(expired.task_id)
             store_refusal(app, expired, now)
     max_lost = settings.get(conf.MAX_LOST_LEASES)
-    for lapsed in store.lapsed_leases():
+    for lapsed in store.sweeps.lapsed_leases():
         _settle(app, store, lapsed, max_lost, report)
-    effects = Effects(store)
+    effects = store.effects
     for pending in effects.pending():
         _reconcile_effect(app, store, pending, report)
     # an effect settled by the attempt that dispatched it (its late outcome), after its
     # run was marked UNKNOWN: nothing is left to ask, the run only waits for its release
     for run_id, task_id, task_name in effects.settled_unknown():
         _count_release(report, task_id, release_settled(app, store, run_id, task_id, task_name))
-    for unclaimed in store.unclaimed(settings.get(conf.REPUBLISH_AFTER), held=clock_certain):
-        if store.mark_republished(unclaimed.run_id, unclaimed.version):
+    for unclaimed in store.sweeps.unclaimed(settings.get(conf.REPUBLISH_AFTER), held=clock_certain):
+        if store.sweeps.mark_republished(unclaimed.run_id, unclaimed.version):
             republish(app, unclaimed.task_id, partial(outbox.republish, app, unclaimed))
             report.republished.append(unclaimed.task_id)
     if report:
@@ -102,20 +104,20 @@ def _settle(app: Any, store: Store, lapsed: LapsedLease, max_lost: int, report: 
     """Settle one lapsed lease; every write is conditioned on the version read (and on
     whether an effect of the attempt is unresolved), so of several reconcilers reading
     the same lapsed run one acts and the others change nothing."""
-    effects = Effects(store)
+    effects = store.effects
     if effects.unresolved(lapsed.run_id):
         # a dispatch without a recorded outcome is UNKNOWN, and the run waits for the
         # effect's reconciliation before anything else (past its deadline too: the
         # outcome is recorded, then the run ends EXPIRED, see release_settled)
         detail = "lease lapsed after a dispatch with no recorded outcome"
-        if store.settle_lapsed(lapsed, Status.UNKNOWN, "effect_unresolved", detail,
+        if store.sweeps.settle_lapsed(lapsed, Status.UNKNOWN, "effect_unresolved", detail,
                                unresolved=True):  # fmt: skip
             effects.mark_unknown(lapsed.run_id, lapsed.token)
             report.unknown.append(lapsed.task_id)
         return
     if lapsed.past_deadline:
         detail = f"lease of {lapsed.owner} lapsed and the deadline has passed"
-        if store.settle_lapsed(lapsed, Status.EXPIRED, Reason.DEADLINE_PASSED, detail):
+        if store.sweeps.settle_lapsed(lapsed, Status.EXPIRED, Reason.DEADLINE_PASSED, detail):
             report.expired.append(lapsed.task_id)
             expired = Expired(
                 lapsed.task_id, lapsed.task_name, Status.EXPIRED, Reason.DEADLINE_PASSED,
@@ -125,11 +127,11 @@ def _settle(app: Any, store: Store, lapsed: LapsedLease, max_lost: int, report: 
         return
     if lapsed.lost_leases >= max_lost:
         detail = f"lost {lapsed.lost_leases + 1} leases (deadlines_max_lost_leases={max_lost})"
-        if store.settle_lapsed(lapsed, Status.FAILED, "worker_lost", detail):
+        if store.sweeps.settle_lapsed(lapsed, Status.FAILED, "worker_lost", detail):
             report.failed.append(lapsed.task_id)
             app.backend.mark_as_failure(lapsed.task_id, WorkerLostError(detail))
         return
-    if store.requeue_lapsed(lapsed):
+    if store.sweeps.requeue_lapsed(lapsed):
         republish(app, lapsed.task_id, partial(outbox.republish_run, app, store, lapsed.run_id))
         report.requeued.append(lapsed.task_id)
 

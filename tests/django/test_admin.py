@@ -19,7 +19,8 @@ from django.urls import reverse
 
 from celery_deadlines.explain import utc
 from celery_deadlines.ledger.outbox import encode_message
-from celery_deadlines.ledger.store import Lease, NewRun, Store
+from celery_deadlines.ledger.sql.connection import Store
+from celery_deadlines.ledger.sql.rows import Lease, NewRun
 from celery_deadlines.models import Run, Status
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -32,7 +33,7 @@ def record(store: Store, task_id: str, parent: str = "", deadline_in: float | No
     deadline = (
         None if deadline_in is None else store.database_now() + timedelta(seconds=deadline_in)
     )
-    store.enqueue(
+    store.runs.enqueue(
         NewRun(
             task_id,
             "shop.charge_card",
@@ -50,7 +51,9 @@ def record(store: Store, task_id: str, parent: str = "", deadline_in: float | No
 
 
 def claim(store: Store, task_id: str, owner: str) -> Lease:
-    lease = store.claim(task_id, 0, owner, TTL, timedelta(0), 3)
+    lease = store.runs.claim(
+        task_id, 0, owner=owner, ttl=TTL, reserve=timedelta(0), max_lost_leases=3
+    )
     assert isinstance(lease, Lease)
     return lease
 
@@ -63,15 +66,15 @@ def story() -> dict[str, Any]:
     order = claim(store, "order-42", "celery@shop:101")
     record(store, "charge-42", parent="order-42")
     stale = claim(store, "charge-42", "celery@shop:102")
-    assert store.checkpoint(stale, "celery@shop:102", "authorised", {"auth": "A-1"})
-    assert store.finish(order, "celery@shop:101", Status.SUCCEEDED)
+    assert store.runs.checkpoint(stale, "celery@shop:102", "authorised", {"auth": "A-1"})
+    assert store.runs.finish(order, "celery@shop:101", Status.SUCCEEDED)
     record(store, "label-42", parent="order-42", deadline_in=None)
     # the charge's lease lapses; another worker takes over; the stale holder is refused
     Run.objects.filter(task_id="charge-42").update(
         lease_expires_at=store.database_now() - timedelta(seconds=2), op="age"
     )
     claim(store, "charge-42", "celery@shop:201")
-    assert not store.finish(stale, "celery@shop:102", Status.SUCCEEDED)
+    assert not store.runs.finish(stale, "celery@shop:102", Status.SUCCEEDED)
     return {"store": store}
 
 
@@ -198,7 +201,7 @@ def test_requeue_publishes_the_recorded_message_again_only_while_the_deadline_al
     record(store, "late-42", deadline_in=0.001)
     record(store, "failed-42")
     lease = claim(store, "failed-42", "celery@shop:301")
-    assert store.finish(lease, "celery@shop:301", Status.FAILED, "error", "ProviderDown()")
+    assert store.runs.finish(lease, "celery@shop:301", Status.FAILED, "error", "ProviderDown()")
     selected = [Run.objects.get(task_id=t).pk for t in ("late-42", "failed-42", "order-42")]
     client.post(
         reverse("admin:celery_deadlines_run_changelist"),
@@ -257,7 +260,7 @@ def unknown_payment(story: dict[str, Any]) -> Run:
         EffectScope(attempt, "pay", "order-42:pay", {"a": 1}, (), "execution"),
     ):
         raise TimeoutError("provider read timed out")
-    assert store.finish(lease, "celery@shop:401", Status.UNKNOWN, "effect_unresolved", "pay")
+    assert store.runs.finish(lease, "celery@shop:401", Status.UNKNOWN, "effect_unresolved", "pay")
     return Run.objects.get(task_id="pay-42")
 
 
@@ -332,7 +335,8 @@ def test_an_operator_resolution_of_a_dispatch_that_moved_on_is_refused_and_said(
     assert (effect.state, effect.dispatches) == (EffectState.DISPATCHED, 2)
     page = answer.content.decode()
     assert "0 effect(s) resolved" in page
-    assert "changed since dispatch 1" in page and "dispatch 2 (DISPATCHED" in page
+    assert "changed since dispatch 1" in page
+    assert "dispatch 2 (DISPATCHED" in page
     assert broker == []
     rejected = Run.objects.get(task_id="pay-42").events.filter(outcome="rejected").get()
     assert (rejected.kind, rejected.owner) == ("effect_settle", "operator ops")

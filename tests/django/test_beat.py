@@ -19,7 +19,7 @@ from celery_deadlines import DeadlineTask
 from celery_deadlines.beat import DeadlineScheduler, ZonedSchedule
 from celery_deadlines.explain import explain
 from celery_deadlines.ledger.reconcile import reconcile_once
-from celery_deadlines.ledger.store import Store
+from celery_deadlines.ledger.sql.connection import Store
 from celery_deadlines.models import Run, Status
 from celery_deadlines.schedules import WEEKDAYS, LocalSchedule
 from celery_deadlines.testing import FakeClock, use_clock

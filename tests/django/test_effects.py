@@ -23,7 +23,8 @@ from celery_deadlines.errors import DispatchRefused, EffectConflict, StaleLease
 from celery_deadlines.ledger import outbox
 from celery_deadlines.ledger.attempt import Attempt
 from celery_deadlines.ledger.reconcile import reconcile_once
-from celery_deadlines.ledger.store import ClaimRefused, Lease, NewRun, Store
+from celery_deadlines.ledger.sql.connection import Store
+from celery_deadlines.ledger.sql.rows import ClaimRefused, Lease, NewRun
 from celery_deadlines.models import Effect, EffectState, Run, RunEvent, Status
 from celery_deadlines.observations import ActionClass, Observation
 from celery_deadlines.task import _end_after_body
@@ -51,14 +52,16 @@ def store(request: pytest.FixtureRequest) -> Store:
 def record(store: Store, task_id: str = "charge-1", deadline_in: float = 600) -> None:
     body, content_type, encoding = outbox.encode_message("json", [42], {}, {})
     deadline = store.database_now() + timedelta(seconds=deadline_in)
-    store.enqueue(
+    store.runs.enqueue(
         NewRun(task_id, "shop.charge", deadline, None, task_id, "", 0, None, body,
                content_type, encoding)
     )  # fmt: skip
 
 
 def attempt(store: Store, owner: str, task_id: str = "charge-1") -> Attempt:
-    lease = store.claim(task_id, 0, owner, TTL, timedelta(0), 10)
+    lease = store.runs.claim(
+        task_id, 0, owner=owner, ttl=TTL, reserve=timedelta(0), max_lost_leases=10
+    )
     assert isinstance(lease, Lease), lease
     return Attempt(store, lease, owner, TTL)
 
@@ -264,7 +267,9 @@ def test_a_redelivery_cannot_claim_a_lapsed_run_before_its_dispatched_effect_is_
     # whose pool process died between the call and recording its outcome, and the new
     # attempt failed on the unresolved effect instead of waiting for reconciliation
     crash_after_dispatch(store)
-    refused = store.claim("charge-1", 0, "w2:2", TTL, timedelta(0), 10)
+    refused = store.runs.claim(
+        "charge-1", 0, owner="w2:2", ttl=TTL, reserve=timedelta(0), max_lost_leases=10
+    )
     assert isinstance(refused, ClaimRefused)
     assert refused.why == ClaimRefused.UNRESOLVED
     assert effect(store).state == EffectState.DISPATCHED
@@ -351,14 +356,16 @@ def test_no_gate_or_operator_ends_or_requeues_a_run_whose_effect_awaits_reconcil
     # found in review: a refused claim (lost leases, deadline) or an operator's requeue
     # could end or queue such a run, leaving its effect DISPATCHED for good
     crash_after_dispatch(store)
-    refused = store.claim("charge-1", 0, "w2:2", TTL, timedelta(0), max_lost_leases=0)
+    refused = store.runs.claim(
+        "charge-1", 0, owner="w2:2", ttl=TTL, reserve=timedelta(0), max_lost_leases=0
+    )
     assert isinstance(refused, ClaimRefused)
     assert refused.why == ClaimRefused.UNRESOLVED  # not lost_leases: nothing may end it
-    assert not store.refuse(
+    assert not store.runs.refuse(
         "charge-1", "shop.charge", 0, Status.EXPIRED, "deadline_passed", "gate", None
     )
     run = Run.objects.using(store.using).get(task_id="charge-1")
-    assert not store.requeue_now(run.id, "operator")
+    assert not store.operator.requeue_now(run.id, "operator")
     run.refresh_from_db()
     assert run.status == Status.RUNNING
     assert effect(store).state == EffectState.DISPATCHED
@@ -431,8 +438,8 @@ def test_a_deadline_refusal_ends_a_run_only_if_the_database_clock_agrees(store: 
     # still sees a minute left, keeps the run for a worker with a sound clock
     record(store, "in-time", deadline_in=60)
     args = ("shop.charge", 0, Status.EXPIRED, "deadline_passed", "claim gate", None)
-    assert not store.refuse("in-time", *args, confirm_within=timedelta(0))
+    assert not store.runs.refuse("in-time", *args, confirm_within=timedelta(0))
     assert Run.objects.using(store.using).get(task_id="in-time").status == Status.QUEUED
     record(store, "late", deadline_in=-1)
-    assert store.refuse("late", *args, confirm_within=timedelta(0))
+    assert store.runs.refuse("late", *args, confirm_within=timedelta(0))
     assert Run.objects.using(store.using).get(task_id="late").status == Status.EXPIRED

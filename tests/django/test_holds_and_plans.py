@@ -28,9 +28,9 @@ from celery_deadlines import (
 from celery_deadlines.explain import explain
 from celery_deadlines.ledger import outbox
 from celery_deadlines.ledger.attempt import Attempt
-from celery_deadlines.ledger.plans import Plans
 from celery_deadlines.ledger.reconcile import reconcile_once
-from celery_deadlines.ledger.store import Lease, Store
+from celery_deadlines.ledger.sql.connection import Store
+from celery_deadlines.ledger.sql.rows import Lease
 from celery_deadlines.models import PlanState, Run, RunEvent, RunPlan, Status
 from celery_deadlines.plans import steps_of
 from celery_deadlines.testing import FakeClock, use_clock
@@ -336,7 +336,7 @@ def test_an_expired_plan_pauses_the_run_for_a_person_when_the_contract_says_so(
     # nothing claims a paused run; the operator's requeue resumes it with no plan
     assert reconcile_once(app, Store(alias)).republished == []
     store = Store(alias)
-    assert store.requeue_now(run.id, "operator")
+    assert store.operator.requeue_now(run.id, "operator")
     outbox.republish_run(app, store, run.id)  # as the admin's action does
     log["world"]["order_state"] = "open"
     state, result = execute_next(app, QUEUE)
@@ -397,14 +397,18 @@ def test_a_stale_attempt_can_neither_store_nor_retire_a_plan(alias: str) -> None
     store = Store(alias)
     record(store, "plan-stale")
     ttl = timedelta(seconds=30)
-    first = store.claim("plan-stale", 0, "w1:1", ttl, timedelta(0), 10)
+    first = store.runs.claim(
+        "plan-stale", 0, owner="w1:1", ttl=ttl, reserve=timedelta(0), max_lost_leases=10
+    )
     assert isinstance(first, Lease)
-    plans = Plans(store)
+    plans = store.plans
     assert plans.save(first, "w1:1", "p1", address_plan(datetime.now(UTC)).to_json())
     Run.objects.using(alias).filter(task_id="plan-stale").update(
         lease_expires_at=ledger_now(alias) - timedelta(seconds=2)
     )
-    second = store.claim("plan-stale", 0, "w2:2", ttl, timedelta(0), 10)
+    second = store.runs.claim(
+        "plan-stale", 0, owner="w2:2", ttl=ttl, reserve=timedelta(0), max_lost_leases=10
+    )
     assert isinstance(second, Lease)
     stored = plans.active(first.run_id)
     assert stored is not None

@@ -24,7 +24,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from celery_deadlines.ledger.store import ClaimRefused, Lease, NewRun, Store
+from celery_deadlines.ledger.sql.connection import Store
+from celery_deadlines.ledger.sql.rows import ClaimRefused, Lease, NewRun
 from celery_deadlines.models import TERMINAL, Run, RunEvent, Status
 from tests.conftest import service_unavailable
 from tests.support.processes import reachable
@@ -58,14 +59,16 @@ def machine_for(store: Store) -> type[RuleBasedStateMachine]:
         def enqueue(self) -> str:
             task_id = f"model-{next(_ids)}"
             run = NewRun(task_id, "t", None, None, task_id, "", 0, None, b"{}", "", "")
-            assert store.enqueue(run)
+            assert store.runs.enqueue(run)
             self.model[task_id] = Model()
             return task_id
 
         @rule(task_id=runs, worker=st.sampled_from(WORKERS))
         def claim(self, task_id: str, worker: str) -> None:
             model = self.model[task_id]
-            outcome = store.claim(task_id, 0, worker, TTL, timedelta(0), 1000)
+            outcome = store.runs.claim(
+                task_id, 0, owner=worker, ttl=TTL, reserve=timedelta(0), max_lost_leases=1000
+            )
             claimable = model.status in (Status.QUEUED, Status.RETRYING) or (
                 model.status == Status.RUNNING and not model.live
             )
@@ -99,13 +102,13 @@ def machine_for(store: Store) -> type[RuleBasedStateMachine]:
                 return
             allowed = model.status == Status.RUNNING and model.live and lease.token == model.token
             if write == "checkpoint":
-                done = store.checkpoint(lease, worker, "step", {"by": worker})
+                done = store.runs.checkpoint(lease, worker, "step", {"by": worker})
             elif write == "succeed":
-                done = store.finish(lease, worker, Status.SUCCEEDED)
+                done = store.runs.finish(lease, worker, Status.SUCCEEDED)
             elif write == "fail":
-                done = store.finish(lease, worker, Status.FAILED, "error", "boom")
+                done = store.runs.finish(lease, worker, Status.FAILED, "error", "boom")
             else:
-                done = store.retry(lease, worker, 0, None, b"{}", "retry")
+                done = store.runs.retry(lease, worker, 0, None, b"{}", "retry")
             assert done == allowed, (write, worker, lease.token, model)
             if done and write in ("succeed", "fail"):
                 model.status = Status.SUCCEEDED if write == "succeed" else Status.FAILED
@@ -115,13 +118,13 @@ def machine_for(store: Store) -> type[RuleBasedStateMachine]:
 
         @rule()
         def reconcile(self) -> None:
-            for lapsed in store.lapsed_leases(limit=1000):
+            for lapsed in store.sweeps.lapsed_leases(limit=1000):
                 model = self.model.get(lapsed.task_id)
                 if model is None:
                     continue  # another example's run
                 assert model.status == Status.RUNNING
                 assert not model.live
-                assert store.requeue_lapsed(lapsed)
+                assert store.sweeps.requeue_lapsed(lapsed)
                 model.status, model.token = Status.QUEUED, model.token + 1
 
         @invariant()

@@ -16,7 +16,8 @@ import pytest
 from django.db import connections
 from django.test.utils import CaptureQueriesContext
 
-from celery_deadlines.ledger.store import ClaimRefused, Lease, NewRun, Store
+from celery_deadlines.ledger.sql.connection import Store
+from celery_deadlines.ledger.sql.rows import ClaimRefused, Lease, NewRun
 from celery_deadlines.models import Run, RunEvent, Status
 from tests.conftest import service_unavailable
 from tests.support.processes import reachable
@@ -57,8 +58,13 @@ def in_(store: Store, seconds: float) -> datetime:
 def claim(store: Store, task_id: str = "run-1", owner: str = "w1:1", **kw: Any) -> Any:
     options: dict[str, Any] = {"retries": 0, "ttl": TTL, "reserve": NO_RESERVE, "max_lost": 3}
     options.update(kw)
-    return store.claim(
-        task_id, options["retries"], owner, options["ttl"], options["reserve"], options["max_lost"]
+    return store.runs.claim(
+        task_id,
+        options["retries"],
+        owner=owner,
+        ttl=options["ttl"],
+        reserve=options["reserve"],
+        max_lost_leases=options["max_lost"],
     )
 
 
@@ -96,7 +102,7 @@ def events(store: Store, task_id: str = "run-1") -> list[tuple[str, str]]:
 
 
 def test_a_recorded_run_is_claimed_once_with_the_next_fencing_token(store: Store) -> None:
-    assert store.enqueue(new_run())
+    assert store.runs.enqueue(new_run())
     lease = won(claim(store))
     assert (lease.token, lease.version, lease.attempt) == (1, 1, 1)
     assert lost(claim(store, owner="w2:2")).why == ClaimRefused.HELD
@@ -104,15 +110,15 @@ def test_a_recorded_run_is_claimed_once_with_the_next_fencing_token(store: Store
 
 
 def test_recording_the_same_task_id_twice_keeps_the_first_run(store: Store) -> None:
-    assert store.enqueue(new_run())
-    assert not store.enqueue(new_run())
+    assert store.runs.enqueue(new_run())
+    assert not store.runs.enqueue(new_run())
     assert Run.objects.using(store.using).count() == 1
 
 
 def test_a_lapsed_lease_is_taken_over_with_a_newer_token_and_counted_as_lost(
     store: Store,
 ) -> None:
-    store.enqueue(new_run())
+    store.runs.enqueue(new_run())
     first = won(claim(store))
     age(store, "run-1", 31)
     second = won(claim(store, owner="w2:2"))
@@ -121,12 +127,12 @@ def test_a_lapsed_lease_is_taken_over_with_a_newer_token_and_counted_as_lost(
 
 
 def test_a_stale_holder_cannot_write_and_its_attempt_is_recorded(store: Store) -> None:
-    store.enqueue(new_run())
+    store.runs.enqueue(new_run())
     stale = won(claim(store))
     age(store, "run-1", 31)
     won(claim(store, owner="w2:2"))
-    assert not store.checkpoint(stale, "w1:1", "charged", {"step": 2})
-    assert not store.finish(stale, "w1:1", Status.SUCCEEDED)
+    assert not store.runs.checkpoint(stale, "w1:1", "charged", {"step": 2})
+    assert not store.runs.finish(stale, "w1:1", Status.SUCCEEDED)
     rejected = RunEvent.objects.using(store.using).filter(outcome="rejected")
     assert [(e.kind, e.lease_token, e.owner) for e in rejected] == [
         ("checkpoint", 1, "w1:1"),
@@ -139,16 +145,16 @@ def test_a_stale_holder_cannot_write_and_its_attempt_is_recorded(store: Store) -
 def test_a_paused_holder_whose_lease_lapsed_cannot_write_even_if_nobody_took_over(
     store: Store,
 ) -> None:
-    store.enqueue(new_run())
+    store.runs.enqueue(new_run())
     lease = won(claim(store))
     age(store, "run-1", 31)
-    assert not store.finish(lease, "w1:1", Status.SUCCEEDED)
+    assert not store.runs.finish(lease, "w1:1", Status.SUCCEEDED)
     assert row(store).status == Status.RUNNING
 
 
 def test_the_lease_never_outlives_the_deadline(store: Store) -> None:
     deadline = in_(store, 5)
-    store.enqueue(new_run(deadline=deadline))
+    store.runs.enqueue(new_run(deadline=deadline))
     lease = won(claim(store))
     assert lease.expires_at == deadline
     assert lease.deadline == deadline
@@ -157,7 +163,7 @@ def test_the_lease_never_outlives_the_deadline(store: Store) -> None:
 def test_a_claim_is_refused_when_the_database_clock_leaves_less_than_the_reserve(
     store: Store,
 ) -> None:
-    store.enqueue(new_run(deadline=in_(store, 5)))
+    store.runs.enqueue(new_run(deadline=in_(store, 5)))
     refused = lost(claim(store, reserve=timedelta(seconds=10)))
     assert refused.why == ClaimRefused.DEADLINE
     assert row(store).status == Status.QUEUED
@@ -165,15 +171,15 @@ def test_a_claim_is_refused_when_the_database_clock_leaves_less_than_the_reserve
 
 
 def test_a_message_older_than_the_run_is_refused_as_stale(store: Store) -> None:
-    store.enqueue(new_run(retries=2))
+    store.runs.enqueue(new_run(retries=2))
     assert lost(claim(store, retries=1)).why == ClaimRefused.STALE_MESSAGE
     won(claim(store, retries=2))
 
 
 def test_a_finished_run_is_never_claimed_again(store: Store) -> None:
-    store.enqueue(new_run())
+    store.runs.enqueue(new_run())
     lease = won(claim(store))
-    assert store.finish(lease, "w1:1", Status.SUCCEEDED)
+    assert store.runs.finish(lease, "w1:1", Status.SUCCEEDED)
     assert lost(claim(store)).why == ClaimRefused.TERMINAL
 
 
@@ -182,10 +188,10 @@ def test_a_claim_of_an_unrecorded_run_says_it_is_missing(store: Store) -> None:
 
 
 def test_every_write_appends_its_event_with_the_database_clock(store: Store) -> None:
-    store.enqueue(new_run())
+    store.runs.enqueue(new_run())
     lease = won(claim(store))
-    assert store.checkpoint(lease, "w1:1", "reserved", {"sku": "A1"})
-    assert store.finish(lease, "w1:1", Status.SUCCEEDED)
+    assert store.runs.checkpoint(lease, "w1:1", "reserved", {"sku": "A1"})
+    assert store.runs.finish(lease, "w1:1", Status.SUCCEEDED)
     assert events(store) == [
         ("enqueue", "applied"),
         ("claim", "applied"),
@@ -199,9 +205,9 @@ def test_every_write_appends_its_event_with_the_database_clock(store: Store) -> 
 
 
 def test_the_next_claim_resumes_from_the_last_durable_checkpoint(store: Store) -> None:
-    store.enqueue(new_run())
+    store.runs.enqueue(new_run())
     first = won(claim(store))
-    assert store.checkpoint(first, "w1:1", "reserved", {"sku": "A1", "qty": 2})
+    assert store.runs.checkpoint(first, "w1:1", "reserved", {"sku": "A1", "qty": 2})
     age(store, "run-1", 31)
     second = won(claim(store, owner="w2:2"))
     assert (second.checkpoint_name, second.checkpoint_data) == ("reserved", {"sku": "A1", "qty": 2})
@@ -212,23 +218,23 @@ def test_renewal_extends_from_the_database_clock_and_stops_at_the_deadline(
     store: Store,
 ) -> None:
     deadline = in_(store, 60)
-    store.enqueue(new_run(deadline=deadline))
+    store.runs.enqueue(new_run(deadline=deadline))
     lease = won(claim(store))
-    renewed = store.renew(lease, "w1:1", TTL)
+    renewed = store.runs.renew(lease, "w1:1", TTL)
     assert renewed is not None
     assert renewed <= store.database_now() + TTL
-    assert store.renew(lease, "w1:1", timedelta(seconds=600)) == deadline
+    assert store.runs.renew(lease, "w1:1", timedelta(seconds=600)) == deadline
     age(store, "run-1", 61)
-    assert store.renew(lease, "w1:1", TTL) is None
+    assert store.runs.renew(lease, "w1:1", TTL) is None
     assert events(store)[-1] == ("renew", "rejected")
 
 
 def test_a_retry_releases_the_lease_and_only_the_next_retry_number_can_claim(
     store: Store,
 ) -> None:
-    store.enqueue(new_run())
+    store.runs.enqueue(new_run())
     lease = won(claim(store))
-    assert store.retry(lease, "w1:1", 1, None, b"{}", "retries=1")
+    assert store.runs.retry(lease, "w1:1", 1, None, b"{}", "retries=1")
     assert row(store).status == Status.RETRYING
     assert lost(claim(store, retries=0)).why == ClaimRefused.STALE_MESSAGE
     assert won(claim(store, retries=1)).token == lease.token + 1
@@ -237,17 +243,17 @@ def test_a_retry_releases_the_lease_and_only_the_next_retry_number_can_claim(
 def test_a_gate_refusal_ends_a_waiting_run_but_not_one_another_worker_owns(
     store: Store,
 ) -> None:
-    store.enqueue(new_run("waiting"))
-    assert store.refuse("waiting", "t", 0, Status.EXPIRED, "deadline_passed", "late", None)
+    store.runs.enqueue(new_run("waiting"))
+    assert store.runs.refuse("waiting", "t", 0, Status.EXPIRED, "deadline_passed", "late", None)
     assert row(store, "waiting").status == Status.EXPIRED
-    store.enqueue(new_run("owned"))
+    store.runs.enqueue(new_run("owned"))
     won(claim(store, "owned"))
-    assert not store.refuse("owned", "t", 0, Status.EXPIRED, "deadline_passed", "late", None)
+    assert not store.runs.refuse("owned", "t", 0, Status.EXPIRED, "deadline_passed", "late", None)
     assert row(store, "owned").status == Status.RUNNING
 
 
 def test_a_refused_message_without_a_run_gets_an_ended_run(store: Store) -> None:
-    assert store.refuse("by-name", "t", 0, Status.EXPIRED, "invalid_deadline", "bad", None)
+    assert store.runs.refuse("by-name", "t", 0, Status.EXPIRED, "invalid_deadline", "bad", None)
     assert (row(store, "by-name").status, row(store, "by-name").reason) == (
         Status.EXPIRED,
         "invalid_deadline",
@@ -255,10 +261,10 @@ def test_a_refused_message_without_a_run_gets_an_ended_run(store: Store) -> None
 
 
 def test_unclaimed_runs_past_their_deadline_are_expired_before_claim(store: Store) -> None:
-    store.enqueue(new_run("late", deadline=in_(store, 1)))
-    store.enqueue(new_run("in-time", deadline=in_(store, 600)))
+    store.runs.enqueue(new_run("late", deadline=in_(store, 1)))
+    store.runs.enqueue(new_run("in-time", deadline=in_(store, 600)))
     age(store, "late", 2)
-    expired = store.expire_unclaimed()
+    expired = store.sweeps.expire_unclaimed()
     assert [e.task_id for e in expired] == ["late"]
     assert (row(store, "late").status, row(store, "late").reason) == (
         Status.EXPIRED,
@@ -268,26 +274,26 @@ def test_unclaimed_runs_past_their_deadline_are_expired_before_claim(store: Stor
 
 
 def test_a_lapsed_lease_is_requeued_once_with_a_fresh_token(store: Store) -> None:
-    store.enqueue(new_run(deadline=in_(store, 600)))
+    store.runs.enqueue(new_run(deadline=in_(store, 600)))
     lease = won(claim(store))
     age(store, "run-1", 31)
-    [lapsed] = store.lapsed_leases()
-    assert store.requeue_lapsed(lapsed)
-    assert not store.requeue_lapsed(lapsed)  # a second reconciler changes nothing
+    [lapsed] = store.sweeps.lapsed_leases()
+    assert store.sweeps.requeue_lapsed(lapsed)
+    assert not store.sweeps.requeue_lapsed(lapsed)  # a second reconciler changes nothing
     after = row(store)
     assert (after.status, after.lease_token, after.lost_leases) == (Status.QUEUED, 2, 1)
-    assert not store.finish(lease, "w1:1", Status.SUCCEEDED)
+    assert not store.runs.finish(lease, "w1:1", Status.SUCCEEDED)
 
 
 def test_runs_unclaimed_for_too_long_are_offered_for_republishing_once(store: Store) -> None:
-    store.enqueue(new_run())
-    assert store.unclaimed(timedelta(seconds=60)) == []
+    store.runs.enqueue(new_run())
+    assert store.sweeps.unclaimed(timedelta(seconds=60)) == []
     age(store, "run-1", 61)
-    [unclaimed] = store.unclaimed(timedelta(seconds=60))
+    [unclaimed] = store.sweeps.unclaimed(timedelta(seconds=60))
     assert unclaimed.message_body == b'{"args": [], "kwargs": {}, "options": {}}'
-    assert store.mark_republished(unclaimed.run_id, unclaimed.version)
-    assert not store.mark_republished(unclaimed.run_id, unclaimed.version)
-    assert store.unclaimed(timedelta(seconds=60)) == []
+    assert store.sweeps.mark_republished(unclaimed.run_id, unclaimed.version)
+    assert not store.sweeps.mark_republished(unclaimed.run_id, unclaimed.version)
+    assert store.sweeps.unclaimed(timedelta(seconds=60)) == []
 
 
 def test_claim_and_completion_are_one_statement_each_on_postgresql(store: Store) -> None:
@@ -295,10 +301,10 @@ def test_claim_and_completion_are_one_statement_each_on_postgresql(store: Store)
         pytest.skip("the one-round-trip promise is PostgreSQL's (SQLite is in-process)")
     connection = connections[store.using]
     with CaptureQueriesContext(connection) as enqueue:
-        store.enqueue(new_run(deadline=datetime.now(UTC) + TTL))
+        store.runs.enqueue(new_run(deadline=datetime.now(UTC) + TTL))
     with CaptureQueriesContext(connection) as claimed:
         lease = won(claim(store))
     with CaptureQueriesContext(connection) as completed:
-        assert store.finish(lease, "w1:1", Status.SUCCEEDED)
+        assert store.runs.finish(lease, "w1:1", Status.SUCCEEDED)
     assert (len(enqueue), len(claimed), len(completed)) == (1, 1, 1)
     assert events(store) == [("enqueue", "applied"), ("claim", "applied"), ("succeeded", "applied")]

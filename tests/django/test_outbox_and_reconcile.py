@@ -16,9 +16,9 @@ from django.db import transaction
 
 from celery_deadlines import DeadlineRefused
 from celery_deadlines.ledger import outbox
-from celery_deadlines.ledger.effects import Effects
 from celery_deadlines.ledger.reconcile import Report, _settle, reconcile_once
-from celery_deadlines.ledger.store import Lease, NewRun, Store
+from celery_deadlines.ledger.sql.connection import Store
+from celery_deadlines.ledger.sql.rows import Lease, NewRun
 from celery_deadlines.models import Effect, Run, Status
 from tests.conftest import service_unavailable
 from tests.support.memory_queue import drain
@@ -60,7 +60,7 @@ def record(store: Store, task_id: str, deadline_in: float | None = 600) -> NewRu
     run = NewRun(
         task_id, "shop.ship", deadline, None, task_id, "", 0, None, body, content_type, encoding
     )
-    store.enqueue(run)
+    store.runs.enqueue(run)
     return run
 
 
@@ -72,7 +72,9 @@ def lapse(store: Store, task_id: str) -> None:
 
 
 def claim(store: Store, task_id: str) -> Lease:
-    lease = store.claim(task_id, 0, "w:1", timedelta(seconds=30), timedelta(0), 5)
+    lease = store.runs.claim(
+        task_id, 0, owner="w:1", ttl=timedelta(seconds=30), reserve=timedelta(0), max_lost_leases=5
+    )
     assert isinstance(lease, Lease)
     return lease
 
@@ -176,7 +178,7 @@ def test_reconcile_hands_a_run_with_an_unresolved_effect_to_effect_reconciliatio
 ) -> None:
     record(store, "ambiguous")
     lease = claim(store, "ambiguous")
-    effects = Effects(store)
+    effects = store.effects
     effects.record_intent(lease, "ambiguous:pay", "pay", "execution", "f")
     assert effects.dispatch(lease, "ambiguous:pay") == 1  # then the worker vanished
     lapse(store, "ambiguous")
@@ -191,7 +193,7 @@ def test_a_late_outcome_of_the_lapsed_attempt_releases_its_unknown_run(
 ) -> None:
     record(store, "late")
     lease = claim(store, "late")
-    effects = Effects(store)
+    effects = store.effects
     effects.record_intent(lease, "late:pay", "pay", "execution", "f")
     assert effects.dispatch(lease, "late:pay") == 1
     lapse(store, "late")
@@ -203,17 +205,15 @@ def test_a_late_outcome_of_the_lapsed_attempt_releases_its_unknown_run(
     assert [message["headers"]["id"] for message in published(app)] == ["late"]
 
 
-def test_two_reconcilers_that_read_one_lapsed_run_settle_it_once(
-    store: Store, app: Celery
-) -> None:
+def test_two_reconcilers_that_read_one_lapsed_run_settle_it_once(store: Store, app: Celery) -> None:
     record(store, "lapsed")
     lease = claim(store, "lapsed")
-    effects = Effects(store)
+    effects = store.effects
     effects.record_intent(lease, "lapsed:pay", "pay", "execution", "f")
     assert effects.dispatch(lease, "lapsed:pay") == 1
     lapse(store, "lapsed")
-    [first] = [x for x in store.lapsed_leases() if x.task_id == "lapsed"]
-    [second] = [x for x in store.lapsed_leases() if x.task_id == "lapsed"]  # read alike
+    [first] = [x for x in store.sweeps.lapsed_leases() if x.task_id == "lapsed"]
+    [second] = [x for x in store.sweeps.lapsed_leases() if x.task_id == "lapsed"]  # read alike
     _settle(app, store, first, 5, Report())
     # the first settles it; an operator resolves it as not sent; a new attempt
     # dispatches again: the second reconciler's reading is stale by then

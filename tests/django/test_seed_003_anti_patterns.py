@@ -28,7 +28,8 @@ from celery_deadlines import (
 )
 from celery_deadlines.ledger.attempt import Attempt
 from celery_deadlines.ledger.reconcile import reconcile_once
-from celery_deadlines.ledger.store import Lease, Store
+from celery_deadlines.ledger.sql.connection import Store
+from celery_deadlines.ledger.sql.rows import Lease
 from celery_deadlines.models import Run, RunEvent, Status
 from celery_deadlines.observations import Observation
 from tests.django.test_effects import charge, record
@@ -155,7 +156,9 @@ def test_anti_pattern_3_the_lease_is_checked_at_every_write_not_only_before_the_
     store = Store(app.conf.deadlines_database)
     record(store, "lease-once")
     ttl = timedelta(seconds=30)
-    first = store.claim("lease-once", 0, "w1:1", ttl, timedelta(0), 10)
+    first = store.runs.claim(
+        "lease-once", 0, owner="w1:1", ttl=ttl, reserve=timedelta(0), max_lost_leases=10
+    )
     assert isinstance(first, Lease)
     stale = Attempt(store, first, "w1:1", ttl)
     # the first worker checked its lease, then worked too long: the lease lapsed and
@@ -163,7 +166,9 @@ def test_anti_pattern_3_the_lease_is_checked_at_every_write_not_only_before_the_
     Run.objects.using(store.using).filter(task_id="lease-once").update(
         lease_expires_at=store.database_now() - timedelta(seconds=2)
     )
-    second = store.claim("lease-once", 0, "w2:2", ttl, timedelta(0), 10)
+    second = store.runs.claim(
+        "lease-once", 0, owner="w2:2", ttl=ttl, reserve=timedelta(0), max_lost_leases=10
+    )
     assert isinstance(second, Lease)
     with pytest.raises(StaleLease):
         stale.checkpoint("late", {})

@@ -1,7 +1,8 @@
 """Settling effects against a model: two reconcilers and an operator acting concurrently.
 
 Hypothesis drives random interleavings of workers (an attempt claims and dispatches,
-with or without the provider call; it records the reply, or dies), leases lapsing, and three settlers that each
+with or without the provider call; it records the reply, or dies), leases lapsing, and
+three settlers that each
 *read* (lapsed runs, unresolved effects, and the provider's truthful answer at that
 moment) and *act* at their next step on what they read then: two reconcilers and an
 operator with the admin's form. Reading and acting apart is what real concurrency does
@@ -26,10 +27,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from celery_deadlines.ledger.effects import Effects, Pending
 from celery_deadlines.ledger.operations import release_settled, settle_effect
 from celery_deadlines.ledger.reconcile import Report, _settle
-from celery_deadlines.ledger.store import Lease, LapsedLease, NewRun, Store
+from celery_deadlines.ledger.sql.connection import Store
+from celery_deadlines.ledger.sql.effects import Pending
+from celery_deadlines.ledger.sql.rows import LapsedLease, Lease, NewRun
 from celery_deadlines.models import Effect, EffectState, Run
 from tests.conftest import service_unavailable
 from tests.support.processes import reachable
@@ -60,7 +62,7 @@ class Settler:
 
 
 def machine_for(store: Store) -> type[RuleBasedStateMachine]:
-    effects = Effects(store)
+    effects = store.effects
 
     class SettlementMachine(RuleBasedStateMachine):
         def idle(self) -> bool:
@@ -75,7 +77,7 @@ def machine_for(store: Store) -> type[RuleBasedStateMachine]:
             self.task_id, self.key = f"settle-{n}", f"pay-settle-{n}"
             run = NewRun(self.task_id, "t", None, None, self.task_id, "", 0, None, b"{}",
                          "application/json", "utf-8")  # fmt: skip
-            assert store.enqueue(run)
+            assert store.runs.enqueue(run)
             self.calls = 0  # the provider's log for the key
             self.workers = {name: Worker() for name in WORKERS}
             self.settlers = {name: Settler() for name in SETTLERS}
@@ -87,7 +89,9 @@ def machine_for(store: Store) -> type[RuleBasedStateMachine]:
             or the worker dies after the guard, before the call."""
             if self.workers[worker].lease is not None:
                 return
-            lease = store.claim(self.task_id, 0, worker, TTL, timedelta(0), 1000)
+            lease = store.runs.claim(
+                self.task_id, 0, owner=worker, ttl=TTL, reserve=timedelta(0), max_lost_leases=1000
+            )
             if not isinstance(lease, Lease):
                 return
             self.workers[worker] = Worker(lease)
@@ -130,8 +134,8 @@ def machine_for(store: Store) -> type[RuleBasedStateMachine]:
             """Act on what this settler read at its previous step, then read again: its
             view is always one step old, as a reconciler's is by the time it writes."""
             read = self.settlers[settler]
-            for lapsed in read.lapsed:
-                _settle(app, store, lapsed, 1000, Report())
+            for stale in read.lapsed:
+                _settle(app, store, stale, 1000, Report())
             for seen, found in read.answers:
                 result = {"paid": self.key} if found else None
                 settle_effect(app, store, seen, found, result, "lookup", by=settler)
@@ -139,7 +143,9 @@ def machine_for(store: Store) -> type[RuleBasedStateMachine]:
                 if task_id == self.task_id:
                     release_settled(app, store, run_id, task_id, task_name)
             mine = [p for p in effects.pending(limit=1000) if p.task_id == self.task_id]
-            lapsed = [x for x in store.lapsed_leases(limit=1000) if x.task_id == self.task_id]
+            lapsed = [
+                x for x in store.sweeps.lapsed_leases(limit=1000) if x.task_id == self.task_id
+            ]
             # the provider's answer, true when it is given: found iff it has the call
             self.settlers[settler] = Settler(lapsed, [(p, self.calls > 0) for p in mine])
 
@@ -170,11 +176,11 @@ def test_two_reconcilers_and_an_operator_never_settle_one_dispatch_twice(
 ) -> None:
     from hypothesis.stateful import run_state_machine_as_test
 
-    from celery_deadlines.ledger import operations
+    from celery_deadlines.ledger import outbox
 
     if alias == "postgres" and not reachable("127.0.0.1", 5432):
         service_unavailable("PostgreSQL 127.0.0.1:5432")
-    monkeypatch.setattr(operations.outbox, "republish_run", _published)
+    monkeypatch.setattr(outbox, "republish_run", _published)
     monkeypatch.setattr(app.backend, "mark_as_failure", _published)
     run_state_machine_as_test(
         machine_for(Store(alias)),

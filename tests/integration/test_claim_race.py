@@ -19,7 +19,8 @@ from datetime import timedelta
 import pytest
 from django.db import connections
 
-from celery_deadlines.ledger.store import Lease, NewRun, Store
+from celery_deadlines.ledger.sql.connection import Store
+from celery_deadlines.ledger.sql.rows import Lease, NewRun
 from celery_deadlines.models import Run, RunEvent, Status
 from tests.conftest import service_unavailable
 from tests.support.processes import reachable
@@ -46,9 +47,16 @@ def test_exactly_one_of_eight_racing_claims_wins_in_each_of_500_rounds() -> None
     old_holders: dict[int, Lease] = {}
     for round_ in range(ROUNDS):
         task_id = f"race-{round_}"
-        store.enqueue(NewRun(task_id, "race", None, None, task_id, "", 0, None, None, "", ""))
+        store.runs.enqueue(NewRun(task_id, "race", None, None, task_id, "", 0, None, None, "", ""))
         if variant(round_) != "fresh":
-            lease = store.claim(task_id, 0, "old", timedelta(seconds=60), timedelta(0), 1000)
+            lease = store.runs.claim(
+                task_id,
+                0,
+                owner="old",
+                ttl=timedelta(seconds=60),
+                reserve=timedelta(0),
+                max_lost_leases=1000,
+            )
             assert isinstance(lease, Lease)
             old_holders[round_] = lease
     with connections["postgres"].cursor() as cursor:  # the lapsed rounds' leases run out
@@ -88,7 +96,7 @@ def test_exactly_one_of_eight_racing_claims_wins_in_each_of_500_rounds() -> None
         assert losers == {"held"}, (round_, claims)
 
     for round_, lease in old_holders.items():
-        refused = not store.finish(lease, "old", Status.SUCCEEDED)
+        refused = not store.runs.finish(lease, "old", Status.SUCCEEDED)
         assert refused == (variant(round_) == "lapsed"), round_
     assert RunEvent.objects.using("postgres").filter(
         kind="claim", outcome="rejected", owner__startswith="racer-"

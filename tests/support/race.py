@@ -15,15 +15,21 @@ def racer(index: int, database: str, rounds: int, barrier: Any, results: Any) ->
     django.setup()
     from django.db import connections
 
-    from celery_deadlines.ledger.store import ClaimRefused, Store
+    from celery_deadlines.ledger.sql.connection import Store
+    from celery_deadlines.ledger.sql.rows import ClaimRefused
 
     connections["postgres"].settings_dict["NAME"] = database
     store = Store("postgres")
     outcomes: list[tuple[int, int, int | None, str]] = []
     for round_ in range(rounds):
         barrier.wait()
-        outcome = store.claim(
-            f"race-{round_}", 0, f"racer-{index}", timedelta(seconds=60), timedelta(0), 1000
+        outcome = store.runs.claim(
+            f"race-{round_}",
+            0,
+            owner=f"racer-{index}",
+            ttl=timedelta(seconds=60),
+            reserve=timedelta(0),
+            max_lost_leases=1000,
         )
         if isinstance(outcome, ClaimRefused):
             outcomes.append((round_, index, None, outcome.why))

@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...explain import explain, facts
 from ...ledger.reconcile import reconcile_once
-from ...ledger.store import Store
+from ...ledger.sql.connection import Store
 from ...models import Run
 
 

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from .store import EFFECT, EVENT, RUN, UNRESOLVED_SQL, Lease, Store
+from .predicates import EFFECT, EVENT, RUN, UNRESOLVED_SQL
+from .rows import Lease, from_json
+from .statements import Statements
 
 
 @dataclass(frozen=True)
@@ -48,8 +50,10 @@ class Pending:
     dispatches: int = 1
 
     def describe(self) -> str:
-        return f"dispatch {self.dispatches} ({self.state}, run {self.run_id}, token " \
+        return (
+            f"dispatch {self.dispatches} ({self.state}, run {self.run_id}, token "
             f"{self.lease_token})"
+        )
 
 
 @dataclass(frozen=True)
@@ -60,11 +64,8 @@ class Settlement:
     detail: str = ""
 
 
-class Effects:
+class Effects(Statements):
     """The effect statements, on a :class:`Store`'s connection and dialect."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
 
     def record_intent(
         self, lease: Lease, key: str, name: str, kind: str, fingerprint: str
@@ -82,7 +83,7 @@ class Effects:
             [key, lease.run_id, name, kind, lease.token, fingerprint],
         )
         state, recorded_fingerprint, result, token = rows[0]
-        return Recorded(state, recorded_fingerprint, _json(result), token)
+        return Recorded(state, recorded_fingerprint, from_json(result), token)
 
     def dispatch(self, lease: Lease, key: str, fresh_until: datetime | None = None) -> int | None:
         """The dispatch guard: one conditional write. Returns the key's dispatch number
@@ -246,7 +247,7 @@ class Effects:
             f"effect {seen.key} changed since {seen.describe()} was read: it is now "
             f"{self.describe(seen.key)}; left as it is"
         )
-        self.store.record_rejected(seen.run_id, "effect_settle", seen.lease_token, by, detail)
+        self.store.runs.record_rejected(seen.run_id, "effect_settle", seen.lease_token, by, detail)
         return Settlement(False, detail)
 
     def describe(self, key: str) -> str:
@@ -306,9 +307,3 @@ def _fresh_clause(d: Any, fresh_until: datetime | None) -> tuple[str, list[Any]]
     if fresh_until is None:
         return "", []
     return f"\n              AND %s > {d.now}", [d.param(fresh_until)]
-
-
-def _json(value: Any) -> Any:
-    if isinstance(value, (str, bytes)):
-        return json.loads(value)
-    return value

@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final
+from typing import Any
 
-from .store import RUN, Lease, Store
-
-PLAN: Final = "celery_deadlines_runplan"
+from .predicates import PLAN, RUN
+from .rows import Lease
+from .statements import Statements
 
 
 @dataclass(frozen=True)
@@ -28,11 +28,8 @@ class StoredPlan:
     created_at: datetime
 
 
-class Plans:
+class Plans(Statements):
     """The plan statements, on a :class:`Store`'s connection and dialect."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
 
     def _alive(self) -> str:
         """The fence: the run is RUNNING under the caller's token, its lease alive."""
@@ -71,7 +68,7 @@ class Plans:
             [plan_id, json.dumps(document), lease.run_id, lease.token],
         )
         if count != 1:
-            self.store.record_rejected(lease.run_id, "save_plan", lease.token, owner)
+            self.store.runs.record_rejected(lease.run_id, "save_plan", lease.token, owner)
         return count == 1
 
     def active(self, run_id: int) -> StoredPlan | None:
@@ -106,5 +103,5 @@ class Plans:
             [reason, detail, row_id, lease.run_id, lease.token],
         )
         if count != 1:
-            self.store.record_rejected(lease.run_id, "invalidate_plan", lease.token, owner)
+            self.store.runs.record_rejected(lease.run_id, "invalidate_plan", lease.token, owner)
         return count == 1

@@ -18,7 +18,7 @@ from typing import Any
 
 from django.utils.dateparse import parse_datetime
 
-from ..errors import ConfigurationError
+from ...errors import ConfigurationError
 
 SUPPORTED = ("postgresql", "sqlite")
 

@@ -1,0 +1,143 @@
+"""The ledger's connection: one Django database alias, dedicated or shared, and the clock.
+
+:class:`Store` runs statements and reads the database clock; the statements themselves
+are grouped by who asks for them, each a small class on the store's connection:
+
+``store.runs``      the producer (the outbox row) and the attempt (claim, fenced writes,
+                    refusals), and the worker's main process about its pool processes
+``store.sweeps``    the reconciler and the scheduler (lapsed leases, expiry, republish,
+                    occurrences)
+``store.operator``  the admin's actions (expire now, requeue)
+``store.effects``   the effect ledger (intent, dispatch guard, outcomes, settlement)
+``store.plans``     plans stored with the run
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from datetime import datetime
+from functools import cached_property
+from typing import Any, Final
+
+from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.utils import load_backend
+
+from ...clock import get_clock
+from .dialect import Dialect, dialect_for
+from .effects import Effects
+from .operator import OperatorActions
+from .plans import Plans
+from .rows import required
+from .runs import Runs
+from .sweeps import Sweeps
+
+#: A dedicated connection idle longer than this is pinged before its next statement.
+IDLE_PING: Final = 1.0
+
+
+class Store:
+    """The ledger's statements on one Django database alias.
+
+    ``dedicated=False`` (the producer's store) runs them on Django's connection for the
+    alias, so the outbox row joins the caller's transaction. ``dedicated=True`` (the
+    worker's) runs them on a connection of its own per process and thread, kept open
+    across tasks: Celery's Django fixup closes Django's connections before and after
+    every task, and a new connection costs more than the ledger's statements. Its writes
+    commit at once (autocommit), whatever transaction the task body has open.
+    """
+
+    def __init__(self, using: str = "default", *, dedicated: bool = False) -> None:
+        self.using = using
+        self.dedicated = dedicated
+        self._dialect: Dialect | None = None
+        self._local = threading.local()
+
+    @property
+    def dialect(self) -> Dialect:
+        if self._dialect is None:
+            self._dialect = dialect_for(connections[self.using].vendor)
+        return self._dialect
+
+    def _connection(self) -> BaseDatabaseWrapper:
+        if not self.dedicated:
+            return connections[self.using]
+        local = self._local
+        connection: BaseDatabaseWrapper | None = getattr(local, "connection", None)
+        if connection is None or local.pid != os.getpid():  # first use, or a forked child
+            settings = {**connections.settings[self.using], "CONN_MAX_AGE": None}
+            wrapper = load_backend(settings["ENGINE"]).DatabaseWrapper
+            connection = local.connection = wrapper(settings, self.using)
+            local.pid = os.getpid()
+            local.used_at = get_clock().monotonic()
+        connection.close_if_unusable_or_obsolete()  # reconnects after a database error
+        now = get_clock().monotonic()
+        # a connection idle through a database restart or a network cut fails its next
+        # statement; a claim must not fail for that: ping it first, reconnect if dead
+        idle = now - local.used_at > IDLE_PING and connection.connection is not None
+        if idle and not connection.is_usable():
+            connection.close()
+        local.used_at = now
+        return connection
+
+    def close(self) -> None:
+        """Close this thread's dedicated connection (a thread that stops calls this)."""
+        connection = getattr(self._local, "connection", None)
+        if connection is not None and self._local.pid == os.getpid():
+            connection.close()
+            if connection.connection is not None:
+                # Django keeps an in-memory SQLite database open on close(), lest the
+                # data go with it; this connection is the store's own, never the last
+                connection.connection.close()
+                connection.connection = None
+        self._local.connection = None
+
+    def execute(
+        self, sql: str, params: list[Any] | dict[str, Any], *, timed: bool = False
+    ) -> tuple[int, list[tuple[Any, ...]]]:
+        """Run one statement; (rows affected, rows returned). ``timed``: the statement
+        returns the database clock; the local clock is read just before and after the
+        statement itself (:meth:`last_round_trip`), so it is a clock reading whatever
+        reconnecting or pinging the connection took."""
+        with self._connection().cursor() as cursor:
+            if not timed:
+                cursor.execute(sql, params)
+                return cursor.rowcount, (cursor.fetchall() if cursor.description else [])
+            clock = get_clock()
+            sent = clock.now()
+            cursor.execute(sql, params)
+            rows = cursor.fetchall() if cursor.description else []
+            self._local.round_trip = (sent, clock.now())
+            return cursor.rowcount, rows
+
+    def last_round_trip(self) -> tuple[datetime, datetime]:
+        """This thread's last statement: the local clock when it was sent and answered."""
+        trip: tuple[datetime, datetime] = self._local.round_trip
+        return trip
+
+    def database_now(self) -> datetime:
+        """The database clock."""
+        d = self.dialect
+        _, rows = self.execute(f"SELECT {d.now}", [], timed=True)
+        return required(d.instant(rows[0][0]))
+
+    @cached_property
+    def runs(self) -> Runs:
+        return Runs(self)
+
+    @cached_property
+    def sweeps(self) -> Sweeps:
+        return Sweeps(self)
+
+    @cached_property
+    def operator(self) -> OperatorActions:
+        return OperatorActions(self)
+
+    @cached_property
+    def effects(self) -> Effects:
+        return Effects(self)
+
+    @cached_property
+    def plans(self) -> Plans:
+        return Plans(self)

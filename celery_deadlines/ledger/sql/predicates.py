@@ -1,0 +1,83 @@
+"""SQL fragments shared by the ledger's statements, made from :mod:`celery_deadlines.states`
+so that each set of states and the claim's condition are written once.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Final
+
+from ...states import CLAIMABLE, REQUEUEABLE, TERMINAL, UNRESOLVED, WAITING
+from .dialect import Dialect
+
+RUN: Final = "celery_deadlines_run"
+EVENT: Final = "celery_deadlines_runevent"
+EFFECT: Final = "celery_deadlines_effect"
+PLAN: Final = "celery_deadlines_runplan"
+
+#: How long a lapsed lease is left to the worker that supervised it before anyone else
+#: settles or claims it (that worker ends attempts killed by their time limit, and a
+#: dispatch guard that passed while the lease was live has committed).
+SUPERVISOR_GRACE: Final = timedelta(seconds=1)
+
+
+def in_list(states: Iterable[enum.StrEnum]) -> str:
+    """``('A', 'B')``: an SQL list of states, in their definition order."""
+    ordered = sorted(states, key=_definition_order)
+    return "(" + ", ".join(f"'{state.value}'" for state in ordered) + ")"
+
+
+def _definition_order(state: enum.StrEnum) -> int:
+    members: list[enum.StrEnum] = list(type(state).__members__.values())
+    return members.index(state)
+
+
+TERMINAL_SQL: Final = in_list(TERMINAL)
+CLAIMABLE_SQL: Final = in_list(CLAIMABLE)
+WAITING_SQL: Final = in_list(WAITING)
+REQUEUEABLE_SQL: Final = in_list(REQUEUEABLE)
+UNRESOLVED_SQL: Final = in_list(UNRESOLVED)
+
+#: True for the run row being written when one of its effects has no recorded outcome.
+HAS_UNRESOLVED: Final = (
+    f"EXISTS (SELECT 1 FROM {EFFECT} WHERE {EFFECT}.run_id = {RUN}.id"
+    f" AND {EFFECT}.state IN {UNRESOLVED_SQL})"
+)
+
+#: The columns of a run's outbox message (``Sweeps._message`` reads them).
+MESSAGE_COLUMNS: Final = (
+    "id, task_id, task_name, version, retries, available_at, message_body, content_type, "
+    "content_encoding"
+)
+EVENT_COLUMNS: Final = (
+    "run_id, at, kind, outcome, status, reason, version, lease_token, owner, "
+    "lease_expires_at, detail"
+)
+
+
+def claim_checks(d: Dialect) -> list[tuple[str, str]]:
+    """The claim's condition, once: ``(why, what must hold)`` in the order a refusal is
+    explained. The claim's ``WHERE`` is all of them; a lost claim's reason is the first
+    that does not hold. Named parameters: ``retries``, ``reserve`` (seconds, as the
+    dialect's ``now_plus`` takes them), ``grace`` (the negative supervisor grace) and
+    ``max_lost``.
+    """
+    now_plus = d.now_plus.replace("%s", "{}")
+    return [
+        ("terminal", f"status NOT IN {TERMINAL_SQL}"),
+        ("stale_message", "retries = %(retries)s"),
+        # a lapsed attempt dispatched an effect with no recorded outcome: reconcile first
+        (
+            "unresolved",
+            f"NOT ({HAS_UNRESOLVED} AND NOT (status = 'RUNNING' AND lease_expires_at > {d.now}))",
+        ),
+        ("deadline", f"(deadline IS NULL OR deadline > {now_plus.format('%(reserve)s')})"),
+        # a lapsed lease is taken over only after the grace: its supervisor ends it first
+        # (a time limit), and a dispatch guard that passed while it was live has committed
+        ("held", f"NOT (status = 'RUNNING' AND lease_expires_at > {now_plus.format('%(grace)s')})"),
+        ("lost_leases", "NOT (status = 'RUNNING' AND lost_leases >= %(max_lost)s)"),
+        ("unknown", "status <> 'UNKNOWN'"),
+        ("changed", f"(status IN {CLAIMABLE_SQL} OR status = 'RUNNING')"),
+    ]

@@ -1,0 +1,132 @@
+"""What the ledger's statements take and return: plain, frozen values.
+
+Nothing here runs a statement; :class:`Lease` and :class:`ClaimRefused` cross from the
+ledger to the task tier, the others stay between the ledger's modules.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final
+
+
+@dataclass(frozen=True)
+class NewRun:
+    """What the outbox records before a message is published."""
+
+    task_id: str
+    task_name: str
+    deadline: datetime | None
+    delivery_deadline: datetime | None
+    root_id: str
+    parent_id: str
+    retries: int
+    available_at: datetime | None
+    message_body: bytes | None
+    content_type: str
+    content_encoding: str
+    #: a scheduled run's occurrence (see :class:`celery_deadlines.schedules.Occurrence`)
+    not_before: datetime | None = None
+    schedule: str | None = None
+    schedule_zone: str | None = None
+    schedule_local: str | None = None
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A won claim: the fencing token and what the attempt resumes from."""
+
+    run_id: int
+    task_id: str
+    token: int
+    version: int
+    attempt: int
+    expires_at: datetime | None
+    deadline: datetime | None
+    checkpoint_name: str
+    checkpoint_data: Any
+    database_now: datetime
+    #: when the run last became claimable (its publish, or a retry's countdown end)
+    waiting_since: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ClaimRefused:
+    """A lost claim, and why (``why`` is one of the codes below)."""
+
+    why: str
+    status: str
+    token: int
+    owner: str
+    lease_expires_at: datetime | None
+
+    #: ``why`` codes
+    TERMINAL: Final = "terminal"
+    STALE_MESSAGE: Final = "stale_message"
+    DEADLINE: Final = "deadline"
+    HELD: Final = "held"
+    LOST_LEASES: Final = "lost_leases"
+    UNKNOWN: Final = "unknown"
+    #: a lapsed attempt dispatched an effect with no recorded outcome: reconcile first
+    UNRESOLVED: Final = "unresolved"
+    CHANGED: Final = "changed"
+    MISSING: Final = "missing"
+
+
+@dataclass(frozen=True)
+class Expired:
+    """A run the ledger expired or failed on its own (the reconciler reports these)."""
+
+    task_id: str
+    task_name: str
+    status: str
+    reason: str
+    deadline: datetime | None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class LapsedLease:
+    run_id: int
+    task_id: str
+    task_name: str
+    version: int
+    token: int
+    owner: str
+    lost_leases: int
+    deadline: datetime | None
+    past_deadline: bool
+
+
+@dataclass(frozen=True)
+class Unclaimed:
+    run_id: int
+    task_id: str
+    task_name: str
+    version: int
+    retries: int
+    available_at: datetime | None
+    message_body: bytes | None
+    content_type: str
+    content_encoding: str
+
+
+def from_json(value: Any) -> Any:
+    """A JSON column as read back (PostgreSQL decodes it; SQLite returns text)."""
+    if isinstance(value, (str, bytes)):
+        return json.loads(value)
+    return value
+
+
+def required(value: datetime | None) -> datetime:
+    if value is None:
+        raise ValueError("the database returned no clock reading")
+    return value
+
+
+def as_bytes(value: Any) -> bytes | None:
+    if value is None:
+        return None
+    return bytes(value)

@@ -1,0 +1,448 @@
+"""The run row's statements for the producer and the attempt, each one conditional
+statement on the database clock (the rules are in docs/concepts.md, "make ownership a
+compare-and-swap"):
+
+* **enqueue**: the outbox row, before the message is published;
+* **claim**: one ``UPDATE ... WHERE <claimable> RETURNING``; exactly one affected row is a
+  claim, zero is not (another worker won, the run changed, it is terminal, its deadline
+  leaves too little, or the message is older than the run). Every claim increments the
+  run's fencing token (``lease_token``) and sets the lease expiry to the database clock
+  plus the TTL, never later than the deadline. The claim's condition is written once
+  (:func:`~celery_deadlines.ledger.sql.predicates.claim_checks`): the ``WHERE`` and the
+  refusal's reason are made from it;
+* **fenced writes** (renew, checkpoint, retry, finish): conditional on the token the
+  attempt claimed with *and* on its lease being alive by the database clock. Zero rows
+  means the writer is stale; a rejected :class:`RunEvent` is recorded and the caller
+  gets ``False`` (the attempt turns it into :class:`StaleLease`);
+* **refusals** of the gates, and the worker's main process ending or letting lapse the
+  attempt of a pool process it supervises.
+
+Every applied write appends its :class:`RunEvent` through the audit trigger, in the same
+statement: one round trip per state transition. Nothing here reads the worker's clock.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from typing import Any
+
+from ...states import Status
+from .predicates import (
+    CLAIMABLE_SQL,
+    EFFECT,
+    EVENT,
+    EVENT_COLUMNS,
+    HAS_UNRESOLVED,
+    RUN,
+    SUPERVISOR_GRACE,
+    claim_checks,
+)
+from .rows import ClaimRefused, Lease, NewRun, from_json, required
+from .statements import Statements
+
+
+class Runs(Statements):
+    """The run row's statements for the producer, the attempt and its supervisor."""
+
+    # -- the outbox ----------------------------------------------------------------------
+
+    def enqueue(self, run: NewRun) -> bool:
+        """Record a run before its message is published; ``False`` if the id exists."""
+        d = self.dialect
+        count, _ = self.execute(
+            f"""
+            INSERT INTO {RUN} (
+                task_id, task_name, status, reason, detail, deadline, delivery_deadline,
+                root_id, parent_id, retries, attempt, lost_leases, owner, lease_token,
+                version, checkpoint_name, message_body, content_type, content_encoding,
+                available_at, published_at, op, op_detail, created_at, updated_at,
+                not_before, schedule, schedule_zone, schedule_local
+            ) VALUES (
+                %s, %s, 'QUEUED', '', '', %s, %s, %s, %s, %s, 0, 0, '', 0, 0, '', %s, %s, %s,
+                %s, {d.now}, 'enqueue', '', {d.now}, {d.now}, %s, %s, %s, %s
+            )
+            ON CONFLICT (task_id) DO NOTHING
+            """,
+            [
+                run.task_id,
+                run.task_name,
+                d.param(run.deadline),
+                d.param(run.delivery_deadline),
+                run.root_id,
+                run.parent_id,
+                run.retries,
+                run.message_body,
+                run.content_type,
+                run.content_encoding,
+                d.param(run.available_at),
+                d.param(run.not_before),
+                run.schedule,
+                run.schedule_zone,
+                run.schedule_local,
+            ],
+        )
+        return count == 1
+
+    def publish_failed(self, task_id: str, detail: str) -> bool:
+        """End a run whose first publish raised: the caller was told, nothing will run."""
+        d = self.dialect
+        count, _ = self.execute(
+            f"""
+            UPDATE {RUN} SET status = 'FAILED', reason = 'publish_failed', detail = %s,
+                version = version + 1, op = 'publish_failed', op_detail = %s,
+                updated_at = {d.now}
+            WHERE task_id = %s AND status = 'QUEUED' AND attempt = 0
+            """,
+            [detail, detail, task_id],
+        )
+        return count == 1
+
+    def record_ended(
+        self, run: NewRun, status: Status, reason: str, detail: str, op: str, *,
+        published: bool = False,
+    ) -> bool:  # fmt: skip
+        """Insert ``run`` already ended (never claimed); ``False`` if the id exists."""
+        d = self.dialect
+        published_at = d.now if published else "NULL"
+        count, _ = self.execute(
+            f"""
+            INSERT INTO {RUN} (
+                task_id, task_name, status, reason, detail, deadline, root_id, parent_id,
+                retries, attempt, lost_leases, owner, lease_token, version, checkpoint_name,
+                content_type, content_encoding, published_at, op, op_detail, created_at,
+                updated_at, not_before, schedule, schedule_zone, schedule_local
+            ) VALUES (
+                %s, %s, %s, %s, %s, %s, %s, %s, %s, 0, 0, '', 0, 0, '', '', '', {published_at},
+                %s, %s, {d.now}, {d.now}, %s, %s, %s, %s
+            )
+            ON CONFLICT (task_id) DO NOTHING
+            """,
+            [
+                run.task_id, run.task_name, status.value, reason, detail, d.param(run.deadline),
+                run.root_id, run.parent_id, run.retries, op, detail, d.param(run.not_before),
+                run.schedule, run.schedule_zone, run.schedule_local,
+            ],
+        )  # fmt: skip
+        return count == 1
+
+    # -- claim ---------------------------------------------------------------------------
+
+    def claim(
+        self,
+        task_id: str,
+        retries: int,
+        *,
+        owner: str,
+        ttl: timedelta,
+        reserve: timedelta,
+        max_lost_leases: int,
+    ) -> Lease | ClaimRefused:
+        """The compare-and-swap that lets exactly one worker run an attempt."""
+        d = self.dialect
+        params = self._claim_params(task_id, retries, reserve, max_lost_leases)
+        claimable = " AND ".join(check for _, check in claim_checks(d))
+        _, rows = self.execute(  # timed: a won claim is also a clock reading
+            f"""
+            UPDATE {RUN} SET
+                status = 'RUNNING', owner = %(owner)s,
+                lease_token = lease_token + 1, version = version + 1, attempt = attempt + 1,
+                lost_leases = lost_leases + (CASE WHEN status = 'RUNNING' THEN 1 ELSE 0 END),
+                lease_expires_at = {d.least(d.now_plus.replace("%s", "%(ttl)s"), "deadline")},
+                op = 'claim', op_detail = %(op_detail)s, updated_at = {d.now}
+            WHERE task_id = %(task_id)s AND {claimable}
+            RETURNING id, lease_token, version, attempt, lease_expires_at, deadline,
+                checkpoint_name, checkpoint_data, {d.now},
+                CASE WHEN available_at IS NOT NULL AND available_at > published_at
+                     THEN available_at ELSE published_at END
+            """,
+            {**params, "owner": owner, "ttl": d.seconds(ttl), "op_detail": f"retries={retries}"},
+            timed=True,
+        )
+        if rows:
+            row = rows[0]
+            return Lease(
+                run_id=row[0],
+                task_id=task_id,
+                token=row[1],
+                version=row[2],
+                attempt=row[3],
+                expires_at=d.instant(row[4]),
+                deadline=d.instant(row[5]),
+                checkpoint_name=row[6],
+                checkpoint_data=from_json(row[7]),
+                database_now=required(d.instant(row[8])),
+                waiting_since=d.instant(row[9]),
+            )
+        return self._claim_refused(owner, params)
+
+    def _claim_params(
+        self, task_id: str, retries: int, reserve: timedelta, max_lost_leases: int
+    ) -> dict[str, Any]:
+        d = self.dialect
+        return {
+            "task_id": task_id,
+            "retries": retries,
+            "reserve": d.seconds(reserve),
+            "grace": d.seconds(-SUPERVISOR_GRACE),
+            "max_lost": max_lost_leases,
+        }
+
+    def _claim_refused(self, owner: str, params: dict[str, Any]) -> ClaimRefused:
+        """Record the lost claim (one statement) and say why it was lost: the first check
+        of the claim's condition that does not hold."""
+        d = self.dialect
+        why = " ".join(f"WHEN NOT ({check}) THEN '{reason}'" for reason, check in claim_checks(d))
+        _, rows = self.execute(
+            f"""
+            INSERT INTO {EVENT} ({EVENT_COLUMNS})
+            SELECT id, {d.now}, 'claim', 'rejected', status, reason, version, lease_token,
+                %(loser)s, lease_expires_at, CASE {why} ELSE 'changed' END || ':' || owner
+            FROM {RUN} WHERE task_id = %(task_id)s
+            RETURNING detail, status, lease_token, lease_expires_at
+            """,
+            {**params, "loser": owner},
+        )
+        if not rows:
+            return ClaimRefused(ClaimRefused.MISSING, "", 0, "", None)
+        detail, status, token, expires = rows[0]
+        # the event's owner column is the loser; the detail names the current owner
+        why_code, _, current_owner = str(detail).partition(":")
+        return ClaimRefused(why_code, status, token, current_owner, d.instant(expires))
+
+    # -- fenced writes ---------------------------------------------------------------------
+
+    def _fenced(self, sets: str, params: list[Any], lease: Lease, kind: str, owner: str) -> bool:
+        d = self.dialect
+        count, _ = self.execute(
+            f"""
+            UPDATE {RUN} SET {sets}, version = version + 1, updated_at = {d.now}
+            WHERE id = %s AND lease_token = %s AND status = 'RUNNING'
+              AND lease_expires_at > {d.now}
+            """,
+            [*params, lease.run_id, lease.token],
+        )
+        if count == 1:
+            return True
+        self.record_rejected(lease.run_id, kind, lease.token, owner)
+        return False
+
+    def renew(self, lease: Lease, owner: str, ttl: timedelta) -> datetime | None:
+        """Extend the lease to the database clock + ``ttl`` (never past the deadline).
+
+        Returns the new expiry, or ``None`` if the lease is gone (stale, expired, or the
+        deadline has passed): the caller must stop acting on the run.
+        """
+        d = self.dialect
+        _, rows = self.execute(
+            f"""
+            UPDATE {RUN} SET lease_expires_at = {d.least(d.now_plus, "deadline")},
+                version = version + 1, op = 'renew', op_detail = '', updated_at = {d.now}
+            WHERE id = %s AND lease_token = %s AND status = 'RUNNING'
+              AND lease_expires_at > {d.now}
+              AND (deadline IS NULL OR deadline > {d.now})
+            RETURNING lease_expires_at
+            """,
+            [d.seconds(ttl), lease.run_id, lease.token],
+        )
+        if rows:
+            return d.instant(rows[0][0])
+        self.record_rejected(lease.run_id, "renew", lease.token, owner)
+        return None
+
+    def checkpoint(self, lease: Lease, owner: str, name: str, data: Any) -> bool:
+        """Persist progress under the attempt's token (fenced)."""
+        d = self.dialect
+        return self._fenced(
+            f"checkpoint_name = %s, checkpoint_data = {d.json_param}, checkpoint_at = {d.now}, "
+            "checkpoint_token = lease_token, op = 'checkpoint', op_detail = %s",
+            [name, json.dumps(data), name],
+            lease,
+            "checkpoint",
+            owner,
+        )
+
+    def finish(
+        self, lease: Lease, owner: str, status: Status, reason: str = "", detail: str = ""
+    ) -> bool:
+        """End the run (SUCCEEDED, FAILED, EXPIRED, UNKNOWN) under the attempt's token.
+
+        If one of the run's effects is dispatched without an outcome, the run ends UNKNOWN
+        whatever ``status`` says: the attempt may not know of it (another attempt's
+        dispatch), and the reconciler must settle it before the run may end.
+        """
+        return self._fenced(
+            f"status = CASE WHEN {HAS_UNRESOLVED} THEN 'UNKNOWN' ELSE %s END, "
+            f"reason = CASE WHEN {HAS_UNRESOLVED} THEN 'effect_unresolved' ELSE %s END, "
+            "detail = %s, lease_expires_at = NULL, op = %s, op_detail = %s",
+            [status.value, reason, detail, status.value.lower(), detail],
+            lease,
+            status.value.lower(),
+            owner,
+        )
+
+    def retry(
+        self,
+        lease: Lease,
+        owner: str,
+        retries: int,
+        available_at: datetime | None,
+        message_body: bytes | None,
+        detail: str,
+    ) -> bool:
+        """Hand the run to its retry message (fenced): RETRYING, lease released."""
+        d = self.dialect
+        return self._fenced(
+            f"status = 'RETRYING', retries = %s, available_at = %s, message_body = %s, "
+            f"lease_expires_at = NULL, published_at = {d.now}, op = 'retry', op_detail = %s",
+            [retries, d.param(available_at), message_body, detail],
+            lease,
+            "retry",
+            owner,
+        )
+
+    def release(self, lease: Lease, owner: str, detail: str) -> bool:
+        """Give the run back to the queue (the task rejected its message with requeue)."""
+        d = self.dialect
+        return self._fenced(
+            f"status = 'QUEUED', lease_expires_at = NULL, published_at = {d.now}, "
+            "op = 'release', op_detail = %s",
+            [detail],
+            lease,
+            "release",
+            owner,
+        )
+
+    def hold(self, lease: Lease, owner: str, detail: str) -> bool:
+        """Give a just-claimed run back unstarted, as CLOCK_UNCERTAIN (fenced): the
+        claiming worker's clock is beyond the skew budget. It stays claimable; a worker
+        whose clock agrees publishes it again (:meth:`unclaimed`)."""
+        return self._fenced(
+            "status = 'CLOCK_UNCERTAIN', reason = 'clock_uncertain', detail = %s, "
+            "owner = '', lease_expires_at = NULL, op = 'clock_hold', op_detail = %s",
+            [detail, detail],
+            lease,
+            "clock_hold",
+            owner,
+        )
+
+    def record_rejected(
+        self, run_id: int, kind: str, token: int, owner: str, why: str | None = None
+    ) -> None:
+        """Append a rejected write: by default a stale holder's (its token, and the
+        current owner's); ``why`` says otherwise (e.g. ``stale_evidence: ...``)."""
+        d = self.dialect
+        detail = (
+            "%s"
+            if why is not None
+            else "'stale token ' || %s || '; current token ' || lease_token || ' owned by ' "
+            "|| owner"
+        )
+        self.execute(
+            f"""
+            INSERT INTO {EVENT} ({EVENT_COLUMNS})
+            SELECT id, {d.now}, %s, 'rejected', status, reason, version, %s, %s,
+                lease_expires_at, {detail}
+            FROM {RUN} WHERE id = %s
+            """,
+            [kind, token, owner, why if why is not None else str(token), run_id],
+        )
+
+    # -- refusals recorded by the gates ------------------------------------------------------
+
+    def refuse(
+        self,
+        task_id: str,
+        task_name: str,
+        retries: int,
+        status: Status,
+        reason: str,
+        detail: str,
+        deadline: datetime | None,
+        *,
+        confirm_within: timedelta | None = None,
+    ) -> bool:
+        """A gate refused a message: end its run, unless another worker owns it now.
+
+        ``confirm_within``: a refusal for the deadline; a recorded run ends only if its
+        deadline is within this much of the database clock's now (the reserve), so a
+        worker whose clock runs ahead cannot expire a run that is still in time. A run
+        with no row (published by name, or before the app was installed) gets one,
+        already ended. Returns whether this call ended the run.
+        """
+        d = self.dialect
+        confirm, confirm_params = "", []
+        if confirm_within is not None:
+            confirm = f"AND deadline IS NOT NULL AND deadline <= {d.now_plus}"
+            confirm_params = [d.seconds(confirm_within)]
+        count, _ = self.execute(
+            f"""
+            UPDATE {RUN} SET status = %s, reason = %s, detail = %s, owner = '',
+                lease_expires_at = NULL, version = version + 1, op = 'refuse',
+                op_detail = %s, updated_at = {d.now}
+            WHERE task_id = %s AND retries = %s
+              AND (status IN {CLAIMABLE_SQL}
+                   OR (status = 'RUNNING' AND lease_expires_at <= {d.now}))
+              AND NOT {HAS_UNRESOLVED}
+              {confirm}
+            """,
+            [status.value, reason, detail, detail, task_id, retries, *confirm_params],
+        )
+        if count:
+            return True  # (a recorded run still in time by the database clock is left)
+        unrecorded = NewRun(task_id, task_name, deadline, None, "", "", retries, None, None, "", "")
+        return self.record_ended(unrecorded, status, reason, detail, "refuse", published=True)
+
+    # -- the worker's main process, about its own pool processes ------------------------------
+
+    def end_owned(
+        self, task_id: str, owner: str, status: Status, reason: str, detail: str
+    ) -> str | None:
+        """End the attempt a pool process of this worker holds (its hard time limit hit).
+
+        The main process supervises the pool process that owns the lease, so it may end
+        that attempt; the token is bumped, which fences the killed process for good. If
+        the attempt had dispatched an effect without recording its outcome, the run
+        ends UNKNOWN instead (seed 004: a deadline during a provider call is an outcome
+        to reconcile, not to guess), and those effects are marked UNKNOWN. Returns the
+        status written, or ``None`` if the attempt was not this owner's any more.
+        """
+        d = self.dialect
+        _, rows = self.execute(
+            f"""
+            UPDATE {RUN} SET
+                status = CASE WHEN {HAS_UNRESOLVED} THEN 'UNKNOWN' ELSE %s END,
+                reason = CASE WHEN {HAS_UNRESOLVED} THEN 'effect_unresolved' ELSE %s END,
+                detail = %s, lease_token = lease_token + 1, lease_expires_at = NULL,
+                version = version + 1, op = 'end_owned', op_detail = %s, updated_at = {d.now}
+            WHERE task_id = %s AND status = 'RUNNING' AND owner = %s
+            RETURNING id, status
+            """,
+            [status.value, reason, detail, detail, task_id, owner],
+        )
+        if not rows:
+            return None
+        run_id, written = rows[0]
+        if written == Status.UNKNOWN:
+            self.execute(
+                f"""
+                UPDATE {EFFECT} SET state = 'UNKNOWN', updated_at = {d.now},
+                    error = %s
+                WHERE run_id = %s AND state = 'DISPATCHED'
+                """,
+                [detail, run_id],
+            )
+        return str(written)
+
+    def lapse_owned(self, task_id: str, owner: str, detail: str) -> bool:
+        """Let the lease of a lost pool process lapse now, for the reconciler to settle."""
+        d = self.dialect
+        count, _ = self.execute(
+            f"""
+            UPDATE {RUN} SET lease_expires_at = {d.now_plus}, version = version + 1,
+                op = 'worker_lost', op_detail = %s, updated_at = {d.now}
+            WHERE task_id = %s AND status = 'RUNNING' AND owner = %s
+            """,
+            [d.seconds(-SUPERVISOR_GRACE), detail, task_id, owner],
+        )
+        return count == 1

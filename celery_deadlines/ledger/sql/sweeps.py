@@ -1,0 +1,202 @@
+"""The reconciler's and the scheduler's statements: expiry, lapsed leases, republish,
+occurrences. Each is a compare-and-swap on the state it was decided from (the version
+read, the status), so any number of workers may sweep at once: one wins each run, the
+others change nothing.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from ...states import Status
+from .predicates import (
+    CLAIMABLE_SQL,
+    HAS_UNRESOLVED,
+    MESSAGE_COLUMNS,
+    RUN,
+    SUPERVISOR_GRACE,
+    WAITING_SQL,
+)
+from .rows import Expired, LapsedLease, NewRun, Unclaimed, as_bytes
+from .statements import Statements
+
+
+class Sweeps(Statements):
+    """Statements of the worker's reconciler and of the scheduler."""
+
+    def known(self, task_ids: list[str]) -> set[str]:
+        """Which of ``task_ids`` have a run (in any state): a scheduler's durable memory."""
+        if not task_ids:
+            return set()
+        marks = ", ".join(["%s"] * len(task_ids))
+        _, rows = self.execute(f"SELECT task_id FROM {RUN} WHERE task_id IN ({marks})", task_ids)
+        return {row[0] for row in rows}
+
+    def last_occurrence(self, schedule: str) -> datetime | None:
+        """The latest occurrence of ``schedule`` the ledger holds a run for (any state)."""
+        _, rows = self.execute(f"SELECT MAX(not_before) FROM {RUN} WHERE schedule = %s", [schedule])
+        return self.dialect.instant(rows[0][0]) if rows else None
+
+    def record_missed(self, run: NewRun, detail: str) -> bool:
+        """Record a scheduled occurrence whose window closed before it was published:
+        EXPIRED, reason ``missed_occurrence``, never run late. ``False`` if the id exists."""
+        return self.store.runs.record_ended(
+            run, Status.EXPIRED, "missed_occurrence", detail, "missed"
+        )
+
+    # -- reconciliation ----------------------------------------------------------------------
+
+    def expire_unclaimed(self, limit: int = 500) -> list[Expired]:
+        """End runs whose deadline passed before any worker claimed them
+        (``expired_before_claim``), or while they were paused (``deadline_passed``)."""
+        d = self.dialect
+        _, rows = self.execute(
+            f"""
+            UPDATE {RUN} SET status = 'EXPIRED',
+                reason = CASE WHEN status = 'PAUSED' THEN 'deadline_passed'
+                              ELSE 'expired_before_claim' END,
+                detail = CASE WHEN status = 'PAUSED'
+                              THEN 'the deadline passed while the run was paused'
+                              ELSE 'the deadline passed before any worker claimed the run'
+                         END,
+                version = version + 1, op = 'expire',
+                op_detail = CASE WHEN status = 'PAUSED' THEN 'deadline_passed'
+                                 ELSE 'expired_before_claim' END,
+                updated_at = {d.now}
+            WHERE id IN (
+                SELECT id FROM {RUN}
+                WHERE status IN {WAITING_SQL} AND deadline <= {d.now}
+                LIMIT %s
+            ) AND status IN {WAITING_SQL} AND deadline <= {d.now}
+            RETURNING task_id, task_name, status, reason, deadline, detail
+            """,
+            [limit],
+        )
+        return [Expired(r[0], r[1], r[2], r[3], d.instant(r[4]), r[5]) for r in rows]
+
+    def lapsed_leases(self, limit: int = 100) -> list[LapsedLease]:
+        """Runs whose lease expired by the database clock (seed 000 steps 1 and 2).
+
+        Only leases lapsed for :data:`SUPERVISOR_GRACE` already: a pool process killed by
+        its hard time limit at the deadline (where its lease also ends) is settled by its
+        own worker first, so the outcome does not depend on who is quicker.
+        """
+        d = self.dialect
+        _, rows = self.execute(
+            f"""
+            SELECT id, task_id, task_name, version, lease_token, owner, lost_leases, deadline,
+                deadline IS NOT NULL AND deadline <= {d.now}
+            FROM {RUN}
+            WHERE status = 'RUNNING' AND lease_expires_at <= {d.now_plus}
+            ORDER BY lease_expires_at
+            LIMIT %s
+            """,
+            [d.seconds(-SUPERVISOR_GRACE), limit],
+        )
+        return [
+            LapsedLease(r[0], r[1], r[2], r[3], r[4], r[5], r[6], d.instant(r[7]), bool(r[8]))
+            for r in rows
+        ]
+
+    def settle_lapsed(
+        self, lapsed: LapsedLease, status: Status, reason: str, detail: str, *,
+        unresolved: bool = False,
+    ) -> bool:  # fmt: skip
+        """End (or mark UNKNOWN) a run whose lease lapsed, if it has not changed since read
+        and still has (``unresolved``) or has not an effect without a recorded outcome,
+        as when the decision was taken."""
+        d = self.dialect
+        has = HAS_UNRESOLVED if unresolved else f"NOT {HAS_UNRESOLVED}"
+        count, _ = self.execute(
+            f"""
+            UPDATE {RUN} SET status = %s, reason = %s, detail = %s,
+                lease_token = lease_token + 1, lease_expires_at = NULL,
+                version = version + 1, op = 'reconcile', op_detail = %s,
+                updated_at = {d.now}
+            WHERE id = %s AND version = %s AND status = 'RUNNING'
+              AND lease_expires_at <= {d.now} AND {has}
+            """,
+            [status.value, reason, detail, detail, lapsed.run_id, lapsed.version],
+        )
+        return count == 1
+
+    def requeue_lapsed(self, lapsed: LapsedLease) -> bool:
+        """Give a lapsed run back to the queue with a fresh token (fences the old holder)."""
+        d = self.dialect
+        count, _ = self.execute(
+            f"""
+            UPDATE {RUN} SET status = 'QUEUED', lease_token = lease_token + 1, owner = '',
+                lease_expires_at = NULL, lost_leases = lost_leases + 1,
+                published_at = {d.now}, version = version + 1, op = 'requeue',
+                op_detail = %s, updated_at = {d.now}
+            WHERE id = %s AND version = %s AND status = 'RUNNING'
+              AND lease_expires_at <= {d.now}
+              AND (deadline IS NULL OR deadline > {d.now})
+              AND NOT {HAS_UNRESOLVED}
+            """,
+            [f"lease of {lapsed.owner} (token {lapsed.token}) lapsed", lapsed.run_id,
+             lapsed.version],
+        )  # fmt: skip
+        return count == 1
+
+    def unclaimed(
+        self, republish_after: timedelta, limit: int = 100, *, held: bool = False
+    ) -> list[Unclaimed]:
+        """Runs unclaimed ``republish_after`` after their last publish *and* after they
+        became due (a retry's countdown): the broker may have lost their message.
+
+        ``held``: also every CLOCK_UNCERTAIN run at once (the caller's clock agrees with
+        the ledger's, so the hold is over); otherwise they wait like any other.
+        """
+        d = self.dialect
+        _, rows = self.execute(
+            f"""
+            SELECT {MESSAGE_COLUMNS}
+            FROM {RUN}
+            WHERE status IN {CLAIMABLE_SQL}
+              AND ((published_at <= {d.now_plus}
+                    AND (available_at IS NULL OR available_at <= {d.now_plus}))
+                   OR (status = 'CLOCK_UNCERTAIN' AND %s = 1))
+              AND (deadline IS NULL OR deadline > {d.now})
+            ORDER BY published_at
+            LIMIT %s
+            """,
+            [d.seconds(-republish_after), d.seconds(-republish_after), int(held), limit],
+        )
+        return [self._message(row) for row in rows]
+
+    def mark_republished(self, run_id: int, version: int) -> bool:
+        """Claim the right to republish a run (one reconciler wins per version); a held
+        (CLOCK_UNCERTAIN) run is QUEUED again."""
+        d = self.dialect
+        count, _ = self.execute(
+            f"""
+            UPDATE {RUN} SET published_at = {d.now}, version = version + 1,
+                status = CASE WHEN status = 'CLOCK_UNCERTAIN' THEN 'QUEUED' ELSE status END,
+                reason = CASE WHEN status = 'CLOCK_UNCERTAIN' THEN '' ELSE reason END,
+                op = 'republish', op_detail = '', updated_at = {d.now}
+            WHERE id = %s AND version = %s AND status IN {CLAIMABLE_SQL}
+            """,
+            [run_id, version],
+        )
+        return count == 1
+
+    def message_of(self, run_id: int) -> Unclaimed | None:
+        """A run's outbox message (for a requeue)."""
+        _, rows = self.execute(
+            f"""
+            SELECT {MESSAGE_COLUMNS}
+            FROM {RUN} WHERE id = %s
+            """,
+            [run_id],
+        )
+        return self._message(rows[0]) if rows else None
+
+    def _message(self, row: tuple[Any, ...]) -> Unclaimed:
+        """An :class:`Unclaimed` from a row of :data:`MESSAGE_COLUMNS`."""
+        run_id, task_id, name, version, retries, available_at, body, ctype, encoding = row
+        return Unclaimed(
+            run_id, task_id, name, version, retries, self.dialect.instant(available_at),
+            as_bytes(body), ctype, encoding,
+        )  # fmt: skip
