@@ -164,7 +164,7 @@ class ZonedSchedulerMixin:
 def catch_up(app: Any, entry: Any, producer: Any = None) -> list[str]:
     """Publish the occurrences of ``entry`` still in their window that have no run, and
     record the ones whose window closed as missed. Returns the run ids published."""
-    from .ledger.glue import store_for
+    from .ledger.api import store_for
     from .ledger.sql.rows import NewRun
     from .task import DeadlineTask
 

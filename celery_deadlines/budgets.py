@@ -86,6 +86,16 @@ def parse_instant(value: object, *, name: str) -> datetime:
     return value
 
 
+def first_said(*levels: tuple[Source, object]) -> tuple[Source | None, object]:
+    """The precedence rule, once: the first level (``(source, value)``, highest first)
+    whose value is not :data:`UNSET` wins, ``None`` ("no deadline") included; nothing
+    said anywhere gives ``(None, UNSET)``."""
+    for source, value in levels:
+        if value is not UNSET:
+            return source, value
+    return None, UNSET
+
+
 class Governed(NamedTuple):
     """The deadline a message will carry, and whether an inherited one cut it short."""
 

@@ -76,6 +76,25 @@ class Decision(NamedTuple):
         )
 
 
+def retry_wait(
+    eta: datetime | None, countdown: float | None, default_delay: float | None, now: datetime
+) -> timedelta:
+    """How long a retry waits before it may start, as ``Task.retry`` reads its options:
+    ``eta``, else ``countdown``, else the task's ``default_retry_delay`` (never negative)."""
+    if eta is not None:
+        return max(eta - now, timedelta(0))
+    seconds = default_delay if countdown is None else countdown
+    return timedelta(seconds=max(float(seconds or 0), 0.0))
+
+
+def claim_refusal(deadline: datetime | None, database_now: datetime | None) -> Reason:
+    """Why the ledger refused a claim for the deadline, judged by the database's clock
+    as the claim was: already passed, or too little left for the reserve."""
+    if deadline is not None and database_now is not None and deadline <= database_now:
+        return Reason.DEADLINE_PASSED
+    return Reason.INSUFFICIENT_BUDGET
+
+
 def admit(
     gate: Gate,
     deadline: datetime,

@@ -23,7 +23,7 @@ from celery.utils.time import maybe_iso8601
 from celery.worker.request import Request
 from celery.worker.state import task_ready
 
-from . import gates, ledger, propagation
+from . import gates, ledger, outcomes, stamping
 from .clock import get_clock
 from .conf import settings_for
 from .errors import DeadlineRefused
@@ -34,8 +34,6 @@ logger = logging.getLogger("celery_deadlines")
 
 #: Smallest time limit handed to billiard: 0 would mean "no limit at all".
 MIN_TIME_LIMIT = 0.01
-#: A hard time limit hit this close to the deadline was the deadline's cap.
-DEADLINE_CAP_SLACK = timedelta(seconds=1)
 
 
 class DeadlineRequest(Request):
@@ -46,7 +44,7 @@ class DeadlineRequest(Request):
         _app: Any
         _context: Any
 
-    _deadlines: propagation.Inherited | None = None
+    _deadlines: stamping.Inherited | None = None
     _reserve: timedelta | None = None
     _raw_time_limits: tuple[float | None, float | None] = (None, None)
 
@@ -96,10 +94,10 @@ class DeadlineRequest(Request):
         hard, soft = value
         self._raw_time_limits = (hard, soft)
 
-    def _carried(self) -> propagation.Inherited:
+    def _carried(self) -> stamping.Inherited:
         if self._deadlines is None:
             # Parsed once per message; a parse error must not escape into the consumer.
-            self._deadlines = propagation.read_headers(
+            self._deadlines = stamping.read_headers(
                 self._request_dict,
                 get_clock().now(),
                 settings_for(self._app or self.task.app).max_budget,
@@ -166,16 +164,13 @@ class DeadlineRequest(Request):
         run that already ended, or that another worker is running, must not store a
         failure over that run's own result.
         """
-        if not ledger.enabled_for(self.task.app):
+        task = self.task
+        if not isinstance(task, DeadlineTask) or not ledger.enabled_for(task.app):
             return True
-        from .ledger import glue
-        from .states import Status
-
         try:
-            return glue.refuse(
-                self.task, self.id, int(self._request_dict.get("retries") or 0),
-                Status.EXPIRED, exc.reason, str(exc), decision.deadline,
-            )  # fmt: skip
+            return task.record_refusal(
+                self.id, int(self._request_dict.get("retries") or 0), decision
+            )
         except Exception:  # the message is still refused; the sweeper expires the run
             logger.exception("recording the refusal of %s in the ledger failed", self.id)
             return True
@@ -184,21 +179,21 @@ class DeadlineRequest(Request):
 
     def on_timeout(self, soft: bool, timeout: float) -> None:
         if not soft and isinstance(self.task, DeadlineTask) and ledger.enabled_for(self.task.app):
-            from .ledger import glue
-            from .ledger.attempt import owner_name_of
-            from .states import Status
+            from .ledger import api
 
-            deadline = self._carried().deadline
-            if deadline is not None and get_clock().now() >= deadline - DEADLINE_CAP_SLACK:
-                # the limit was the deadline's cap (the attempt gate): a deadline outcome
-                status, reason = Status.EXPIRED, gates.Reason.DEADLINE_PASSED.value
-            else:
-                status, reason = Status.FAILED, "time_limit"
+            # the limit may have been the deadline's cap (the attempt gate): then it is
+            # a deadline outcome, not the task's own time limit
+            status, reason = outcomes.after_time_limit(self._carried().deadline, get_clock().now())
             try:
-                glue.store_for(self.task.app, dedicated=True).runs.end_owned(
-                    self.id, owner_name_of(self.hostname, self.worker_pid), status, reason,
-                    f"hard time limit ({timeout} s) exceeded",
-                )  # fmt: skip
+                api.end_owned(
+                    self.task.app,
+                    task_id=self.id,
+                    hostname=self.hostname,
+                    pid=self.worker_pid,
+                    status=status,
+                    reason=reason,
+                    detail=f"hard time limit ({timeout} s) exceeded",
+                )
             except Exception:  # the reconciler settles the lapsed lease instead
                 logger.exception("recording the time limit of %s in the ledger failed", self.id)
         super().on_timeout(soft, timeout)
@@ -212,17 +207,10 @@ class DeadlineRequest(Request):
             and isinstance(self.task, DeadlineTask)
             and ledger.enabled_for(self.task.app)
         ):
-            from .ledger import glue, worker
-            from .ledger.attempt import owner_name_of
+            from .ledger import api
 
             try:
-                owner = owner_name_of(self.hostname, self.worker_pid)
-                if glue.store_for(self.task.app, dedicated=True).runs.lapse_owned(
-                    self.id, owner, repr(exc)
-                ):
-                    running = worker.reconciler()
-                    if running is not None:
-                        running.wake()
+                api.lapse_owned(self.task.app, self.id, self.hostname, self.worker_pid, repr(exc))
             except Exception:  # the lease lapses on its own; the reconciler settles it
                 logger.exception("recording the loss of %s in the ledger failed", self.id)
         super().on_failure(exc_info, send_failed_event, return_ok)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime, timedelta
-from typing import Final
+from typing import Any, Final
 
 from .errors import InvalidDeadline
 
@@ -40,7 +40,13 @@ SOURCE_HEADER: Final = "x_deadline_source"
 OCCURRENCE_HEADER: Final = "x_deadline_occurrence"
 
 #: Every header this package writes, in the order above.
-HEADERS: Final = (DEADLINE_HEADER, DELIVERY_DEADLINE_HEADER, ORIGIN_HEADER, SOURCE_HEADER)
+HEADERS: Final = (
+    DEADLINE_HEADER,
+    DELIVERY_DEADLINE_HEADER,
+    ORIGIN_HEADER,
+    SOURCE_HEADER,
+    OCCURRENCE_HEADER,
+)
 
 
 def encode(instant: datetime) -> float:
@@ -87,3 +93,21 @@ def _decode_iso(value: str) -> datetime:
     if instant.tzinfo is None or instant.utcoffset() is None:
         raise InvalidDeadline(f"deadline header is a naive datetime (no UTC offset): {value!r}")
     return instant.astimezone(UTC)
+
+
+def decode_occurrence(header: object) -> dict[str, Any]:
+    """A scheduled run's columns from its ``x_deadline_occurrence`` header (``{}`` when
+    there is none): ``not_before`` (``None`` if unreadable: the deadline still governs),
+    ``schedule``, ``schedule_zone``, ``schedule_local``, cut to their columns' lengths."""
+    if not isinstance(header, dict):
+        return {}
+    try:
+        not_before: datetime | None = datetime.fromisoformat(str(header.get("at")))
+    except ValueError:
+        not_before = None
+    return {
+        "not_before": not_before,
+        "schedule": str(header.get("schedule") or "")[:255],
+        "schedule_zone": str(header.get("zone") or "")[:64],
+        "schedule_local": str(header.get("local") or "")[:32],
+    }

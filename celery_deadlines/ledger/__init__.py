@@ -55,7 +55,7 @@ def clock_watch(app: Any) -> Any:
     ledger is on and ``deadlines_clock_skew_budget`` is set (main process), else None."""
     if not enabled_for(app):
         return None
-    from .worker import reconciler
+    from .reconcile import running
 
-    running = reconciler()
-    return running.watch if running is not None else None
+    reconciler = running()
+    return reconciler.watch if reconciler is not None else None

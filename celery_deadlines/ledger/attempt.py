@@ -74,31 +74,26 @@ class Attempt:
         return expires
 
     def checkpoint(self, name: str, data: Any) -> None:
-        self._check(self.store.runs.checkpoint(self.lease, self.owner, name, data), "checkpoint")
+        self.check(self.store.runs.checkpoint(self.lease, self.owner, name, data), "checkpoint")
 
     def succeed(self) -> None:
-        self._check(self.store.runs.finish(self.lease, self.owner, Status.SUCCEEDED), "succeed")
+        self.check(self.store.runs.finish(self.lease, self.owner, Status.SUCCEEDED), "succeed")
 
     def end(self, status: Status, reason: str, detail: str) -> None:
-        self._check(
-            self.store.runs.finish(self.lease, self.owner, status, reason, detail), "finish"
-        )
+        self.check(self.store.runs.finish(self.lease, self.owner, status, reason, detail), "finish")
 
     def retry(
         self, retries: int, available_at: datetime | None, body: bytes | None, detail: str
     ) -> None:
         written = self.store.runs.retry(self.lease, self.owner, retries, available_at, body, detail)
-        self._check(written, "retry")
+        self.check(written, "retry")
 
     def release(self, detail: str) -> None:
-        self._check(self.store.runs.release(self.lease, self.owner, detail), "release")
+        self.check(self.store.runs.release(self.lease, self.owner, detail), "release")
 
-    def check_written(self, written: bool, write: str) -> None:
+    def check(self, written: bool, write: str) -> None:
         """A fenced write's outcome: refused marks the attempt lost, is announced
         (``write_refused``) and raises :class:`StaleLease`."""
-        self._check(written, write)
-
-    def _check(self, written: bool, write: str) -> None:
         if not written:
             self.lost = True
             write_refused.send(sender=self, task_id=self.lease.task_id, write=write)

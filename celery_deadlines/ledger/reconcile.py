@@ -177,6 +177,14 @@ def _count_release(report: Report, task_id: str, released: str | None) -> None:
         report.expired.append(task_id)
 
 
+_running: Reconciler | None = None
+
+
+def running() -> Reconciler | None:
+    """This worker's reconciler (main process), if it runs."""
+    return _running
+
+
 class Reconciler:
     """Runs :func:`reconcile_once` at worker start and then periodically, in a thread."""
 
@@ -197,6 +205,9 @@ class Reconciler:
         )
 
     def start(self) -> None:
+        """Start the thread; this is now the worker's :func:`running` reconciler."""
+        global _running
+        _running = self
         self._thread.start()
 
     def wake(self) -> None:
@@ -204,6 +215,9 @@ class Reconciler:
         self._wake.set()
 
     def stop(self, timeout: float = 5.0) -> None:
+        global _running
+        if _running is self:
+            _running = None
         self._stop.set()
         self._wake.set()
         if self._thread.is_alive():

@@ -14,13 +14,12 @@ from celery.signals import worker_ready, worker_shutdown
 
 from .. import conf
 from ..conf import settings_for
+from .api import store_for
 from .clockwatch import ClockWatch
-from .glue import store_for
-from .reconcile import Reconciler
+from .reconcile import Reconciler, running
 
 logger = logging.getLogger("celery_deadlines")
 
-_reconciler: Reconciler | None = None
 
 #: How often the clock is measured when a skew budget is set without a reconcile interval.
 CLOCK_CHECK_INTERVAL = timedelta(seconds=10)
@@ -31,17 +30,11 @@ def connect() -> None:
     worker_shutdown.connect(_stop, dispatch_uid="celery_deadlines.ledger.stop", weak=False)
 
 
-def reconciler() -> Reconciler | None:
-    """This worker's reconciler (main process), if it runs."""
-    return _reconciler
-
-
 def _start(sender: Any = None, **_: Any) -> None:
-    global _reconciler
     from . import enabled_for
 
     app = getattr(sender, "app", None)
-    if app is None or not enabled_for(app) or _reconciler is not None:
+    if app is None or not enabled_for(app) or running() is not None:
         return
     settings = settings_for(app)
     interval = settings.get(conf.RECONCILE_INTERVAL)
@@ -57,8 +50,7 @@ def _start(sender: Any = None, **_: Any) -> None:
             "the clock is measured (and the ledger reconciled) every %s s",
             interval.total_seconds(),
         )
-    _reconciler = Reconciler(app, store, interval, watch)
-    _reconciler.start()
+    Reconciler(app, store, interval, watch).start()
     logger.info(
         "run ledger reconciler started (every %s)%s",
         interval or "start only",
@@ -67,7 +59,6 @@ def _start(sender: Any = None, **_: Any) -> None:
 
 
 def _stop(**_: Any) -> None:
-    global _reconciler
-    if _reconciler is not None:
-        _reconciler.stop()
-        _reconciler = None
+    reconciler = running()
+    if reconciler is not None:
+        reconciler.stop()

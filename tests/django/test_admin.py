@@ -257,7 +257,7 @@ def unknown_payment(story: dict[str, Any]) -> Run:
     attempt = Attempt(store, lease, "celery@shop:401", TTL)
     with (
         pytest.raises(TimeoutError),
-        EffectScope(attempt, "pay", "order-42:pay", {"a": 1}, (), "execution"),
+        EffectScope(attempt, "pay", "order-42:pay", {"a": 1}),
     ):
         raise TimeoutError("provider read timed out")
     assert store.runs.finish(lease, "celery@shop:401", Status.UNKNOWN, "effect_unresolved", "pay")

@@ -27,7 +27,7 @@ from celery_deadlines.ledger.sql.connection import Store
 from celery_deadlines.ledger.sql.rows import ClaimRefused, Lease, NewRun
 from celery_deadlines.models import Effect, EffectState, Run, RunEvent, Status
 from celery_deadlines.observations import ActionClass, Observation
-from celery_deadlines.task import _end_after_body
+from celery_deadlines.task import end_after_body
 from celery_deadlines.testing import FakeClock, use_clock
 from tests.conftest import service_unavailable
 from tests.support.memory_queue import drain
@@ -76,10 +76,15 @@ def lapse(store: Store, task_id: str = "charge-1", deadline_too: bool = False) -
 
 def charge(current: Attempt, amount: int = 100, **options: Any) -> EffectScope:
     return EffectScope(
-        current, "charge", "order-42:charge:v1", {"amount": amount},
-        options.get("not_sent", (ConnectionRefusedError,)), "execution",
-        options.get("evidence", ()), options.get("action"), options.get("required", ()),
-    )  # fmt: skip
+        current,
+        "charge",
+        "order-42:charge:v1",
+        {"amount": amount},
+        not_sent=options.get("not_sent", (ConnectionRefusedError,)),
+        evidence=options.get("evidence", ()),
+        action=options.get("action"),
+        required=options.get("required", ()),
+    )
 
 
 def effect(store: Store) -> Effect:
@@ -290,7 +295,7 @@ def test_a_body_that_raises_anything_with_an_unresolved_effect_ends_its_run_unkn
     scope = charge(current)
     scope.__enter__()  # dispatched; the body then raises before any outcome is known
     with pytest.raises(Ignore):  # the run is UNKNOWN; Celery stores nothing over it
-        _end_after_body(current, raised)
+        end_after_body(current, raised)
     assert effect(store).state == EffectState.DISPATCHED  # for the reconciler to settle
     run = Run.objects.using(store.using).get(task_id="charge-1")
     assert (run.status, run.reason) == (Status.UNKNOWN, "effect_unresolved")
@@ -328,7 +333,7 @@ def test_a_duplicate_run_never_dispatches_a_key_in_flight_and_ends_with_that_rea
     with pytest.raises(DispatchRefused) as refused, charge(duplicate):
         pytest.fail("the call must not be made")
     assert refused.value.reason == "unresolved"
-    _end_after_body(duplicate, refused.value)
+    end_after_body(duplicate, refused.value)
     run = Run.objects.using(store.using).get(task_id="charge-2")
     assert (run.status, run.reason) == (Status.FAILED, "dispatch_refused")
     assert effect(store).dispatches == 1
@@ -344,7 +349,7 @@ def test_a_dispatch_refused_by_the_deadline_is_settled_expired_by_the_reconciler
         pytest.fail("the call must not be made")
     assert refused.value.reason == "deadline_passed"
     with pytest.raises(StaleLease):  # the attempt can no longer write its end...
-        _end_after_body(current, refused.value)
+        end_after_body(current, refused.value)
     assert reconcile_once(app, store).expired == ["charge-1"]  # ...the reconciler does
     run = Run.objects.using(store.using).get(task_id="charge-1")
     assert (run.status, run.reason) == (Status.EXPIRED, "deadline_passed")

@@ -4,7 +4,8 @@
 are grouped by who asks for them, each a small class on the store's connection:
 
 ``store.runs``      the producer (the outbox row) and the attempt (claim, fenced writes,
-                    refusals), and the worker's main process about its pool processes
+                    refusals)
+``store.supervision``  the worker's main process, about its own pool processes
 ``store.sweeps``    the reconciler and the scheduler (lapsed leases, expiry, republish,
                     occurrences)
 ``store.operator``  the admin's actions (expire now, requeue)
@@ -31,6 +32,7 @@ from .operator import OperatorActions
 from .plans import Plans
 from .rows import required
 from .runs import Runs
+from .supervision import Supervision
 from .sweeps import Sweeps
 
 #: A dedicated connection idle longer than this is pinged before its next statement.
@@ -125,6 +127,10 @@ class Store:
     @cached_property
     def runs(self) -> Runs:
         return Runs(self)
+
+    @cached_property
+    def supervision(self) -> Supervision:
+        return Supervision(self)
 
     @cached_property
     def sweeps(self) -> Sweeps:

@@ -61,6 +61,8 @@ class ClaimRefused:
     token: int
     owner: str
     lease_expires_at: datetime | None
+    #: the database clock when the claim was refused (what decided it)
+    database_now: datetime | None = None
 
     #: ``why`` codes
     TERMINAL: Final = "terminal"

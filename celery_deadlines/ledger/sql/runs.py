@@ -30,7 +30,6 @@ from typing import Any
 from ...states import Status
 from .predicates import (
     CLAIMABLE_SQL,
-    EFFECT,
     EVENT,
     EVENT_COLUMNS,
     HAS_UNRESOLVED,
@@ -199,16 +198,18 @@ class Runs(Statements):
             SELECT id, {d.now}, 'claim', 'rejected', status, reason, version, lease_token,
                 %(loser)s, lease_expires_at, CASE {why} ELSE 'changed' END || ':' || owner
             FROM {RUN} WHERE task_id = %(task_id)s
-            RETURNING detail, status, lease_token, lease_expires_at
+            RETURNING detail, status, lease_token, lease_expires_at, at
             """,
             {**params, "loser": owner},
         )
         if not rows:
             return ClaimRefused(ClaimRefused.MISSING, "", 0, "", None)
-        detail, status, token, expires = rows[0]
+        detail, status, token, expires, at = rows[0]
         # the event's owner column is the loser; the detail names the current owner
         why_code, _, current_owner = str(detail).partition(":")
-        return ClaimRefused(why_code, status, token, current_owner, d.instant(expires))
+        return ClaimRefused(
+            why_code, status, token, current_owner, d.instant(expires), d.instant(at)
+        )
 
     # -- fenced writes ---------------------------------------------------------------------
 
@@ -392,57 +393,3 @@ class Runs(Statements):
             return True  # (a recorded run still in time by the database clock is left)
         unrecorded = NewRun(task_id, task_name, deadline, None, "", "", retries, None, None, "", "")
         return self.record_ended(unrecorded, status, reason, detail, "refuse", published=True)
-
-    # -- the worker's main process, about its own pool processes ------------------------------
-
-    def end_owned(
-        self, task_id: str, owner: str, status: Status, reason: str, detail: str
-    ) -> str | None:
-        """End the attempt a pool process of this worker holds (its hard time limit hit).
-
-        The main process supervises the pool process that owns the lease, so it may end
-        that attempt; the token is bumped, which fences the killed process for good. If
-        the attempt had dispatched an effect without recording its outcome, the run
-        ends UNKNOWN instead (seed 004: a deadline during a provider call is an outcome
-        to reconcile, not to guess), and those effects are marked UNKNOWN. Returns the
-        status written, or ``None`` if the attempt was not this owner's any more.
-        """
-        d = self.dialect
-        _, rows = self.execute(
-            f"""
-            UPDATE {RUN} SET
-                status = CASE WHEN {HAS_UNRESOLVED} THEN 'UNKNOWN' ELSE %s END,
-                reason = CASE WHEN {HAS_UNRESOLVED} THEN 'effect_unresolved' ELSE %s END,
-                detail = %s, lease_token = lease_token + 1, lease_expires_at = NULL,
-                version = version + 1, op = 'end_owned', op_detail = %s, updated_at = {d.now}
-            WHERE task_id = %s AND status = 'RUNNING' AND owner = %s
-            RETURNING id, status
-            """,
-            [status.value, reason, detail, detail, task_id, owner],
-        )
-        if not rows:
-            return None
-        run_id, written = rows[0]
-        if written == Status.UNKNOWN:
-            self.execute(
-                f"""
-                UPDATE {EFFECT} SET state = 'UNKNOWN', updated_at = {d.now},
-                    error = %s
-                WHERE run_id = %s AND state = 'DISPATCHED'
-                """,
-                [detail, run_id],
-            )
-        return str(written)
-
-    def lapse_owned(self, task_id: str, owner: str, detail: str) -> bool:
-        """Let the lease of a lost pool process lapse now, for the reconciler to settle."""
-        d = self.dialect
-        count, _ = self.execute(
-            f"""
-            UPDATE {RUN} SET lease_expires_at = {d.now_plus}, version = version + 1,
-                op = 'worker_lost', op_detail = %s, updated_at = {d.now}
-            WHERE task_id = %s AND status = 'RUNNING' AND owner = %s
-            """,
-            [d.seconds(-SUPERVISOR_GRACE), detail, task_id, owner],
-        )
-        return count == 1

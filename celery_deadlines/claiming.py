@@ -1,0 +1,131 @@
+"""The claim in the ledger, in Celery's terms (the pool process, before the body).
+
+A won claim is an :class:`~celery_deadlines.ledger.attempt.Attempt`. A lost one ends the
+delivery without running the body (Celery's ``Ignore``): refused for the deadline, by
+the database's clock (the refusal is stored as the task's result); failed for good
+when the run lost too many leases; held unstarted as CLOCK_UNCERTAIN when this
+worker's clock is beyond the skew budget; otherwise simply not run (a duplicate
+delivery, another worker's live lease, an ended run).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, NoReturn
+
+from celery.exceptions import Ignore
+
+from . import gates, recording
+from .clock import get_clock
+from .signals import run_claimed, run_held
+from .states import Status
+
+if TYPE_CHECKING:
+    from .ledger.api import Held
+    from .ledger.attempt import Attempt
+    from .task import DeadlineTask
+
+logger = logging.getLogger("celery_deadlines")
+
+
+def claim(
+    task: DeadlineTask, task_id: str, deadline: datetime | None, reserve: timedelta
+) -> Attempt:
+    """Claim the run in the ledger, or end this delivery without running the body."""
+    from .ledger import api
+
+    request = task.request
+    outcome = api.claim_run(
+        task.app,
+        task_id=task_id,
+        retries=int(request.retries or 0),
+        hostname=request.hostname,
+        ttl=task.lease_duration(),
+        reserve=reserve,
+        unrecorded=lambda: recording.run_of_request(task, request, deadline),
+    )
+    if isinstance(outcome, api.Held):
+        _hold(task, task_id, outcome)
+    if not isinstance(outcome, api.ClaimRefused):
+        lease = outcome.lease
+        if lease.waiting_since is not None:
+            run_claimed.send(
+                sender=task,
+                task_id=task_id,
+                task_name=task.name,
+                queue_wait=max(lease.database_now - lease.waiting_since, timedelta(0)),
+            )
+        return outcome
+    if outcome.why == api.ClaimRefused.DEADLINE:
+        # judged by the database's clock, as the claim was
+        reason = gates.claim_refusal(deadline, outcome.database_now)
+        task.refuse_attempt(
+            gates.Decision(
+                gates.Gate.CLAIM,
+                reason,
+                deadline,
+                outcome.database_now or get_clock().now(),
+                None,
+                "refused by the ledger's clock",
+            ),
+            task_id,
+        )
+    if outcome.why == api.ClaimRefused.LOST_LEASES:
+        _lost_too_many_leases(task, task_id, deadline)
+    logger.info(
+        "%s[%s]: delivery not run, claim refused (%s); run is %s, token %s, owner %s",
+        task.name,
+        task_id,
+        outcome.why,
+        outcome.status or "unrecorded",
+        outcome.token,
+        outcome.owner or "none",
+    )
+    raise Ignore(f"claim refused: {outcome.why}")
+
+
+def _lost_too_many_leases(task: DeadlineTask, task_id: str, deadline: datetime | None) -> NoReturn:
+    from billiard.exceptions import WorkerLostError
+
+    from .ledger import api
+
+    detail = "the run lost its lease too many times (deadlines_max_lost_leases)"
+    if api.refuse_run(
+        task.app,
+        task_id=task_id,
+        task_name=task.name,
+        retries=int(task.request.retries or 0),
+        status=Status.FAILED,
+        reason="worker_lost",
+        detail=detail,
+        deadline=deadline,
+        confirm_within=None,
+    ):
+        task.backend.mark_as_failure(
+            task_id,
+            WorkerLostError(detail),
+            request=task.request,
+            store_result=task.stores_errors(),
+        )
+    raise Ignore(detail)
+
+
+def _hold(task: DeadlineTask, task_id: str, held: Held) -> NoReturn:
+    """This worker's clock is beyond the skew budget: the run was given back as
+    CLOCK_UNCERTAIN (not failed, not expired) for a worker whose clock agrees."""
+    logger.warning(
+        "%s[%s]: not started, held as CLOCK_UNCERTAIN: %s%s",
+        task.name,
+        task_id,
+        held.explain(),
+        "" if held.recorded else " (the hold was not recorded; the reconciler settles it)",
+    )
+    run_held.send(
+        sender=task,
+        task_id=task_id,
+        task_name=task.name,
+        reading=held.reading,
+        budget=held.budget,
+    )
+    raise Ignore(f"clock uncertain: {held.explain()}")

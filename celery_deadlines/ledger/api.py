@@ -1,0 +1,208 @@
+"""The ledger's entry point for the Celery tier: plain values in, plain values out.
+
+:class:`~celery_deadlines.task.DeadlineTask` and the worker's request call these once
+:func:`celery_deadlines.ledger.enabled_for` said yes (lazily: the plain Celery tier never
+imports Django). Nothing here knows the task class: the caller passes the run's id,
+name, durations and message, and says whether a publish is a retry. Translating the
+outcomes into Celery's ``Ignore``/``Retry`` stays with the caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from .. import conf
+from .._crashpoints import hit
+from ..conf import settings_for
+from ..skew import ClockReading, Readiness, gate
+from ..states import Status
+from . import outbox
+from .attempt import Attempt, owner_name, owner_name_of
+from .clockwatch import describe
+from .reconcile import running
+from .sql.connection import Store
+from .sql.rows import ClaimRefused, Lease, NewRun
+
+__all__ = [
+    "Attempt",
+    "ClaimRefused",
+    "Held",
+    "Lease",
+    "NewRun",
+    "claim_run",
+    "end_owned",
+    "hand_to_retry",
+    "lapse_owned",
+    "record_run",
+    "refuse_run",
+    "store_for",
+]
+
+_stores: dict[tuple[str, bool], Store] = {}
+
+
+def store_for(app: Any, *, dedicated: bool = False) -> Store:
+    """The ledger store on the alias the app's settings name.
+
+    ``dedicated``: the worker's store, on a connection of its own (see :class:`Store`);
+    otherwise Django's connection, so writes join the caller's transaction.
+    """
+    key = (settings_for(app).get(conf.DATABASE), dedicated)
+    try:
+        return _stores[key]
+    except KeyError:
+        store = _stores[key] = Store(key[0], dedicated=dedicated)
+        return store
+
+
+def record_run(app: Any, run: NewRun, send: Callable[[], Any]) -> Any:
+    """Record a new run, then ``send()`` its message (see :mod:`.outbox`); returns what
+    ``send()`` returned, or ``None`` when the publish waits for the transaction's commit."""
+    return outbox.record(store_for(app), run, send)
+
+
+def hand_to_retry(
+    attempt: Attempt,
+    *,
+    retries: int,
+    available_at: datetime | None,
+    message_body: bytes,
+    send: Callable[[], Any],
+) -> Any:
+    """The attempt running in this process hands its run to its retry message: a
+    fenced write (raises :class:`StaleLease` if the attempt lost its lease: nothing is
+    published), then ``send()``."""
+    attempt.retry(retries, available_at, message_body, f"retries={retries}")
+    hit("retry.reserved", attempt.lease.task_id)
+    sent = send()
+    hit("retry.published", attempt.lease.task_id)
+    return sent
+
+
+@dataclass(frozen=True)
+class Held:
+    """A claim won by a worker whose clock is beyond the skew budget: the run was given
+    back unstarted, as CLOCK_UNCERTAIN (or, if that write was refused, left to the
+    reconciler: ``recorded`` is False)."""
+
+    reading: ClockReading
+    budget: timedelta
+    recorded: bool
+
+    def explain(self) -> str:
+        return (
+            f"clock {describe(self.reading)} from the ledger's clock is beyond the skew "
+            f"budget of {self.budget.total_seconds()} s"
+        )
+
+
+def claim_run(
+    app: Any,
+    *,
+    task_id: str,
+    retries: int,
+    hostname: str | None,
+    ttl: timedelta,
+    reserve: timedelta,
+    unrecorded: Callable[[], NewRun],
+) -> Attempt | ClaimRefused | Held:
+    """Claim the run of the message being executed (recording it first, from
+    ``unrecorded()``, if it has no row: published by name, or before the app was
+    installed).
+
+    The claim's round trip is also a clock reading (the database's clock between two
+    local ones): with ``deadlines_clock_skew_budget`` set and the reading beyond it, the
+    won claim is given back at once as CLOCK_UNCERTAIN (:class:`Held`).
+    """
+    settings = settings_for(app)
+    store = store_for(app, dedicated=True)
+    owner = owner_name(hostname)
+    max_lost = settings.get(conf.MAX_LOST_LEASES)
+
+    def claim() -> Lease | ClaimRefused:
+        return store.runs.claim(
+            task_id, retries, owner=owner, ttl=ttl, reserve=reserve, max_lost_leases=max_lost
+        )
+
+    outcome = claim()
+    if isinstance(outcome, ClaimRefused) and outcome.why == ClaimRefused.MISSING:
+        store.runs.enqueue(unrecorded())
+        outcome = claim()
+    if isinstance(outcome, ClaimRefused):
+        return outcome
+    budget = settings.get(conf.CLOCK_SKEW_BUDGET)
+    if budget is None:  # not measured: no skew budget to hold the run to
+        return Attempt(store, outcome, owner, ttl)
+    sent, answered = store.last_round_trip()  # the claim statement's own round trip
+    reading = ClockReading.between(sent, outcome.database_now, answered)
+    if gate(answered, reading, budget) is Readiness.CLOCK_UNCERTAIN:
+        held = Held(reading, budget, recorded=False)
+        recorded = store.runs.hold(outcome, owner, held.explain())
+        return Held(reading, budget, recorded)
+    return Attempt(store, outcome, owner, ttl, reading=reading)
+
+
+def refuse_run(
+    app: Any,
+    *,
+    task_id: str,
+    task_name: str,
+    retries: int,
+    status: Status,
+    reason: str,
+    detail: str,
+    deadline: datetime | None,
+    confirm_within: timedelta | None,
+    dedicated: bool = True,
+) -> bool:
+    """A gate refused a message: end its run, unless it already ended or another worker
+    owns it. Returns whether this refusal ended the run: only then may the caller store
+    the refusal as the task's result (it must not overwrite another attempt's).
+
+    ``confirm_within``: for a refusal for the deadline, the task's reserve: a recorded
+    run ends only if the database clock agrees (the deadline, less the reserve, has
+    passed by it), so a worker whose own clock ran ahead cannot expire work still in time.
+    """
+    store = store_for(app, dedicated=dedicated)
+    return store.runs.refuse(
+        task_id,
+        task_name,
+        retries,
+        status=status,
+        reason=reason,
+        detail=detail,
+        deadline=deadline,
+        confirm_within=confirm_within,
+    )
+
+
+def end_owned(
+    app: Any,
+    *,
+    task_id: str,
+    hostname: str | None,
+    pid: object,
+    status: Status,
+    reason: str,
+    detail: str,
+) -> str | None:
+    """The worker's main process ends the attempt a pool process of its own holds (its
+    hard time limit hit); see :class:`~celery_deadlines.ledger.sql.supervision.Supervision`."""
+    store = store_for(app, dedicated=True)
+    return store.supervision.end_owned(
+        task_id, owner_name_of(hostname, pid), status, reason, detail
+    )
+
+
+def lapse_owned(app: Any, task_id: str, hostname: str | None, pid: object, detail: str) -> bool:
+    """A pool process of this worker was lost: let its lease lapse now and wake this
+    worker's reconciler to settle the run."""
+    store = store_for(app, dedicated=True)
+    lapsed = store.supervision.lapse_owned(task_id, owner_name_of(hostname, pid), detail)
+    reconciler = running()
+    if lapsed and reconciler is not None:
+        reconciler.wake()
+    return lapsed

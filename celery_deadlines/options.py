@@ -1,0 +1,109 @@
+"""A DeadlineTask's durations, each from the one precedence rule (:func:`budgets.first_said`).
+
+::
+
+    task attribute  >  time contract  >  (other task attributes)  >  per-task setting
+    >  default setting
+
+Call options (``apply_async(budget=...)``) come first and are read where the call is
+(:mod:`celery_deadlines.propagation`). :data:`OPTIONS` lists, for each duration, where
+it may be said; :func:`resolve` walks that list. A task attribute is parsed once per
+value (attributes rarely change, and this runs at every publish and claim).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Final
+
+from . import conf
+from .budgets import UNSET, Source, first_said, parse_budget, parse_duration
+
+Parse = Callable[[object, str, "conf.Settings"], "timedelta | None"]
+
+
+def _budget(raw: object, name: str, settings: conf.Settings) -> timedelta | None:
+    return parse_budget(raw, name=name, maximum=settings.max_budget)
+
+
+def _reserve(raw: object, name: str, settings: conf.Settings) -> timedelta | None:
+    return parse_duration(raw, name=name, allow_zero=True) if raw is not None else None
+
+
+def _duration(raw: object, name: str, settings: conf.Settings) -> timedelta | None:
+    return parse_duration(raw, name=name)
+
+
+@dataclass(frozen=True)
+class Option:
+    """Where one duration may be said, highest first after the task attribute."""
+
+    parse: Parse
+    #: the per-task setting (``{task name: value}``), if there is one
+    per_task: conf.Setting[dict[str, timedelta | None]] | None
+    default: conf.Setting[Any]
+    #: Celery task attributes asked after the contract (``time_limit``, ...)
+    then_attributes: tuple[str, ...] = ()
+    #: what "nothing said anywhere" means
+    otherwise: timedelta | None = None
+
+
+OPTIONS: Final[dict[str, Option]] = {
+    "budget": Option(_budget, conf.BUDGETS, conf.DEFAULT_BUDGET),
+    "delivery_budget": Option(_budget, None, conf.DEFAULT_DELIVERY_BUDGET),
+    "reserve": Option(_reserve, None, conf.DEFAULT_RESERVE, otherwise=timedelta(0)),
+    "lease_ttl": Option(_duration, None, conf.LEASE_TTL),
+    "attempt_timeout": Option(
+        _duration,
+        None,
+        conf.DEFAULT_ATTEMPT_TIMEOUT,
+        ("time_limit", "soft_time_limit"),
+        otherwise=timedelta(0),
+    ),
+}
+
+
+def resolve(task: Any, name: str, settings: conf.Settings) -> tuple[Source | None, Any]:
+    """``(source, duration)`` of the duration ``name`` for ``task``: its attribute, its
+    contract's, the Celery attributes after it, the per-task setting, the default."""
+    option = OPTIONS[name]
+    contract = settings.contract_of(task.name)
+    per_task: object = UNSET
+    if option.per_task is not None:
+        per_task = settings.get(option.per_task).get(task.name, UNSET)
+    source, value = first_said(
+        ("task", _attribute(task, name, option, settings)),
+        ("setting", UNSET if contract is None else getattr(contract, name)),
+        *(("task", _attribute(task, other, option, settings)) for other in option.then_attributes),
+        ("setting", per_task),
+        ("default", settings.get(option.default)),
+    )
+    if value is UNSET or (value is None and option.otherwise is not None):
+        return source, option.otherwise
+    return source, value
+
+
+def duration(task: Any, name: str, settings: conf.Settings) -> timedelta:
+    """A duration that always has a value (reserve, lease, attempt timeout)."""
+    value = resolve(task, name, settings)[1]
+    if value is None:
+        raise ValueError(f"{task.name}.{name} has no value")
+    return value  # type: ignore[no-any-return]
+
+
+def _attribute(task: Any, attribute: str, option: Option, settings: conf.Settings) -> object:
+    """The task attribute, parsed (once per value), or UNSET when it says nothing."""
+    raw = getattr(task, attribute, UNSET)
+    if raw is UNSET or (raw is None and option.then_attributes):
+        return UNSET  # Celery's time_limit=None means "no limit", not "no deadline"
+    cache: dict[str, tuple[object, object]] = task.__dict__.setdefault(
+        "_celery_deadlines_parsed", {}
+    )
+    cached = cache.get(attribute)
+    if cached is not None and cached[0] is raw:
+        return cached[1]
+    parsed = option.parse(raw, f"{task.name}.{attribute}", settings)
+    cache[attribute] = (raw, parsed)
+    return parsed

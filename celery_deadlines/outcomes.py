@@ -1,0 +1,129 @@
+"""How a run ends or moves, decided from plain facts (pure: no clock read, no I/O).
+
+The Celery tier and the ledger gather the facts (the exception a body raised, the
+instant a time limit fired, what the reconciler read about a lapsed lease, a resumed
+plan's verdict) and ask here what the run's new state is; they then write it. Each
+decision is a small value, so the rules are unit-tested without a worker or a database.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Literal
+
+from .contracts import OnExpiry
+from .errors import DeadlineRefused, DispatchRefused, PlanRefused
+from .gates import Reason
+from .states import Status
+
+#: What Celery makes of an exception a body raised (``Ignore``, ``Reject`` with or
+#: without requeue): the Celery tier says it, so this module needs no Celery import.
+CeleryEnd = Literal["ignore", "reject", "requeue"] | None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A run's end after an attempt: its status (``None``: given back to the queue),
+    reason and one human sentence."""
+
+    status: Status | None
+    reason: str
+    detail: str
+
+    @property
+    def released(self) -> bool:
+        return self.status is None
+
+
+def unresolved(keys: frozenset[str] | set[str], exc: BaseException | None = None) -> Outcome:
+    """UNKNOWN is not FAILED: an effect of the attempt has no recorded outcome."""
+    detail = f"outcome unknown for effect(s) {', '.join(sorted(keys))}"
+    if exc is not None:
+        detail += f" after {exc!r}"
+    return Outcome(Status.UNKNOWN, "effect_unresolved", detail[:2000])
+
+
+def after_body(
+    exc: BaseException, *, celery: CeleryEnd, unresolved_keys: frozenset[str] | set[str]
+) -> Outcome:
+    """The run's end for a body that raised ``exc`` (``celery``: what Celery makes of it).
+
+    An effect dispatched without a known outcome makes the run UNKNOWN whatever was
+    raised: never FAILED, never released to run again.
+    """
+    if unresolved_keys:
+        return unresolved(unresolved_keys, exc)
+    if celery == "ignore":
+        return Outcome(Status.SUCCEEDED, "ignored", "the task raised Ignore")
+    why = getattr(exc, "reason", None)
+    if celery == "requeue":
+        return Outcome(None, "", f"rejected with requeue: {why!r}")
+    if celery == "reject":
+        return Outcome(Status.FAILED, "rejected", f"rejected: {why!r}")
+    if isinstance(exc, DeadlineRefused):
+        return Outcome(Status.EXPIRED, exc.reason, str(exc))
+    if isinstance(exc, PlanRefused):
+        return Outcome(Status.FAILED, exc.reason, str(exc))
+    if isinstance(exc, DispatchRefused):
+        # another run's dispatch of the key is unresolved, or the guard refused for the
+        # deadline or a stale lease (then this write is refused too: the reconciler
+        # settles the run)
+        return Outcome(Status.FAILED, "dispatch_refused", str(exc))
+    return Outcome(Status.FAILED, "error", repr(exc)[:2000])
+
+
+#: A hard time limit that fires this close to the deadline was the deadline's cap.
+DEADLINE_CAP_SLACK = timedelta(seconds=1)
+
+
+def after_time_limit(deadline: datetime | None, now: datetime) -> tuple[Status, str]:
+    """A pool process killed by its hard time limit: EXPIRED when the limit was the
+    deadline's cap (the attempt gate), FAILED (``time_limit``) when it was the task's own."""
+    if deadline is not None and now >= deadline - DEADLINE_CAP_SLACK:
+        return Status.EXPIRED, Reason.DEADLINE_PASSED.value
+    return Status.FAILED, "time_limit"
+
+
+class Settle(enum.Enum):
+    """What the reconciler does with a run whose lease lapsed, in this order of priority."""
+
+    #: a dispatch of the attempt has no recorded outcome: reconcile it before anything
+    UNKNOWN = "unknown"
+    #: past its deadline: ended, never resurrected
+    EXPIRE = "expire"
+    #: it lost too many leases (a task that kills its worker): failed, not looped
+    FAIL = "fail"
+    #: given back to the queue with a fresh token; the next claim resumes it
+    REQUEUE = "requeue"
+
+
+def settle_lapsed(
+    *, unresolved_effect: bool, past_deadline: bool, lost_leases: int, max_lost: int
+) -> Settle:
+    """The order in which a lapsed run is settled (docs/concepts.md, reconciliation)."""
+    if unresolved_effect:
+        return Settle.UNKNOWN
+    if past_deadline:
+        return Settle.EXPIRE
+    if lost_leases >= max_lost:
+        return Settle.FAIL
+    return Settle.REQUEUE
+
+
+class PlanStep(enum.Enum):
+    """What a run does after its stored plan was checked on resume."""
+
+    CONTINUE = "continue"
+    REVALIDATE = "revalidate"
+    REFUSE = "refuse"
+    PAUSE = "pause"
+    ESCALATE = "escalate"
+
+
+def after_plan(may_execute: bool, on_expiry: OnExpiry) -> PlanStep:
+    """A plan that may go on continues; one that may not follows the contract."""
+    if may_execute:
+        return PlanStep.CONTINUE
+    return PlanStep(on_expiry.value)

@@ -1,0 +1,124 @@
+"""What the ledger records of a Celery message: the run's outbox row, in Celery's terms.
+
+:meth:`DeadlineTask.apply_async` hands its publish here once the ledger is on: a new
+run is recorded before its message is sent (:func:`publish`), and the attempt running
+in this process hands its run to its own retry message instead. A message that reaches
+a worker without a row (sent by name, or before the app was installed) gets one rebuilt
+from the request (:func:`run_of_request`). The ledger is imported lazily: the plain
+Celery tier never imports Django.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from celery._state import get_current_worker_task
+
+from . import wire
+from .propagation import state_of
+from .stamping import Stamp
+
+if TYPE_CHECKING:
+    from celery import Task
+
+    from .ledger.sql.rows import NewRun
+
+
+def publish(
+    task: Task[Any, Any],
+    args: Any,
+    kwargs: Any,
+    *,
+    task_id: str,
+    call: dict[str, Any],
+    links: dict[str, Any],
+    stamp: Stamp,
+    available_at: datetime | None,
+    send: Callable[[], Any],
+) -> Any:
+    """Record the run (or hand the running attempt's run to its retry), then ``send()``.
+
+    ``call``: the publish's options as Celery will see them; ``links``: ``link``,
+    ``link_error`` and ``shadow``, kept with the message so that a republish is the
+    same message. Returns what ``send()`` returned, or the run's ``AsyncResult`` when
+    the publish waits for the caller's transaction to commit.
+    """
+    from .ledger import api, outbox
+
+    kept = {**task._get_exec_options(), **call, **links}  # type: ignore[attr-defined]
+    body, content_type, encoding = outbox.encode_message(task.serializer, args, kwargs, kept)
+    retries = int(call.get("retries") or 0)
+    state = state_of(task.request_stack.top)
+    retry_of = state.attempt if state is not None and state.retrying else None
+    if retry_of is not None and retry_of.lease.task_id == task_id:
+        return api.hand_to_retry(
+            retry_of, retries=retries, available_at=available_at, message_body=body, send=send
+        )
+    parent = get_current_worker_task()
+    parent_id = call.get("parent_id") or (parent.request.id if parent else None)
+    root_id = call.get("root_id") or (
+        (parent.request.root_id or parent.request.id) if parent else None
+    )
+    run = api.NewRun(
+        task_id=task_id,
+        task_name=task.name,
+        deadline=stamp.governed.deadline,
+        delivery_deadline=stamp.delivery,
+        root_id=root_id or task_id,
+        parent_id=parent_id or "",
+        retries=retries,
+        available_at=available_at,
+        message_body=body,
+        content_type=content_type,
+        content_encoding=encoding,
+        **wire.decode_occurrence((call.get("headers") or {}).get(wire.OCCURRENCE_HEADER)),
+    )
+    sent = api.record_run(task.app, run, send)
+    return sent if sent is not None else task.AsyncResult(task_id)
+
+
+def run_of_request(task: Task[Any, Any], request: Any, deadline: datetime | None) -> NewRun:
+    """The row of a run whose message was published without the outbox, rebuilt from
+    the request being executed (so the sweeper can republish it)."""
+    from .ledger import api, outbox
+
+    kept = {
+        "link": request.callbacks,
+        "link_error": request.errbacks,
+        "chain": request.chain,
+        "chord": request.chord,
+        "group_id": request.group,
+        "group_index": request.group_index,
+        "root_id": request.root_id,
+        "parent_id": request.parent_id,
+        "headers": {
+            key: value
+            for key, value in (request.headers or {}).items()
+            if key.startswith("x_deadline") or key == "expires"
+        }
+        or None,
+        **{
+            key: value
+            for key, value in (request.delivery_info or {}).items()
+            if key in ("exchange", "routing_key", "priority") and value
+        },
+    }
+    kept = {key: value for key, value in kept.items() if value is not None}
+    body, content_type, encoding = outbox.encode_message(
+        task.serializer, request.args, request.kwargs, kept
+    )
+    return api.NewRun(
+        task_id=request.id,
+        task_name=task.name,
+        deadline=deadline,
+        delivery_deadline=None,
+        root_id=request.root_id or request.id,
+        parent_id=request.parent_id or "",
+        retries=int(request.retries or 0),
+        available_at=None,
+        message_body=body,
+        content_type=content_type,
+        content_encoding=encoding,
+    )

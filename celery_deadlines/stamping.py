@@ -1,0 +1,206 @@
+"""What a published message carries: the one core of both publish paths (pure).
+
+:meth:`DeadlineTask.apply_async` and the ``before_task_publish`` hook (plain tasks sent
+from a deadline task, ``send_task`` by name, Celery's own ``chord_unlock``) take the
+same steps: read the publish's own deadlines (:func:`own_deadlines`), combine them with
+what the message inherits (:func:`stamp_for`: a child can only shorten a deadline), and
+write the headers and Celery's ``expires`` (:func:`write`). ``now`` and the horizon
+(``deadlines_max_budget``) are passed in; nothing here reads a clock or a setting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+from datetime import datetime, timedelta
+from typing import Any, Final, NamedTuple
+
+from . import wire
+from .budgets import Governed, Source, govern, parse_budget, parse_instant
+from .errors import InvalidDeadline
+
+#: Call options this package understands (taken out before Celery sees them).
+CALL_OPTIONS: Final = frozenset({"budget", "deadline", "delivery_budget", "delivery_deadline"})
+
+
+class Inherited(NamedTuple):
+    """What a message inherits from the task or scope it is published from.
+
+    ``unreadable`` holds a parent's deadline header that could not be read: it is
+    passed on as it is, so the worker refuses it with ``invalid_deadline`` instead of
+    running the child with no deadline.
+    """
+
+    deadline: datetime | None = None
+    delivery: datetime | None = None
+    source: Source = "parent"
+    origin: str | None = None
+    unreadable: object = None
+
+
+NOTHING: Final = Inherited()
+
+
+class Own(NamedTuple):
+    """A publish's own deadlines: from its call options, else from an explicit header."""
+
+    deadline: datetime | None = None
+    source: Source | None = None
+    delivery: datetime | None = None
+
+
+class Stamp(NamedTuple):
+    """The deadlines a message will carry, with Celery's ``expires`` capped by them."""
+
+    governed: Governed
+    delivery: datetime | None
+    origin: str | None
+    expires: datetime | None
+
+
+def own_deadlines(
+    call: MutableMapping[str, Any],
+    headers: MutableMapping[str, Any],
+    now: datetime,
+    horizon: timedelta,
+) -> Own:
+    """The deadlines a publish names itself: ``budget``/``deadline`` (and the delivery
+    pair) taken out of the call options ``call``, else the ``x_deadline`` header already
+    in ``headers`` (explicit, or copied by ``retry()``). Raises :class:`InvalidDeadline`
+    for a bad value."""
+    own: datetime | None = None
+    source: Source | None = None
+    delivery: datetime | None = None
+    if not CALL_OPTIONS.isdisjoint(call):
+        own = call_instant(call, "", now, horizon)
+        source = "call" if own is not None else None
+        delivery = call_instant(call, "delivery_", now, horizon)
+    if own is None and wire.DEADLINE_HEADER in headers:
+        own = wire.decode(headers[wire.DEADLINE_HEADER], now=now, horizon=horizon)
+        source = headers.get(wire.SOURCE_HEADER, "call")
+    return Own(own, source if own is not None else None, delivery)
+
+
+def stamp_for(
+    own: Own, parent: Inherited, *, now: datetime, expires: object, task_id: str | None
+) -> Stamp:
+    """Combine a publish's own deadlines with what it inherits: the earlier wins (the
+    clamp is reported in ``governed.clamped_from``). The origin is the parent's when the
+    deadline is inherited, else this message's own id."""
+    governed = govern(own.deadline, own.source, parent.deadline, parent.source)
+    delivery = earlier(own.delivery, parent.delivery)
+    origin = parent.origin if governed.source in ("parent", "scope") else task_id
+    capped = None if governed.deadline is None else earlier_expiry(expires, governed.deadline, now)
+    return Stamp(governed, delivery, origin, capped)
+
+
+def write(headers: MutableMapping[str, Any], stamp: Stamp) -> None:
+    """Write the deadlines into message headers, and ``expires`` capped at the deadline
+    (the header only, no broker TTL: RabbitMQ would drop an expired message without the
+    refusal being recorded, and the caller would wait for nothing)."""
+    governed = stamp.governed
+    if governed.deadline is not None:
+        headers[wire.DEADLINE_HEADER] = wire.encode(governed.deadline)
+        headers[wire.SOURCE_HEADER] = governed.source
+        if stamp.origin:
+            headers[wire.ORIGIN_HEADER] = stamp.origin
+    if stamp.delivery is not None:
+        headers[wire.DELIVERY_DEADLINE_HEADER] = wire.encode(stamp.delivery)
+    if stamp.expires is not None:
+        headers["expires"] = stamp.expires.isoformat()
+
+
+def call_instant(
+    options: MutableMapping[str, Any], kind: str, now: datetime, horizon: timedelta
+) -> datetime | None:
+    """Take ``kind_budget``/``kind_deadline``-style options out of ``options``.
+
+    ``kind`` is ``""`` for the execution deadline and ``"delivery_"`` for delivery.
+    Returns the instant they name, ``None`` when neither was given, and raises
+    :class:`InvalidDeadline` for bad values or both at once.
+    """
+    budget = options.pop(f"{kind}budget", None)
+    deadline = options.pop(f"{kind}deadline", None)
+    return own_instant(
+        budget, deadline, names=(f"{kind}budget", f"{kind}deadline"), now=now, horizon=horizon
+    )
+
+
+def own_instant(
+    budget: object,
+    deadline: object,
+    *,
+    names: tuple[str, str],
+    now: datetime,
+    horizon: timedelta,
+) -> datetime | None:
+    """The instant a budget (from ``now``) or an aware deadline names, within ``horizon``;
+    ``names`` say what the error message calls them."""
+    budget_name, deadline_name = names
+    if budget is not None and deadline is not None:
+        raise InvalidDeadline(f"pass {budget_name} or {deadline_name}, not both")
+    if deadline is not None:
+        instant = parse_instant(deadline, name=deadline_name)
+        if instant - now > horizon:
+            raise InvalidDeadline(
+                f"{deadline_name} {instant.isoformat()} is more than {horizon} away "
+                "(setting deadlines_max_budget)"
+            )
+        return instant
+    span = parse_budget(budget, name=budget_name, maximum=horizon)
+    return None if span is None else now + span
+
+
+def earlier_expiry(expires: object, deadline: datetime, now: datetime) -> datetime:
+    """Celery's ``expires`` option (seconds, datetime or ISO string) capped at ``deadline``."""
+    current: datetime | None = None
+    if isinstance(expires, (int, float)) and not isinstance(expires, bool):
+        current = now + timedelta(seconds=expires)
+    elif isinstance(expires, datetime) and expires.tzinfo is not None:
+        current = expires
+    elif isinstance(expires, str):
+        try:
+            parsed = datetime.fromisoformat(expires)
+        except ValueError:
+            parsed = None
+        if parsed is not None and parsed.tzinfo is not None:
+            current = parsed
+    return deadline if current is None or deadline < current else current
+
+
+def delivery_deadline(
+    headers: MutableMapping[str, Any], now: datetime, horizon: timedelta
+) -> datetime | None:
+    """The delivery deadline a message carries, ``None`` if absent or unreadable."""
+    raw = headers.get(wire.DELIVERY_DEADLINE_HEADER)
+    if raw is None:
+        return None
+    try:
+        return wire.decode(raw, now=now, horizon=horizon)
+    except InvalidDeadline:
+        return None
+
+
+def earlier(first: datetime | None, second: datetime | None) -> datetime | None:
+    """The earlier of two optional instants (``None`` means "no deadline")."""
+    if first is None:
+        return second
+    if second is None:
+        return first
+    return min(first, second)
+
+
+def read_headers(
+    headers: MutableMapping[str, Any], now: datetime, horizon: timedelta, task_id: str | None
+) -> Inherited:
+    """The deadlines carried by a message's headers (unreadable ones kept as they are)."""
+    origin = headers.get(wire.ORIGIN_HEADER) or task_id
+    deadline = unreadable = None
+    raw = headers.get(wire.DEADLINE_HEADER)
+    if raw is not None:
+        try:
+            deadline = wire.decode(raw, now=now, horizon=horizon)
+        except InvalidDeadline:
+            unreadable = raw
+    # an unreadable delivery deadline is for the delivery gates to judge, not this one
+    delivery = delivery_deadline(headers, now, horizon)
+    return Inherited(deadline, delivery, "parent", origin, unreadable)
