@@ -22,8 +22,7 @@ from django.utils.safestring import SafeString
 
 from .clock import get_clock
 from .explain import utc
-from .ledger import outbox
-from .ledger.operations import settle_effect
+from .ledger import operations, outbox
 from .ledger.sql.connection import Store
 from .ledger.sql.effects import Pending
 from .models import Effect, EffectState, Run, RunEvent, RunPlan
@@ -216,20 +215,26 @@ class RunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.action(description="Expire now (fences the current holder)", permissions=["expire"])
     def expire_now(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
-        store = Store(queryset.db)
-        done = [run for run in queryset if store.operator.expire_now(run.pk, _operator(request))]
+        from celery import current_app
+
+        store, operator = Store(queryset.db), _operator(request)
+        done = [
+            run
+            for run in queryset
+            if operations.expire_run(current_app, store, run.pk, operator=operator)
+        ]
         self._report(request, "expired", done, queryset.count())
 
     @admin.action(description="Requeue (if the deadline allows)", permissions=["requeue"])
     def requeue(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
         from celery import current_app
 
-        store = Store(queryset.db)
-        done = []
-        for run in queryset:
-            if store.operator.requeue_now(run.pk, _operator(request)):
-                outbox.republish_run(current_app, store, run.pk)
-                done.append(run)
+        store, operator = Store(queryset.db), _operator(request)
+        done = [
+            run
+            for run in queryset
+            if operations.requeue_run(current_app, store, run.pk, operator=operator)
+        ]
         self._report(request, "requeued", done, queryset.count())
 
     def _report(self, request: HttpRequest, verb: str, done: list[Run], asked: int) -> None:
@@ -313,7 +318,7 @@ class EffectAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             if seen is None:
                 changed.append(f"{effect.key}: the form did not say which dispatch you saw")
                 continue
-            settled = settle_effect(
+            settled = operations.settle_effect(
                 current_app, store, seen, found, result, f"{evidence} ({operator})", by=operator
             )
             if settled.applied:

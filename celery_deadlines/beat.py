@@ -40,15 +40,14 @@ from typing import Any
 
 from celery.beat import PersistentScheduler, SchedulingError
 from celery.schedules import BaseSchedule, schedstate
-from django.db import close_old_connections, transaction
 
-from . import conf
+from . import conf, skew
 from .budgets import parse_duration
 from .clock import get_clock
 from .conf import settings_for
 from .errors import ConfigurationError, DeadlineRefused
 from .schedules import LocalSchedule, Occurrence, classify, occurrences
-from .signals import clock_uncertain, run_expired
+from .signals import clock_uncertain
 from .wire import OCCURRENCE_HEADER
 
 logger = logging.getLogger("celery_deadlines")
@@ -151,6 +150,8 @@ class ZonedSchedulerMixin:
     ) -> Any:
         if not isinstance(entry.schedule, ZonedSchedule):
             return super().apply_async(entry, producer, advance, **kwargs)  # type: ignore[misc]
+        from django.db import close_old_connections
+
         entry = self.reserve(entry) if advance else entry  # type: ignore[attr-defined]
         close_old_connections()  # beat has no request cycle: drop a connection that broke
         zoned: ZonedSchedule = entry.schedule
@@ -164,8 +165,10 @@ class ZonedSchedulerMixin:
 def catch_up(app: Any, entry: Any, producer: Any = None) -> list[str]:
     """Publish the occurrences of ``entry`` still in their window that have no run, and
     record the ones whose window closed as missed. Returns the run ids published."""
-    from .ledger.api import store_for
-    from .ledger.sql.rows import NewRun
+    from django.db import transaction
+
+    from .ledger import operations
+    from .ledger.api import NewRun, store_for
     from .task import DeadlineTask
 
     zoned: ZonedSchedule = entry.schedule
@@ -185,20 +188,28 @@ def catch_up(app: Any, entry: Any, producer: Any = None) -> list[str]:
             continue
         header = occurrence_header(missed)
         run = NewRun(
-            missed.run_id, entry.task, missed.deadline, None, missed.run_id, "", 0, None,
-            None, "", "", not_before=missed.at, schedule=missed.schedule,
-            schedule_zone=missed.zone, schedule_local=header["local"],
-        )  # fmt: skip
-        detail = (
-            f"occurrence {header['local']} {missed.zone} ({missed.at.isoformat()}) was not "
-            f"published before its window closed at {missed.deadline.isoformat()}"
+            task_id=missed.run_id,
+            task_name=entry.task,
+            deadline=missed.deadline,
+            delivery_deadline=None,
+            root_id=missed.run_id,
+            parent_id="",
+            retries=0,
+            available_at=None,
+            message_body=None,
+            content_type="",
+            content_encoding="",
+            not_before=missed.at,
+            schedule=missed.schedule,
+            schedule_zone=missed.zone,
+            schedule_local=header["local"],
         )
-        if store.sweeps.record_missed(run, detail):
-            logger.warning("%s: %s; recorded as missed, not run late", entry.name, detail)
-            run_expired.send(
-                sender=app, task_id=missed.run_id, task_name=entry.task,
-                reason="missed_occurrence", detail=detail,
-            )  # fmt: skip
+        detail = (
+            f"{entry.name}: occurrence {header['local']} {missed.zone} "
+            f"({missed.at.isoformat()}) was not published before its window closed at "
+            f"{missed.deadline.isoformat()}; recorded as missed, not run late"
+        )
+        operations.record_missed(app, store, run, detail)
     published = []
     task = app.tasks[entry.task]
     if not isinstance(task, DeadlineTask):
@@ -240,13 +251,13 @@ def _clock_agrees(app: Any, store: Any, name: str) -> bool:
     """With ``deadlines_clock_skew_budget`` set, beat publishes only while its clock
     agrees with the ledger's (seed 001's gate: CLOCK_UNCERTAIN comes before NOT_READY
     and EXPIRED); without it, beat's clock is trusted, as a worker's is."""
-    from .ledger.clockwatch import describe, measure
+    from .ledger.api import describe, measure
 
     budget = settings_for(app).get(conf.CLOCK_SKEW_BUDGET)
     if budget is None:
         return True
     reading, _ = measure(store)
-    if reading is not None and reading.within(budget):
+    if skew.gate(get_clock().now(), reading, budget) is not skew.Readiness.CLOCK_UNCERTAIN:
         return True
     logger.warning(
         "%s: clock uncertain (%s, beyond the skew budget of %s s): nothing is published "

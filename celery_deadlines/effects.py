@@ -32,40 +32,18 @@ import json
 from collections.abc import Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from ._crashpoints import hit
 from .clock import get_clock
 from .errors import DispatchRefused, EffectConflict, StaleLease
 from .observations import ActionClass, Observation, earliest_expiry, stale
+from .outcomes import Found, NotFound, PendingEffect
 from .signals import dispatch_refused, write_refused
 from .states import EffectState
 
 if TYPE_CHECKING:
     from .ledger.attempt import Attempt
-
-
-class Found(NamedTuple):
-    """A reconciler's answer: the effect did happen; ``result`` is replayed to the task."""
-
-    result: Any = None
-    evidence: Any = None
-
-
-class NotFound(NamedTuple):
-    """A reconciler's answer: the effect did not happen; it is safe to dispatch again."""
-
-    evidence: Any = None
-
-
-class PendingEffect(NamedTuple):
-    """What a reconciler is asked about."""
-
-    key: str
-    name: str
-    fingerprint: str
-    token: int
-    task_id: str
 
 
 def fingerprint_of(parameters: Any) -> str:
@@ -218,3 +196,6 @@ class EffectScope:
         else:
             # a timeout, a reset, a soft time limit...: it may have happened
             effects.unknown(self.attempt.lease, self.key, repr(exc)[:2000])
+
+
+__all__ = ["EffectScope", "Found", "NotFound", "PendingEffect", "fingerprint_of"]

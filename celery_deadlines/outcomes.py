@@ -1,4 +1,5 @@
-"""How a run ends or moves, decided from plain facts (pure: no clock read, no I/O).
+"""How a run ends or moves, and what a side effect's reconciliation found, decided from
+plain facts (pure: no clock read, no I/O).
 
 The Celery tier and the ledger gather the facts (the exception a body raised, the
 instant a time limit fired, what the reconciler read about a lapsed lease, a resumed
@@ -11,12 +12,40 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Any, Literal, NamedTuple
 
 from .contracts import OnExpiry
 from .errors import DeadlineRefused, DispatchRefused, PlanRefused
 from .gates import Reason
 from .states import Status
+
+# -- a side effect's outcome, as reconciliation finds it -----------------------------------
+
+
+class Found(NamedTuple):
+    """A reconciler's answer: the effect did happen; ``result`` is replayed to the task."""
+
+    result: Any = None
+    evidence: Any = None
+
+
+class NotFound(NamedTuple):
+    """A reconciler's answer: the effect did not happen; it is safe to dispatch again."""
+
+    evidence: Any = None
+
+
+class PendingEffect(NamedTuple):
+    """What a reconciler is asked about."""
+
+    key: str
+    name: str
+    fingerprint: str
+    token: int
+    task_id: str
+
+
+# -- a run's end after an attempt ------------------------------------------------------------
 
 #: What Celery makes of an exception a body raised (``Ignore``, ``Reject`` with or
 #: without requeue): the Celery tier says it, so this module needs no Celery import.

@@ -45,10 +45,10 @@ def publish(
     same message. Returns what ``send()`` returned, or the run's ``AsyncResult`` when
     the publish waits for the caller's transaction to commit.
     """
-    from .ledger import api, outbox
+    from .ledger import api
 
     kept = {**task._get_exec_options(), **call, **links}  # type: ignore[attr-defined]
-    body, content_type, encoding = outbox.encode_message(task.serializer, args, kwargs, kept)
+    body, content_type, encoding = api.encode_message(task.serializer, args, kwargs, kept)
     retries = int(call.get("retries") or 0)
     state = state_of(task.request_stack.top)
     retry_of = state.attempt if state is not None and state.retrying else None
@@ -82,7 +82,7 @@ def publish(
 def run_of_request(task: Task[Any, Any], request: Any, deadline: datetime | None) -> NewRun:
     """The row of a run whose message was published without the outbox, rebuilt from
     the request being executed (so the sweeper can republish it)."""
-    from .ledger import api, outbox
+    from .ledger import api
 
     kept = {
         "link": request.callbacks,
@@ -106,7 +106,7 @@ def run_of_request(task: Task[Any, Any], request: Any, deadline: datetime | None
         },
     }
     kept = {key: value for key, value in kept.items() if value is not None}
-    body, content_type, encoding = outbox.encode_message(
+    body, content_type, encoding = api.encode_message(
         task.serializer, request.args, request.kwargs, kept
     )
     return api.NewRun(

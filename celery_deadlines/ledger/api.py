@@ -20,8 +20,9 @@ from ..conf import settings_for
 from ..skew import ClockReading, Readiness, gate
 from ..states import Status
 from . import outbox
+from .outbox import encode_message
 from .attempt import Attempt, owner_name, owner_name_of
-from .clockwatch import describe
+from .clockwatch import describe, measure
 from .reconcile import running
 from .sql.connection import Store
 from .sql.rows import ClaimRefused, Lease, NewRun
@@ -33,6 +34,9 @@ __all__ = [
     "Lease",
     "NewRun",
     "claim_run",
+    "describe",
+    "measure",
+    "encode_message",
     "end_owned",
     "hand_to_retry",
     "lapse_owned",

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..clock import get_clock
 from ..signals import clock_certain, clock_measured, clock_uncertain
-from ..skew import ClockReading
+from ..skew import ClockReading, Readiness, gate
 from .sql.connection import Store
 
 logger = logging.getLogger("celery_deadlines")
@@ -69,9 +69,9 @@ class ClockWatch:
     def check(self) -> ClockReading | None:
         reading, anchor = measure(self.store)
         self.reading = reading
-        self._anchor = anchor if reading is not None and reading.within(self.budget) else None
+        uncertain = gate(get_clock().now(), reading, self.budget) is Readiness.CLOCK_UNCERTAIN
+        self._anchor = None if uncertain else anchor
         clock_measured.send(sender=self, reading=reading)
-        uncertain = reading is None or not reading.within(self.budget)
         if uncertain != self.uncertain:
             self.uncertain = uncertain
             if uncertain:

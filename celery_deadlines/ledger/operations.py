@@ -23,7 +23,7 @@ from ..states import Status
 from . import outbox
 from .sql.connection import Store
 from .sql.effects import Pending
-from .sql.rows import Expired
+from .sql.rows import Expired, NewRun
 
 logger = logging.getLogger("celery_deadlines")
 
@@ -71,6 +71,32 @@ def release_settled(
         expired = Expired(task_id, task_name, Status.EXPIRED, Reason.DEADLINE_PASSED, None)
         store_refusal(app, expired, store.database_now(), detail)
     return released
+
+
+def requeue_run(app: Any, store: Store, run_id: int, *, operator: str) -> bool:
+    """Queue a failed, unknown or stuck run again, if its deadline allows, and publish
+    its recorded message (the operator's *requeue*). ``False``: it was finished, held by
+    a live lease, past its deadline, or waiting for an effect to be resolved."""
+    if not store.operator.requeue_now(run_id, operator):
+        return False
+    republish(app, str(run_id), partial(outbox.republish_run, app, store, run_id))
+    return True
+
+
+def expire_run(app: Any, store: Store, run_id: int, *, operator: str) -> bool:
+    """End an unfinished run at once (the operator's *expire now*); its holder, if any,
+    is fenced. ``False``: it had already ended."""
+    return store.operator.expire_now(run_id, operator)
+
+
+def record_missed(app: Any, store: Store, run: NewRun, detail: str) -> bool:
+    """A scheduled occurrence whose window closed before it was published: recorded
+    EXPIRED (``missed_occurrence``), announced, never run late. ``False``: the ledger
+    already has a run for it."""
+    if not store.sweeps.record_missed(run, detail):
+        return False
+    announce_expiry(app, run.task_id, run.task_name, "missed_occurrence", detail)
+    return True
 
 
 def republish(app: Any, task_id: str, publish: Callable[[], None]) -> None:

@@ -31,10 +31,11 @@ from typing import Any
 from billiard.exceptions import WorkerLostError
 from django.db import connections
 
-from .. import conf
+from .. import conf, outcomes
 from .._crashpoints import hit
 from ..conf import settings_for
 from ..gates import Reason
+from ..outcomes import Found, NotFound, PendingEffect, Settle
 from ..states import Status
 from . import outbox
 from .clockwatch import ClockWatch
@@ -101,37 +102,44 @@ def reconcile_once(app: Any, store: Store, *, clock_certain: bool = True) -> Rep
 
 
 def _settle(app: Any, store: Store, lapsed: LapsedLease, max_lost: int, report: Report) -> None:
-    """Settle one lapsed lease; every write is conditioned on the version read (and on
-    whether an effect of the attempt is unresolved), so of several reconcilers reading
-    the same lapsed run one acts and the others change nothing."""
-    effects = store.effects
-    if effects.unresolved(lapsed.run_id):
-        # a dispatch without a recorded outcome is UNKNOWN, and the run waits for the
-        # effect's reconciliation before anything else (past its deadline too: the
-        # outcome is recorded, then the run ends EXPIRED, see release_settled)
+    """Settle one lapsed lease as :func:`~celery_deadlines.outcomes.settle_lapsed` says.
+    Every write is conditioned on the version read (and on whether an effect of the
+    attempt is unresolved), so of several reconcilers reading the same lapsed run one
+    acts and the others change nothing."""
+    unresolved = store.effects.unresolved(lapsed.run_id)
+    step = outcomes.settle_lapsed(
+        unresolved_effect=unresolved,
+        past_deadline=lapsed.past_deadline,
+        lost_leases=lapsed.lost_leases,
+        max_lost=max_lost,
+    )
+    if step is Settle.UNKNOWN:
+        # the run waits for the effect's reconciliation before anything else (past its
+        # deadline too: the outcome is recorded, then the run ends EXPIRED)
         detail = "lease lapsed after a dispatch with no recorded outcome"
-        if store.sweeps.settle_lapsed(lapsed, Status.UNKNOWN, "effect_unresolved", detail,
-                               unresolved=True):  # fmt: skip
-            effects.mark_unknown(lapsed.run_id, lapsed.token)
+        if store.sweeps.settle_lapsed(
+            lapsed, Status.UNKNOWN, "effect_unresolved", detail, unresolved=True
+        ):
+            store.effects.mark_unknown(lapsed.run_id, lapsed.token)
             report.unknown.append(lapsed.task_id)
-        return
-    if lapsed.past_deadline:
+    elif step is Settle.EXPIRE:
         detail = f"lease of {lapsed.owner} lapsed and the deadline has passed"
         if store.sweeps.settle_lapsed(lapsed, Status.EXPIRED, Reason.DEADLINE_PASSED, detail):
             report.expired.append(lapsed.task_id)
             expired = Expired(
-                lapsed.task_id, lapsed.task_name, Status.EXPIRED, Reason.DEADLINE_PASSED,
+                lapsed.task_id,
+                lapsed.task_name,
+                Status.EXPIRED,
+                Reason.DEADLINE_PASSED,
                 lapsed.deadline,
-            )  # fmt: skip
+            )
             store_refusal(app, expired, store.database_now(), detail)
-        return
-    if lapsed.lost_leases >= max_lost:
+    elif step is Settle.FAIL:
         detail = f"lost {lapsed.lost_leases + 1} leases (deadlines_max_lost_leases={max_lost})"
         if store.sweeps.settle_lapsed(lapsed, Status.FAILED, "worker_lost", detail):
             report.failed.append(lapsed.task_id)
             app.backend.mark_as_failure(lapsed.task_id, WorkerLostError(detail))
-        return
-    if store.sweeps.requeue_lapsed(lapsed):
+    elif store.sweeps.requeue_lapsed(lapsed):
         republish(app, lapsed.task_id, partial(outbox.republish_run, app, store, lapsed.run_id))
         report.requeued.append(lapsed.task_id)
 
@@ -139,8 +147,6 @@ def _settle(app: Any, store: Store, lapsed: LapsedLease, max_lost: int, report: 
 def _reconcile_effect(app: Any, store: Store, pending: Pending, report: Report) -> None:
     """Ask the task's reconciler what happened to the dispatch ``pending``; settle it
     (if it is still what was asked about) and release the run."""
-    from ..effects import Found, NotFound, PendingEffect
-
     task = app.tasks.get(pending.task_name)
     reconciler = getattr(task, "effect_reconciler", lambda name: None)(pending.name)
     if reconciler is None:
