@@ -113,7 +113,21 @@ def racing_claims(claims: int) -> tuple[float, float, int]:
     store = Store()
     ids = [f"race-{uuid.uuid4().hex}" for _ in range(claims)]
     for task_id in ids:
-        store.runs.enqueue(NewRun(task_id, "race", None, None, task_id, "", 0, None, None, "", ""))
+        store.runs.enqueue(
+            NewRun(
+                task_id=task_id,
+                task_name="race",
+                deadline=None,
+                delivery_deadline=None,
+                root_id=task_id,
+                parent_id="",
+                retries=0,
+                available_at=None,
+                message_body=None,
+                content_type="",
+                content_encoding="",
+            )
+        )
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(8)
     results = context.Queue()

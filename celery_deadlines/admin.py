@@ -52,9 +52,17 @@ def _human(duration: timedelta) -> str:
 class RunEventInline(admin.TabularInline):  # type: ignore[type-arg]
     model = RunEvent
     fields = readonly_fields = (
-        "at", "kind", "outcome", "status", "reason", "version", "lease_token", "owner",
-        "lease_expires_at", "detail",
-    )  # fmt: skip
+        "at",
+        "kind",
+        "outcome",
+        "status",
+        "reason",
+        "version",
+        "lease_token",
+        "owner",
+        "lease_expires_at",
+        "detail",
+    )
     extra = 0
     can_delete = False
     ordering = ("id",)
@@ -68,23 +76,44 @@ class RunEventInline(admin.TabularInline):  # type: ignore[type-arg]
 
 
 LEASE_FIELDS = (
-    "owner", "lease_expires_at", "lease_token", "version", "attempt", "lost_leases", "retries",
-)  # fmt: skip
+    "owner",
+    "lease_expires_at",
+    "lease_token",
+    "version",
+    "attempt",
+    "lost_leases",
+    "retries",
+)
 CHECKPOINT_FIELDS = ("checkpoint_name", "checkpoint_data", "checkpoint_at", "checkpoint_token")
 
 
 LEASE_FIELDS = (
-    "owner", "lease_expires_at", "lease_token", "version", "attempt", "lost_leases", "retries",
-)  # fmt: skip
+    "owner",
+    "lease_expires_at",
+    "lease_token",
+    "version",
+    "attempt",
+    "lost_leases",
+    "retries",
+)
 CHECKPOINT_FIELDS = ("checkpoint_name", "checkpoint_data", "checkpoint_at", "checkpoint_token")
 
 
 class EffectInline(admin.TabularInline):  # type: ignore[type-arg]
     model = Effect
     fields = readonly_fields = (
-        "key", "name", "kind", "state", "lease_token", "dispatches", "result", "evidence",
-        "error", "dispatched_at", "updated_at",
-    )  # fmt: skip
+        "key",
+        "name",
+        "kind",
+        "state",
+        "lease_token",
+        "dispatches",
+        "result",
+        "evidence",
+        "error",
+        "dispatched_at",
+        "updated_at",
+    )
     extra = 0
     can_delete = False
     verbose_name_plural = "side effects (at most once per key)"
@@ -99,9 +128,15 @@ class EffectInline(admin.TabularInline):  # type: ignore[type-arg]
 class RunPlanInline(admin.TabularInline):  # type: ignore[type-arg]
     model = RunPlan
     fields = readonly_fields = (
-        "plan_id", "state", "reason", "detail", "lease_token", "created_at", "ended_at",
+        "plan_id",
+        "state",
+        "reason",
+        "detail",
+        "lease_token",
+        "created_at",
+        "ended_at",
         "document",
-    )  # fmt: skip
+    )
     extra = 0
     can_delete = False
     verbose_name_plural = "plans (the active one, and invalidated ones kept as history)"
@@ -116,9 +151,19 @@ class RunPlanInline(admin.TabularInline):  # type: ignore[type-arg]
 @admin.register(Run)
 class RunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = (
-        "task_id", "task_name", "status", "reason", "deadline_utc", "time_left", "owner",
-        "lease_expires_utc", "version", "attempt", "lease_token", "checkpoint_name",
-    )  # fmt: skip
+        "task_id",
+        "task_name",
+        "status",
+        "reason",
+        "deadline_utc",
+        "time_left",
+        "owner",
+        "lease_expires_utc",
+        "version",
+        "attempt",
+        "lease_token",
+        "checkpoint_name",
+    )
     list_filter = ("status", "reason", "task_name")
     search_fields = ("=task_id", "=root_id", "=parent_id")
     search_help_text = "An exact task id, root id or parent id."
@@ -259,9 +304,16 @@ class EffectAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """Effects, and the operator's way out of UNKNOWN: resolve with evidence."""
 
     list_display = (
-        "key", "name", "kind", "state", "run_link", "lease_token", "dispatches", "evidence",
+        "key",
+        "name",
+        "kind",
+        "state",
+        "run_link",
+        "lease_token",
+        "dispatches",
+        "evidence",
         "updated_at",
-    )  # fmt: skip
+    )
     list_filter = ("state", "kind", "name")
     search_fields = ("=key",)
     ordering = ("-id",)
@@ -319,7 +371,13 @@ class EffectAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 changed.append(f"{effect.key}: the form did not say which dispatch you saw")
                 continue
             settled = operations.settle_effect(
-                current_app, store, seen, found, result, f"{evidence} ({operator})", by=operator
+                current_app,
+                store,
+                seen,
+                found=found,
+                result=result,
+                evidence=f"{evidence} ({operator})",
+                by=operator,
             )
             if settled.applied:
                 resolved += 1
@@ -329,8 +387,9 @@ class EffectAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 changed.append(settled.detail)
         verdict = "found" if found else "not found"
         summary = f"{resolved} effect(s) resolved as {verdict}"
-        self.message_user(request, f"{summary}; {', '.join(released)}." if released
-                          else f"{summary}.")  # fmt: skip
+        self.message_user(
+            request, f"{summary}; {', '.join(released)}." if released else f"{summary}."
+        )
         for detail in changed:
             self.message_user(request, f"Not resolved: {detail}", messages.WARNING)
         return None
@@ -342,8 +401,15 @@ def _seen(request: HttpRequest, effect: Effect) -> Pending | None:
     try:
         state, dispatches, token, run_id = str(request.POST[f"seen-{effect.pk}"]).split(":")
         return Pending(
-            effect.key, effect.name, effect.fingerprint, int(token), int(run_id),
-            effect.run.task_id, effect.run.task_name, state, int(dispatches),
-        )  # fmt: skip
+            key=effect.key,
+            name=effect.name,
+            fingerprint=effect.fingerprint,
+            lease_token=int(token),
+            run_id=int(run_id),
+            task_id=effect.run.task_id,
+            task_name=effect.run.task_name,
+            state=state,
+            dispatches=int(dispatches),
+        )
     except (KeyError, ValueError):
         return None

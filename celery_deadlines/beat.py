@@ -229,27 +229,38 @@ def catch_up(app: Any, entry: Any, producer: Any = None) -> list[str]:
         with transaction.atomic(using=store.using):
             try:
                 task.apply_async(
-                    entry.args, entry.kwargs, task_id=due.run_id, producer=producer,
-                    deadline=due.deadline, headers=headers, **options,
-                )  # fmt: skip
+                    entry.args,
+                    entry.kwargs,
+                    task_id=due.run_id,
+                    producer=producer,
+                    deadline=due.deadline,
+                    headers=headers,
+                    **options,
+                )
             except DeadlineRefused:  # too little of its window left: recorded EXPIRED
                 continue
         published.append(due.run_id)
         logger.info(
             "%s: published occurrence %s (window %s to %s)",
-            entry.name, due.run_id, due.at.isoformat(), due.deadline.isoformat(),
-        )  # fmt: skip
+            entry.name,
+            due.run_id,
+            due.at.isoformat(),
+            due.deadline.isoformat(),
+        )
     zoned.handled_through = now
     logger.info(
         "%s: occurrences reconciled through %s: %d published, %d already recorded",
-        entry.name, now.isoformat(), len(published), len(known),
-    )  # fmt: skip
+        entry.name,
+        now.isoformat(),
+        len(published),
+        len(known),
+    )
     return published
 
 
 def _clock_agrees(app: Any, store: Any, name: str) -> bool:
     """With ``deadlines_clock_skew_budget`` set, beat publishes only while its clock
-    agrees with the ledger's (seed 001's gate: CLOCK_UNCERTAIN comes before NOT_READY
+    agrees with the ledger's (the clock-skew gate: CLOCK_UNCERTAIN comes before NOT_READY
     and EXPIRED); without it, beat's clock is trusted, as a worker's is."""
     from .ledger.api import describe, measure
 
@@ -262,8 +273,10 @@ def _clock_agrees(app: Any, store: Any, name: str) -> bool:
     logger.warning(
         "%s: clock uncertain (%s, beyond the skew budget of %s s): nothing is published "
         "or recorded missed until beat's clock agrees with the ledger's",
-        name, describe(reading), budget.total_seconds(),
-    )  # fmt: skip
+        name,
+        describe(reading),
+        budget.total_seconds(),
+    )
     clock_uncertain.send(sender=app, reading=reading, budget=budget)
     return False
 

@@ -62,12 +62,12 @@ def claim(
         reason = gates.claim_refusal(deadline, outcome.database_now)
         task.refuse_attempt(
             gates.Decision(
-                gates.Gate.CLAIM,
-                reason,
-                deadline,
-                outcome.database_now or get_clock().now(),
-                None,
-                "refused by the ledger's clock",
+                gate=gates.Gate.CLAIM,
+                reason=reason,
+                deadline=deadline,
+                clock_reading=outcome.database_now or get_clock().now(),
+                remaining=None,
+                detail="refused by the ledger's clock",
             ),
             task_id,
         )

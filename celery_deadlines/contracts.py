@@ -118,9 +118,12 @@ def parse_contract(task: str, raw: object, *, name: str, maximum: timedelta) -> 
             f"got {on_expiry!r}"
         )
     contract = TimeContract(
-        task, **values, observation_ttl=ttls, revalidate_before=revalidate,
+        task,
+        **values,
+        observation_ttl=ttls,
+        revalidate_before=revalidate,
         on_expiry=OnExpiry(on_expiry),
-    )  # fmt: skip
+    )
     _check_fit(contract, name)
     return contract
 

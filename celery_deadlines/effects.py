@@ -136,15 +136,21 @@ class EffectScope:
             return None
         lease = self.attempt.lease
         problems = stale(
-            self.evidence, self.action, now=get_clock().now(), token=lease.token,
+            self.evidence,
+            self.action,
+            now=get_clock().now(),
+            token=lease.token,
             required=self.required,
-        )  # fmt: skip
+        )
         if problems:
             detail = "; ".join(problems)
             self.attempt.store.runs.record_rejected(
-                lease.run_id, "dispatch", lease.token, self.attempt.owner,
+                lease.run_id,
+                "dispatch",
+                lease.token,
+                self.attempt.owner,
                 f"stale_evidence:{self.key}: {detail}"[:2000],
-            )  # fmt: skip
+            )
             raise self._refused("stale_evidence", detail)
         return earliest_expiry(self.evidence, self.action)
 

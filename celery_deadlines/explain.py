@@ -1,4 +1,4 @@
-"""``explain``: the operator checklist of seed 000, answered for one run.
+"""``explain``: the operator checklist of docs/concepts.md, answered for one run.
 
 Which worker owns this run now? When does that lease expire, in UTC? Which version did
 it claim? What was the last durable checkpoint? Can an old worker still pass the guard?
@@ -131,22 +131,30 @@ def explain(
         ),
         "  old worker guard  "
         + (
-            f"only token {run.lease_token} may write or dispatch, until "
-            f"{utc(run.lease_expires_at)}"
+            f"only token {run.lease_token} may write or dispatch, until {utc(run.lease_expires_at)}"
             if f["lease_live"]
             else "no token may write or dispatch: no live lease"
         ),
         f"  stale writes      {len(rejected)} refused"
-        + (": " + ", ".join(f"{e['kind']} by {e['owner']} (token {e['token']})"
-                            for e in rejected[-3:]) if rejected else ""),
+        + (
+            ": "
+            + ", ".join(f"{e['kind']} by {e['owner']} (token {e['token']})" for e in rejected[-3:])
+            if rejected
+            else ""
+        ),
         "  next effect       "
         + (f"{next_effect['key']}: {next_effect['state']}" if next_effect else "none pending"),
         "  unknown outcomes  "
-        + ("; ".join(f"{e['key']} ({e['error'] or 'no error recorded'}): reconcile with the "
-                     "provider (task reconciler or admin)" for e in f["unknown_effects"])
-           or "none"),
+        + (
+            "; ".join(
+                f"{e['key']} ({e['error'] or 'no error recorded'}): reconcile with the "
+                "provider (task reconciler or admin)"
+                for e in f["unknown_effects"]
+            )
+            or "none"
+        ),
         f"  family            root {run.root_id or '-'}, parent {run.parent_id or '-'}",
-    ]  # fmt: skip
+    ]
     occurrence = f["occurrence"]
     if occurrence is not None:
         lines.append(

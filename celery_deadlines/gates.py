@@ -113,33 +113,41 @@ def admit(
     if remaining <= ZERO:
         waited = "" if start == now else f" at its earliest start {start.isoformat()}"
         return Decision(
-            gate,
-            Reason.DEADLINE_PASSED,
-            deadline,
-            now,
-            remaining,
-            f"deadline passed {_seconds(-remaining)} ago{waited}",
+            gate=gate,
+            reason=Reason.DEADLINE_PASSED,
+            deadline=deadline,
+            clock_reading=now,
+            remaining=remaining,
+            detail=f"deadline passed {_seconds(-remaining)} ago{waited}",
         )
     if remaining < reserve:
         return Decision(
-            gate,
-            Reason.INSUFFICIENT_BUDGET,
-            deadline,
-            now,
-            remaining,
-            f"{_seconds(remaining)} left, below the reserve of {_seconds(reserve)}",
+            gate=gate,
+            reason=Reason.INSUFFICIENT_BUDGET,
+            deadline=deadline,
+            clock_reading=now,
+            remaining=remaining,
+            detail=f"{_seconds(remaining)} left, below the reserve of {_seconds(reserve)}",
         )
     return Decision(gate, None, deadline, now, remaining)
 
 
 def invalid(gate: Gate, now: datetime, detail: str) -> Decision:
     """The refusal for a deadline header that cannot be read."""
-    return Decision(gate, Reason.INVALID_DEADLINE, None, now, None, detail)
+    return Decision(
+        gate=gate,
+        reason=Reason.INVALID_DEADLINE,
+        deadline=None,
+        clock_reading=now,
+        remaining=None,
+        detail=detail,
+    )
 
 
 def allow_retry(
     deadline: datetime,
     now: datetime,
+    *,
     remaining: timedelta,
     countdown: timedelta,
     attempt_timeout: timedelta,
@@ -164,12 +172,12 @@ def allow_retry(
             else f"reserve {_seconds(reserve)}"
         )
         return Decision(
-            Gate.RETRY,
-            Reason.RETRY_BUDGET_EXHAUSTED,
-            deadline,
-            now,
-            remaining,
-            f"a retry needs {_seconds(needed)} (countdown {_seconds(countdown)} + {after}) "
+            gate=Gate.RETRY,
+            reason=Reason.RETRY_BUDGET_EXHAUSTED,
+            deadline=deadline,
+            clock_reading=now,
+            remaining=remaining,
+            detail=f"a retry needs {_seconds(needed)} (countdown {_seconds(countdown)} + {after}) "
             f"but {_seconds(remaining)} left",
         )
     return Decision(Gate.RETRY, None, deadline, now, remaining)

@@ -1,4 +1,4 @@
-"""Prometheus metrics for what the seeds ask to measure (optional extra).
+"""Prometheus metrics for what an operator needs to see (optional extra).
 
 ``pip install 'celery-deadlines[prometheus]'``, then in the worker (and in the
 producer, for enqueue refusals)::
@@ -83,51 +83,67 @@ def install(registry: CollectorRegistry | None = None) -> Metrics:
         return _installed[registry]
     made = Metrics(
         refusals=Counter(
-            "celery_deadlines_refusals", "Work refused by a deadline gate.",
-            ["task", "gate", "reason"], registry=registry,
+            "celery_deadlines_refusals",
+            "Work refused by a deadline gate.",
+            ["task", "gate", "reason"],
+            registry=registry,
         ),
         expired=Counter(
-            "celery_deadlines_runs_expired", "Runs the ledger expired on its own, by reason.",
-            ["task", "reason"], registry=registry,
+            "celery_deadlines_runs_expired",
+            "Runs the ledger expired on its own, by reason.",
+            ["task", "reason"],
+            registry=registry,
         ),
         dispatch_refusals=Counter(
-            "celery_deadlines_dispatch_refusals", "Side effects refused by the dispatch guard.",
-            ["reason"], registry=registry,
+            "celery_deadlines_dispatch_refusals",
+            "Side effects refused by the dispatch guard.",
+            ["reason"],
+            registry=registry,
         ),
         fenced_writes_rejected=Counter(
             "celery_deadlines_fenced_writes_rejected",
             "Writes of attempts that lost their lease, rejected by fencing.",
-            ["write"], registry=registry,
+            ["write"],
+            registry=registry,
         ),
         plan_resumes=Counter(
-            "celery_deadlines_plan_resumes", "Stored plans resumed, by verdict and action.",
-            ["verdict", "action"], registry=registry,
+            "celery_deadlines_plan_resumes",
+            "Stored plans resumed, by verdict and action.",
+            ["verdict", "action"],
+            registry=registry,
         ),
         queue_wait=Histogram(
             "celery_deadlines_queue_wait_seconds",
             "From claimable (published, or a retry's countdown over) to claimed.",
-            ["task"], buckets=QUEUE_WAIT_BUCKETS, registry=registry,
+            ["task"],
+            buckets=QUEUE_WAIT_BUCKETS,
+            registry=registry,
         ),
         runs_held=Counter(
-            "celery_deadlines_runs_held", "Runs held as CLOCK_UNCERTAIN.", ["task"],
+            "celery_deadlines_runs_held",
+            "Runs held as CLOCK_UNCERTAIN.",
+            ["task"],
             registry=registry,
         ),
         clock_offset=Gauge(
             "celery_deadlines_clock_offset_seconds",
             "The ledger's clock minus this worker's, at the last reading.",
-            registry=registry, multiprocess_mode="liveall",
+            registry=registry,
+            multiprocess_mode="liveall",
         ),
         clock_uncertainty=Gauge(
             "celery_deadlines_clock_uncertainty_seconds",
             "Half the round trip of the last clock reading.",
-            registry=registry, multiprocess_mode="liveall",
+            registry=registry,
+            multiprocess_mode="liveall",
         ),
         clock_readable=Gauge(
             "celery_deadlines_clock_readable",
             "1 if the ledger's clock could be read at the last check, else 0.",
-            registry=registry, multiprocess_mode="liveall",
+            registry=registry,
+            multiprocess_mode="liveall",
         ),
-    )  # fmt: skip
+    )
     _connect(made, id(registry))
     _installed[registry] = made
     return made

@@ -38,8 +38,8 @@ class Run(models.Model):
     deadline = models.DateTimeField(null=True, blank=True)
     delivery_deadline = models.DateTimeField(null=True, blank=True)
     root_id = models.CharField(max_length=255, blank=True, default="")
-    # A scheduled run's occurrence (seed 001): resolved to UTC before the run existed,
-    # stored with the zone and local wall time it came from; its window is
+    # A scheduled run's occurrence (docs/concepts.md, schedules): resolved to UTC before
+    # the run existed, stored with the zone and local wall time it came from; its window is
     # [not_before, deadline). NULL for unscheduled runs (nullable, so that adding the
     # columns does not rebuild the table under its audit triggers on SQLite).
     not_before = models.DateTimeField(null=True, blank=True)
@@ -177,7 +177,7 @@ class PlanState(models.TextChoices):
 class RunPlan(models.Model):
     """A plan a run made (:class:`celery_deadlines.plans.Plan`), kept after it stops
     applying: a run has at most one ACTIVE plan, and an invalidated one is never
-    executed again, only read (seed 003: an invalidated plan is evidence)."""
+    executed again, only read (an invalidated plan is evidence)."""
 
     id = models.BigAutoField(primary_key=True)
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="plans", db_index=False)

@@ -1,4 +1,4 @@
-"""Plans that must earn the right to continue when a run resumes (seed 003).
+"""Plans that must earn the right to continue when a run resumes (docs/concepts.md).
 
 A :class:`Plan` is what a run decided to do (its steps), the typed assumptions that
 decision rested on, when it was made and until when it may be followed. It is kept with

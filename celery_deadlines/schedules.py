@@ -1,4 +1,4 @@
-"""Schedules in a time zone, resolved to UTC occurrences before any run exists (seed 001).
+"""Schedules in a time zone, resolved to UTC occurrences before any run exists (docs/concepts.md).
 
 "Every weekday at 09:00 Europe/Berlin" is a rule about local wall-clock time. Before a
 run is created, each occurrence is resolved to one aware UTC instant and stored with
@@ -118,7 +118,12 @@ def occurrences(schedule: LocalSchedule, start: datetime, end: datetime) -> Iter
             # one instant: it runs once
             if start <= instant < end and instant != previous:
                 yield Occurrence(
-                    instant, local, schedule.zone, instant + schedule.window, how, schedule.name
+                    at=instant,
+                    local=local,
+                    zone=schedule.zone,
+                    deadline=instant + schedule.window,
+                    resolution=how,
+                    schedule=schedule.name,
                 )
             previous = instant
         day += timedelta(days=1)

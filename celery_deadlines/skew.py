@@ -1,4 +1,4 @@
-"""The clock-skew budget and the decision gate of seed 001 (pure rules).
+"""The clock-skew budget and the clock-skew gate (pure rules; docs/concepts.md).
 
 A worker's wall clock is trusted only as far as it agrees with the authority clock
 (the ledger's database). A :class:`ClockReading` is one measurement: the authority's
@@ -6,7 +6,7 @@ time read between two local readings gives the offset (authority minus the local
 midpoint) and its uncertainty (half the round trip). The error bound is
 ``|offset| + uncertainty``; above the budget the worker must not dispatch new work.
 
-:func:`gate` decides in the seed's order, which is deliberate: a job that is due is
+:func:`gate` decides in this order, which is deliberate: a job that is due is
 not dispatched while the clock that says so is in doubt.
 
 1. ``CLOCK_UNCERTAIN``: no reading, or its error bound exceeds the budget;
@@ -43,8 +43,11 @@ class ClockReading:
         cls, local_before: datetime, authority: datetime, local_after: datetime
     ) -> ClockReading:
         """A reading from the authority's time taken between two local readings."""
-        for name, value in (("local_before", local_before), ("authority", authority),
-                            ("local_after", local_after)):  # fmt: skip
+        for name, value in (
+            ("local_before", local_before),
+            ("authority", authority),
+            ("local_after", local_after),
+        ):
             parse_instant(value, name=name)
         round_trip = local_after - local_before
         if round_trip < timedelta(0):

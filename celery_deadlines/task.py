@@ -369,11 +369,11 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         decision = gates.allow_retry(
             anchor.deadline,
             now,
-            anchor.remaining(clock.monotonic()),
-            wait,
-            self.attempt_duration(),
-            settings_for(self.app).get(conf.CLOCK_SKEW_ALLOWANCE),
-            self.reserve_duration(),
+            remaining=anchor.remaining(clock.monotonic()),
+            countdown=wait,
+            attempt_timeout=self.attempt_duration(),
+            skew_allowance=settings_for(self.app).get(conf.CLOCK_SKEW_ALLOWANCE),
+            reserve=self.reserve_duration(),
         )
         if decision.allowed:
             return

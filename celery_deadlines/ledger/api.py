@@ -20,9 +20,9 @@ from ..conf import settings_for
 from ..skew import ClockReading, Readiness, gate
 from ..states import Status
 from . import outbox
-from .outbox import encode_message
 from .attempt import Attempt, owner_name, owner_name_of
 from .clockwatch import describe, measure
+from .outbox import encode_message
 from .reconcile import running
 from .sql.connection import Store
 from .sql.rows import ClaimRefused, Lease, NewRun
@@ -35,11 +35,11 @@ __all__ = [
     "NewRun",
     "claim_run",
     "describe",
-    "measure",
     "encode_message",
     "end_owned",
     "hand_to_retry",
     "lapse_owned",
+    "measure",
     "record_run",
     "refuse_run",
     "store_for",

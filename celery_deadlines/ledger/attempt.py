@@ -85,7 +85,14 @@ class Attempt:
     def retry(
         self, retries: int, available_at: datetime | None, body: bytes | None, detail: str
     ) -> None:
-        written = self.store.runs.retry(self.lease, self.owner, retries, available_at, body, detail)
+        written = self.store.runs.retry(
+            self.lease,
+            self.owner,
+            retries=retries,
+            available_at=available_at,
+            message_body=body,
+            detail=detail,
+        )
         self.check(written, "retry")
 
     def release(self, detail: str) -> None:

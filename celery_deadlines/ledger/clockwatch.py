@@ -1,5 +1,6 @@
 """The worker's clock against the ledger's: measured every reconcile pass, and while it
-is beyond ``deadlines_clock_skew_budget`` the worker takes no new work (seed 001).
+is beyond ``deadlines_clock_skew_budget`` the worker takes no new work (docs/concepts.md,
+"The clock-skew budget").
 
 Each check reads the database clock between two local wall-clock readings (a
 :class:`~celery_deadlines.skew.ClockReading`). When the error bound leaves the budget,

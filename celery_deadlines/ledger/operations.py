@@ -39,7 +39,14 @@ class Settled:
 
 
 def settle_effect(
-    app: Any, store: Store, seen: Pending, found: bool, result: Any, evidence: Any, *, by: str
+    app: Any,
+    store: Store,
+    seen: Pending,
+    *,
+    found: bool,
+    result: Any,
+    evidence: Any,
+    by: str,
 ) -> Settled:
     """Record what the provider's records show about the dispatch ``seen``, then release
     its run if nothing else of it is unresolved.
@@ -68,7 +75,13 @@ def release_settled(
         republish(app, task_id, partial(outbox.republish_run, app, store, run_id))
     elif released == Status.EXPIRED:
         detail = "the deadline passed while an effect's outcome was unknown; it is recorded"
-        expired = Expired(task_id, task_name, Status.EXPIRED, Reason.DEADLINE_PASSED, None)
+        expired = Expired(
+            task_id=task_id,
+            task_name=task_name,
+            status=Status.EXPIRED,
+            reason=Reason.DEADLINE_PASSED,
+            deadline=None,
+        )
         store_refusal(app, expired, store.database_now(), detail)
     return released
 

@@ -31,9 +31,20 @@ logger = logging.getLogger("celery_deadlines")
 
 #: apply_async options that are not part of the message (or are kept elsewhere).
 _NOT_KEPT: Final = frozenset(
-    {"producer", "connection", "router", "publisher", "result_cls", "task_type", "countdown",
-     "eta", "retries", "task_id", "add_to_parent"}
-)  # fmt: skip
+    {
+        "producer",
+        "connection",
+        "router",
+        "publisher",
+        "result_cls",
+        "task_type",
+        "countdown",
+        "eta",
+        "retries",
+        "task_id",
+        "add_to_parent",
+    }
+)
 
 
 def encode_message(

@@ -1,4 +1,4 @@
-"""Restart reconciliation and the outbox sweeper (seed 000's six steps).
+"""Restart reconciliation and the outbox sweeper (docs/concepts.md, "Restart reconciliation").
 
 On worker start and every ``deadlines_reconcile_interval``, each worker's main process:
 
@@ -63,9 +63,15 @@ class Report:
 
     def __bool__(self) -> bool:
         return any(
-            (self.expired, self.unknown, self.failed, self.requeued, self.republished,
-             self.resolved)
-        )  # fmt: skip
+            (
+                self.expired,
+                self.unknown,
+                self.failed,
+                self.requeued,
+                self.republished,
+                self.resolved,
+            )
+        )
 
 
 def reconcile_once(app: Any, store: Store, *, clock_certain: bool = True) -> Report:
@@ -127,11 +133,11 @@ def _settle(app: Any, store: Store, lapsed: LapsedLease, max_lost: int, report: 
         if store.sweeps.settle_lapsed(lapsed, Status.EXPIRED, Reason.DEADLINE_PASSED, detail):
             report.expired.append(lapsed.task_id)
             expired = Expired(
-                lapsed.task_id,
-                lapsed.task_name,
-                Status.EXPIRED,
-                Reason.DEADLINE_PASSED,
-                lapsed.deadline,
+                task_id=lapsed.task_id,
+                task_name=lapsed.task_name,
+                status=Status.EXPIRED,
+                reason=Reason.DEADLINE_PASSED,
+                deadline=lapsed.deadline,
             )
             store_refusal(app, expired, store.database_now(), detail)
     elif step is Settle.FAIL:
@@ -169,7 +175,13 @@ def _reconcile_effect(app: Any, store: Store, pending: Pending, report: Report) 
     hit("reconcile.answered", pending.task_id)
     result = answer.result if isinstance(answer, Found) else None
     settled = settle_effect(
-        app, store, pending, isinstance(answer, Found), result, answer.evidence, by="reconciler"
+        app,
+        store,
+        pending,
+        found=isinstance(answer, Found),
+        result=result,
+        evidence=answer.evidence,
+        by="reconciler",
     )
     if settled.applied:
         report.resolved.append(pending.key)

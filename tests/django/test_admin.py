@@ -35,17 +35,17 @@ def record(store: Store, task_id: str, parent: str = "", deadline_in: float | No
     )
     store.runs.enqueue(
         NewRun(
-            task_id,
-            "shop.charge_card",
-            deadline,
-            None,
-            parent or task_id,
-            parent,
-            0,
-            None,
-            body,
-            content_type,
-            encoding,
+            task_id=task_id,
+            task_name="shop.charge_card",
+            deadline=deadline,
+            delivery_deadline=None,
+            root_id=parent or task_id,
+            parent_id=parent,
+            retries=0,
+            available_at=None,
+            message_body=body,
+            content_type=content_type,
+            content_encoding=encoding,
         )
     )
 

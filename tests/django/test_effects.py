@@ -53,9 +53,20 @@ def record(store: Store, task_id: str = "charge-1", deadline_in: float = 600) ->
     body, content_type, encoding = outbox.encode_message("json", [42], {}, {})
     deadline = store.database_now() + timedelta(seconds=deadline_in)
     store.runs.enqueue(
-        NewRun(task_id, "shop.charge", deadline, None, task_id, "", 0, None, body,
-               content_type, encoding)
-    )  # fmt: skip
+        NewRun(
+            task_id=task_id,
+            task_name="shop.charge",
+            deadline=deadline,
+            delivery_deadline=None,
+            root_id=task_id,
+            parent_id="",
+            retries=0,
+            available_at=None,
+            message_body=body,
+            content_type=content_type,
+            content_encoding=encoding,
+        )
+    )
 
 
 def attempt(store: Store, owner: str, task_id: str = "charge-1") -> Attempt:
@@ -151,8 +162,10 @@ def test_a_request_that_certainly_never_left_may_be_dispatched_again(store: Stor
     with charge(second) as fx:
         fx.succeed("ch_2")
     assert (effect(store).state, effect(store).dispatches, effect(store).lease_token) == (
-        EffectState.SUCCEEDED, 2, second.lease.token,
-    )  # fmt: skip
+        EffectState.SUCCEEDED,
+        2,
+        second.lease.token,
+    )
 
 
 def test_an_ambiguous_failure_records_unknown_and_blocks_every_new_dispatch(
@@ -367,7 +380,13 @@ def test_no_gate_or_operator_ends_or_requeues_a_run_whose_effect_awaits_reconcil
     assert isinstance(refused, ClaimRefused)
     assert refused.why == ClaimRefused.UNRESOLVED  # not lost_leases: nothing may end it
     assert not store.runs.refuse(
-        "charge-1", "shop.charge", 0, Status.EXPIRED, "deadline_passed", "gate", None
+        "charge-1",
+        "shop.charge",
+        0,
+        status=Status.EXPIRED,
+        reason="deadline_passed",
+        detail="gate",
+        deadline=None,
     )
     run = Run.objects.using(store.using).get(task_id="charge-1")
     assert not store.operator.requeue_now(run.id, "operator")
@@ -385,8 +404,10 @@ def test_a_lapsed_run_past_its_deadline_is_reconciled_before_it_ends_expired(
     lapse(store, deadline_too=True)
     report = reconcile_once(app, store)  # UNKNOWN first, then asked, then EXPIRED
     assert (report.unknown, report.resolved, report.expired) == (
-        ["charge-1"], ["order-42:charge:v1"], ["charge-1"],
-    )  # fmt: skip
+        ["charge-1"],
+        ["order-42:charge:v1"],
+        ["charge-1"],
+    )
     run = Run.objects.using(store.using).get(task_id="charge-1")
     assert (run.status, run.reason) == (Status.EXPIRED, "deadline_passed")
     assert (effect(store).state, effect(store).evidence) == (EffectState.SUCCEEDED, "lookup: ch_9")
@@ -442,9 +463,21 @@ def test_a_deadline_refusal_ends_a_run_only_if_the_database_clock_agrees(store: 
     # a worker whose clock ran ahead refuses a message as expired: the ledger, which
     # still sees a minute left, keeps the run for a worker with a sound clock
     record(store, "in-time", deadline_in=60)
-    args = ("shop.charge", 0, Status.EXPIRED, "deadline_passed", "claim gate", None)
-    assert not store.runs.refuse("in-time", *args, confirm_within=timedelta(0))
+
+    def refuse(task_id: str) -> bool:
+        return store.runs.refuse(
+            task_id,
+            "shop.charge",
+            0,
+            status=Status.EXPIRED,
+            reason="deadline_passed",
+            detail="claim gate",
+            deadline=None,
+            confirm_within=timedelta(0),
+        )
+
+    assert not refuse("in-time")
     assert Run.objects.using(store.using).get(task_id="in-time").status == Status.QUEUED
     record(store, "late", deadline_in=-1)
-    assert store.runs.refuse("late", *args, confirm_within=timedelta(0))
+    assert refuse("late")
     assert Run.objects.using(store.using).get(task_id="late").status == Status.EXPIRED

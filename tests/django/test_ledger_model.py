@@ -58,7 +58,19 @@ def machine_for(store: Store) -> type[RuleBasedStateMachine]:
         @rule(target=runs)
         def enqueue(self) -> str:
             task_id = f"model-{next(_ids)}"
-            run = NewRun(task_id, "t", None, None, task_id, "", 0, None, b"{}", "", "")
+            run = NewRun(
+                task_id=task_id,
+                task_name="t",
+                deadline=None,
+                delivery_deadline=None,
+                root_id=task_id,
+                parent_id="",
+                retries=0,
+                available_at=None,
+                message_body=b"{}",
+                content_type="",
+                content_encoding="",
+            )
             assert store.runs.enqueue(run)
             self.model[task_id] = Model()
             return task_id
@@ -108,7 +120,9 @@ def machine_for(store: Store) -> type[RuleBasedStateMachine]:
             elif write == "fail":
                 done = store.runs.finish(lease, worker, Status.FAILED, "error", "boom")
             else:
-                done = store.runs.retry(lease, worker, 0, None, b"{}", "retry")
+                done = store.runs.retry(
+                    lease, worker, retries=0, available_at=None, message_body=b"{}", detail="retry"
+                )
             assert done == allowed, (write, worker, lease.token, model)
             if done and write in ("succeed", "fail"):
                 model.status = Status.SUCCEEDED if write == "succeed" else Status.FAILED

@@ -234,7 +234,9 @@ def test_a_retry_releases_the_lease_and_only_the_next_retry_number_can_claim(
 ) -> None:
     store.runs.enqueue(new_run())
     lease = won(claim(store))
-    assert store.runs.retry(lease, "w1:1", 1, None, b"{}", "retries=1")
+    assert store.runs.retry(
+        lease, "w1:1", retries=1, available_at=None, message_body=b"{}", detail="retries=1"
+    )
     assert row(store).status == Status.RETRYING
     assert lost(claim(store, retries=0)).why == ClaimRefused.STALE_MESSAGE
     assert won(claim(store, retries=1)).token == lease.token + 1
@@ -244,16 +246,40 @@ def test_a_gate_refusal_ends_a_waiting_run_but_not_one_another_worker_owns(
     store: Store,
 ) -> None:
     store.runs.enqueue(new_run("waiting"))
-    assert store.runs.refuse("waiting", "t", 0, Status.EXPIRED, "deadline_passed", "late", None)
+    assert store.runs.refuse(
+        "waiting",
+        "t",
+        0,
+        status=Status.EXPIRED,
+        reason="deadline_passed",
+        detail="late",
+        deadline=None,
+    )
     assert row(store, "waiting").status == Status.EXPIRED
     store.runs.enqueue(new_run("owned"))
     won(claim(store, "owned"))
-    assert not store.runs.refuse("owned", "t", 0, Status.EXPIRED, "deadline_passed", "late", None)
+    assert not store.runs.refuse(
+        "owned",
+        "t",
+        0,
+        status=Status.EXPIRED,
+        reason="deadline_passed",
+        detail="late",
+        deadline=None,
+    )
     assert row(store, "owned").status == Status.RUNNING
 
 
 def test_a_refused_message_without_a_run_gets_an_ended_run(store: Store) -> None:
-    assert store.runs.refuse("by-name", "t", 0, Status.EXPIRED, "invalid_deadline", "bad", None)
+    assert store.runs.refuse(
+        "by-name",
+        "t",
+        0,
+        status=Status.EXPIRED,
+        reason="invalid_deadline",
+        detail="bad",
+        deadline=None,
+    )
     assert (row(store, "by-name").status, row(store, "by-name").reason) == (
         Status.EXPIRED,
         "invalid_deadline",

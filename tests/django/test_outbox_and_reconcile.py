@@ -58,7 +58,17 @@ def record(store: Store, task_id: str, deadline_in: float | None = 600) -> NewRu
         None if deadline_in is None else store.database_now() + timedelta(seconds=deadline_in)
     )
     run = NewRun(
-        task_id, "shop.ship", deadline, None, task_id, "", 0, None, body, content_type, encoding
+        task_id=task_id,
+        task_name="shop.ship",
+        deadline=deadline,
+        delivery_deadline=None,
+        root_id=task_id,
+        parent_id="",
+        retries=0,
+        available_at=None,
+        message_body=body,
+        content_type=content_type,
+        content_encoding=encoding,
     )
     store.runs.enqueue(run)
     return run
@@ -99,7 +109,17 @@ def test_a_publish_that_fails_outside_a_transaction_ends_the_run_and_reaches_the
     store: Store,
 ) -> None:
     run = NewRun(
-        "p-1", "shop.ship", None, None, "p-1", "", 0, None, b"{}", "application/json", "utf-8"
+        task_id="p-1",
+        task_name="shop.ship",
+        deadline=None,
+        delivery_deadline=None,
+        root_id="p-1",
+        parent_id="",
+        retries=0,
+        available_at=None,
+        message_body=b"{}",
+        content_type="application/json",
+        content_encoding="utf-8",
     )
 
     def broken() -> None:
@@ -114,7 +134,17 @@ def test_a_publish_that_fails_after_commit_leaves_the_run_queued_for_the_sweeper
     store: Store,
 ) -> None:
     run = NewRun(
-        "p-2", "shop.ship", None, None, "p-2", "", 0, None, b"{}", "application/json", "utf-8"
+        task_id="p-2",
+        task_name="shop.ship",
+        deadline=None,
+        delivery_deadline=None,
+        root_id="p-2",
+        parent_id="",
+        retries=0,
+        available_at=None,
+        message_body=b"{}",
+        content_type="application/json",
+        content_encoding="utf-8",
     )
     calls: list[str] = []
 

@@ -75,8 +75,19 @@ def machine_for(store: Store) -> type[RuleBasedStateMachine]:
         def a_run_with_one_effect_key(self) -> None:
             n = next(_ids)
             self.task_id, self.key = f"settle-{n}", f"pay-settle-{n}"
-            run = NewRun(self.task_id, "t", None, None, self.task_id, "", 0, None, b"{}",
-                         "application/json", "utf-8")  # fmt: skip
+            run = NewRun(
+                task_id=self.task_id,
+                task_name="t",
+                deadline=None,
+                delivery_deadline=None,
+                root_id=self.task_id,
+                parent_id="",
+                retries=0,
+                available_at=None,
+                message_body=b"{}",
+                content_type="application/json",
+                content_encoding="utf-8",
+            )
             assert store.runs.enqueue(run)
             self.calls = 0  # the provider's log for the key
             self.workers = {name: Worker() for name in WORKERS}
@@ -138,7 +149,9 @@ def machine_for(store: Store) -> type[RuleBasedStateMachine]:
                 _settle(app, store, stale, 1000, Report())
             for seen, found in read.answers:
                 result = {"paid": self.key} if found else None
-                settle_effect(app, store, seen, found, result, "lookup", by=settler)
+                settle_effect(
+                    app, store, seen, found=found, result=result, evidence="lookup", by=settler
+                )
             for run_id, task_id, task_name in effects.settled_unknown(limit=1000):
                 if task_id == self.task_id:
                     release_settled(app, store, run_id, task_id, task_name)

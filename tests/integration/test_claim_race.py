@@ -47,7 +47,21 @@ def test_exactly_one_of_eight_racing_claims_wins_in_each_of_500_rounds() -> None
     old_holders: dict[int, Lease] = {}
     for round_ in range(ROUNDS):
         task_id = f"race-{round_}"
-        store.runs.enqueue(NewRun(task_id, "race", None, None, task_id, "", 0, None, None, "", ""))
+        store.runs.enqueue(
+            NewRun(
+                task_id=task_id,
+                task_name="race",
+                deadline=None,
+                delivery_deadline=None,
+                root_id=task_id,
+                parent_id="",
+                retries=0,
+                available_at=None,
+                message_body=None,
+                content_type="",
+                content_encoding="",
+            )
+        )
         if variant(round_) != "fresh":
             lease = store.runs.claim(
                 task_id,

@@ -91,13 +91,25 @@ def test_unreadable_header_is_refused_as_invalid_deadline_without_a_deadline() -
 
 def test_retry_is_allowed_when_backoff_and_attempt_fit_in_the_remaining_budget() -> None:
     decision = allow_retry(
-        NOW + seconds(10), NOW, seconds(10), seconds(4), seconds(5), seconds(0.5)
+        NOW + seconds(10),
+        NOW,
+        remaining=seconds(10),
+        countdown=seconds(4),
+        attempt_timeout=seconds(5),
+        skew_allowance=seconds(0.5),
     )
     assert decision.allowed
 
 
 def test_retry_is_refused_when_backoff_exceeds_remaining_budget() -> None:
-    decision = allow_retry(NOW + seconds(3), NOW, seconds(3), seconds(4), seconds(0), seconds(0))
+    decision = allow_retry(
+        NOW + seconds(3),
+        NOW,
+        remaining=seconds(3),
+        countdown=seconds(4),
+        attempt_timeout=seconds(0),
+        skew_allowance=seconds(0),
+    )
     assert decision.reason is Reason.RETRY_BUDGET_EXHAUSTED
     assert decision.gate is Gate.RETRY
 
@@ -105,20 +117,38 @@ def test_retry_is_refused_when_backoff_exceeds_remaining_budget() -> None:
 def test_retry_is_refused_when_the_attempt_timeout_does_not_fit_after_the_backoff() -> None:
     """Seed 004: a retry with a 2 s provider timeout is unsafe when 0.5 s remain."""
     decision = allow_retry(
-        NOW + seconds(0.5), NOW, seconds(0.5), seconds(0), seconds(2), seconds(0)
+        NOW + seconds(0.5),
+        NOW,
+        remaining=seconds(0.5),
+        countdown=seconds(0),
+        attempt_timeout=seconds(2),
+        skew_allowance=seconds(0),
     )
     assert decision.reason is Reason.RETRY_BUDGET_EXHAUSTED
     assert "attempt timeout 2.000 s" in decision.detail
 
 
 def test_retry_reservation_includes_the_skew_allowance() -> None:
-    decision = allow_retry(NOW + seconds(5), NOW, seconds(5), seconds(2), seconds(2.5), seconds(1))
+    decision = allow_retry(
+        NOW + seconds(5),
+        NOW,
+        remaining=seconds(5),
+        countdown=seconds(2),
+        attempt_timeout=seconds(2.5),
+        skew_allowance=seconds(1),
+    )
     assert decision.reason is Reason.RETRY_BUDGET_EXHAUSTED
 
 
 def test_retry_is_refused_when_less_than_the_reserve_would_be_left_when_it_is_due() -> None:
     decision = allow_retry(
-        NOW + seconds(6), NOW, seconds(6), seconds(2), seconds(1), seconds(0), seconds(5)
+        NOW + seconds(6),
+        NOW,
+        remaining=seconds(6),
+        countdown=seconds(2),
+        attempt_timeout=seconds(1),
+        skew_allowance=seconds(0),
+        reserve=seconds(5),
     )
     assert decision.reason is Reason.RETRY_BUDGET_EXHAUSTED
     assert "reserve 5.000 s" in decision.detail
@@ -135,10 +165,10 @@ def test_retry_rule_is_exactly_countdown_plus_timeout_plus_skew_within_remaining
     decision = allow_retry(
         NOW + seconds(remaining),
         NOW,
-        seconds(remaining),
-        seconds(countdown),
-        seconds(timeout),
-        seconds(skew),
+        remaining=seconds(remaining),
+        countdown=seconds(countdown),
+        attempt_timeout=seconds(timeout),
+        skew_allowance=seconds(skew),
     )
     needed = seconds(countdown) + seconds(timeout) + seconds(skew)
     assert decision.allowed == (needed <= seconds(remaining))
@@ -150,7 +180,12 @@ def test_more_backoff_never_turns_a_refused_retry_into_an_allowed_one(
 ) -> None:
     def allowed(wait: float) -> bool:
         return allow_retry(
-            NOW, NOW, seconds(remaining), seconds(wait), seconds(timeout), seconds(0)
+            NOW,
+            NOW,
+            remaining=seconds(remaining),
+            countdown=seconds(wait),
+            attempt_timeout=seconds(timeout),
+            skew_allowance=seconds(0),
         ).allowed
 
     if not allowed(countdown):

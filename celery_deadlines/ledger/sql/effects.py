@@ -238,9 +238,13 @@ class Effects(Statements):
                 "SUCCEEDED" if found else "NOT_DISPATCHED",
                 json.dumps(result if found else None),
                 json.dumps(evidence),
-                seen.key, seen.state, seen.dispatches, seen.lease_token, seen.run_id,
+                seen.key,
+                seen.state,
+                seen.dispatches,
+                seen.lease_token,
+                seen.run_id,
             ],
-        )  # fmt: skip
+        )
         if count == 1:
             return Settlement(True)
         detail = (

@@ -98,9 +98,15 @@ class Runs(Statements):
         return count == 1
 
     def record_ended(
-        self, run: NewRun, status: Status, reason: str, detail: str, op: str, *,
+        self,
+        run: NewRun,
+        status: Status,
+        reason: str,
+        detail: str,
+        op: str,
+        *,
         published: bool = False,
-    ) -> bool:  # fmt: skip
+    ) -> bool:
         """Insert ``run`` already ended (never claimed); ``False`` if the id exists."""
         d = self.dialect
         published_at = d.now if published else "NULL"
@@ -118,11 +124,23 @@ class Runs(Statements):
             ON CONFLICT (task_id) DO NOTHING
             """,
             [
-                run.task_id, run.task_name, status.value, reason, detail, d.param(run.deadline),
-                run.root_id, run.parent_id, run.retries, op, detail, d.param(run.not_before),
-                run.schedule, run.schedule_zone, run.schedule_local,
+                run.task_id,
+                run.task_name,
+                status.value,
+                reason,
+                detail,
+                d.param(run.deadline),
+                run.root_id,
+                run.parent_id,
+                run.retries,
+                op,
+                detail,
+                d.param(run.not_before),
+                run.schedule,
+                run.schedule_zone,
+                run.schedule_local,
             ],
-        )  # fmt: skip
+        )
         return count == 1
 
     # -- claim ---------------------------------------------------------------------------
@@ -208,7 +226,12 @@ class Runs(Statements):
         # the event's owner column is the loser; the detail names the current owner
         why_code, _, current_owner = str(detail).partition(":")
         return ClaimRefused(
-            why_code, status, token, current_owner, d.instant(expires), d.instant(at)
+            why=why_code,
+            status=status,
+            token=token,
+            owner=current_owner,
+            lease_expires_at=d.instant(expires),
+            database_now=d.instant(at),
         )
 
     # -- fenced writes ---------------------------------------------------------------------
@@ -286,6 +309,7 @@ class Runs(Statements):
         self,
         lease: Lease,
         owner: str,
+        *,
         retries: int,
         available_at: datetime | None,
         message_body: bytes | None,
@@ -356,11 +380,11 @@ class Runs(Statements):
         task_id: str,
         task_name: str,
         retries: int,
+        *,
         status: Status,
         reason: str,
         detail: str,
         deadline: datetime | None,
-        *,
         confirm_within: timedelta | None = None,
     ) -> bool:
         """A gate refused a message: end its run, unless another worker owns it now.
@@ -391,5 +415,17 @@ class Runs(Statements):
         )
         if count:
             return True  # (a recorded run still in time by the database clock is left)
-        unrecorded = NewRun(task_id, task_name, deadline, None, "", "", retries, None, None, "", "")
+        unrecorded = NewRun(
+            task_id=task_id,
+            task_name=task_name,
+            deadline=deadline,
+            delivery_deadline=None,
+            root_id="",
+            parent_id="",
+            retries=retries,
+            available_at=None,
+            message_body=None,
+            content_type="",
+            content_encoding="",
+        )
         return self.record_ended(unrecorded, status, reason, detail, "refuse", published=True)

@@ -23,9 +23,10 @@ class Supervision(Statements):
         The main process supervises the pool process that owns the lease, so it may end
         that attempt; the token is bumped, which fences the killed process for good. If
         the attempt had dispatched an effect without recording its outcome, the run
-        ends UNKNOWN instead (seed 004: a deadline during a provider call is an outcome
-        to reconcile, not to guess), and those effects are marked UNKNOWN. Returns the
-        status written, or ``None`` if the attempt was not this owner's any more.
+        ends UNKNOWN instead (a deadline during a provider call is an outcome to
+        reconcile, not to guess: docs/failure-semantics.md), and those effects are
+        marked UNKNOWN. Returns the status written, or ``None`` if the attempt was not
+        this owner's any more.
         """
         d = self.dialect
         _, rows = self.execute(

@@ -73,10 +73,21 @@ class Sweeps(Statements):
             """,
             [limit],
         )
-        return [Expired(r[0], r[1], r[2], r[3], d.instant(r[4]), r[5]) for r in rows]
+        return [
+            Expired(
+                task_id=r[0],
+                task_name=r[1],
+                status=r[2],
+                reason=r[3],
+                deadline=d.instant(r[4]),
+                detail=r[5],
+            )
+            for r in rows
+        ]
 
     def lapsed_leases(self, limit: int = 100) -> list[LapsedLease]:
-        """Runs whose lease expired by the database clock (seed 000 steps 1 and 2).
+        """Runs whose lease expired by the database clock (the first two steps of restart
+        reconciliation, docs/concepts.md).
 
         Only leases lapsed for :data:`SUPERVISOR_GRACE` already: a pool process killed by
         its hard time limit at the deadline (where its lease also ends) is settled by its
@@ -95,14 +106,29 @@ class Sweeps(Statements):
             [d.seconds(-SUPERVISOR_GRACE), limit],
         )
         return [
-            LapsedLease(r[0], r[1], r[2], r[3], r[4], r[5], r[6], d.instant(r[7]), bool(r[8]))
+            LapsedLease(
+                run_id=r[0],
+                task_id=r[1],
+                task_name=r[2],
+                version=r[3],
+                token=r[4],
+                owner=r[5],
+                lost_leases=r[6],
+                deadline=d.instant(r[7]),
+                past_deadline=bool(r[8]),
+            )
             for r in rows
         ]
 
     def settle_lapsed(
-        self, lapsed: LapsedLease, status: Status, reason: str, detail: str, *,
+        self,
+        lapsed: LapsedLease,
+        status: Status,
+        reason: str,
+        detail: str,
+        *,
         unresolved: bool = False,
-    ) -> bool:  # fmt: skip
+    ) -> bool:
         """End (or mark UNKNOWN) a run whose lease lapsed, if it has not changed since read
         and still has (``unresolved``) or has not an effect without a recorded outcome,
         as when the decision was taken."""
@@ -135,9 +161,12 @@ class Sweeps(Statements):
               AND (deadline IS NULL OR deadline > {d.now})
               AND NOT {HAS_UNRESOLVED}
             """,
-            [f"lease of {lapsed.owner} (token {lapsed.token}) lapsed", lapsed.run_id,
-             lapsed.version],
-        )  # fmt: skip
+            [
+                f"lease of {lapsed.owner} (token {lapsed.token}) lapsed",
+                lapsed.run_id,
+                lapsed.version,
+            ],
+        )
         return count == 1
 
     def unclaimed(
@@ -197,6 +226,13 @@ class Sweeps(Statements):
         """An :class:`Unclaimed` from a row of :data:`MESSAGE_COLUMNS`."""
         run_id, task_id, name, version, retries, available_at, body, ctype, encoding = row
         return Unclaimed(
-            run_id, task_id, name, version, retries, self.dialect.instant(available_at),
-            as_bytes(body), ctype, encoding,
-        )  # fmt: skip
+            run_id=run_id,
+            task_id=task_id,
+            task_name=name,
+            version=version,
+            retries=retries,
+            available_at=self.dialect.instant(available_at),
+            message_body=as_bytes(body),
+            content_type=ctype,
+            content_encoding=encoding,
+        )
