@@ -1,4 +1,32 @@
-"""celery-deadlines: one deadline, stamped once, honoured by every hop of a Celery workflow."""
+"""celery-deadlines: one deadline, stamped once, honoured by every hop of a Celery workflow.
+
+The package in four tiers; each may import only the tiers above it in this list, and
+``tests/unit/test_architecture.py`` holds it (every import, function-local ones too):
+
+**Pure rules** (no clock read, no settings, no Celery, no Django; ``now`` is passed in):
+``states`` (the vocabulary of states), ``errors``, ``wire`` (headers), ``budgets``
+(durations, the precedence rule, the attempt's anchor), ``gates`` (every gate's rule),
+``stamping`` (what a message carries), ``outcomes`` (how a run ends or moves), ``skew``,
+``contracts``, ``observations``, ``plans``, ``schedules``.
+
+**The Celery tier** (reads the time only through ``clock``; the ledger only through
+``ledger.api`` and ``ledger.operations``, inside functions): ``clock``, ``conf``,
+``options`` (a task's durations), ``propagation`` (inheritance, scopes, the publish hook),
+``task`` (DeadlineTask: Celery's hooks), ``body`` (what a task body calls), ``claiming``,
+``recording``, ``effects``, ``request`` (the worker's main process), ``signals``,
+``beat``, ``metrics``, ``testing``.
+
+**The ledger** (``ledger/``: Django's database, by raw conditional statements on the
+database clock; never reaches back into the Celery tier's task side): ``api`` (the entry
+point, plain values), ``operations`` (every operation that ends or moves a run, for the
+reconciler, the admin and beat), ``attempt``, ``heartbeat``, ``outbox``, ``reconcile``,
+``clockwatch``, ``worker``, and ``sql/`` (the statements, by audience).
+
+**The Django app** (Django's own names): ``apps``, ``models``, ``admin``, ``checks``,
+``explain``, ``management``, ``migrations``.
+
+See DEVELOPERS.md for the map, and docs/concepts.md for what each feature is.
+"""
 
 from .errors import (
     ConfigurationError,

@@ -6,7 +6,7 @@
 3. try to place order 43 with a deadline already past: refused at enqueue;
 4. start the warehouse worker, wait for every task to finish, print what happened
    to each and why (deadline, time left, gate decision), and stop the workers;
-5. seed 003's address change: the customer confirms a new address for order 42; the
+5. the address change: the customer confirms a new address for order 42; the
    first attempt plans the change and finds the fulfillment service unavailable; while
    the worker is down the order moves to the locked warehouse queue; the resumed plan
    is refused with a reason the user can read, and the address is left alone.
@@ -218,8 +218,8 @@ def main() -> None:
 
 
 def address_change_story(var: Path) -> None:
-    """Seed 003, end to end: a resumed plan is checked against the world before it acts."""
-    print("\nthe address change (seed 003):")
+    """The address change, end to end: a resumed plan is checked against the world before it acts."""
+    print("\nthe address change:")
     fulfillment.reset(42, available=False)
     log = var / "address-worker.log"
     worker = start_worker("addresses", log)

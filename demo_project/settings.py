@@ -104,7 +104,7 @@ CELERY_DEADLINES_BUDGETS = {"demo_project.shop.tasks.print_label": 3}
 # The run ledger (this app is in INSTALLED_APPS): reconcile every second, so a message
 # left in a queue past its deadline is expired by the sweeper within a second.
 CELERY_DEADLINES_RECONCILE_INTERVAL = 1
-# The address change's time contract (seed 003): one reviewable block. A resumed plan
+# The address change's time contract (docs/concepts.md): one reviewable block. A resumed plan
 # whose assumptions no longer hold is refused, with the reason, rather than executed.
 CELERY_DEADLINES_CONTRACTS = {
     "demo_project.shop.tasks.change_address": {

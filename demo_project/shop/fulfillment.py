@@ -1,4 +1,4 @@
-"""The fulfillment service of the address-change story (seed 003), as a JSON file.
+"""The fulfillment service of the address-change story, as a JSON file.
 
 It holds what a worker must read again before acting: each order's state and whether
 the customer confirmed the change; and whether the service answers at all. The demo

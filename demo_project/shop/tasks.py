@@ -112,7 +112,7 @@ def send_confirmation(self: DeadlineTask, order_id: int) -> dict[str, Any]:
 
 @shared_task(base=DeadlineTask, bind=True, max_retries=3)
 def change_address(self: DeadlineTask, order_id: int, address: str) -> dict[str, Any]:
-    """Seed 003's story: plan the change from what the customer confirmed, and resume the
+    """The address-change story: plan the change from what the customer confirmed, and resume the
     plan only if the world still matches it (its contract is in settings:
     ``on_expiry: refuse``, so a plan that no longer applies ends the run, with why)."""
     facts = fulfillment.facts(order_id)  # read now, every attempt

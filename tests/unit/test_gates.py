@@ -9,7 +9,14 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from celery_deadlines import DeadlineRefused, Gate, Reason
-from celery_deadlines.gates import admit, allow_retry, cap_time_limits, invalid
+from celery_deadlines.gates import (
+    admit,
+    allow_retry,
+    cap_time_limits,
+    claim_refusal,
+    invalid,
+    retry_wait,
+)
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -216,3 +223,18 @@ def test_an_attempt_with_no_limits_gets_a_hard_limit_at_the_budget_and_no_soft_o
 def test_a_spent_budget_gets_the_floor_never_zero_which_means_unlimited() -> None:
     assert cap_time_limits(seconds(-1), hard=None, soft=5, floor=0.01) == (0.01, 0.01)
     assert cap_time_limits(seconds(-1), hard=10, soft=5, floor=0.01) == (0.01, 0.01)
+
+
+def test_a_claim_refused_for_the_deadline_is_judged_by_the_databases_clock() -> None:
+    assert claim_refusal(NOW, NOW) is Reason.DEADLINE_PASSED
+    assert claim_refusal(NOW + seconds(1), NOW) is Reason.INSUFFICIENT_BUDGET
+    assert claim_refusal(None, NOW) is Reason.INSUFFICIENT_BUDGET
+    assert claim_refusal(NOW, None) is Reason.INSUFFICIENT_BUDGET
+
+
+def test_a_retry_waits_for_its_eta_else_its_countdown_else_the_default_delay() -> None:
+    assert retry_wait(NOW + seconds(4), 99, 180, NOW) == seconds(4)
+    assert retry_wait(NOW - seconds(4), None, 180, NOW) == seconds(0)
+    assert retry_wait(None, 2.5, 180, NOW) == seconds(2.5)
+    assert retry_wait(None, None, 180, NOW) == seconds(180)
+    assert retry_wait(None, -3, None, NOW) == seconds(0)

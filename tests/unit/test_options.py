@@ -1,0 +1,103 @@
+"""A DeadlineTask's durations from the one precedence rule, level by level (no broker)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_deadlines import DeadlineTask, InvalidDeadline
+from celery_deadlines.budgets import UNSET, first_said
+from celery_deadlines.conf import settings_for
+from celery_deadlines.options import resolve
+
+
+@pytest.fixture
+def app() -> Iterator[Celery]:
+    app = Celery("options", broker="memory://", set_as_current=False)
+    yield app
+    app.close()
+
+
+def task_of(app: Celery, name: str = "opts.work", **options: Any) -> Any:
+    @app.task(base=DeadlineTask, bind=True, name=name, shared=False, **options)
+    def work(self: DeadlineTask) -> None:
+        return None
+
+    return work
+
+
+def test_the_first_level_that_says_anything_wins_none_included() -> None:
+    assert first_said(("task", UNSET), ("setting", None), ("default", 5)) == ("setting", None)
+    assert first_said(("task", UNSET), ("default", UNSET)) == (None, UNSET)
+
+
+@pytest.mark.parametrize(
+    ("attribute", "contract", "per_task", "default", "expected"),
+    [
+        (20, 40, 60, 80, ("task", 20)),
+        (UNSET, 40, 60, 80, ("setting", 40)),
+        (UNSET, UNSET, 60, 80, ("setting", 60)),
+        (UNSET, UNSET, UNSET, 80, ("default", 80)),
+        (None, 40, 60, 80, ("task", None)),  # a task opts out of every deadline
+    ],
+)
+def test_a_budget_comes_from_task_then_contract_then_per_task_then_default(
+    app: Celery,
+    attribute: object,
+    contract: object,
+    per_task: object,
+    default: object,
+    expected: tuple[str, int | None],
+) -> None:
+    if contract is not UNSET:
+        app.conf.deadlines_contracts = {"opts.work": {"budget": contract}}
+    if per_task is not UNSET:
+        app.conf.deadlines_budgets = {"opts.work": per_task}
+    app.conf.deadlines_default_budget = default
+    task = task_of(app) if attribute is UNSET else task_of(app, budget=attribute)
+    source, value = resolve(task, "budget", settings_for(app))
+    seconds = None if value is None else int(value.total_seconds())
+    assert (source, seconds) == expected
+
+
+def test_the_attempt_timeout_falls_back_to_celerys_time_limits_after_the_contract(
+    app: Celery,
+) -> None:
+    settings = settings_for(app)
+    hard, soft = (
+        task_of(app, "opts.hard", time_limit=30),
+        task_of(app, "opts.soft", soft_time_limit=12),
+    )
+    assert resolve(hard, "attempt_timeout", settings)[1] == timedelta(seconds=30)
+    assert resolve(soft, "attempt_timeout", settings)[1] == timedelta(seconds=12)
+    app.conf.deadlines_contracts = {"opts.hard": {"attempt_timeout": 10}}
+    assert resolve(hard, "attempt_timeout", settings)[1] == timedelta(seconds=10)
+
+
+def test_an_attempt_timeout_of_none_means_ask_the_next_level_not_no_limit(app: Celery) -> None:
+    task = task_of(app, attempt_timeout=None, time_limit=7)
+    assert resolve(task, "attempt_timeout", settings_for(app))[1] == timedelta(seconds=7)
+
+
+def test_nothing_said_anywhere_means_no_reserve_and_no_attempt_timeout(app: Celery) -> None:
+    task = task_of(app)
+    assert resolve(task, "reserve", settings_for(app))[1] == timedelta(0)
+    assert resolve(task, "attempt_timeout", settings_for(app))[1] == timedelta(0)
+
+
+def test_a_bad_task_attribute_is_refused_naming_the_task_and_the_option(app: Celery) -> None:
+    with pytest.raises(InvalidDeadline, match=r"opts\.work\.lease_ttl"):
+        resolve(task_of(app, lease_ttl=-1), "lease_ttl", settings_for(app))
+
+
+def test_a_task_attribute_is_parsed_once_per_value(app: Celery) -> None:
+    task = task_of(app, budget=20)
+    settings = settings_for(app)
+    first = resolve(task, "budget", settings)[1]
+    assert resolve(task, "budget", settings)[1] is first  # the cached parse
+    task.budget = 25
+    assert resolve(task, "budget", settings)[1] == timedelta(seconds=25)

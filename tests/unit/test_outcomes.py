@@ -1,0 +1,100 @@
+"""How a run ends or moves, as pure decisions: after a body, a time limit, a lapse, a plan."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from celery_deadlines.contracts import OnExpiry
+from celery_deadlines.errors import DeadlineRefused, DispatchRefused, PlanRefused
+from celery_deadlines.outcomes import (
+    DEADLINE_CAP_SLACK,
+    CeleryEnd,
+    PlanStep,
+    Settle,
+    after_body,
+    after_plan,
+    after_time_limit,
+    settle_lapsed,
+)
+from celery_deadlines.states import Status
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+class Rejected(Exception):
+    reason = "bad message"
+
+
+@pytest.mark.parametrize(
+    ("exc", "celery", "status", "reason"),
+    [
+        (Exception("ignored"), "ignore", Status.SUCCEEDED, "ignored"),
+        (Rejected(), "reject", Status.FAILED, "rejected"),
+        (Rejected(), "requeue", None, ""),
+        (
+            DeadlineRefused("retry", "retry_budget_exhausted", None, NOW.isoformat()),
+            None,
+            Status.EXPIRED,
+            "retry_budget_exhausted",
+        ),
+        (PlanRefused("plan_expired", "too old"), None, Status.FAILED, "plan_expired"),
+        (DispatchRefused("k", "unresolved"), None, Status.FAILED, "dispatch_refused"),
+        (ValueError("boom"), None, Status.FAILED, "error"),
+    ],
+)
+def test_the_runs_end_follows_what_the_body_raised(
+    exc: BaseException, celery: CeleryEnd, status: Status | None, reason: str
+) -> None:
+    outcome = after_body(exc, celery=celery, unresolved_keys=frozenset())
+    assert (outcome.status, outcome.reason) == (status, reason)
+    assert outcome.released is (status is None)
+
+
+@pytest.mark.parametrize("celery", ["ignore", "reject", "requeue", None])
+def test_an_unresolved_effect_makes_the_run_unknown_whatever_was_raised(
+    celery: CeleryEnd,
+) -> None:
+    outcome = after_body(ValueError("late"), celery=celery, unresolved_keys={"pay-2", "pay-1"})
+    assert (outcome.status, outcome.reason) == (Status.UNKNOWN, "effect_unresolved")
+    assert outcome.detail.startswith("outcome unknown for effect(s) pay-1, pay-2 after")
+
+
+def test_a_time_limit_at_the_deadline_was_the_deadlines_cap_and_expires_the_run() -> None:
+    deadline = NOW + DEADLINE_CAP_SLACK / 2
+    assert after_time_limit(deadline, NOW) == (Status.EXPIRED, "deadline_passed")
+
+
+def test_a_time_limit_well_before_the_deadline_was_the_tasks_own_and_fails_the_run() -> None:
+    deadline = NOW + DEADLINE_CAP_SLACK + timedelta(seconds=5)
+    assert after_time_limit(deadline, NOW) == (Status.FAILED, "time_limit")
+    assert after_time_limit(None, NOW) == (Status.FAILED, "time_limit")
+
+
+@pytest.mark.parametrize(
+    ("unresolved", "past", "lost", "step"),
+    [
+        (True, True, 99, Settle.UNKNOWN),  # reconcile the effect first, whatever else
+        (False, True, 99, Settle.EXPIRE),  # then never resurrect a run past its deadline
+        (False, False, 3, Settle.FAIL),  # then stop a task that keeps killing its worker
+        (False, False, 2, Settle.REQUEUE),
+    ],
+)
+def test_a_lapsed_run_is_settled_in_order_of_priority(
+    unresolved: bool, past: bool, lost: int, step: Settle
+) -> None:
+    decided = settle_lapsed(
+        unresolved_effect=unresolved, past_deadline=past, lost_leases=lost, max_lost=3
+    )
+    assert decided is step
+
+
+@pytest.mark.parametrize("on_expiry", list(OnExpiry))
+def test_a_plan_that_may_go_on_continues_whatever_the_contract_says(on_expiry: OnExpiry) -> None:
+    assert after_plan(True, on_expiry) is PlanStep.CONTINUE
+
+
+@pytest.mark.parametrize("on_expiry", list(OnExpiry))
+def test_a_plan_that_may_not_go_on_follows_its_contract(on_expiry: OnExpiry) -> None:
+    assert after_plan(False, on_expiry).value == on_expiry.value

@@ -1,0 +1,111 @@
+"""What a published message carries, as pure rules: own deadlines, inheritance, headers."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from celery_deadlines import wire
+from celery_deadlines.errors import InvalidDeadline
+from celery_deadlines.stamping import (
+    Inherited,
+    Own,
+    earlier,
+    earlier_expiry,
+    own_deadlines,
+    read_headers,
+    stamp_for,
+    write,
+)
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+HORIZON = timedelta(days=7)
+
+
+def seconds(value: float) -> timedelta:
+    return timedelta(seconds=value)
+
+
+def test_call_options_are_taken_out_and_become_the_publishs_own_deadlines() -> None:
+    call: dict[str, Any] = {"budget": 30, "delivery_budget": 60, "queue": "q"}
+    own = own_deadlines(call, {}, NOW, HORIZON)
+    assert own == Own(NOW + seconds(30), "call", NOW + seconds(60))
+    assert call == {"queue": "q"}  # Celery never sees them
+
+
+def test_an_explicit_header_is_the_own_deadline_when_the_call_names_none() -> None:
+    headers = {wire.DEADLINE_HEADER: wire.encode(NOW + seconds(5)), wire.SOURCE_HEADER: "scope"}
+    assert own_deadlines({}, headers, NOW, HORIZON) == Own(NOW + seconds(5), "scope", None)
+
+
+def test_a_bad_call_option_is_refused() -> None:
+    with pytest.raises(InvalidDeadline, match="not both"):
+        own_deadlines({"budget": 5, "deadline": NOW}, {}, NOW, HORIZON)
+    with pytest.raises(InvalidDeadline, match="deadlines_max_budget"):
+        own_deadlines({"deadline": NOW + HORIZON + seconds(1)}, {}, NOW, HORIZON)
+
+
+def test_a_child_can_only_shorten_what_it_inherits_and_keeps_the_parents_origin() -> None:
+    parent = Inherited(NOW + seconds(10), None, "parent", "root-1")
+    stamp = stamp_for(Own(NOW + seconds(60), "call"), parent, now=NOW, expires=None, task_id="c")
+    assert stamp.governed.deadline == NOW + seconds(10)
+    assert stamp.governed.clamped_from == NOW + seconds(60)
+    assert stamp.origin == "root-1"
+    assert stamp.expires == NOW + seconds(10)
+
+
+def test_an_own_deadline_that_is_earlier_wins_and_starts_its_own_origin() -> None:
+    parent = Inherited(NOW + seconds(10), NOW + seconds(99), "parent", "root-1")
+    own = Own(NOW + seconds(3), "call", NOW + seconds(50))
+    stamp = stamp_for(own, parent, now=NOW, expires=60, task_id="child")
+    assert (stamp.governed.deadline, stamp.governed.source) == (NOW + seconds(3), "call")
+    assert (stamp.delivery, stamp.origin) == (NOW + seconds(50), "child")
+    assert stamp.expires == NOW + seconds(3)  # Celery's expires is capped at the deadline
+
+
+def test_written_headers_read_back_as_what_was_stamped() -> None:
+    stamp = stamp_for(
+        Own(NOW + seconds(3), "call", NOW + seconds(9)),
+        Inherited(),
+        now=NOW,
+        expires=None,
+        task_id="t-1",
+    )
+    headers: dict[str, Any] = {}
+    write(headers, stamp)
+    assert headers["expires"] == (NOW + seconds(3)).isoformat()
+    carried = read_headers(headers, NOW, HORIZON, "t-1")
+    assert (carried.deadline, carried.delivery, carried.origin) == (
+        NOW + seconds(3),
+        NOW + seconds(9),
+        "t-1",
+    )
+
+
+def test_an_unreadable_deadline_header_is_carried_as_it_is_not_dropped() -> None:
+    carried = read_headers({wire.DEADLINE_HEADER: "soon"}, NOW, HORIZON, "t-1")
+    assert (carried.deadline, carried.unreadable) == (None, "soon")
+
+
+@pytest.mark.parametrize(
+    ("expires", "kept"),
+    [
+        (5, NOW + seconds(5)),
+        ((NOW + seconds(5)).isoformat(), NOW + seconds(5)),
+        (NOW + seconds(50), NOW + seconds(10)),
+        ("garbage", NOW + seconds(10)),
+        (None, NOW + seconds(10)),
+    ],
+)
+def test_celerys_expires_is_kept_when_earlier_and_capped_at_the_deadline_otherwise(
+    expires: object, kept: datetime
+) -> None:
+    assert earlier_expiry(expires, NOW + seconds(10), NOW) == kept
+
+
+def test_the_earlier_of_two_optional_instants_treats_none_as_no_deadline() -> None:
+    assert earlier(None, None) is None
+    assert earlier(NOW, None) == NOW
+    assert earlier(NOW + seconds(1), NOW) == NOW
