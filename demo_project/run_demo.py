@@ -218,7 +218,7 @@ def main() -> None:
 
 
 def address_change_story(var: Path) -> None:
-    """The address change, end to end: a resumed plan is checked against the world before it acts."""
+    """The address change, end to end: a resumed plan is checked against the world first."""
     print("\nthe address change:")
     fulfillment.reset(42, available=False)
     log = var / "address-worker.log"
