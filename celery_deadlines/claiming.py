@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, NoReturn, cast
 
 from celery.exceptions import Ignore
 
-from . import gates, recording
+from . import gates, ledger, recording
 from .clock import get_clock
 from .signals import run_claimed, run_held
 from .states import Status
@@ -33,8 +33,7 @@ def claim(
     task: DeadlineTask, task_id: str, deadline: datetime | None, reserve: timedelta
 ) -> Attempt:
     """Claim the run in the ledger, or end this delivery without running the body."""
-    from .ledger import api
-
+    api = ledger.api_for(task.app)
     request = task.request
     outcome = api.claim_run(
         task.app,
@@ -48,7 +47,8 @@ def claim(
     if isinstance(outcome, api.Held):
         _hold(task, task_id, outcome)
     if not isinstance(outcome, api.ClaimRefused):
-        lease = outcome.lease
+        attempt = cast("Attempt", outcome)
+        lease = attempt.lease
         if lease.waiting_since is not None:
             run_claimed.send(
                 sender=task,
@@ -56,10 +56,9 @@ def claim(
                 task_name=task.name,
                 queue_wait=max(lease.database_now - lease.waiting_since, timedelta(0)),
             )
-        return outcome
-    if outcome.why == api.ClaimRefused.DEADLINE:
-        # judged by the database's clock, as the claim was
-        reason = gates.claim_refusal(deadline, outcome.database_now)
+        return attempt
+    reason = gates.claim_refusal(outcome.why)  # by the database's clock, as the claim was
+    if reason is not None:
         task.refuse_attempt(
             gates.Decision(
                 gate=gates.Gate.CLAIM,
@@ -88,7 +87,7 @@ def claim(
 def _lost_too_many_leases(task: DeadlineTask, task_id: str, deadline: datetime | None) -> NoReturn:
     from billiard.exceptions import WorkerLostError
 
-    from .ledger import api
+    api = ledger.api_for(task.app)
 
     detail = "the run lost its lease too many times (deadlines_max_lost_leases)"
     if api.refuse_run(

@@ -87,12 +87,16 @@ def retry_wait(
     return timedelta(seconds=max(float(seconds or 0), 0.0))
 
 
-def claim_refusal(deadline: datetime | None, database_now: datetime | None) -> Reason:
-    """Why the ledger refused a claim for the deadline, judged by the database's clock
-    as the claim was: already passed, or too little left for the reserve."""
-    if deadline is not None and database_now is not None and deadline <= database_now:
+def claim_refusal(why: str) -> Reason | None:
+    """The gate's reason for a claim the ledger refused for the deadline, judged by the
+    database's clock and the run's own deadline, as the claim was (``why`` is the
+    ledger's: ``deadline_passed``, or ``deadline`` for less than the reserve left);
+    ``None`` when the claim was refused for something else."""
+    if why == "deadline_passed":
         return Reason.DEADLINE_PASSED
-    return Reason.INSUFFICIENT_BUDGET
+    if why == "deadline":
+        return Reason.INSUFFICIENT_BUDGET
+    return None
 
 
 def admit(

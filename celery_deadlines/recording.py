@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery._state import get_current_worker_task
 
-from . import wire
+from . import ledger, wire
 from .propagation import state_of
 from .stamping import Stamp
 
@@ -45,7 +45,7 @@ def publish(
     same message. Returns what ``send()`` returned, or the run's ``AsyncResult`` when
     the publish waits for the caller's transaction to commit.
     """
-    from .ledger import api
+    api = ledger.api_for(task.app)
 
     kept = {**task._get_exec_options(), **call, **links}  # type: ignore[attr-defined]
     body, content_type, encoding = api.encode_message(task.serializer, args, kwargs, kept)
@@ -82,7 +82,7 @@ def publish(
 def run_of_request(task: Task[Any, Any], request: Any, deadline: datetime | None) -> NewRun:
     """The row of a run whose message was published without the outbox, rebuilt from
     the request being executed (so the sweeper can republish it)."""
-    from .ledger import api
+    api = ledger.api_for(task.app)
 
     kept = {
         "link": request.callbacks,

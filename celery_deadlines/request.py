@@ -179,7 +179,7 @@ class DeadlineRequest(Request):
 
     def on_timeout(self, soft: bool, timeout: float) -> None:
         if not soft and isinstance(self.task, DeadlineTask) and ledger.enabled_for(self.task.app):
-            from .ledger import api
+            api = ledger.api_for(self.task.app)
 
             # the limit may have been the deadline's cap (the attempt gate): then it is
             # a deadline outcome, not the task's own time limit
@@ -207,7 +207,7 @@ class DeadlineRequest(Request):
             and isinstance(self.task, DeadlineTask)
             and ledger.enabled_for(self.task.app)
         ):
-            from .ledger import api
+            api = ledger.api_for(self.task.app)
 
             try:
                 api.lapse_owned(self.task.app, self.id, self.hostname, self.worker_pid, repr(exc))

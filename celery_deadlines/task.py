@@ -279,7 +279,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
     ) -> bool:
         """Record a gate's refusal in the ledger: ``True`` when it ended the run (only
         then may the refusal be stored as the task's result)."""
-        from .ledger import api
+        api = ledger.api_for(self.app)
 
         refusal = decision.refusal()
         return api.refuse_run(

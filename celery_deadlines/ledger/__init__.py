@@ -13,19 +13,123 @@ ready); task code does not change between the tiers. The pieces:
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from ..states import Status
+    from .api import Held as _Held
+    from .attempt import Attempt
+    from .sql.rows import ClaimRefused as _ClaimRefused
+    from .sql.rows import Lease as _Lease
+    from .sql.rows import NewRun as _NewRun
+
+
+class LedgerAPI(Protocol):
+    """What the Celery tier asks of the ledger: :mod:`celery_deadlines.ledger.api`, or
+    the in-memory :class:`celery_deadlines.testing.FakeLedger` (plain values only)."""
+
+    NewRun: type[_NewRun]
+    ClaimRefused: type[_ClaimRefused]
+    Held: type[_Held]
+    Lease: type[_Lease]
+
+    def encode_message(
+        self, serializer: str, args: Any, kwargs: Any, options: dict[str, Any]
+    ) -> tuple[bytes, str, str]: ...
+
+    def record_run(self, app: Any, run: _NewRun, send: Callable[[], Any]) -> Any: ...
+
+    def hand_to_retry(
+        self,
+        attempt: Any,
+        *,
+        retries: int,
+        available_at: datetime | None,
+        message_body: bytes,
+        send: Callable[[], Any],
+    ) -> Any: ...
+
+    def claim_run(
+        self,
+        app: Any,
+        *,
+        task_id: str,
+        retries: int,
+        hostname: str | None,
+        ttl: timedelta,
+        reserve: timedelta,
+        unrecorded: Callable[[], _NewRun],
+    ) -> Attempt | _ClaimRefused | _Held: ...
+
+    def refuse_run(
+        self,
+        app: Any,
+        *,
+        task_id: str,
+        task_name: str,
+        retries: int,
+        status: Status,
+        reason: str,
+        detail: str,
+        deadline: datetime | None,
+        confirm_within: timedelta | None,
+        dedicated: bool = True,
+    ) -> bool: ...
+
+    def end_owned(
+        self,
+        app: Any,
+        *,
+        task_id: str,
+        hostname: str | None,
+        pid: object,
+        status: Status,
+        reason: str,
+        detail: str,
+    ) -> str | None: ...
+
+    def lapse_owned(
+        self, app: Any, task_id: str, hostname: str | None, pid: object, detail: str
+    ) -> bool: ...
+
 
 _active: bool | None = None
+#: A ledger installed in place of the database's (``celery_deadlines.testing.use_ledger``).
+_installed: Any = None
 
 
 def enabled_for(app: Any) -> bool:
     """True when ``app``'s DeadlineTask runs are recorded: the Django app is installed
     and ready, and the Celery app did not turn the ledger off (``deadlines_ledger``)."""
+    if _installed is not None:
+        return True
     if not active():
         return False
     from ..conf import LEDGER, settings_for
 
     return settings_for(app).get(LEDGER)
+
+
+def api_for(app: Any) -> LedgerAPI:
+    """The ledger's entry point for ``app``: :mod:`celery_deadlines.ledger.api`, or the
+    ledger a test installed (:class:`celery_deadlines.testing.FakeLedger`), which keeps
+    the same contract in memory."""
+    if _installed is not None:
+        installed: LedgerAPI = _installed
+        return installed
+    from . import api
+
+    return api
+
+
+def install(fake: Any) -> Any:
+    """Put ``fake`` in place of the database's ledger (``None`` puts it back); returns
+    the one it replaced. For tests: see :func:`celery_deadlines.testing.use_ledger`."""
+    global _installed
+    previous, _installed = _installed, fake
+    return previous
 
 
 def active() -> bool:

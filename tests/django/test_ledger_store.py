@@ -170,6 +170,15 @@ def test_a_claim_is_refused_when_the_database_clock_leaves_less_than_the_reserve
     assert row(store).lease_token == 0
 
 
+def test_a_claim_after_the_deadline_is_refused_as_passed_by_the_database_clock(
+    store: Store,
+) -> None:
+    store.runs.enqueue(new_run(deadline=in_(store, -1)))
+    refused = lost(claim(store, reserve=timedelta(seconds=10)))
+    assert refused.why == ClaimRefused.DEADLINE_PASSED
+    assert refused.database_now is not None
+
+
 def test_a_message_older_than_the_run_is_refused_as_stale(store: Store) -> None:
     store.runs.enqueue(new_run(retries=2))
     assert lost(claim(store, retries=1)).why == ClaimRefused.STALE_MESSAGE

@@ -225,11 +225,10 @@ def test_a_spent_budget_gets_the_floor_never_zero_which_means_unlimited() -> Non
     assert cap_time_limits(seconds(-1), hard=10, soft=5, floor=0.01) == (0.01, 0.01)
 
 
-def test_a_claim_refused_for_the_deadline_is_judged_by_the_databases_clock() -> None:
-    assert claim_refusal(NOW, NOW) is Reason.DEADLINE_PASSED
-    assert claim_refusal(NOW + seconds(1), NOW) is Reason.INSUFFICIENT_BUDGET
-    assert claim_refusal(None, NOW) is Reason.INSUFFICIENT_BUDGET
-    assert claim_refusal(NOW, None) is Reason.INSUFFICIENT_BUDGET
+def test_a_claim_the_ledger_refused_for_the_deadline_keeps_the_ledgers_judgement() -> None:
+    assert claim_refusal("deadline_passed") is Reason.DEADLINE_PASSED
+    assert claim_refusal("deadline") is Reason.INSUFFICIENT_BUDGET
+    assert claim_refusal("held") is None
 
 
 def test_a_retry_waits_for_its_eta_else_its_countdown_else_the_default_delay() -> None:

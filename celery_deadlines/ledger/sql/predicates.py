@@ -73,6 +73,7 @@ def claim_checks(d: Dialect) -> list[tuple[str, str]]:
             "unresolved",
             f"NOT ({HAS_UNRESOLVED} AND NOT (status = 'RUNNING' AND lease_expires_at > {d.now}))",
         ),
+        ("deadline_passed", f"(deadline IS NULL OR deadline > {d.now})"),
         ("deadline", f"(deadline IS NULL OR deadline > {now_plus.format('%(reserve)s')})"),
         # a lapsed lease is taken over only after the grace: its supervisor ends it first
         # (a time limit), and a dispatch guard that passed while it was live has committed

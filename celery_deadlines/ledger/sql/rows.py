@@ -67,6 +67,9 @@ class ClaimRefused:
     #: ``why`` codes
     TERMINAL: Final = "terminal"
     STALE_MESSAGE: Final = "stale_message"
+    #: the run's deadline has passed, by the database clock
+    DEADLINE_PASSED: Final = "deadline_passed"
+    #: less than the reserve is left before the run's deadline, by the database clock
     DEADLINE: Final = "deadline"
     HELD: Final = "held"
     LOST_LEASES: Final = "lost_leases"

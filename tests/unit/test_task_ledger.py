@@ -1,0 +1,180 @@
+"""DeadlineTask's ledger paths on the in-memory ledger (``celery_deadlines.testing``).
+
+Each message is executed by Celery's own tracer, as a pool process would, against a
+:class:`FakeLedger` instead of a database: the outbox row before the publish, the claim
+before the body, the outcome under the claim's token, the retry's hand-off, and every
+way a delivery is not run. The same paths run against SQLite and PostgreSQL in
+tests/django and across real processes in tests/integration.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_deadlines import DeadlineRefused, DeadlineTask, StaleLease
+from celery_deadlines.testing import FakeClock, FakeLedger, use_ledger
+from tests.support.memory_queue import drain
+from tests.support.trace import execute, execute_next
+
+QUEUE = "fake-ledger"
+
+
+@pytest.fixture
+def ledger() -> Iterator[FakeLedger]:
+    with use_ledger(FakeLedger()) as fake:
+        yield fake
+
+
+@pytest.fixture
+def app(ledger: FakeLedger, clock: FakeClock) -> Iterator[Celery]:
+    app = Celery(f"fake-{uuid.uuid4().hex[:6]}", broker="memory://", backend="cache+memory://")
+    app.conf.update(task_default_queue=QUEUE, deadlines_lease_ttl=30)
+    drain(app, QUEUE)  # the in-memory transport is per process: start from an empty queue
+    yield app
+    app.close()
+
+
+class Calls:
+    def __init__(self) -> None:
+        self.count = 0
+
+
+def tasks(app: Celery, calls: Calls) -> dict[str, Any]:
+    @app.task(base=DeadlineTask, bind=True, name="fake.work", budget=60, shared=False)
+    def work(self: DeadlineTask, fail: str = "") -> int:
+        calls.count += 1
+        if fail == "error":
+            raise ValueError("boom")
+        if fail == "retry" and not self.request.retries:
+            raise self.retry(countdown=1)
+        return self.lease.token if self.lease else -1
+
+    return {"work": work}
+
+
+def test_a_run_is_recorded_before_its_message_and_succeeds_under_its_claim(
+    app: Celery, ledger: FakeLedger
+) -> None:
+    calls = Calls()
+    work = tasks(app, calls)["work"]
+    work.apply_async(task_id="r1")
+    assert ledger.run("r1").events == [("enqueue", "applied", "")]
+    state, token = execute_next(app, QUEUE)
+    run = ledger.run("r1")
+    assert (state, token, calls.count) == ("SUCCESS", 1, 1)
+    assert (run.status, run.token, run.attempt) == ("SUCCEEDED", 1, 1)
+    assert [kind for kind, outcome, _ in run.events if outcome == "applied"] == [
+        "enqueue",
+        "claim",
+        "succeeded",
+    ]
+
+
+def test_a_duplicate_delivery_of_a_finished_run_runs_nothing(
+    app: Celery, ledger: FakeLedger
+) -> None:
+    calls = Calls()
+    work = tasks(app, calls)["work"]
+    work.apply_async(task_id="r2")
+    [message] = drain(app, QUEUE)
+    assert execute(app, message)[0] == "SUCCESS"
+    state, _ = execute(app, message)  # redelivered
+    assert (state, calls.count) == ("IGNORED", 1)
+    assert ledger.run("r2").events[-1] == ("claim", "rejected", "terminal")
+
+
+def test_a_delivery_while_another_worker_holds_a_live_lease_is_not_run(
+    app: Celery, ledger: FakeLedger
+) -> None:
+    calls = Calls()
+    work = tasks(app, calls)["work"]
+    work.apply_async(task_id="r3")
+    [message] = drain(app, QUEUE)
+    ledger.runs["r3"].status, ledger.runs["r3"].token = "RUNNING", 7
+    ledger.runs["r3"].lease_expires_at = ledger.runs["r3"].deadline  # alive
+    assert execute(app, message, hostname="w2@test")[0] == "IGNORED"
+    assert calls.count == 0
+    assert ledger.run("r3").events[-1] == ("claim", "rejected", "held")
+
+
+def test_a_claim_the_ledger_refuses_for_the_deadline_stores_the_refusal_for_the_caller(
+    app: Celery, ledger: FakeLedger, clock: FakeClock
+) -> None:
+    calls = Calls()
+    work = tasks(app, calls)["work"]
+    work.apply_async(task_id="r4")
+    # the header's deadline still leaves time, but the ledger's row says otherwise
+    ledger.runs["r4"].deadline = clock.now()
+    state, _raised = execute_next(app, QUEUE)
+    assert (state, calls.count) == ("IGNORED", 0)
+    refusal = app.AsyncResult("r4").result
+    assert isinstance(refusal, DeadlineRefused)
+    assert (refusal.gate, refusal.reason) == ("claim", "deadline_passed")
+    assert ledger.run("r4").status == "EXPIRED"
+
+
+def test_a_body_that_raises_ends_its_run_failed_with_the_error(
+    app: Celery, ledger: FakeLedger
+) -> None:
+    work = tasks(app, Calls())["work"]
+    work.apply_async(("error",), task_id="r5")
+    state, raised = execute_next(app, QUEUE)
+    run = ledger.run("r5")
+    assert (state, repr(raised)) == ("FAILURE", "ValueError('boom')")
+    assert (run.status, run.reason) == ("FAILED", "error")
+
+
+def test_a_retry_hands_the_run_to_its_retry_message_which_claims_it_again(
+    app: Celery, ledger: FakeLedger, clock: FakeClock
+) -> None:
+    calls = Calls()
+    work = tasks(app, calls)["work"]
+    work.apply_async(("retry",), task_id="r6")
+    assert execute_next(app, QUEUE)[0] == "RETRY"
+    run = ledger.run("r6")
+    assert (run.status, run.retries) == ("RETRYING", 1)
+    clock.advance(1)
+    state, token = execute_next(app, QUEUE)
+    assert (state, token, calls.count) == ("SUCCESS", 2, 2)
+    assert ledger.run("r6").status == "SUCCEEDED"
+
+
+def test_an_attempt_whose_lease_was_taken_over_stores_nothing_over_the_new_owner(
+    app: Celery, ledger: FakeLedger
+) -> None:
+    seen: list[StaleLease] = []
+
+    @app.task(base=DeadlineTask, bind=True, name="fake.slow", budget=60, shared=False)
+    def slow(self: DeadlineTask) -> str:
+        ledger.lapse("r7")  # paused past its lease...
+        ledger.runs["r7"].token += 1  # ...while another worker claimed the run
+        try:
+            self.checkpoint("half", {})
+        except StaleLease as exc:
+            seen.append(exc)
+            raise
+        return "late"
+
+    slow.apply_async(task_id="r7")
+    state, _raised = execute_next(app, QUEUE)
+    assert state == "IGNORED"
+    assert seen
+    assert seen[0].token == 1
+    assert ledger.run("r7").events[-1] == ("checkpoint", "rejected", "stale token 1")
+    assert app.AsyncResult("r7").state == "PENDING"  # no result over the new owner's
+
+
+def test_a_message_sent_by_name_gets_its_run_when_it_is_claimed(
+    app: Celery, ledger: FakeLedger
+) -> None:
+    tasks(app, Calls())
+    app.send_task("fake.work", task_id="r8", budget=30)
+    assert "r8" not in ledger.runs  # no outbox row: published by name
+    assert execute_next(app, QUEUE)[0] == "SUCCESS"
+    assert ledger.run("r8").status == "SUCCEEDED"
+    assert ledger.run("r8").events[0] == ("enqueue", "applied", "")
