@@ -39,15 +39,6 @@ ORIGIN_HEADER: Final = "x_deadline_origin"
 SOURCE_HEADER: Final = "x_deadline_source"
 OCCURRENCE_HEADER: Final = "x_deadline_occurrence"
 
-#: Every header this package writes, in the order above.
-HEADERS: Final = (
-    DEADLINE_HEADER,
-    DELIVERY_DEADLINE_HEADER,
-    ORIGIN_HEADER,
-    SOURCE_HEADER,
-    OCCURRENCE_HEADER,
-)
-
 
 def encode(instant: datetime) -> float:
     """The wire form of an aware instant: float epoch seconds."""
