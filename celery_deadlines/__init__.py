@@ -35,6 +35,7 @@ from .errors import (
     DispatchRefused,
     EffectConflict,
     InvalidDeadline,
+    InvalidEffect,
     PlanRefused,
     StaleLease,
 )
@@ -76,6 +77,7 @@ __all__ = [
     "EffectConflict",
     "Gate",
     "InvalidDeadline",
+    "InvalidEffect",
     "Plan",
     "PlanRefused",
     "Reason",

@@ -142,8 +142,9 @@ class AttemptAPI:
         :mod:`celery_deadlines.observations`). A ``commit`` also needs every source the
         task's contract lists in ``revalidate_before``.
         """
-        from .effects import EffectScope
+        from .effects import EffectScope, checked
 
+        checked(name, key, fingerprint)  # a bad name or key is refused before anything else
         attempt = self._ledger_attempt("side effects")
         if evidence and action is None:
             raise ConfigurationError(

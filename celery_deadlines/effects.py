@@ -30,13 +30,15 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import date, datetime, time
+from decimal import Decimal
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
+from uuid import UUID
 
 from ._crashpoints import hit
 from .clock import get_clock
-from .errors import DispatchRefused, EffectConflict, StaleLease
+from .errors import DispatchRefused, EffectConflict, InvalidEffect, StaleLease
 from .observations import ActionClass, Observation, earliest_expiry, stale
 from .outcomes import Found, NotFound, PendingEffect
 from .signals import dispatch_refused, write_refused
@@ -46,10 +48,48 @@ if TYPE_CHECKING:
     from .ledger.attempt import Attempt
 
 
+#: The longest name and key the effect ledger's columns hold.
+MAX_NAME: Final = 128
+MAX_KEY: Final = 255
+
+
 def fingerprint_of(parameters: Any) -> str:
-    """A stable digest of a request's parameters (canonical JSON, SHA-256)."""
-    canonical = json.dumps(parameters, sort_keys=True, separators=(",", ":"), default=str)
+    """A stable digest of a request's parameters (canonical JSON, SHA-256).
+
+    JSON values, plus datetimes, dates, times, decimals and UUIDs (as their text).
+    Anything else raises ``TypeError``: its text could differ between processes (an
+    object's default repr holds its address), and a retry would then look like a key
+    reused with other parameters.
+    """
+    canonical = json.dumps(parameters, sort_keys=True, separators=(",", ":"), default=_as_text)
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _as_text(value: Any) -> str:
+    if isinstance(value, (datetime, date, time, Decimal, UUID)):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
+
+
+def checked(name: object, key: object, parameters: Any) -> tuple[str, str, str]:
+    """``(name, key, fingerprint)`` of an effect, or :class:`InvalidEffect` saying which
+    is wrong (checked before anything is recorded)."""
+    if not isinstance(name, str) or not name or len(name) > MAX_NAME:
+        raise InvalidEffect(
+            f"effect name must be a non-empty string of at most {MAX_NAME} characters, got {name!r}"
+        )
+    if not isinstance(key, str) or not key or len(key) > MAX_KEY:
+        raise InvalidEffect(
+            f"effect {name!r}: key must be a non-empty string of at most {MAX_KEY} "
+            f"characters, got {key!r}"
+        )
+    try:
+        fingerprint = fingerprint_of(parameters)
+    except (TypeError, ValueError) as exc:
+        raise InvalidEffect(
+            f"effect {name!r} (key {key!r}): its fingerprint parameters cannot be recorded: {exc}"
+        ) from exc
+    return name, key, fingerprint
 
 
 class EffectScope:
@@ -69,9 +109,7 @@ class EffectScope:
         required: Sequence[str] = (),
     ) -> None:
         self.attempt = attempt
-        self.name = name
-        self.key = key
-        self.fingerprint = fingerprint_of(parameters)
+        self.name, self.key, self.fingerprint = checked(name, key, parameters)
         self.not_sent = not_sent
         self.kind = kind
         #: the observations the effect relies on, and what it does with them

@@ -9,7 +9,8 @@
     ├── StaleLease                     a write by an attempt that no longer owns its run
     ├── DispatchRefused                the dispatch guard refused a side effect
     ├── PlanRefused                    a resumed plan may not go on, and its contract refuses
-    └── EffectConflict (ValueError)    an effect key reused with other parameters
+    ├── EffectConflict (ValueError)    an effect key reused with other parameters
+    └── InvalidEffect (ValueError)     an effect's name, key or parameters cannot be recorded
 
 ``DeadlineRefused`` crosses the result backend: the worker stores it as the task's
 failure and ``AsyncResult.get()`` raises it again in the caller, with the gate, the
@@ -124,6 +125,12 @@ class DispatchRefused(DeadlineError):
 
 class EffectConflict(DeadlineError, ValueError):
     """An effect key was reused with different request parameters (its fingerprint)."""
+
+
+class InvalidEffect(DeadlineError, ValueError):
+    """An effect's name, key or fingerprint parameters cannot be recorded (empty, not a
+    string, too long for its column, or not serialisable); raised before anything is
+    written or called."""
 
 
 class PlanRefused(DeadlineError):

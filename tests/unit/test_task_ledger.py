@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_deadlines import DeadlineRefused, DeadlineTask, StaleLease
+from celery_deadlines import DeadlineRefused, DeadlineTask, InvalidEffect, StaleLease
 from celery_deadlines.testing import FakeClock, FakeLedger, use_ledger
 from tests.support.memory_queue import drain
 from tests.support.trace import execute, execute_next
@@ -178,3 +178,19 @@ def test_a_message_sent_by_name_gets_its_run_when_it_is_claimed(
     assert execute_next(app, QUEUE)[0] == "SUCCESS"
     assert ledger.run("r8").status == "SUCCEEDED"
     assert ledger.run("r8").events[0] == ("enqueue", "applied", "")
+
+
+def test_a_bad_effect_key_is_refused_before_anything_is_recorded(
+    app: Celery, ledger: FakeLedger
+) -> None:
+    @app.task(base=DeadlineTask, bind=True, name="fake.pay", budget=60, shared=False)
+    def pay(self: DeadlineTask, key: Any) -> None:
+        with self.effect("pay", key=key):
+            raise AssertionError("the call must not be made")
+
+    pay.apply_async((42,), task_id="r9")
+    state, raised = execute_next(app, QUEUE)
+    assert state == "FAILURE"
+    assert isinstance(raised, InvalidEffect)
+    assert "effect 'pay': key must be a non-empty string" in str(raised)
+    assert (ledger.run("r9").status, ledger.run("r9").reason) == ("FAILED", "error")
