@@ -13,7 +13,7 @@ value (attributes rarely change, and this runs at every publish and claim).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Final
@@ -69,17 +69,18 @@ def resolve(task: Any, name: str, settings: conf.Settings) -> tuple[Source | Non
     """``(source, duration)`` of the duration ``name`` for ``task``: its attribute, its
     contract's, the Celery attributes after it, the per-task setting, the default."""
     option = OPTIONS[name]
-    contract = settings.contract_of(task.name)
-    per_task: object = UNSET
-    if option.per_task is not None:
-        per_task = settings.get(option.per_task).get(task.name, UNSET)
-    source, value = first_said(
-        ("task", _attribute(task, name, option, settings)),
-        ("setting", UNSET if contract is None else getattr(contract, name)),
-        *(("task", _attribute(task, other, option, settings)) for other in option.then_attributes),
-        ("setting", per_task),
-        ("default", settings.get(option.default)),
-    )
+
+    def levels() -> Iterator[tuple[Source, object]]:  # computed only as far as needed
+        yield "task", _attribute(task, name, option, settings)
+        contract = settings.contract_of(task.name)
+        yield "setting", UNSET if contract is None else getattr(contract, name)
+        for other in option.then_attributes:
+            yield "task", _attribute(task, other, option, settings)
+        if option.per_task is not None:
+            yield "setting", settings.get(option.per_task).get(task.name, UNSET)
+        yield "default", settings.get(option.default)
+
+    source, value = first_said(levels())
     if value is UNSET or (value is None and option.otherwise is not None):
         return source, option.otherwise
     return source, value
