@@ -28,7 +28,7 @@ from .plans import Plan, Verdict
 from .plans import resume as resume_plan
 from .propagation import state_of
 from .signals import plan_resumed
-from .states import Status
+from .states import CALLER_UNKNOWN, Status
 
 if TYPE_CHECKING:
     from .effects import EffectScope
@@ -49,11 +49,18 @@ class Paused(Ignore):
     """The run's resumed plan may not go on and its contract pauses: it is now PAUSED."""
 
 
-def end_unresolved(attempt: Attempt, exc: BaseException | None = None) -> NoReturn:
-    """UNKNOWN is not FAILED: the run waits for its effects to be reconciled."""
+def end_unresolved(
+    attempt: Attempt, exc: BaseException | None = None, *, task: Any = None
+) -> NoReturn:
+    """UNKNOWN is not FAILED: the run waits for its effects to be reconciled. The
+    caller's result says so at once (the Celery state ``UNKNOWN``, naming the effects),
+    until the settled outcome replaces it."""
     outcome = outcomes.unresolved(attempt.unresolved, exc)
     attempt.end(Status.UNKNOWN, outcome.reason, outcome.detail)
     logger.warning("run %s: %s; reconcile before retrying", attempt.lease.task_id, outcome.detail)
+    if task is not None and task.stores_errors():
+        meta = outcomes.unknown_meta(attempt.unresolved, repr(exc) if exc else outcome.detail)
+        task.backend.store_result(attempt.lease.task_id, meta, CALLER_UNKNOWN, request=task.request)
     raise Unresolved(outcome.detail)
 
 
@@ -282,7 +289,7 @@ class AttemptAPI:
         if step is outcomes.PlanStep.REFUSE:
             raise PlanRefused(verdict.reason, detail, verdict.plan.plan_id)
         if attempt.unresolved:
-            end_unresolved(attempt)  # an unknown outcome is settled before anything else
+            end_unresolved(attempt, task=self)  # an unknown outcome is settled first
         escalated = step is outcomes.PlanStep.ESCALATE
         said = f"{detail}; {'escalated to an operator' if escalated else 'paused'}"
         attempt.end(Status.PAUSED, verdict.reason, said)

@@ -10,6 +10,7 @@ decision is a small value, so the rules are unit-tested without a worker or a da
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, NamedTuple
@@ -64,6 +65,19 @@ class Outcome:
     @property
     def released(self) -> bool:
         return self.status is None
+
+
+def unknown_meta(keys: Iterable[str], error: str) -> dict[str, Any]:
+    """What a caller's ``AsyncResult.info`` says while the run is UNKNOWN: the effects
+    whose outcome is unknown, the error that left them so, and what resolves them."""
+    return {
+        "effects": sorted(keys),
+        "error": error,
+        "resolved_by": (
+            "the workers' reconciler, which asks the task's reconciler for each effect; "
+            "without one, an operator with evidence (admin: Effects, resolve)"
+        ),
+    }
 
 
 def unresolved(keys: frozenset[str] | set[str], exc: BaseException | None = None) -> Outcome:

@@ -28,6 +28,7 @@ from .clock import get_clock
 from .conf import settings_for
 from .errors import DeadlineRefused
 from .signals import report_refusal
+from .states import Status
 from .task import DeadlineTask
 
 logger = logging.getLogger("celery_deadlines")
@@ -178,14 +179,14 @@ class DeadlineRequest(Request):
     # -- the ledger, told by the supervisor about its pool processes -------------------
 
     def on_timeout(self, soft: bool, timeout: float) -> None:
-        if not soft and isinstance(self.task, DeadlineTask) and ledger.enabled_for(self.task.app):
-            api = ledger.api_for(self.task.app)
-
+        written: str | None = None
+        deadline_task = isinstance(self.task, DeadlineTask)
+        if not soft and deadline_task and ledger.enabled_for(self.task.app):
             # the limit may have been the deadline's cap (the attempt gate): then it is
             # a deadline outcome, not the task's own time limit
             status, reason = outcomes.after_time_limit(self._carried().deadline, get_clock().now())
             try:
-                api.end_owned(
+                written = ledger.api_for(self.task.app).end_owned(
                     self.task.app,
                     task_id=self.id,
                     hostname=self.hostname,
@@ -196,7 +197,14 @@ class DeadlineRequest(Request):
                 )
             except Exception:  # the reconciler settles the lapsed lease instead
                 logger.exception("recording the time limit of %s in the ledger failed", self.id)
-        super().on_timeout(soft, timeout)
+        super().on_timeout(soft, timeout)  # stores TimeLimitExceeded for the caller...
+        if written == Status.UNKNOWN:  # ...unless an effect's outcome is unknown
+            try:
+                ledger.api_for(self.task.app).tell_caller_unknown(
+                    self.task.app, self.id, f"hard time limit ({timeout} s) exceeded"
+                )
+            except Exception:
+                logger.exception("storing the UNKNOWN state of %s failed", self.id)
 
     def on_failure(
         self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False

@@ -81,6 +81,12 @@ COMPLETED: Final = frozenset({EffectState.SUCCEEDED, EffectState.FAILED})
 DISPATCHABLE: Final = frozenset({EffectState.INTENT_RECORDED, EffectState.NOT_DISPATCHED})
 
 
+#: The Celery state a caller's ``AsyncResult`` shows while a run waits for an effect's
+#: outcome to be reconciled. Not one of Celery's ready states: ``get()`` keeps waiting
+#: (until its timeout) for the final SUCCESS or FAILURE that replaces it.
+CALLER_UNKNOWN: Final = "UNKNOWN"
+
+
 def choices(states: Iterable[enum.StrEnum], labels: Mapping[Any, str]) -> list[tuple[str, str]]:
     """Django ``choices`` for a field holding ``states``."""
     return [(state.value, labels[state]) for state in states]

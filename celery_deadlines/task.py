@@ -312,14 +312,14 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
                 finally:
                     attempt.stop()  # no renewal may follow the attempt's final write
                 if attempt.unresolved:
-                    end_unresolved(attempt)
+                    end_unresolved(attempt, task=self)
                 attempt.succeed()
                 hit("run.completed", self.request.id)
                 return result
             except (Retry, StaleLease, Unresolved, Paused):
                 raise  # written by apply_async / by nobody (stale) / as UNKNOWN / PAUSED
             except BaseException as exc:
-                end_after_body(attempt, exc)
+                end_after_body(attempt, exc, task=self)
                 raise
         except StaleLease as exc:
             logger.warning("%s[%s]: %s; nothing stored", self.name, self.request.id, exc)
@@ -348,7 +348,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         state = state_of(self.request)
         attempt = state.attempt if state is not None else None
         if attempt is not None and attempt.unresolved:
-            end_unresolved(attempt, exc)  # never retry blindly after an ambiguous call
+            end_unresolved(attempt, exc, task=self)  # never retry blindly after an ambiguous call
         anchor = state.anchor if state is not None else None
         if anchor is not None and not self._retries_exhausted(max_retries):
             self._admit_retry(anchor, eta, countdown, exc)
@@ -401,13 +401,13 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         return bool(self.store_errors_even_if_ignored or not ignore_result)
 
 
-def end_after_body(attempt: Attempt, exc: BaseException) -> None:
+def end_after_body(attempt: Attempt, exc: BaseException, *, task: Any = None) -> None:
     """Write the run's outcome for a body that raised ``exc``, as Celery reads ``exc``
     (the caller re-raises it). With an effect dispatched and no outcome known, whatever
     was raised, the run ends UNKNOWN and :class:`~celery_deadlines.body.Unresolved` is
     raised instead: never FAILED, never released to run again."""
     if attempt.unresolved:
-        end_unresolved(attempt, exc)
+        end_unresolved(attempt, exc, task=task)
     celery: outcomes.CeleryEnd = None
     if isinstance(exc, Ignore):
         celery = "ignore"

@@ -228,6 +228,9 @@ class FakeLedger:
     def end_owned(self, app: Any, **_: Any) -> str | None:
         return None  # no pool processes here
 
+    def tell_caller_unknown(self, app: Any, task_id: str, error: str) -> None:
+        pass  # no effects here: a run never ends UNKNOWN in the fake ledger
+
     def lapse_owned(self, app: Any, task_id: str, *_: Any) -> bool:
         self.lapse(task_id)
         return True

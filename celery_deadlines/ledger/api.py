@@ -19,7 +19,7 @@ from .._crashpoints import hit
 from ..conf import settings_for
 from ..skew import ClockReading, Readiness, gate
 from ..states import Status
-from . import outbox
+from . import operations, outbox
 from .attempt import Attempt, owner_name, owner_name_of
 from .clockwatch import describe, measure
 from .outbox import encode_message
@@ -43,6 +43,7 @@ __all__ = [
     "record_run",
     "refuse_run",
     "store_for",
+    "tell_caller_unknown",
 ]
 
 _stores: dict[tuple[str, bool], Store] = {}
@@ -199,6 +200,14 @@ def end_owned(
     return store.supervision.end_owned(
         task_id, owner_name_of(hostname, pid), status, reason, detail
     )
+
+
+def tell_caller_unknown(app: Any, task_id: str, error: str) -> None:
+    """The run ended its attempt UNKNOWN: show the caller the Celery state ``UNKNOWN``."""
+    store = store_for(app, dedicated=True)
+    run_id = store.runs.run_id(task_id)
+    if run_id is not None:
+        operations.tell_caller_unknown(app, store, run_id, task_id, error)
 
 
 def lapse_owned(app: Any, task_id: str, hostname: str | None, pid: object, detail: str) -> bool:

@@ -18,8 +18,9 @@ from typing import Any
 
 from ..errors import DeadlineRefused
 from ..gates import Gate, Reason
+from ..outcomes import unknown_meta
 from ..signals import run_expired
-from ..states import Status
+from ..states import CALLER_UNKNOWN, Status
 from . import outbox
 from .sql.connection import Store
 from .sql.effects import Pending
@@ -84,6 +85,16 @@ def release_settled(
         )
         store_refusal(app, expired, store.database_now(), detail)
     return released
+
+
+def tell_caller_unknown(app: Any, store: Store, run_id: int, task_id: str, error: str) -> None:
+    """The caller's result shows the run as UNKNOWN (the Celery state ``UNKNOWN``, naming
+    the effects whose outcome is unknown), until the settled outcome replaces it."""
+    meta = unknown_meta(store.effects.unresolved_keys(run_id), error)
+    try:
+        app.backend.store_result(task_id, meta, CALLER_UNKNOWN)
+    except Exception:  # the ledger holds the truth; the caller keeps its last state
+        logger.exception("storing the UNKNOWN state of run %s failed", task_id)
 
 
 def requeue_run(app: Any, store: Store, run_id: int, *, operator: str) -> bool:

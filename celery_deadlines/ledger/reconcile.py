@@ -39,7 +39,13 @@ from ..outcomes import Found, NotFound, PendingEffect, Settle
 from ..states import Status
 from . import outbox
 from .clockwatch import ClockWatch
-from .operations import release_settled, republish, settle_effect, store_refusal
+from .operations import (
+    release_settled,
+    republish,
+    settle_effect,
+    store_refusal,
+    tell_caller_unknown,
+)
 from .sql.connection import Store
 from .sql.effects import Pending
 from .sql.rows import Expired, LapsedLease
@@ -128,6 +134,7 @@ def _settle(app: Any, store: Store, lapsed: LapsedLease, max_lost: int, report: 
         ):
             store.effects.mark_unknown(lapsed.run_id, lapsed.token)
             report.unknown.append(lapsed.task_id)
+            tell_caller_unknown(app, store, lapsed.run_id, lapsed.task_id, detail)
     elif step is Settle.EXPIRE:
         detail = f"lease of {lapsed.owner} lapsed and the deadline has passed"
         if store.sweeps.settle_lapsed(lapsed, Status.EXPIRED, Reason.DEADLINE_PASSED, detail):

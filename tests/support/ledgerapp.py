@@ -268,6 +268,18 @@ def notify(self: DeadlineTask, order_id: str) -> Any:
     return _pay_once(self, "notice", f"{order_id}:completion:v1")
 
 
+@app.task(base=DeadlineTask, bind=True, name="l.ambiguous_pay")
+def ambiguous_pay(self: DeadlineTask, key: str) -> Any:
+    """Pays, then loses the provider's reply (a timeout): the outcome is UNKNOWN, and the
+    task has no reconciler, so it stays UNKNOWN until an operator resolves it."""
+    with self.effect("pay", key=key, fingerprint={"key": key}) as fx:
+        if fx.completed:
+            sink("replayed", key, self)
+            return fx.result
+        sink("effect", key, self)
+        raise TimeoutError("the provider's reply timed out")
+
+
 @app.task(base=DeadlineTask, bind=True, name="l.report")
 def report(self: DeadlineTask) -> str:
     """A scheduled report: one effect line per run, keyed by the occurrence's run id."""

@@ -186,6 +186,14 @@ class Effects(Statements):
         )
         return bool(rows)
 
+    def unresolved_keys(self, run_id: int) -> list[str]:
+        """The keys of the run's effects dispatched without a recorded outcome."""
+        _, rows = self.store.execute(
+            f"SELECT key FROM {EFFECT} WHERE run_id = %s AND state IN {UNRESOLVED_SQL} ORDER BY id",
+            [run_id],
+        )
+        return [str(row[0]) for row in rows]
+
     def mark_unknown(self, run_id: int, token: int) -> int:
         """The effects the lapsed attempt ``token`` dispatched without an outcome: UNKNOWN.
 

@@ -83,6 +83,11 @@ class Runs(Statements):
         )
         return count == 1
 
+    def run_id(self, task_id: str) -> int | None:
+        """The row id of ``task_id``'s run, if it has one."""
+        _, rows = self.execute(f"SELECT id FROM {RUN} WHERE task_id = %s", [task_id])
+        return int(rows[0][0]) if rows else None
+
     def publish_failed(self, task_id: str, detail: str) -> bool:
         """End a run whose first publish raised: the caller was told, nothing will run."""
         d = self.dialect

@@ -1,0 +1,60 @@
+"""What the caller's ``AsyncResult`` says, with real workers: never PENDING for a run the
+ledger knows to be UNKNOWN or ended, whoever settles it."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery.exceptions import TimeoutError as NoResultYet
+
+from celery_deadlines.ledger.api import store_for
+from celery_deadlines.ledger.operations import settle_effect
+from celery_deadlines.models import Run
+from tests.integration.conftest import LEDGER_DB, ended
+from tests.support.processes import Transport, wait_for
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.usefixtures("postgres"),
+    pytest.mark.django_db(transaction=True, databases=[LEDGER_DB]),
+]
+
+
+def test_an_unknown_outcome_is_visible_to_the_caller_until_an_operator_settles_it(
+    redis_broker: Transport, ledger_client: Any, ledger_worker: Any, sink: Path
+) -> None:
+    tasks = ledger_client(redis_broker)
+    ledger_worker(redis_broker, TEST_LEASE_TTL="2")
+    task_id, key = f"unknown-{uuid.uuid4().hex[:8]}", f"pay-{uuid.uuid4().hex[:8]}"
+    result = tasks.ambiguous_pay.apply_async((key,), task_id=task_id, budget=60)
+
+    state = wait_for(lambda: result.state if result.state != "PENDING" else None, 30)
+    assert state == "UNKNOWN"
+    assert result.info["effects"] == [key]
+    assert "TimeoutError" in result.info["error"]
+    assert "operator" in result.info["resolved_by"]
+    assert Run.objects.using(LEDGER_DB).get(task_id=task_id).status == "UNKNOWN"
+    with pytest.raises(NoResultYet):  # get() waits for the outcome; it has none yet
+        result.get(timeout=1)
+
+    # an operator finds the payment in the provider's records and says so
+    store = store_for(tasks.app)
+    [seen] = [p for p in store.effects.pending() if p.task_id == task_id]
+    settled = settle_effect(
+        tasks.app,
+        store,
+        seen,
+        found=True,
+        result={"paid": key},
+        evidence="dashboard",
+        by="operator ops",
+    )
+    assert (settled.applied, settled.released) == (True, "QUEUED")
+
+    assert result.get(timeout=30) == {"paid": key}  # replayed, not paid again
+    assert ended(task_id).status == "SUCCEEDED"
+    paid = [line for line in sink.read_text().splitlines() if '"effect"' in line]
+    assert len(paid) == 1
