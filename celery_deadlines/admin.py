@@ -268,6 +268,8 @@ class RunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             for run in queryset
             if operations.expire_run(current_app, store, run.pk, operator=operator)
         ]
+        for run in done:
+            self.log_change(request, run, "Expired now (expired_by_operator); the caller told")
         self._report(request, "expired", done, queryset.count())
 
     @admin.action(description="Requeue (if the deadline allows)", permissions=["requeue"])
@@ -280,6 +282,8 @@ class RunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             for run in queryset
             if operations.requeue_run(current_app, store, run.pk, operator=operator)
         ]
+        for run in done:
+            self.log_change(request, run, "Requeued with a fresh token; its message published")
         self._report(request, "requeued", done, queryset.count())
 
     def _report(self, request: HttpRequest, verb: str, done: list[Run], asked: int) -> None:
@@ -292,6 +296,13 @@ class RunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 "effects).",
                 messages.WARNING,
             )
+
+
+def _released(status: str) -> str:
+    """What releasing a run after its effects were settled did, in an operator's words."""
+    if status == "QUEUED":
+        return "requeued (its next attempt replays or dispatches the effect)"
+    return "expired (deadline_passed: the deadline passed while the outcome was unknown)"
 
 
 def _operator(request: HttpRequest) -> str:
@@ -381,8 +392,12 @@ class EffectAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             )
             if settled.applied:
                 resolved += 1
+                said = f"Resolved as {'found' if found else 'not found'}: {evidence}"
                 if settled.released:
-                    released.append(f"run {effect.run.task_id} {settled.released.lower()}")
+                    moved = _released(settled.released)
+                    released.append(f"run {effect.run.task_id} {moved}")
+                    said += f"; run {moved}"
+                self.log_change(request, effect, said)
             else:
                 changed.append(settled.detail)
         verdict = "found" if found else "not found"

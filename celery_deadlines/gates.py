@@ -36,6 +36,8 @@ class Gate(enum.StrEnum):
     CLAIM = "claim"
     ATTEMPT = "attempt"
     RETRY = "retry"
+    #: not a rule: a person ended the run (the admin's *expire now*)
+    OPERATOR = "operator"
 
 
 class Reason(enum.StrEnum):

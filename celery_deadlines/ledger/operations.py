@@ -109,8 +109,21 @@ def requeue_run(app: Any, store: Store, run_id: int, *, operator: str) -> bool:
 
 def expire_run(app: Any, store: Store, run_id: int, *, operator: str) -> bool:
     """End an unfinished run at once (the operator's *expire now*); its holder, if any,
-    is fenced. ``False``: it had already ended."""
-    return store.operator.expire_now(run_id, operator)
+    is fenced, and the caller, the log and :data:`~celery_deadlines.signals.run_expired`
+    are told as for any expiry. ``False``: it had already ended."""
+    ended = store.operator.expire_now(run_id, operator)
+    if ended is None:
+        return False
+    expired = Expired(
+        task_id=ended.task_id,
+        task_name=ended.task_name,
+        status=Status.EXPIRED,
+        reason="expired_by_operator",
+        deadline=ended.deadline,
+        detail=f"expired by {operator}",
+    )
+    store_refusal(app, expired, store.database_now(), gate=Gate.OPERATOR)
+    return True
 
 
 def record_missed(app: Any, store: Store, run: NewRun, detail: str) -> bool:
@@ -131,14 +144,16 @@ def republish(app: Any, task_id: str, publish: Callable[[], None]) -> None:
         logger.exception("republishing run %s failed; the sweeper will try again", task_id)
 
 
-def store_refusal(app: Any, expired: Expired, now: datetime, detail: str = "") -> None:
+def store_refusal(
+    app: Any, expired: Expired, now: datetime, detail: str = "", *, gate: Gate = Gate.CLAIM
+) -> None:
     """Tell the caller waiting on the result why the run ended (a typed refusal), and
     the operator (a WARNING and :data:`~celery_deadlines.signals.run_expired`): an
     expiry found by the sweeper is never silent."""
     detail = detail or expired.detail or "the deadline passed before any worker claimed the run"
     announce_expiry(app, expired.task_id, expired.task_name, expired.reason, detail)
     refusal = DeadlineRefused(
-        Gate.CLAIM.value,
+        gate.value,
         expired.reason,
         expired.deadline.isoformat() if expired.deadline else None,
         now.isoformat(),

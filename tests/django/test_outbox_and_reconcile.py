@@ -215,7 +215,7 @@ def test_reconcile_hands_a_run_with_an_unresolved_effect_to_effect_reconciliatio
     assert reconcile_once(app, store).unknown == ["ambiguous"]
     assert status(store, "ambiguous") == (Status.UNKNOWN, "effect_unresolved")
     caller = app.AsyncResult("ambiguous")  # the caller sees it at once, not PENDING
-    assert caller.state == "UNKNOWN"
+    assert str(caller.state) == "UNKNOWN"
     assert caller.info["effects"] == ["ambiguous:pay"]
     assert published(app) == []  # no reconciler for the task: an operator resolves it
     assert reconcile_once(app, store).requeued == []  # it waits, pass after pass

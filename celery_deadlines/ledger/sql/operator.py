@@ -3,26 +3,39 @@
 from __future__ import annotations
 
 from .predicates import HAS_UNRESOLVED, REQUEUEABLE_SQL, RUN, TERMINAL_SQL
+from .rows import Expired
 from .statements import Statements
 
 
 class OperatorActions(Statements):
     """Expire now, requeue."""
 
-    def expire_now(self, run_id: int, operator: str) -> bool:
-        """End an unfinished run at once; its holder, if any, is fenced (token + 1)."""
+    def expire_now(self, run_id: int, operator: str) -> Expired | None:
+        """End an unfinished run at once; its holder, if any, is fenced (token + 1).
+        Returns the run as it ended, or ``None`` if it had ended already."""
         d = self.dialect
         detail = f"expired by {operator}"
-        count, _ = self.execute(
+        _, rows = self.execute(
             f"""
             UPDATE {RUN} SET status = 'EXPIRED', reason = 'expired_by_operator', detail = %s,
                 lease_token = lease_token + 1, lease_expires_at = NULL,
                 version = version + 1, op = 'expire_now', op_detail = %s, updated_at = {d.now}
             WHERE id = %s AND status NOT IN {TERMINAL_SQL}
+            RETURNING task_id, task_name, deadline
             """,
             [detail, detail, run_id],
         )
-        return count == 1
+        if not rows:
+            return None
+        task_id, task_name, deadline = rows[0]
+        return Expired(
+            task_id=task_id,
+            task_name=task_name,
+            status="EXPIRED",
+            reason="expired_by_operator",
+            deadline=d.instant(deadline),
+            detail=detail,
+        )
 
     def requeue_now(self, run_id: int, operator: str) -> bool:
         """Queue a failed, unknown or stuck run again, if its deadline allows.
