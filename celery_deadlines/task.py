@@ -86,6 +86,21 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
     #: ``{effect name: reconciler}``, as a task option (or register with ``@task.reconciler``)
     reconcilers: ClassVar[dict[str, Any]] = {}
 
+    @property
+    def max_retries(self) -> int | None:
+        """How many retries Celery allows: a task's own ``max_retries`` (the task option)
+        as set; otherwise none beyond its deadline's while an attempt has one (the retry
+        gate ends the retries), and Celery's default of 3 for an attempt without one."""
+        own: int | None | object = self.__dict__.get("_max_retries", UNSET)
+        if own is not UNSET:
+            return own  # type: ignore[return-value]
+        state = state_of(self.request)
+        return None if state is not None and state.anchor is not None else 3
+
+    @max_retries.setter
+    def max_retries(self, value: int | None) -> None:
+        self.__dict__["_max_retries"] = value
+
     @classmethod
     def bind(cls, app: Any) -> Any:
         install()  # the publish hook that stamps children; idempotent
