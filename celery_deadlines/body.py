@@ -287,7 +287,9 @@ class AttemptAPI:
             logger.info("%s[%s]: plan invalidated (%s); revalidating", self.name, task_id, detail)
             return verdict
         if step is outcomes.PlanStep.REFUSE:
-            raise PlanRefused(verdict.reason, detail, verdict.plan.plan_id)
+            refused = PlanRefused(verdict.reason, detail, verdict.plan.plan_id)
+            logger.warning("%s[%s]: %s", self.name, task_id, refused)
+            raise refused
         if attempt.unresolved:
             end_unresolved(attempt, task=self)  # an unknown outcome is settled first
         escalated = step is outcomes.PlanStep.ESCALATE

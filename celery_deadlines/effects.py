@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Sequence
 from datetime import date, datetime, time
 from decimal import Decimal
@@ -43,6 +44,8 @@ from .observations import ActionClass, Observation, earliest_expiry, stale
 from .outcomes import Found, NotFound, PendingEffect
 from .signals import dispatch_refused, write_refused
 from .states import EffectState
+
+logger = logging.getLogger("celery_deadlines")
 
 if TYPE_CHECKING:
     from .ledger.attempt import Attempt
@@ -162,10 +165,12 @@ class EffectScope:
         """The guard's refusal, announced (:data:`~celery_deadlines.signals.dispatch_refused`;
         a stale lease's is also a refused write)."""
         task_id = self.attempt.lease.task_id
+        refused = DispatchRefused(self.key, reason, detail)
+        logger.warning("run %s: %s", task_id, refused)
         dispatch_refused.send(sender=self, task_id=task_id, key=self.key, reason=reason)
         if reason == "stale_lease":
             write_refused.send(sender=self, task_id=task_id, write="dispatch")
-        return DispatchRefused(self.key, reason, detail)
+        return refused
 
     def _check_evidence(self) -> datetime | None:
         """Refuse stale evidence before the guard (the worker's view, with reasons); the

@@ -36,7 +36,7 @@ from .body import AttemptAPI, Paused, Unresolved, end_unresolved
 from .budgets import UNSET, Anchor
 from .clock import get_clock
 from .conf import settings_for
-from .errors import StaleLease
+from .errors import DeadlineRefused, DispatchRefused, PlanRefused, StaleLease
 from .install import install
 from .propagation import AttemptState, state_of
 from .signals import report_refusal
@@ -46,6 +46,9 @@ if TYPE_CHECKING:
     from .ledger.attempt import Attempt
 
 logger = logging.getLogger("celery_deadlines")
+
+#: The refusals a run may end with (see ``DeadlineTask.throws``).
+EXPECTED: tuple[type[Exception], ...] = (DeadlineRefused, PlanRefused, DispatchRefused)
 
 #: Reasons of a refusal for the deadline: the ledger confirms them by its own clock.
 _DEADLINE_REASONS = frozenset(
@@ -86,12 +89,23 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
     #: ``{effect name: reconciler}``, as a task option (or register with ``@task.reconciler``)
     reconcilers: ClassVar[dict[str, Any]] = {}
 
+    #: Exceptions a refusal ends a run with: expected outcomes, logged once by this library
+    #: at WARNING with their reason, not as Celery's ERROR with a traceback. A task's own
+    #: ``throws`` (the task option) is added to these, not put in their place.
+    throws: tuple[type[Exception], ...] = EXPECTED
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("throws")
+        if own is not None and not set(EXPECTED) <= set(own):
+            cls.throws = (*EXPECTED, *own)
+
     @property
     def max_retries(self) -> int | None:
         """How many retries Celery allows: a task's own ``max_retries`` (the task option)
         as set; otherwise none beyond its deadline's while an attempt has one (the retry
         gate ends the retries), and Celery's default of 3 for an attempt without one."""
-        own: int | None | object = self.__dict__.get("_max_retries", UNSET)
+        own: int | object | None = self.__dict__.get("_max_retries", UNSET)
         if own is not UNSET:
             return own  # type: ignore[return-value]
         state = state_of(self.request)
