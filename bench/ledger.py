@@ -113,7 +113,7 @@ def racing_claims(claims: int) -> tuple[float, float, int]:
     store = Store()
     ids = [f"race-{uuid.uuid4().hex}" for _ in range(claims)]
     for task_id in ids:
-        store.runs.enqueue(
+        store.outbox.enqueue(
             NewRun(
                 task_id=task_id,
                 task_name="race",

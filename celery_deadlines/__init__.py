@@ -37,6 +37,7 @@ from .errors import (
     InvalidDeadline,
     InvalidEffect,
     PlanRefused,
+    RunConflict,
     StaleLease,
 )
 from .gates import Gate, Reason
@@ -81,6 +82,7 @@ __all__ = [
     "Plan",
     "PlanRefused",
     "Reason",
+    "RunConflict",
     "StaleLease",
     "clock_certain",
     "clock_measured",

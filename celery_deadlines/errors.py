@@ -9,6 +9,7 @@
     ├── StaleLease                     a write by an attempt that no longer owns its run
     ├── DispatchRefused                the dispatch guard refused a side effect
     ├── PlanRefused                    a resumed plan may not go on, and its contract refuses
+    ├── RunConflict (ValueError)       a task id reused for another task or other arguments
     ├── EffectConflict (ValueError)    an effect key reused with other parameters
     └── InvalidEffect (ValueError)     an effect's name, key or parameters cannot be recorded
 
@@ -125,6 +126,26 @@ class DispatchRefused(DeadlineError):
 
 class EffectConflict(DeadlineError, ValueError):
     """An effect key was reused with different request parameters (its fingerprint)."""
+
+
+class RunConflict(DeadlineError, ValueError):
+    """``apply_async(task_id=...)`` named a run that already exists for another task or
+    other arguments. Nothing was published: a task id is one run. (The same task with the
+    same arguments is not a conflict: the existing run's result is returned, as with an
+    idempotency key.)"""
+
+    def __init__(self, task_id: str, task_name: str, status: str, why: str) -> None:
+        super().__init__(task_id, task_name, status, why)
+        self.task_id = task_id
+        self.task_name = task_name
+        self.status = status
+        self.why = why
+
+    def __str__(self) -> str:
+        return (
+            f"task id {self.task_id} is already the run of {self.task_name} "
+            f"({self.status}): {self.why}; nothing was published"
+        )
 
 
 class InvalidEffect(DeadlineError, ValueError):

@@ -82,6 +82,8 @@ class FakeRun:
     lost_leases: int = 0
     lease_expires_at: datetime | None = None
     checkpoint: tuple[str, Any] | None = None
+    #: the recorded message: (body, content type, encoding)
+    message: tuple[bytes, str, str] | None = None
     #: ``(kind, outcome, detail)`` of every write asked of the run, applied or rejected
     events: list[tuple[str, str, str]] = field(default_factory=list)
 
@@ -126,7 +128,21 @@ class FakeLedger:
         return self._api.encode_message(serializer, args, kwargs, options)
 
     def record_run(self, app: Any, run: Any, send: Callable[[], Any]) -> Any:
-        self._record(run.task_id, run.task_name, run.deadline, run.retries)
+        known = self.runs.get(run.task_id)
+        if known is not None:  # a reused id: the same run again, or a conflict
+            existing = self._api.ExistingRun(
+                task_id=run.task_id,
+                task_name=known.task_name,
+                status=known.status,
+                message_body=known.message[0] if known.message else None,
+                content_type=known.message[1] if known.message else "",
+                content_encoding=known.message[2] if known.message else "",
+            )
+            self._api.check_repeat(existing, run)
+            return None
+        recorded = self._record(run.task_id, run.task_name, run.deadline, run.retries)
+        if run.message_body is not None:
+            recorded.message = (run.message_body, run.content_type, run.content_encoding)
         return send()
 
     def hand_to_retry(

@@ -161,6 +161,16 @@ def ledger_line(task_id: str) -> str:
     )
 
 
+def forget_the_last_story() -> None:
+    """A rerun tells the same story: the story's fixed run ids and effect keys (order-43,
+    order-42:capture:v1, ...) must not meet the last run's, which the ledger would rightly
+    treat as the same runs. The demo's own database only: its runs and their results."""
+    from django_celery_results.models import TaskResult
+
+    Run.objects.all().delete()  # with their events, effects and plans
+    TaskResult.objects.all().delete()
+
+
 def main() -> None:
     logging.basicConfig(
         stream=sys.stdout, level=logging.WARNING, format="  [log] %(name)s: %(message)s"
@@ -171,6 +181,7 @@ def main() -> None:
     for folder in ("queue", "processed", "control"):
         (var / "broker" / folder).mkdir(parents=True, exist_ok=True)
     call_command("migrate", verbosity=0)
+    forget_the_last_story()
     (var / "provider.jsonl").unlink(missing_ok=True)  # a rerun starts with no charges
     purge_queues(
         "celery", "warehouse", "addresses"

@@ -22,17 +22,19 @@ from ..states import Status
 from . import operations, outbox
 from .attempt import Attempt, owner_name, owner_name_of
 from .clockwatch import describe, measure
-from .outbox import encode_message
+from .outbox import check_repeat, encode_message
 from .reconcile import running
 from .sql.connection import Store
-from .sql.rows import ClaimRefused, Lease, NewRun
+from .sql.rows import ClaimRefused, ExistingRun, Lease, NewRun
 
 __all__ = [
     "Attempt",
     "ClaimRefused",
+    "ExistingRun",
     "Held",
     "Lease",
     "NewRun",
+    "check_repeat",
     "claim_run",
     "describe",
     "encode_message",
@@ -134,7 +136,7 @@ def claim_run(
 
     outcome = claim()
     if isinstance(outcome, ClaimRefused) and outcome.why == ClaimRefused.MISSING:
-        store.runs.enqueue(unrecorded())
+        store.outbox.enqueue(unrecorded())
         outcome = claim()
     if isinstance(outcome, ClaimRefused):
         return outcome
@@ -205,7 +207,7 @@ def end_owned(
 def tell_caller_unknown(app: Any, task_id: str, error: str) -> None:
     """The run ended its attempt UNKNOWN: show the caller the Celery state ``UNKNOWN``."""
     store = store_for(app, dedicated=True)
-    run_id = store.runs.run_id(task_id)
+    run_id = store.outbox.run_id(task_id)
     if run_id is not None:
         operations.tell_caller_unknown(app, store, run_id, task_id, error)
 

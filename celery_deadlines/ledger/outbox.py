@@ -24,8 +24,9 @@ from django.db import connections, transaction
 from kombu.serialization import dumps, loads
 
 from .._crashpoints import hit
+from ..errors import RunConflict
 from .sql.connection import Store
-from .sql.rows import NewRun, Unclaimed
+from .sql.rows import ExistingRun, NewRun, Unclaimed
 
 logger = logging.getLogger("celery_deadlines")
 
@@ -65,6 +66,37 @@ def decode_message(body: bytes, content_type: str, encoding: str) -> dict[str, A
     return message
 
 
+def check_repeat(existing: ExistingRun | None, run: NewRun) -> None:
+    """A publish under a task id the ledger already has: the same task with the same
+    arguments is the same run (nothing is sent again); anything else raises
+    :class:`RunConflict`."""
+    if existing is None:  # gone meanwhile (purged): nothing to compare, nothing to send
+        return
+    why = ""
+    if existing.task_name != run.task_name:
+        why = f"the id was first used for {existing.task_name}, now for {run.task_name}"
+    elif existing.message_body is not None and run.message_body is not None:
+        before = decode_message(
+            existing.message_body, existing.content_type, existing.content_encoding
+        )
+        now = decode_message(run.message_body, run.content_type, run.content_encoding)
+        if (before.get("args"), before.get("kwargs")) != (now.get("args"), now.get("kwargs")):
+            why = (
+                f"it was published with args {before.get('args')!r} kwargs "
+                f"{before.get('kwargs')!r}, now with args {now.get('args')!r} kwargs "
+                f"{now.get('kwargs')!r}"
+            )
+    if why:
+        raise RunConflict(run.task_id, existing.task_name, existing.status, why)
+    logger.info(
+        "%s[%s] published again under the same id and arguments: the existing run (%s) "
+        "stands, nothing is sent",
+        run.task_name,
+        run.task_id,
+        existing.status,
+    )
+
+
 def record(store: Store, run: NewRun, publish: Callable[[], Any]) -> Any:
     """Record ``run``, then ``publish`` (now, or when the caller's transaction commits).
 
@@ -74,13 +106,15 @@ def record(store: Store, run: NewRun, publish: Callable[[], Any]) -> Any:
     is logged and the sweeper publishes the run again.
     """
     connection = connections[store.using]
-    store.runs.enqueue(run)
+    if not store.outbox.enqueue(run):
+        check_repeat(store.outbox.existing(run.task_id), run)
+        return None  # the same run published again: its result, nothing sent twice
     if not connection.in_atomic_block:
         hit("outbox.recorded", run.task_id)
         try:
             sent = publish()
         except Exception as exc:
-            store.runs.publish_failed(run.task_id, f"publish raised {exc!r}")
+            store.outbox.publish_failed(run.task_id, f"publish raised {exc!r}")
             raise
         hit("outbox.published", run.task_id)
         return sent

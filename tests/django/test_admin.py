@@ -33,7 +33,7 @@ def record(store: Store, task_id: str, parent: str = "", deadline_in: float | No
     deadline = (
         None if deadline_in is None else store.database_now() + timedelta(seconds=deadline_in)
     )
-    store.runs.enqueue(
+    store.outbox.enqueue(
         NewRun(
             task_id=task_id,
             task_name="shop.charge_card",

@@ -52,7 +52,7 @@ def store(request: pytest.FixtureRequest) -> Store:
 def record(store: Store, task_id: str = "charge-1", deadline_in: float = 600) -> None:
     body, content_type, encoding = outbox.encode_message("json", [42], {}, {})
     deadline = store.database_now() + timedelta(seconds=deadline_in)
-    store.runs.enqueue(
+    store.outbox.enqueue(
         NewRun(
             task_id=task_id,
             task_name="shop.charge",

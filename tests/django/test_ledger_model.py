@@ -71,7 +71,7 @@ def machine_for(store: Store) -> type[RuleBasedStateMachine]:
                 content_type="",
                 content_encoding="",
             )
-            assert store.runs.enqueue(run)
+            assert store.outbox.enqueue(run)
             self.model[task_id] = Model()
             return task_id
 

@@ -102,7 +102,7 @@ def events(store: Store, task_id: str = "run-1") -> list[tuple[str, str]]:
 
 
 def test_a_recorded_run_is_claimed_once_with_the_next_fencing_token(store: Store) -> None:
-    assert store.runs.enqueue(new_run())
+    assert store.outbox.enqueue(new_run())
     lease = won(claim(store))
     assert (lease.token, lease.version, lease.attempt) == (1, 1, 1)
     assert lost(claim(store, owner="w2:2")).why == ClaimRefused.HELD
@@ -110,15 +110,15 @@ def test_a_recorded_run_is_claimed_once_with_the_next_fencing_token(store: Store
 
 
 def test_recording_the_same_task_id_twice_keeps_the_first_run(store: Store) -> None:
-    assert store.runs.enqueue(new_run())
-    assert not store.runs.enqueue(new_run())
+    assert store.outbox.enqueue(new_run())
+    assert not store.outbox.enqueue(new_run())
     assert Run.objects.using(store.using).count() == 1
 
 
 def test_a_lapsed_lease_is_taken_over_with_a_newer_token_and_counted_as_lost(
     store: Store,
 ) -> None:
-    store.runs.enqueue(new_run())
+    store.outbox.enqueue(new_run())
     first = won(claim(store))
     age(store, "run-1", 31)
     second = won(claim(store, owner="w2:2"))
@@ -127,7 +127,7 @@ def test_a_lapsed_lease_is_taken_over_with_a_newer_token_and_counted_as_lost(
 
 
 def test_a_stale_holder_cannot_write_and_its_attempt_is_recorded(store: Store) -> None:
-    store.runs.enqueue(new_run())
+    store.outbox.enqueue(new_run())
     stale = won(claim(store))
     age(store, "run-1", 31)
     won(claim(store, owner="w2:2"))
@@ -145,7 +145,7 @@ def test_a_stale_holder_cannot_write_and_its_attempt_is_recorded(store: Store) -
 def test_a_paused_holder_whose_lease_lapsed_cannot_write_even_if_nobody_took_over(
     store: Store,
 ) -> None:
-    store.runs.enqueue(new_run())
+    store.outbox.enqueue(new_run())
     lease = won(claim(store))
     age(store, "run-1", 31)
     assert not store.runs.finish(lease, "w1:1", Status.SUCCEEDED)
@@ -154,7 +154,7 @@ def test_a_paused_holder_whose_lease_lapsed_cannot_write_even_if_nobody_took_ove
 
 def test_the_lease_never_outlives_the_deadline(store: Store) -> None:
     deadline = in_(store, 5)
-    store.runs.enqueue(new_run(deadline=deadline))
+    store.outbox.enqueue(new_run(deadline=deadline))
     lease = won(claim(store))
     assert lease.expires_at == deadline
     assert lease.deadline == deadline
@@ -163,7 +163,7 @@ def test_the_lease_never_outlives_the_deadline(store: Store) -> None:
 def test_a_claim_is_refused_when_the_database_clock_leaves_less_than_the_reserve(
     store: Store,
 ) -> None:
-    store.runs.enqueue(new_run(deadline=in_(store, 5)))
+    store.outbox.enqueue(new_run(deadline=in_(store, 5)))
     refused = lost(claim(store, reserve=timedelta(seconds=10)))
     assert refused.why == ClaimRefused.DEADLINE
     assert row(store).status == Status.QUEUED
@@ -173,20 +173,20 @@ def test_a_claim_is_refused_when_the_database_clock_leaves_less_than_the_reserve
 def test_a_claim_after_the_deadline_is_refused_as_passed_by_the_database_clock(
     store: Store,
 ) -> None:
-    store.runs.enqueue(new_run(deadline=in_(store, -1)))
+    store.outbox.enqueue(new_run(deadline=in_(store, -1)))
     refused = lost(claim(store, reserve=timedelta(seconds=10)))
     assert refused.why == ClaimRefused.DEADLINE_PASSED
     assert refused.database_now is not None
 
 
 def test_a_message_older_than_the_run_is_refused_as_stale(store: Store) -> None:
-    store.runs.enqueue(new_run(retries=2))
+    store.outbox.enqueue(new_run(retries=2))
     assert lost(claim(store, retries=1)).why == ClaimRefused.STALE_MESSAGE
     won(claim(store, retries=2))
 
 
 def test_a_finished_run_is_never_claimed_again(store: Store) -> None:
-    store.runs.enqueue(new_run())
+    store.outbox.enqueue(new_run())
     lease = won(claim(store))
     assert store.runs.finish(lease, "w1:1", Status.SUCCEEDED)
     assert lost(claim(store)).why == ClaimRefused.TERMINAL
@@ -197,7 +197,7 @@ def test_a_claim_of_an_unrecorded_run_says_it_is_missing(store: Store) -> None:
 
 
 def test_every_write_appends_its_event_with_the_database_clock(store: Store) -> None:
-    store.runs.enqueue(new_run())
+    store.outbox.enqueue(new_run())
     lease = won(claim(store))
     assert store.runs.checkpoint(lease, "w1:1", "reserved", {"sku": "A1"})
     assert store.runs.finish(lease, "w1:1", Status.SUCCEEDED)
@@ -214,7 +214,7 @@ def test_every_write_appends_its_event_with_the_database_clock(store: Store) -> 
 
 
 def test_the_next_claim_resumes_from_the_last_durable_checkpoint(store: Store) -> None:
-    store.runs.enqueue(new_run())
+    store.outbox.enqueue(new_run())
     first = won(claim(store))
     assert store.runs.checkpoint(first, "w1:1", "reserved", {"sku": "A1", "qty": 2})
     age(store, "run-1", 31)
@@ -227,7 +227,7 @@ def test_renewal_extends_from_the_database_clock_and_stops_at_the_deadline(
     store: Store,
 ) -> None:
     deadline = in_(store, 60)
-    store.runs.enqueue(new_run(deadline=deadline))
+    store.outbox.enqueue(new_run(deadline=deadline))
     lease = won(claim(store))
     renewed = store.runs.renew(lease, "w1:1", TTL)
     assert renewed is not None
@@ -241,7 +241,7 @@ def test_renewal_extends_from_the_database_clock_and_stops_at_the_deadline(
 def test_a_retry_releases_the_lease_and_only_the_next_retry_number_can_claim(
     store: Store,
 ) -> None:
-    store.runs.enqueue(new_run())
+    store.outbox.enqueue(new_run())
     lease = won(claim(store))
     assert store.runs.retry(
         lease, "w1:1", retries=1, available_at=None, message_body=b"{}", detail="retries=1"
@@ -254,7 +254,7 @@ def test_a_retry_releases_the_lease_and_only_the_next_retry_number_can_claim(
 def test_a_gate_refusal_ends_a_waiting_run_but_not_one_another_worker_owns(
     store: Store,
 ) -> None:
-    store.runs.enqueue(new_run("waiting"))
+    store.outbox.enqueue(new_run("waiting"))
     assert store.runs.refuse(
         "waiting",
         "t",
@@ -265,7 +265,7 @@ def test_a_gate_refusal_ends_a_waiting_run_but_not_one_another_worker_owns(
         deadline=None,
     )
     assert row(store, "waiting").status == Status.EXPIRED
-    store.runs.enqueue(new_run("owned"))
+    store.outbox.enqueue(new_run("owned"))
     won(claim(store, "owned"))
     assert not store.runs.refuse(
         "owned",
@@ -296,8 +296,8 @@ def test_a_refused_message_without_a_run_gets_an_ended_run(store: Store) -> None
 
 
 def test_unclaimed_runs_past_their_deadline_are_expired_before_claim(store: Store) -> None:
-    store.runs.enqueue(new_run("late", deadline=in_(store, 1)))
-    store.runs.enqueue(new_run("in-time", deadline=in_(store, 600)))
+    store.outbox.enqueue(new_run("late", deadline=in_(store, 1)))
+    store.outbox.enqueue(new_run("in-time", deadline=in_(store, 600)))
     age(store, "late", 2)
     expired = store.sweeps.expire_unclaimed()
     assert [e.task_id for e in expired] == ["late"]
@@ -309,7 +309,7 @@ def test_unclaimed_runs_past_their_deadline_are_expired_before_claim(store: Stor
 
 
 def test_a_lapsed_lease_is_requeued_once_with_a_fresh_token(store: Store) -> None:
-    store.runs.enqueue(new_run(deadline=in_(store, 600)))
+    store.outbox.enqueue(new_run(deadline=in_(store, 600)))
     lease = won(claim(store))
     age(store, "run-1", 31)
     [lapsed] = store.sweeps.lapsed_leases()
@@ -321,7 +321,7 @@ def test_a_lapsed_lease_is_requeued_once_with_a_fresh_token(store: Store) -> Non
 
 
 def test_runs_unclaimed_for_too_long_are_offered_for_republishing_once(store: Store) -> None:
-    store.runs.enqueue(new_run())
+    store.outbox.enqueue(new_run())
     assert store.sweeps.unclaimed(timedelta(seconds=60)) == []
     age(store, "run-1", 61)
     [unclaimed] = store.sweeps.unclaimed(timedelta(seconds=60))
@@ -336,7 +336,7 @@ def test_claim_and_completion_are_one_statement_each_on_postgresql(store: Store)
         pytest.skip("the one-round-trip promise is PostgreSQL's (SQLite is in-process)")
     connection = connections[store.using]
     with CaptureQueriesContext(connection) as enqueue:
-        store.runs.enqueue(new_run(deadline=datetime.now(UTC) + TTL))
+        store.outbox.enqueue(new_run(deadline=datetime.now(UTC) + TTL))
     with CaptureQueriesContext(connection) as claimed:
         lease = won(claim(store))
     with CaptureQueriesContext(connection) as completed:

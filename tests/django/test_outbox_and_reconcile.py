@@ -70,7 +70,7 @@ def record(store: Store, task_id: str, deadline_in: float | None = 600) -> NewRu
         content_type=content_type,
         content_encoding=encoding,
     )
-    store.runs.enqueue(run)
+    store.outbox.enqueue(run)
     return run
 
 

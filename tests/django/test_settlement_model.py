@@ -88,7 +88,7 @@ def machine_for(store: Store) -> type[RuleBasedStateMachine]:
                 content_type="application/json",
                 content_encoding="utf-8",
             )
-            assert store.runs.enqueue(run)
+            assert store.outbox.enqueue(run)
             self.calls = 0  # the provider's log for the key
             self.workers = {name: Worker() for name in WORKERS}
             self.settlers = {name: Settler() for name in SETTLERS}

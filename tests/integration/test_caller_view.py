@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from celery.exceptions import TimeoutError as NoResultYet
 
+from celery_deadlines import RunConflict
 from celery_deadlines.ledger.api import store_for
 from celery_deadlines.ledger.operations import settle_effect
 from celery_deadlines.models import Run
@@ -58,3 +59,35 @@ def test_an_unknown_outcome_is_visible_to_the_caller_until_an_operator_settles_i
     assert ended(task_id).status == "SUCCEEDED"
     paid = [line for line in sink.read_text().splitlines() if '"effect"' in line]
     assert len(paid) == 1
+
+
+def test_a_reused_task_id_is_the_same_run_or_a_conflict_never_silently_another_run(
+    redis_broker: Transport, ledger_client: Any, ledger_worker: Any, sink: Path
+) -> None:
+    from celery.signals import after_task_publish
+
+    tasks = ledger_client(redis_broker)
+    ledger_worker(redis_broker)
+    task_id, key = f"reused-{uuid.uuid4().hex[:8]}", f"k-{uuid.uuid4().hex[:8]}"
+    published: list[str] = []
+
+    def count(headers: dict[str, Any] | None = None, **_: Any) -> None:
+        published.append(str((headers or {}).get("id")))
+
+    after_task_publish.connect(count, weak=False)
+    try:
+        first = tasks.effect.apply_async((key,), task_id=task_id, budget=60)
+        assert first.get(timeout=30)["key"] == key
+        again = tasks.effect.apply_async((key,), task_id=task_id, budget=60)
+        assert again.get(timeout=5) == first.get()  # the existing run's result
+        with pytest.raises(RunConflict, match="now with args"):
+            tasks.effect.apply_async((f"{key}-other",), task_id=task_id, budget=60)
+        with pytest.raises(RunConflict, match=r"first used for l\.effect"):
+            tasks.crash_first.apply_async((key,), task_id=task_id, budget=60)
+    finally:
+        after_task_publish.disconnect(count)
+    assert published.count(task_id) == 1  # nothing was published again
+    run = Run.objects.using(LEDGER_DB).get(task_id=task_id)
+    assert (run.status, run.attempt) == ("SUCCEEDED", 1)
+    effects = [line for line in sink.read_text().splitlines() if '"effect"' in line]
+    assert len(effects) == 1

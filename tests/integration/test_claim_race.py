@@ -47,7 +47,7 @@ def test_exactly_one_of_eight_racing_claims_wins_in_each_of_500_rounds() -> None
     old_holders: dict[int, Lease] = {}
     for round_ in range(ROUNDS):
         task_id = f"race-{round_}"
-        store.runs.enqueue(
+        store.outbox.enqueue(
             NewRun(
                 task_id=task_id,
                 task_name="race",

@@ -16,7 +16,13 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_deadlines import DeadlineRefused, DeadlineTask, InvalidEffect, StaleLease
+from celery_deadlines import (
+    DeadlineRefused,
+    DeadlineTask,
+    InvalidEffect,
+    RunConflict,
+    StaleLease,
+)
 from celery_deadlines.testing import FakeClock, FakeLedger, use_ledger
 from tests.support.memory_queue import drain
 from tests.support.trace import execute, execute_next
@@ -194,3 +200,30 @@ def test_a_bad_effect_key_is_refused_before_anything_is_recorded(
     assert isinstance(raised, InvalidEffect)
     assert "effect 'pay': key must be a non-empty string" in str(raised)
     assert (ledger.run("r9").status, ledger.run("r9").reason) == ("FAILED", "error")
+
+
+def test_a_task_id_published_again_with_the_same_arguments_is_the_same_run(
+    app: Celery, ledger: FakeLedger
+) -> None:
+    work = tasks(app, Calls())["work"]
+    first = work.apply_async(("",), task_id="r10")
+    again = work.apply_async(("",), task_id="r10")
+    assert again.id == first.id
+    assert len(drain(app, QUEUE)) == 1  # nothing was published twice
+
+
+def test_a_task_id_reused_with_other_arguments_or_another_task_is_refused(
+    app: Celery, ledger: FakeLedger
+) -> None:
+    named = tasks(app, Calls())
+
+    @app.task(base=DeadlineTask, bind=True, name="fake.other", budget=60, shared=False)
+    def other(self: DeadlineTask) -> None:
+        pass
+
+    named["work"].apply_async(("",), task_id="r11")
+    with pytest.raises(RunConflict, match=r"args \[''\].*now with args \['error'\]"):
+        named["work"].apply_async(("error",), task_id="r11")
+    with pytest.raises(RunConflict, match=r"first used for fake\.work, now for fake\.other"):
+        other.apply_async(task_id="r11")
+    assert len(drain(app, QUEUE)) == 1

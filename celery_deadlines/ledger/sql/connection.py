@@ -3,8 +3,8 @@
 :class:`Store` runs statements and reads the database clock; the statements themselves
 are grouped by who asks for them, each a small class on the store's connection:
 
-``store.runs``      the producer (the outbox row) and the attempt (claim, fenced writes,
-                    refusals)
+``store.outbox``    the producer: the run's row before its message
+``store.runs``      the attempt: claim, fenced writes, refusals
 ``store.supervision``  the worker's main process, about its own pool processes
 ``store.sweeps``    the reconciler and the scheduler (lapsed leases, expiry, republish,
                     occurrences)
@@ -29,6 +29,7 @@ from ...clock import get_clock
 from .dialect import Dialect, dialect_for
 from .effects import Effects
 from .operator import OperatorActions
+from .outbox import Outbox
 from .plans import Plans
 from .rows import required
 from .runs import Runs
@@ -123,6 +124,10 @@ class Store:
         d = self.dialect
         _, rows = self.execute(f"SELECT {d.now}", [], timed=True)
         return required(d.instant(rows[0][0]))
+
+    @cached_property
+    def outbox(self) -> Outbox:
+        return Outbox(self)
 
     @cached_property
     def runs(self) -> Runs:

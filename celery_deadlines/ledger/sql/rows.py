@@ -81,6 +81,18 @@ class ClaimRefused:
 
 
 @dataclass(frozen=True)
+class ExistingRun:
+    """A run already recorded under a task id a producer is about to publish."""
+
+    task_id: str
+    task_name: str
+    status: str
+    message_body: bytes | None
+    content_type: str
+    content_encoding: str
+
+
+@dataclass(frozen=True)
 class Expired:
     """A run the ledger expired or failed on its own (the reconciler reports these)."""
 

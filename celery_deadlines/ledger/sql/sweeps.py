@@ -41,7 +41,7 @@ class Sweeps(Statements):
     def record_missed(self, run: NewRun, detail: str) -> bool:
         """Record a scheduled occurrence whose window closed before it was published:
         EXPIRED, reason ``missed_occurrence``, never run late. ``False`` if the id exists."""
-        return self.store.runs.record_ended(
+        return self.store.outbox.record_ended(
             run, Status.EXPIRED, "missed_occurrence", detail, "missed"
         )
 
