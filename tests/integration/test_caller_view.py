@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from celery.exceptions import TimeoutError as NoResultYet
 
-from celery_deadlines import RunConflict
+from celery_deadlines import DeadlineRefused, RunConflict
 from celery_deadlines.ledger.api import store_for
 from celery_deadlines.ledger.operations import settle_effect
 from celery_deadlines.models import Run
@@ -91,3 +91,41 @@ def test_a_reused_task_id_is_the_same_run_or_a_conflict_never_silently_another_r
     assert (run.status, run.attempt) == ("SUCCEEDED", 1)
     effects = [line for line in sink.read_text().splitlines() if '"effect"' in line]
     assert len(effects) == 1
+
+
+def test_an_unknown_run_settled_after_its_deadline_fails_for_the_caller_not_pending(
+    redis_broker: Transport, ledger_client: Any, ledger_worker: Any, sink: Path
+) -> None:
+    tasks = ledger_client(redis_broker)
+    ledger_worker(redis_broker)
+    task_id, key = f"late-{uuid.uuid4().hex[:8]}", f"pay-{uuid.uuid4().hex[:8]}"
+    result = tasks.ambiguous_pay.apply_async((key,), task_id=task_id, budget=3)
+    wait_for(lambda: result.state == "UNKNOWN", 30)
+    run = Run.objects.using(LEDGER_DB).get(task_id=task_id)
+    wait_for(lambda: run.deadline is not None and ended_before(run.deadline), 10)
+
+    # the operator's resolve, after the deadline: the same operation the admin calls
+    store = store_for(tasks.app)
+    [seen] = [p for p in store.effects.pending() if p.task_id == task_id]
+    settled = settle_effect(
+        tasks.app,
+        store,
+        seen,
+        found=True,
+        result={"paid": key},
+        evidence="dashboard",
+        by="operator ops",
+    )
+    assert (settled.applied, settled.released) == (True, "EXPIRED")
+    with pytest.raises(DeadlineRefused) as refused:
+        result.get(timeout=10)
+    assert refused.value.reason == "deadline_passed"
+    assert ended(task_id).status == "EXPIRED"
+
+
+def ended_before(instant: Any) -> bool:
+    from django.db import connections
+
+    with connections[LEDGER_DB].cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp() > %s", [instant])
+        return bool(cursor.fetchone()[0])
