@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final, Literal, NamedTuple, TypeAlias
@@ -85,17 +84,6 @@ def parse_instant(value: object, *, name: str) -> datetime:
             f"{name} must be timezone-aware, got the naive datetime {value.isoformat()}"
         )
     return value
-
-
-def first_said(levels: Iterable[tuple[Source, object]]) -> tuple[Source | None, object]:
-    """The precedence rule, once: the first level (``(source, value)``, highest first)
-    whose value is not :data:`UNSET` wins, ``None`` ("no deadline") included; nothing
-    said anywhere gives ``(None, UNSET)``. ``levels`` is read only as far as needed (a
-    generator's lower levels are never computed)."""
-    for source, value in levels:
-        if value is not UNSET:
-            return source, value
-    return None, UNSET
 
 
 class Governed(NamedTuple):

@@ -1,4 +1,4 @@
-"""A DeadlineTask's durations, each from the one precedence rule (:func:`budgets.first_said`).
+"""A DeadlineTask's durations, each from the one precedence rule (:func:`resolve`).
 
 ::
 
@@ -13,13 +13,13 @@ value (attributes rarely change, and this runs at every publish and claim).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Final
 
 from . import conf
-from .budgets import UNSET, Source, first_said, parse_budget, parse_duration
+from .budgets import UNSET, Source, parse_budget, parse_duration
 
 Parse = Callable[[object, str, "conf.Settings"], "timedelta | None"]
 
@@ -66,24 +66,29 @@ OPTIONS: Final[dict[str, Option]] = {
 
 
 def resolve(task: Any, name: str, settings: conf.Settings) -> tuple[Source | None, Any]:
-    """``(source, duration)`` of the duration ``name`` for ``task``: its attribute, its
-    contract's, the Celery attributes after it, the per-task setting, the default."""
+    """``(source, duration)`` of the duration ``name`` for ``task``: the first level that
+    says anything (``None``, "no deadline", included) of its attribute, its contract's,
+    the Celery attributes after it, the per-task setting, the default. Lower levels are
+    not read once one has answered (this runs at every publish and claim)."""
     option = OPTIONS[name]
+    said = _attribute(task, name, option, settings)
+    if said is not UNSET:
+        return _answer("task", said, option)
+    contract = settings.contract_of(task.name)
+    if contract is not None and (said := getattr(contract, name)) is not UNSET:
+        return _answer("setting", said, option)
+    for other in option.then_attributes:
+        if (said := _attribute(task, other, option, settings)) is not UNSET:
+            return _answer("task", said, option)
+    if option.per_task is not None:
+        said = settings.get(option.per_task).get(task.name, UNSET)
+        if said is not UNSET:
+            return _answer("setting", said, option)
+    return _answer("default", settings.get(option.default), option)
 
-    def levels() -> Iterator[tuple[Source, object]]:  # computed only as far as needed
-        yield "task", _attribute(task, name, option, settings)
-        contract = settings.contract_of(task.name)
-        yield "setting", UNSET if contract is None else getattr(contract, name)
-        for other in option.then_attributes:
-            yield "task", _attribute(task, other, option, settings)
-        if option.per_task is not None:
-            yield "setting", settings.get(option.per_task).get(task.name, UNSET)
-        yield "default", settings.get(option.default)
 
-    source, value = first_said(levels())
-    if value is UNSET or (value is None and option.otherwise is not None):
-        return source, option.otherwise
-    return source, value
+def _answer(source: Source, value: Any, option: Option) -> tuple[Source, Any]:
+    return source, option.otherwise if value is None and option.otherwise is not None else value
 
 
 def duration(task: Any, name: str, settings: conf.Settings) -> timedelta:

@@ -48,6 +48,10 @@ class Own(NamedTuple):
     delivery: datetime | None = None
 
 
+#: A publish that names no deadline of its own.
+NO_OWN: Final = Own()
+
+
 class Stamp(NamedTuple):
     """The deadlines a message will carry, with Celery's ``expires`` capped by them."""
 

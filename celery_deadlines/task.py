@@ -30,7 +30,18 @@ from celery.exceptions import Ignore, Reject, Retry
 from celery.utils import uuid
 from celery.utils.time import maybe_make_aware
 
-from . import claiming, conf, gates, ledger, options, outcomes, propagation, recording, stamping
+from . import (
+    claiming,
+    conf,
+    gates,
+    ledger,
+    options,
+    outcomes,
+    propagation,
+    recording,
+    stamping,
+    wire,
+)
 from ._crashpoints import hit
 from .body import AttemptAPI, Paused, Unresolved, end_unresolved
 from .budgets import UNSET, Anchor
@@ -189,7 +200,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         stamping.write(headers, stamp)
         if headers:
             call["headers"] = headers
-        if not self._with_ledger(eager=self.app.conf.task_always_eager):
+        if not self._with_ledger():
             return super().apply_async(
                 args, kwargs, task_id, producer, link, link_error, shadow, **call
             )
@@ -222,22 +233,23 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
     ) -> stamping.Own:
         """This publish's own deadlines: the call's options, else an explicit header (or
         the one ``retry()`` copied), else the task's configured budgets."""
-        own = stamping.own_deadlines(call, headers, now, settings.max_budget)
-        if own.deadline is None:
+        own = stamping.NO_OWN
+        if not stamping.CALL_OPTIONS.isdisjoint(call) or wire.DEADLINE_HEADER in headers:
+            own = stamping.own_deadlines(call, headers, now, settings.max_budget)
+        deadline, source, delivery = own
+        if deadline is None:
             source, budget = options.resolve(self, "budget", settings)
-            if budget is not None:
-                own = own._replace(deadline=now + budget, source=source)
-        if own.delivery is None:
+            deadline = None if budget is None else now + budget
+        if delivery is None:
             delivery_budget = options.resolve(self, "delivery_budget", settings)[1]
-            if delivery_budget is not None:
-                own = own._replace(delivery=now + delivery_budget)
-        return own
+            delivery = None if delivery_budget is None else now + delivery_budget
+        return stamping.Own(deadline, source if deadline is not None else None, delivery)
 
     def _refuse_enqueue(self, decision: gates.Decision, task_id: str | None) -> NoReturn:
         decision = self.kind_of(decision)
         report_refusal(self, task_id, self.name, decision)
         refusal = decision.refusal()
-        if self._with_ledger(eager=self.app.conf.task_always_eager):
+        if self._with_ledger():
             # the refused run is on record too (under a fresh id if the caller gave none)
             self.record_refusal(task_id or uuid(), 0, decision, dedicated=False)
         raise refusal
@@ -417,9 +429,13 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
 
     # -- helpers -------------------------------------------------------------------------
 
-    def _with_ledger(self, *, eager: bool) -> bool:
-        """Is this run recorded in the ledger? (the Django app is on, and not eager)"""
-        return not eager and ledger.enabled_for(self.app)
+    def _with_ledger(self, *, eager: bool | None = None) -> bool:
+        """Is this run recorded in the ledger? The Django app is on, and the run is not
+        eager (``eager``: the request's; by default the app's ``task_always_eager``,
+        read only when the ledger is on: Celery's configuration is slow to read)."""
+        if not ledger.enabled_for(self.app):
+            return False
+        return not (self.app.conf.task_always_eager if eager is None else eager)
 
     def stores_errors(self) -> bool:
         # Celery's own rule (trace.py): errors are stored unless results are ignored,

@@ -10,7 +10,7 @@ import pytest
 from celery import Celery
 
 from celery_deadlines import DeadlineTask, InvalidDeadline
-from celery_deadlines.budgets import UNSET, Source, first_said
+from celery_deadlines.budgets import UNSET
 from celery_deadlines.conf import settings_for
 from celery_deadlines.options import resolve
 
@@ -28,19 +28,6 @@ def task_of(app: Celery, name: str = "opts.work", **options: Any) -> Any:
         return None
 
     return work
-
-
-def test_the_first_level_that_says_anything_wins_none_included() -> None:
-    assert first_said([("task", UNSET), ("setting", None), ("default", 5)]) == ("setting", None)
-    assert first_said([("task", UNSET), ("default", UNSET)]) == (None, UNSET)
-
-
-def test_levels_below_the_one_that_answers_are_never_computed() -> None:
-    def levels() -> Iterator[tuple[Source, object]]:
-        yield "task", 20
-        raise AssertionError("a lower level was computed")
-
-    assert first_said(levels()) == ("task", 20)
 
 
 @pytest.mark.parametrize(
