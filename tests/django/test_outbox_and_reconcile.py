@@ -203,9 +203,7 @@ def test_a_late_outcome_of_the_lapsed_attempt_releases_its_unknown_run(
     assert [message["headers"]["id"] for message in published(app)] == ["late"]
 
 
-def test_two_reconcilers_that_read_one_lapsed_run_settle_it_once(
-    store: Store, app: Celery
-) -> None:
+def test_two_reconcilers_that_read_one_lapsed_run_settle_it_once(store: Store, app: Celery) -> None:
     record(store, "lapsed")
     lease = claim(store, "lapsed")
     effects = Effects(store)

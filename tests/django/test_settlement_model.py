@@ -1,11 +1,11 @@
 """Settling effects against a model: two reconcilers and an operator acting concurrently.
 
 Hypothesis drives random interleavings of workers (an attempt claims and dispatches,
-with or without the provider call; it records the reply, or dies), leases lapsing, and three settlers that each
-*read* (lapsed runs, unresolved effects, and the provider's truthful answer at that
-moment) and *act* at their next step on what they read then: two reconcilers and an
-operator with the admin's form. Reading and acting apart is what real concurrency does
-to them.
+with or without the provider call; it records the reply, or dies), leases lapsing, and
+three settlers that each *read* (lapsed runs, unresolved effects, and the provider's
+truthful answer at that moment) and *act* at their next step on what they read then: two
+reconcilers and an operator with the admin's form. Reading and acting apart is what real
+concurrency does to them.
 
 The provider's log is the oracle: a key is never called twice, an effect recorded as
 not dispatched was never called, and one recorded as succeeded was. The soak once found
@@ -29,7 +29,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from celery_deadlines.ledger.effects import Effects, Pending
 from celery_deadlines.ledger.operations import release_settled, settle_effect
 from celery_deadlines.ledger.reconcile import Report, _settle
-from celery_deadlines.ledger.store import Lease, LapsedLease, NewRun, Store
+from celery_deadlines.ledger.store import LapsedLease, Lease, NewRun, Store
 from celery_deadlines.models import Effect, EffectState, Run
 from tests.conftest import service_unavailable
 from tests.support.processes import reachable

@@ -93,6 +93,7 @@ def test_a_reconciler_that_read_an_effect_before_a_newer_dispatch_does_not_settl
 
     # step 4: the held reconciler writes what it was told about the first dispatch
     reconciler_go.touch()
+
     def written() -> list[tuple[str, str, str]]:
         events = RunEvent.objects.using(LEDGER_DB).filter(run__task_id=task_id)
         settled = [
@@ -106,7 +107,8 @@ def test_a_reconciler_that_read_an_effect_before_a_newer_dispatch_does_not_settl
     first, second = wait_for(written, 30)
     assert first[:2] == ("effect_not_dispatched", "applied")
     assert second[:2] == ("effect_settle", "rejected"), second
-    assert "dispatch 1" in second[2] and "dispatch 2" in second[2], second[2]
+    assert "dispatch 1" in second[2], second[2]
+    assert "dispatch 2" in second[2], second[2]
     effect.refresh_from_db()
     assert (effect.state, effect.dispatches) == ("DISPATCHED", 2)  # left as it is
 
