@@ -13,6 +13,8 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,12 +65,20 @@ def require(transport: Transport) -> None:
             service_unavailable(f"{transport.name}: {host}:{port}")
 
 
-@pytest.fixture(params=["redis", "rabbitmq", "filesystem"])
+def transport_named(name: str, folder: Path) -> Transport:
+    """The transport called ``name`` (a filesystem broker lives in ``folder``)."""
+    if name == "filesystem":
+        return filesystem_transport(folder)
+    return redis_transport() if name == "redis" else rabbitmq_transport()
+
+
+#: The transports whose own properties a test may depend on (queue delay, headers).
+TRANSPORTS = ["redis", "rabbitmq", "filesystem"]
+
+
+@pytest.fixture(params=TRANSPORTS)
 def transport(request: pytest.FixtureRequest, tmp_path: Path) -> Transport:
-    if request.param == "filesystem":
-        chosen = filesystem_transport(tmp_path)
-    else:
-        chosen = redis_transport() if request.param == "redis" else rabbitmq_transport()
+    chosen = transport_named(request.param, tmp_path)
     require(chosen)
     return chosen
 
@@ -97,6 +107,13 @@ def redis_client(redis: Transport, queue: str) -> Iterator[Any]:
 
 
 def _client(transport: Transport, queue: str) -> Iterator[Any]:
+    with client_for(transport, queue) as app:
+        yield app
+
+
+@contextmanager
+def client_for(transport: Transport, queue: str) -> Iterator[Any]:
+    """The test app in this process, publishing to ``transport`` and ``queue`` meanwhile."""
     from tests.support import workerapp
 
     app = workerapp.app
@@ -161,7 +178,7 @@ def start_worker(tmp_path: Path, queue: str, request: pytest.FixtureRequest) -> 
 
     yield start
     for worker in started:
-        worker.stop()
+        worker.kill()  # its shutdown is not under test: a warm one costs a second or more
     for broker_url in {worker.transport.broker_url for worker in started}:
         if broker_url.startswith("redis://"):
             forget_unacked(broker_url, queue)
@@ -169,6 +186,68 @@ def start_worker(tmp_path: Path, queue: str, request: pytest.FixtureRequest) -> 
     if failed is not None and failed.failed:
         for worker in started:
             print(f"--- {worker.log_path.name} ---\n{worker.log()}")
+
+
+# -- shared workers: one per module for the tests that need no topology of their own ------
+
+
+@dataclass
+class Shared:
+    """A worker that several tests of a module share, on its own queue."""
+
+    transport: Transport
+    queue: str
+    worker: WorkerProcess
+    folder: Path
+
+
+class SharedWorkers:
+    """Workers a module's tests share when they need no topology of their own (Celery's
+    own t/integration rule): each is started on first use, under a name, and stopped
+    when the module ends. Tests that publish before a worker exists, kill a whole worker,
+    or need a pool of a given size keep workers of their own (``start_worker``)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.started: dict[str, Shared] = {}
+
+    def get(
+        self, name: str, start: Callable[[Path, str], tuple[Transport, WorkerProcess]]
+    ) -> Shared:
+        """The worker called ``name``, started by ``start(folder, queue)`` if it is not yet."""
+        if name not in self.started:
+            folder = self.folder / name
+            folder.mkdir()
+            queue = f"shared-{uuid.uuid4().hex[:10]}"
+            transport, worker = start(folder, queue)
+            self.started[name] = Shared(transport, queue, worker.start(), folder)
+        return self.started[name]
+
+    def stop(self) -> None:
+        for shared in self.started.values():
+            shared.worker.kill()  # its shutdown is not under test
+        for shared in self.started.values():
+            if shared.transport.broker_url.startswith("redis://"):
+                forget_unacked(shared.transport.broker_url, shared.queue)
+
+
+@pytest.fixture(scope="module")
+def shared_workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedWorkers]:
+    workers = SharedWorkers(tmp_path_factory.mktemp("shared-workers"))
+    yield workers
+    workers.stop()
+
+
+@contextmanager
+def logs_on_failure(request: pytest.FixtureRequest, *workers: WorkerProcess) -> Iterator[None]:
+    """Print what ``workers`` logged during the test if it failed (a shared worker's log
+    holds every test's lines: only this test's are printed)."""
+    offsets = [len(worker.log()) for worker in workers]
+    yield
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        for worker, offset in zip(workers, offsets, strict=True):
+            print(f"--- {worker.log_path.name} (this test's lines) ---\n{worker.log()[offset:]}")
 
 
 # -- the ledger's tests: PostgreSQL, ledger workers, the provider process ----------------
@@ -300,7 +379,7 @@ def ledger_worker(
 
     yield start
     for worker in started:
-        worker.stop()
+        worker.kill()  # its shutdown is not under test: a warm one costs a second or more
     for broker_url in {worker.transport.broker_url for worker in started}:
         if broker_url.startswith("redis://"):
             forget_unacked(broker_url, queue)

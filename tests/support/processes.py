@@ -178,3 +178,12 @@ def wait_for(predicate: Any, timeout: float, interval: float = 0.05) -> Any:
         if time.monotonic() > deadline:
             raise TimeoutError(f"condition not met within {timeout} s")
         time.sleep(interval)
+
+
+def shift_wall_clock(path: Path, seconds: float) -> None:
+    """Set the wall-clock shift a worker reads from ``path`` (``WorkerProcess``'s
+    ``clock_shift_file``), atomically: a worker reading it mid-write sees the old shift or
+    the new one, never an empty file (which it would read as no shift)."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(str(seconds))
+    os.replace(partial, path)

@@ -16,6 +16,7 @@ from celery import Celery, chord, group
 from celery.exceptions import SoftTimeLimitExceeded
 
 from celery_deadlines import DEADLINE_HEADER, ORIGIN_HEADER, SOURCE_HEADER, DeadlineTask
+from celery_deadlines.clock import get_clock
 
 app = Celery("workerapp")
 app.conf.update(
@@ -172,11 +173,24 @@ def manual_retry(self: DeadlineTask, countdown: float) -> dict[str, Any]:
 
 
 @app.task(base=DeadlineTask, bind=True, name="t.watch_remaining")
-def watch_remaining(self: DeadlineTask, seconds: float, step: float = 0.1) -> dict[str, Any]:
-    """Sample remaining() and the wall clock while a test moves the worker's wall clock."""
+def watch_remaining(
+    self: DeadlineTask, seconds: float, step: float = 0.1, started_file: str | None = None
+) -> dict[str, Any]:
+    """Sample remaining() and the wall clock while a test moves the worker's wall clock.
+
+    Each sample is (monotonic seconds since the first sample, read right before the
+    remaining() call; remaining(); the same, read right after it; the worker's wall
+    clock, as the library reads it). ``started_file`` is created once the attempt runs,
+    so that a test can change the clock *during* the attempt.
+    """
+    if started_file is not None:
+        open(started_file, "x").close()
     samples = []
     started = time.monotonic()
     while time.monotonic() - started < seconds:
-        samples.append((time.monotonic() - started, self.remaining()))
+        before = time.monotonic() - started
+        remaining = self.remaining()
+        after = time.monotonic() - started
+        samples.append((before, remaining, after, get_clock().now().timestamp()))
         time.sleep(step)
     return {"samples": samples, **_seen(self)}
