@@ -22,7 +22,7 @@ from django.db import connections, transaction
 from celery_deadlines import DeadlineRefused
 from celery_deadlines.models import Run, RunEvent, Status
 from tests.integration.conftest import LEDGER_DB, ended, provider_calls
-from tests.support.processes import Transport, wait_for
+from tests.support.processes import Transport, shift_wall_clock, wait_for
 from tests.support.proxy import Proxy
 
 pytestmark = [
@@ -220,7 +220,7 @@ def test_a_wall_clock_moved_backward_never_extends_a_lease(
     )
     result = tasks.effect.apply_async(("rewound",), kwargs={"seconds": 3}, budget=60)
     wait_for(lambda: run_of(result.id).status == Status.RUNNING, 30)
-    shift.write_text("-3600")  # an NTP step back by an hour, mid-attempt
+    shift_wall_clock(shift, -3600)  # an NTP step back by an hour, mid-attempt
     result.get(timeout=30)
     assert not RunEvent.objects.using(DB).filter(run__task_id=result.id, outcome="rejected")
     renewals = RunEvent.objects.using(DB).filter(
@@ -259,12 +259,12 @@ def test_a_worker_whose_clock_leaves_the_skew_budget_takes_no_new_work_until_it_
     tasks = ledger_client(redis_broker)
     worker, shift = skewable_worker(ledger_worker, redis_broker, tmp_path)
     assert tasks.effect.apply_async(("before",), budget=60).get(timeout=30)["key"] == "before"
-    shift.write_text(str(jump))  # an NTP step, or a VM resumed with a stale clock
+    shift_wall_clock(shift, jump)  # an NTP step, or a VM resumed with a stale clock
     wait_for(lambda: "clock uncertain: offset" in worker.log(), 10)
     held = tasks.effect.apply_async(("held",), budget=60)
     time.sleep(2)  # long enough for a silent dispatch to show itself: it must not happen
     assert run_of(held.id).status == Status.QUEUED
-    shift.write_text("0")
+    shift_wall_clock(shift, 0)
     wait_for(lambda: "clock back within the skew budget" in worker.log(), 10)
     assert held.get(timeout=30)["key"] == "held"  # consumed again, with its own deadline
 
@@ -304,14 +304,14 @@ def test_a_message_that_reaches_a_pool_process_first_is_held_as_clock_uncertain_
         ledger_worker, redis_broker, tmp_path, TEST_RECONCILE_INTERVAL="3600"
     )
     assert tasks.effect.apply_async(("before",), budget=60).get(timeout=30)["key"] == "before"
-    shift.write_text("600")
+    shift_wall_clock(shift, 600)
     held = tasks.effect.apply_async(("held",), budget=60)
     wait_for(lambda: ("clock_hold", "applied", 1) in history(held.id), 15)
     assert lines(sink, "start", "held") == []  # never started
     assert "held as CLOCK_UNCERTAIN: clock offset -600" in worker.log()
     assert "refused" not in worker.log()  # not failed, not expired
     wait_for(lambda: "clock uncertain: offset" in worker.log(), 10)  # the watch woke up
-    shift.write_text("0")
+    shift_wall_clock(shift, 0)
     # the worker's clock agrees again: it consumes, and publishes the held run again
     assert held.get(timeout=30)["key"] == "held"
     run = run_of(held.id)
