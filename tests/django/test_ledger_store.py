@@ -19,6 +19,7 @@ from django.test.utils import CaptureQueriesContext
 from celery_deadlines.ledger.store import ClaimRefused, Lease, NewRun, Store
 from celery_deadlines.models import Run, RunEvent, Status
 from tests.conftest import service_unavailable
+from tests.django.conftest import DATABASES
 from tests.support.processes import reachable
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
@@ -27,7 +28,7 @@ TTL = timedelta(seconds=30)
 NO_RESERVE = timedelta(0)
 
 
-@pytest.fixture(params=["default", "postgres"], ids=["sqlite", "postgresql"])
+@pytest.fixture(params=DATABASES)
 def store(request: pytest.FixtureRequest) -> Store:
     if request.param == "postgres" and not reachable("127.0.0.1", 5432):
         service_unavailable("PostgreSQL 127.0.0.1:5432")

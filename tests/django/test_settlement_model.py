@@ -32,6 +32,7 @@ from celery_deadlines.ledger.reconcile import Report, _settle
 from celery_deadlines.ledger.store import LapsedLease, Lease, NewRun, Store
 from celery_deadlines.models import Effect, EffectState, Run
 from tests.conftest import service_unavailable
+from tests.django.conftest import DATABASES
 from tests.support.processes import reachable
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
@@ -164,7 +165,7 @@ def _published(*_: Any, **__: Any) -> None:
     """The model checks the ledger; republished messages go nowhere."""
 
 
-@pytest.mark.parametrize("alias", ["default", "postgres"], ids=["sqlite", "postgresql"])
+@pytest.mark.parametrize("alias", DATABASES)
 def test_two_reconcilers_and_an_operator_never_settle_one_dispatch_twice(
     alias: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
