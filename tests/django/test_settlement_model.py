@@ -131,8 +131,8 @@ def machine_for(store: Store) -> type[RuleBasedStateMachine]:
             """Act on what this settler read at its previous step, then read again: its
             view is always one step old, as a reconciler's is by the time it writes."""
             read = self.settlers[settler]
-            for lapsed in read.lapsed:
-                _settle(app, store, lapsed, 1000, Report())
+            for lease in read.lapsed:
+                _settle(app, store, lease, 1000, Report())
             for seen, found in read.answers:
                 result = {"paid": self.key} if found else None
                 settle_effect(app, store, seen, found, result, "lookup", by=settler)
@@ -171,11 +171,11 @@ def test_two_reconcilers_and_an_operator_never_settle_one_dispatch_twice(
 ) -> None:
     from hypothesis.stateful import run_state_machine_as_test
 
-    from celery_deadlines.ledger import operations
+    from celery_deadlines.ledger import outbox
 
     if alias == "postgres" and not reachable("127.0.0.1", 5432):
         service_unavailable("PostgreSQL 127.0.0.1:5432")
-    monkeypatch.setattr(operations.outbox, "republish_run", _published)
+    monkeypatch.setattr(outbox, "republish_run", _published)  # what operations calls
     monkeypatch.setattr(app.backend, "mark_as_failure", _published)
     run_state_machine_as_test(
         machine_for(Store(alias)),
