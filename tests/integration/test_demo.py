@@ -2,126 +2,30 @@
 
 Run as a user runs it (a subprocess of ``python -m demo_project.run_demo``), on the
 embedded default (SQLite + filesystem transport), on Redis + PostgreSQL and on RabbitMQ;
-the three runs are independent (brokers, databases, folders) and run side by side.
+the three runs are independent (brokers, databases, folders) and run side by side
+(tests/support/demos.py), beside the Django tier when the session runs it.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import service_unavailable
-from tests.support.processes import REPO, reachable
+from tests.support.demos import DEMOS, Demo, selected_demos
 
 pytestmark = pytest.mark.integration
-
-
-#: Each demo waits mostly on its own workers, deadlines and retries: the three run side by
-#: side (different brokers, databases and folders), so the module costs about the longest.
-TIMEOUT = 180.0
-
-
-@dataclass
-class Demo:
-    """One ``python -m demo_project.run_demo`` subprocess, its output kept in files."""
-
-    process: subprocess.Popen[bytes]
-    stdout: Path
-    stderr: Path
-
-    def output(self) -> str:
-        """Its whole output once it exited (it must exit 0 within the timeout)."""
-        try:
-            self.process.wait(TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
-            pytest.fail(f"the demo did not finish within {TIMEOUT:.0f} s:\n{self.read()}")
-        output = self.read()
-        assert self.process.returncode == 0, output
-        return output
-
-    def read(self) -> str:
-        return self.stdout.read_text(errors="replace") + self.stderr.read_text(errors="replace")
-
-
-def start_demo(var: Path, **env: str) -> Demo:
-    var.mkdir()
-    with (var / "stdout").open("wb") as out, (var / "stderr").open("wb") as err:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "demo_project.run_demo"],
-            cwd=REPO,
-            env={**os.environ, "DEMO_VAR_DIR": str(var), **env},
-            stdout=out,
-            stderr=err,
-        )
-    return Demo(process, var / "stdout", var / "stderr")
-
-
-#: The demo each test reads.
-DEMO_OF = {
-    "test_the_demo_explains_the_story_on_the_embedded_default": "embedded",
-    "test_the_demo_runs_on_redis_and_postgresql": "redis-postgresql",
-    "test_the_demo_runs_on_rabbitmq": "rabbitmq",
-}
 
 
 @pytest.fixture(scope="module")
 def demos(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Demo]]:
-    """The demos of the selected tests whose services are reachable, started together."""
-    selected = {DEMO_OF.get(item.name) for item in request.session.items}
-    folder = tmp_path_factory.mktemp("demos")
-    started: dict[str, Demo] = {}
-    if "embedded" in selected:
-        started["embedded"] = start_demo(folder / "embedded")
-    database = None
-    if (
-        "redis-postgresql" in selected
-        and reachable("127.0.0.1", 6379)
-        and reachable("127.0.0.1", 5432)
-    ):
-        database = create_database()
-        started["redis-postgresql"] = start_demo(
-            folder / "redis-postgresql",
-            CELERY_BROKER_URL="redis://127.0.0.1:6379/9",
-            DATABASE_URL=f"postgres://postgres@127.0.0.1:5432/{database}",
-        )
-    if "rabbitmq" in selected and reachable("127.0.0.1", 5672):
-        started["rabbitmq"] = start_demo(
-            folder / "rabbitmq", CELERY_BROKER_URL="amqp://guest:guest@127.0.0.1:5672//"
-        )
-    yield started
-    for demo in started.values():
-        if demo.process.poll() is None:
-            demo.process.kill()
-            demo.process.wait(10)
-    if database is not None:
-        drop_database(database)
-
-
-def create_database() -> str:
-    import psycopg
-
-    name = f"cd_demo_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect("postgresql://postgres@127.0.0.1/postgres", autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return name
-
-
-def drop_database(name: str) -> None:
-    import psycopg
-
-    with psycopg.connect("postgresql://postgres@127.0.0.1/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    """The selected demos whose services are reachable, all running (tests/support/demos.py:
+    started with the Django tier if the session has one, else now)."""
+    yield DEMOS.start(selected_demos(request.session), tmp_path_factory.mktemp("demos"))
+    DEMOS.stop()
 
 
 def assert_story_explained(output: str) -> None:
