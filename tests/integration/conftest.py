@@ -351,33 +351,52 @@ def ledger_client(queue: str) -> Iterator[Callable[[Transport], Any]]:
     _reset_connections(app)
 
 
-@pytest.fixture
-def ledger_worker(
-    tmp_path: Path, queue: str, sink: Path, request: pytest.FixtureRequest
-) -> Iterator[Callable[..., WorkerProcess]]:
-    """Start ledger workers (``env`` adds TEST_* knobs); all are stopped after the test."""
-    started: list[WorkerProcess] = []
-    url = ledger_database_url()
+class LedgerWorkers:
+    """Starts ledger workers for one test (``env`` adds TEST_* knobs)."""
 
-    def start(transport: Transport, concurrency: int = 1, **env: str) -> WorkerProcess:
+    def __init__(self, tmp_path: Path, queue: str, sink: Path) -> None:
+        self.tmp_path, self.queue, self.sink = tmp_path, queue, sink
+        self.started: list[WorkerProcess] = []
+        self.url = ledger_database_url()
+
+    def __call__(self, transport: Transport, concurrency: int = 1, **env: str) -> WorkerProcess:
+        """One worker, ready."""
+        return self.spawn(transport, concurrency, **env).wait_ready()
+
+    def together(
+        self, count: int, transport: Transport, concurrency: int = 1, **env: str
+    ) -> list[WorkerProcess]:
+        """``count`` alike workers, started side by side, all ready."""
+        workers = [self.spawn(transport, concurrency, **env) for _ in range(count)]
+        return [worker.wait_ready() for worker in workers]
+
+    def spawn(self, transport: Transport, concurrency: int, **env: str) -> WorkerProcess:
         worker = WorkerProcess(
             transport,
-            queue,
-            tmp_path / f"ledger-worker-{len(started)}.log",
+            self.queue,
+            self.tmp_path / f"ledger-worker-{len(self.started)}.log",
             concurrency=concurrency,
             app_module="tests.support.ledgerapp",
-            node=f"{queue}-{len(started)}",
+            node=f"{self.queue}-{len(self.started)}",
             extra_env={
-                "TEST_DATABASE_URL": url,
-                "TEST_SINK": str(sink),
+                "TEST_DATABASE_URL": self.url,
+                "TEST_SINK": str(self.sink),
                 "DJANGO_SETTINGS_MODULE": "tests.support.ledger_settings",
                 **env,
             },
         )
-        started.append(worker)
-        return worker.start()
+        self.started.append(worker)
+        return worker.spawn()
 
-    yield start
+
+@pytest.fixture
+def ledger_worker(
+    tmp_path: Path, queue: str, sink: Path, request: pytest.FixtureRequest
+) -> Iterator[LedgerWorkers]:
+    """Start ledger workers; all are killed after the test."""
+    workers = LedgerWorkers(tmp_path, queue, sink)
+    yield workers
+    started = workers.started
     for worker in started:
         worker.kill()  # its shutdown is not under test: a warm one costs a second or more
     for broker_url in {worker.transport.broker_url for worker in started}:

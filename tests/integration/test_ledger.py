@@ -141,8 +141,7 @@ def test_the_same_task_id_published_three_times_runs_once(
     broker: Transport, ledger_client: Any, ledger_worker: Any, sink: Path
 ) -> None:
     tasks = ledger_client(broker)
-    ledger_worker(broker)
-    ledger_worker(broker)
+    ledger_worker.together(2, broker)
     first = tasks.effect.apply_async(("dup",), task_id="dup-1", budget=60, countdown=1)
     for _ in range(2):
         tasks.effect.apply_async(("dup",), task_id="dup-1", budget=60, countdown=1)
@@ -159,8 +158,7 @@ def test_a_task_outliving_the_redis_visibility_timeout_runs_once_not_once_per_wo
 ) -> None:
     tasks = ledger_client(redis_broker)
     knobs = {"TEST_ACKS_LATE": "1", "TEST_VISIBILITY_TIMEOUT": "1", "TEST_LEASE_TTL": "1.5"}
-    ledger_worker(redis_broker, **knobs)
-    ledger_worker(redis_broker, **knobs)
+    ledger_worker.together(2, redis_broker, **knobs)
     result = tasks.effect.apply_async(("long",), kwargs={"seconds": 6}, budget=60)
     assert result.get(timeout=60)["key"] == "long"
     events = history(result.id)
@@ -462,8 +460,7 @@ def test_a_worker_paused_between_the_guard_and_the_call_is_stopped_only_by_a_fen
     key = ("fenced-" if fenced else "plain-") + "order-42"
     tasks = ledger_client(redis_broker)
     knobs = {"TEST_ACKS_LATE": "1", "TEST_LEASE_TTL": "1", "TEST_SINK_URL": url}
-    ledger_worker(redis_broker, **knobs)
-    ledger_worker(redis_broker, **knobs)
+    ledger_worker.together(2, redis_broker, **knobs)
     result = tasks.remote_pay.apply_async((key,), budget=60)
     guarded = wait_for(lambda: lines(sink, "guarded", key), 30)[0]
     os.kill(guarded["pid"], signal.SIGSTOP)  # past the guard, before the call

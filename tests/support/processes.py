@@ -64,6 +64,12 @@ class WorkerProcess:
     process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 30.0) -> WorkerProcess:
+        """Spawn the worker and wait until it is ready."""
+        return self.spawn().wait_ready(timeout)
+
+    def spawn(self) -> WorkerProcess:
+        """Spawn the worker without waiting for it (then ``wait_ready``): the workers of
+        one test can start side by side."""
         extra = dict(self.extra_env)
         if self.clock_shift_file is not None:
             extra["CELERY_DEADLINES_TESTING_WALL_CLOCK_SHIFT_FILE"] = str(self.clock_shift_file)
@@ -76,6 +82,12 @@ class WorkerProcess:
             ],
             self.transport, self.queue, extra, self.log_path, "wb",
         )  # fmt: skip
+        return self
+
+    def wait_ready(self, timeout: float = 30.0) -> WorkerProcess:
+        """Wait until the spawned worker logs that it is ready."""
+        if self.process is None:
+            raise RuntimeError("the worker was not spawned")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if " ready." in self.log():
