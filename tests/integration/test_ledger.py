@@ -354,6 +354,9 @@ def test_a_task_that_always_kills_its_process_fails_as_worker_lost_instead_of_lo
         TEST_ACKS_LATE="1",
         TEST_REJECT_ON_WORKER_LOST=reject_on_worker_lost,
         TEST_MAX_LOST_LEASES="2",
+        # each loss is found when the dead attempt's lease lapses: a short lease (the
+        # body dies at once, nothing needs renewing) makes the three rounds quicker
+        TEST_LEASE_TTL="1",
     )
     result = tasks.always_crash.apply_async(("doomed",), budget=120)
     run = wait_for(lambda: ended(result.id), 60)
