@@ -132,6 +132,7 @@ def client_for(transport: Transport, queue: str) -> Iterator[Any]:
             "data_folder_in": transport.fs_folder,
             "data_folder_out": transport.fs_folder,
             "control_folder": transport.fs_folder + "-control",
+            "polling_interval": 0.1,  # as the workers poll (tests/support/workerapp.py)
         }
     app.conf.update(
         broker_url=transport.broker_url,

@@ -207,7 +207,8 @@ def test_a_deadline_reaches_children_grandchildren_groups_chords_chains_and_link
     deadline = parent["deadline"]
 
     def seen(task_id: str) -> dict[str, Any]:
-        value: dict[str, Any] = app.AsyncResult(task_id).get(timeout=20)
+        # a result backend without push (the filesystem's) is polled: every 0.05 s, not 0.5
+        value: dict[str, Any] = app.AsyncResult(task_id).get(timeout=20, interval=0.05)
         return value
 
     children = parent["children"]
