@@ -103,8 +103,7 @@ def test_a_duplicate_delivery_racing_the_deadline_is_decided_by_one_key_and_the_
     redis_broker: Transport, ledger_client: Any, ledger_worker: Any, sink: Path
 ) -> None:
     tasks = ledger_client(redis_broker)
-    ledger_worker(redis_broker)
-    ledger_worker(redis_broker)
+    ledger_worker.together(2, redis_broker)
     task_id = f"race-{uuid.uuid4().hex[:8]}"
     # the same run dispatched twice, to two workers; the provider takes the payment and
     # then hangs past the 2 s deadline

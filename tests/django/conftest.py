@@ -3,14 +3,43 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from tests.conftest import service_unavailable
+from tests.support.demos import DEMOS, selected_demos
 from tests.support.processes import reachable
 
 
-@pytest.fixture(params=["default", "postgres"], ids=["sqlite", "postgresql"])
+@pytest.fixture(scope="session", autouse=True)
+def demos_beside_the_django_tier(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """Start the session's demo runs (if it has demo tests) with its first Django test:
+    they run beside this tier, which needs no broker, no real worker and no wall-clock
+    margin, and their tests (later in the session) read what they printed."""
+    wanted = selected_demos(request.session)
+    if wanted:
+        DEMOS.start(wanted, tmp_path_factory.mktemp("demos"))
+    yield
+    DEMOS.stop()
+
+
+def one_database(alias: str, name: str) -> Any:
+    """The parameter ``alias`` of a test that uses that database alone: it may query only
+    that one, and only that one is flushed after it (``transaction=True`` flushes every
+    database a test names; a flush of the PostgreSQL test database is the costly part
+    of most of these tests)."""
+    marks = pytest.mark.django_db(transaction=True, databases=[alias])
+    return pytest.param(alias, id=name, marks=marks)
+
+
+#: The ledger's databases: each test runs on each, one at a time.
+DATABASES = [one_database("default", "sqlite"), one_database("postgres", "postgresql")]
+
+
+@pytest.fixture(params=DATABASES)
 def alias(request: pytest.FixtureRequest) -> Iterator[str]:
     """The database alias the ledger runs on (each test runs on both). The workers'
     stores keep connections of their own: they are closed afterwards, or the test

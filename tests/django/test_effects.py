@@ -30,6 +30,7 @@ from celery_deadlines.observations import ActionClass, Observation
 from celery_deadlines.task import end_after_body
 from celery_deadlines.testing import FakeClock, use_clock
 from tests.conftest import service_unavailable
+from tests.django.conftest import DATABASES
 from tests.support.memory_queue import drain
 from tests.support.processes import reachable
 
@@ -42,7 +43,7 @@ class ProviderTimeout(Exception):
     pass
 
 
-@pytest.fixture(params=["default", "postgres"], ids=["sqlite", "postgresql"])
+@pytest.fixture(params=DATABASES)
 def store(request: pytest.FixtureRequest) -> Store:
     if request.param == "postgres" and not reachable("127.0.0.1", 5432):
         service_unavailable("PostgreSQL 127.0.0.1:5432")

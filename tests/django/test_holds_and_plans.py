@@ -191,14 +191,19 @@ def test_with_a_skew_budget_remaining_time_is_measured_on_the_ledger_clock(
     # goes ahead, and its remaining time is the ledger's view, not 0.4 s more
     app, _ = skewed
     behind = timedelta(seconds=0.4)
-    with use_clock(FakeClock(ledger_now(alias) - behind)) as clock:
+    before = ledger_now(alias)
+    with use_clock(FakeClock(before - behind)) as clock:
         digest_task(app).apply_async(task_id="digest-4", budget=100)
         deadline = clock.now() + timedelta(seconds=100)
         state, remaining = execute_next(app, QUEUE)
         local_view = (deadline - clock.now()).total_seconds()
+    after = ledger_now(alias)
     assert state == "SUCCESS"
     assert local_view == 100
-    assert 99.4 < remaining < 99.65
+    # the ledger's view: the deadline is 99.6 s after ``before`` on the ledger's clock, and
+    # the attempt read that clock between ``before`` and ``after`` (1 ms: its resolution)
+    elapsed = (after - before).total_seconds()
+    assert 99.6 - elapsed - 0.001 <= remaining <= 99.6 + 0.001
 
 
 def test_a_claim_reports_how_long_the_run_waited_for_a_worker(
@@ -207,12 +212,16 @@ def test_a_claim_reports_how_long_the_run_waited_for_a_worker(
     app, _ = skewed
     with received(run_claimed) as claims:
         digest_task(app).apply_async(task_id="digest-5")
+        before = ledger_now(alias)
         Run.objects.using(alias).filter(task_id="digest-5").update(
-            published_at=ledger_now(alias) - timedelta(seconds=30)
+            published_at=before - timedelta(seconds=30)
         )
         execute_next(app, QUEUE)
+        after = ledger_now(alias)
     assert len(claims) == 1
-    assert timedelta(seconds=30) <= claims[0]["queue_wait"] < timedelta(seconds=35)
+    # published 30 s before ``before``; claimed by the ledger's clock before ``after``
+    waited = timedelta(seconds=30)
+    assert waited <= claims[0]["queue_wait"] <= waited + (after - before)
 
 
 # -- plans and the resume gate -----------------------------------------------------------

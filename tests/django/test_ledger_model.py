@@ -28,6 +28,7 @@ from celery_deadlines.ledger.sql.connection import Store
 from celery_deadlines.ledger.sql.rows import ClaimRefused, Lease, NewRun
 from celery_deadlines.models import TERMINAL, Run, RunEvent, Status
 from tests.conftest import service_unavailable
+from tests.django.conftest import DATABASES
 from tests.support.processes import reachable
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
@@ -169,7 +170,7 @@ def machine_for(store: Store) -> type[RuleBasedStateMachine]:
     return LedgerMachine
 
 
-@pytest.mark.parametrize("alias", ["default", "postgres"], ids=["sqlite", "postgresql"])
+@pytest.mark.parametrize("alias", DATABASES)
 def test_the_ledger_behaves_like_its_model_under_random_claims_writes_and_lapses(
     alias: str,
 ) -> None:

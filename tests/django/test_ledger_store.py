@@ -20,6 +20,7 @@ from celery_deadlines.ledger.sql.connection import Store
 from celery_deadlines.ledger.sql.rows import ClaimRefused, Lease, NewRun
 from celery_deadlines.models import Run, RunEvent, Status
 from tests.conftest import service_unavailable
+from tests.django.conftest import DATABASES
 from tests.support.processes import reachable
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
@@ -28,7 +29,7 @@ TTL = timedelta(seconds=30)
 NO_RESERVE = timedelta(0)
 
 
-@pytest.fixture(params=["default", "postgres"], ids=["sqlite", "postgresql"])
+@pytest.fixture(params=DATABASES)
 def store(request: pytest.FixtureRequest) -> Store:
     if request.param == "postgres" and not reachable("127.0.0.1", 5432):
         service_unavailable("PostgreSQL 127.0.0.1:5432")

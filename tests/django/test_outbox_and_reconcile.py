@@ -21,13 +21,14 @@ from celery_deadlines.ledger.sql.connection import Store
 from celery_deadlines.ledger.sql.rows import Lease, NewRun
 from celery_deadlines.models import Effect, Run, Status
 from tests.conftest import service_unavailable
+from tests.django.conftest import DATABASES
 from tests.support.memory_queue import drain
 from tests.support.processes import reachable
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
 
 
-@pytest.fixture(params=["default", "postgres"], ids=["sqlite", "postgresql"])
+@pytest.fixture(params=DATABASES)
 def store(request: pytest.FixtureRequest) -> Store:
     if request.param == "postgres" and not reachable("127.0.0.1", 5432):
         service_unavailable("PostgreSQL 127.0.0.1:5432")

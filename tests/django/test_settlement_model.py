@@ -34,6 +34,7 @@ from celery_deadlines.ledger.sql.effects import Pending
 from celery_deadlines.ledger.sql.rows import LapsedLease, Lease, NewRun
 from celery_deadlines.models import Effect, EffectState, Run
 from tests.conftest import service_unavailable
+from tests.django.conftest import DATABASES
 from tests.support.processes import reachable
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
@@ -183,7 +184,7 @@ def _published(*_: Any, **__: Any) -> None:
     """The model checks the ledger; republished messages go nowhere."""
 
 
-@pytest.mark.parametrize("alias", ["default", "postgres"], ids=["sqlite", "postgresql"])
+@pytest.mark.parametrize("alias", DATABASES)
 def test_two_reconcilers_and_an_operator_never_settle_one_dispatch_twice(
     alias: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -13,6 +13,8 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,12 +65,20 @@ def require(transport: Transport) -> None:
             service_unavailable(f"{transport.name}: {host}:{port}")
 
 
-@pytest.fixture(params=["redis", "rabbitmq", "filesystem"])
+def transport_named(name: str, folder: Path) -> Transport:
+    """The transport called ``name`` (a filesystem broker lives in ``folder``)."""
+    if name == "filesystem":
+        return filesystem_transport(folder)
+    return redis_transport() if name == "redis" else rabbitmq_transport()
+
+
+#: The transports whose own properties a test may depend on (queue delay, headers).
+TRANSPORTS = ["redis", "rabbitmq", "filesystem"]
+
+
+@pytest.fixture(params=TRANSPORTS)
 def transport(request: pytest.FixtureRequest, tmp_path: Path) -> Transport:
-    if request.param == "filesystem":
-        chosen = filesystem_transport(tmp_path)
-    else:
-        chosen = redis_transport() if request.param == "redis" else rabbitmq_transport()
+    chosen = transport_named(request.param, tmp_path)
     require(chosen)
     return chosen
 
@@ -97,6 +107,13 @@ def redis_client(redis: Transport, queue: str) -> Iterator[Any]:
 
 
 def _client(transport: Transport, queue: str) -> Iterator[Any]:
+    with client_for(transport, queue) as app:
+        yield app
+
+
+@contextmanager
+def client_for(transport: Transport, queue: str) -> Iterator[Any]:
+    """The test app in this process, publishing to ``transport`` and ``queue`` meanwhile."""
     from tests.support import workerapp
 
     app = workerapp.app
@@ -115,6 +132,7 @@ def _client(transport: Transport, queue: str) -> Iterator[Any]:
             "data_folder_in": transport.fs_folder,
             "data_folder_out": transport.fs_folder,
             "control_folder": transport.fs_folder + "-control",
+            "polling_interval": 0.1,  # as the workers poll (tests/support/workerapp.py)
         }
     app.conf.update(
         broker_url=transport.broker_url,
@@ -161,7 +179,7 @@ def start_worker(tmp_path: Path, queue: str, request: pytest.FixtureRequest) -> 
 
     yield start
     for worker in started:
-        worker.stop()
+        worker.kill()  # its shutdown is not under test: a warm one costs a second or more
     for broker_url in {worker.transport.broker_url for worker in started}:
         if broker_url.startswith("redis://"):
             forget_unacked(broker_url, queue)
@@ -169,6 +187,68 @@ def start_worker(tmp_path: Path, queue: str, request: pytest.FixtureRequest) -> 
     if failed is not None and failed.failed:
         for worker in started:
             print(f"--- {worker.log_path.name} ---\n{worker.log()}")
+
+
+# -- shared workers: one per module for the tests that need no topology of their own ------
+
+
+@dataclass
+class Shared:
+    """A worker that several tests of a module share, on its own queue."""
+
+    transport: Transport
+    queue: str
+    worker: WorkerProcess
+    folder: Path
+
+
+class SharedWorkers:
+    """Workers a module's tests share when they need no topology of their own (Celery's
+    own t/integration rule): each is started on first use, under a name, and stopped
+    when the module ends. Tests that publish before a worker exists, kill a whole worker,
+    or need a pool of a given size keep workers of their own (``start_worker``)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.started: dict[str, Shared] = {}
+
+    def get(
+        self, name: str, start: Callable[[Path, str], tuple[Transport, WorkerProcess]]
+    ) -> Shared:
+        """The worker called ``name``, started by ``start(folder, queue)`` if it is not yet."""
+        if name not in self.started:
+            folder = self.folder / name
+            folder.mkdir()
+            queue = f"shared-{uuid.uuid4().hex[:10]}"
+            transport, worker = start(folder, queue)
+            self.started[name] = Shared(transport, queue, worker.start(), folder)
+        return self.started[name]
+
+    def stop(self) -> None:
+        for shared in self.started.values():
+            shared.worker.kill()  # its shutdown is not under test
+        for shared in self.started.values():
+            if shared.transport.broker_url.startswith("redis://"):
+                forget_unacked(shared.transport.broker_url, shared.queue)
+
+
+@pytest.fixture(scope="module")
+def shared_workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedWorkers]:
+    workers = SharedWorkers(tmp_path_factory.mktemp("shared-workers"))
+    yield workers
+    workers.stop()
+
+
+@contextmanager
+def logs_on_failure(request: pytest.FixtureRequest, *workers: WorkerProcess) -> Iterator[None]:
+    """Print what ``workers`` logged during the test if it failed (a shared worker's log
+    holds every test's lines: only this test's are printed)."""
+    offsets = [len(worker.log()) for worker in workers]
+    yield
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        for worker, offset in zip(workers, offsets, strict=True):
+            print(f"--- {worker.log_path.name} (this test's lines) ---\n{worker.log()[offset:]}")
 
 
 # -- the ledger's tests: PostgreSQL, ledger workers, the provider process ----------------
@@ -272,35 +352,54 @@ def ledger_client(queue: str) -> Iterator[Callable[[Transport], Any]]:
     _reset_connections(app)
 
 
-@pytest.fixture
-def ledger_worker(
-    tmp_path: Path, queue: str, sink: Path, request: pytest.FixtureRequest
-) -> Iterator[Callable[..., WorkerProcess]]:
-    """Start ledger workers (``env`` adds TEST_* knobs); all are stopped after the test."""
-    started: list[WorkerProcess] = []
-    url = ledger_database_url()
+class LedgerWorkers:
+    """Starts ledger workers for one test (``env`` adds TEST_* knobs)."""
 
-    def start(transport: Transport, concurrency: int = 1, **env: str) -> WorkerProcess:
+    def __init__(self, tmp_path: Path, queue: str, sink: Path) -> None:
+        self.tmp_path, self.queue, self.sink = tmp_path, queue, sink
+        self.started: list[WorkerProcess] = []
+        self.url = ledger_database_url()
+
+    def __call__(self, transport: Transport, concurrency: int = 1, **env: str) -> WorkerProcess:
+        """One worker, ready."""
+        return self.spawn(transport, concurrency, **env).wait_ready()
+
+    def together(
+        self, count: int, transport: Transport, concurrency: int = 1, **env: str
+    ) -> list[WorkerProcess]:
+        """``count`` alike workers, started side by side, all ready."""
+        workers = [self.spawn(transport, concurrency, **env) for _ in range(count)]
+        return [worker.wait_ready() for worker in workers]
+
+    def spawn(self, transport: Transport, concurrency: int, **env: str) -> WorkerProcess:
         worker = WorkerProcess(
             transport,
-            queue,
-            tmp_path / f"ledger-worker-{len(started)}.log",
+            self.queue,
+            self.tmp_path / f"ledger-worker-{len(self.started)}.log",
             concurrency=concurrency,
             app_module="tests.support.ledgerapp",
-            node=f"{queue}-{len(started)}",
+            node=f"{self.queue}-{len(self.started)}",
             extra_env={
-                "TEST_DATABASE_URL": url,
-                "TEST_SINK": str(sink),
+                "TEST_DATABASE_URL": self.url,
+                "TEST_SINK": str(self.sink),
                 "DJANGO_SETTINGS_MODULE": "tests.support.ledger_settings",
                 **env,
             },
         )
-        started.append(worker)
-        return worker.start()
+        self.started.append(worker)
+        return worker.spawn()
 
-    yield start
+
+@pytest.fixture
+def ledger_worker(
+    tmp_path: Path, queue: str, sink: Path, request: pytest.FixtureRequest
+) -> Iterator[LedgerWorkers]:
+    """Start ledger workers; all are killed after the test."""
+    workers = LedgerWorkers(tmp_path, queue, sink)
+    yield workers
+    started = workers.started
     for worker in started:
-        worker.stop()
+        worker.kill()  # its shutdown is not under test: a warm one costs a second or more
     for broker_url in {worker.transport.broker_url for worker in started}:
         if broker_url.startswith("redis://"):
             forget_unacked(broker_url, queue)

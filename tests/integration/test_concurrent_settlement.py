@@ -78,8 +78,7 @@ def test_a_reconciler_that_read_an_effect_before_a_newer_dispatch_does_not_settl
         "TEST_LEASE_TTL": "2", "TEST_MAX_LOST_LEASES": "5",
     }  # fmt: skip
     tasks = ledger_client(redis_broker)
-    ledger_worker(redis_broker, concurrency=2, **knobs)
-    ledger_worker(redis_broker, concurrency=2, **knobs)
+    ledger_worker.together(2, redis_broker, concurrency=2, **knobs)
     tasks.sweep_pay.apply_async((key,), task_id=task_id, budget=90)
 
     # steps 1-3: one reconciler is held with its answer, the other settled the effect and

@@ -138,7 +138,7 @@ def sweep(
             planned.append((case, oracle.Planned(task_id, key, case.point)))
         plan_file.write_text(json.dumps(plan))
         env = {**knobs, "TEST_REJECT_ON_WORKER_LOST": reject_on_worker_lost}
-        workers = [ledger_worker(redis_broker, concurrency=2, **env) for _ in range(2)]
+        workers = ledger_worker.together(2, redis_broker, concurrency=2, **env)
         restart = partial(ledger_worker, redis_broker, concurrency=2, **env)
         acknowledged: dict[str, bool] = {}
         for start in range(0, len(planned), batch):
@@ -297,8 +297,7 @@ def test_a_worker_paused_past_its_lease_before_the_guard_never_reaches_the_provi
         "TEST_LEASE_TTL": "1",
     }  # fmt: skip
     tasks = ledger_client(redis_broker)
-    ledger_worker(redis_broker, **knobs)
-    ledger_worker(redis_broker, **knobs)
+    ledger_worker.together(2, redis_broker, **knobs)
     result = tasks.sweep_pay.apply_async((key,), task_id=task_id, budget=60)
     assert result.get(timeout=30)["id"].startswith(key)  # the other worker paid
     [paused] = read_jsonl(Path(f"{plan_file}.fired.jsonl"))

@@ -1,39 +1,31 @@
 """The README's first command: the demo runs the shop story and explains every task.
 
 Run as a user runs it (a subprocess of ``python -m demo_project.run_demo``), on the
-embedded default (SQLite + filesystem transport), on Redis + PostgreSQL and on RabbitMQ.
+embedded default (SQLite + filesystem transport), on Redis + PostgreSQL and on RabbitMQ;
+the three runs are independent (brokers, databases, folders) and run side by side
+(tests/support/demos.py), beside the Django tier when the session runs it.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import service_unavailable
-from tests.support.processes import REPO, reachable
+from tests.support.demos import DEMOS, Demo, selected_demos
 
 pytestmark = pytest.mark.integration
 
 
-def run_demo(var: Path, **env: str) -> str:
-    completed = subprocess.run(
-        [sys.executable, "-m", "demo_project.run_demo"],
-        cwd=REPO,
-        env={**os.environ, "DEMO_VAR_DIR": str(var), **env},
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    output = completed.stdout + completed.stderr
-    assert completed.returncode == 0, output
-    return output
+@pytest.fixture(scope="module")
+def demos(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Demo]]:
+    """The selected demos whose services are reachable, all running (tests/support/demos.py:
+    started with the Django tier if the session has one, else now)."""
+    yield DEMOS.start(selected_demos(request.session), tmp_path_factory.mktemp("demos"))
+    DEMOS.stop()
 
 
 def assert_story_explained(output: str) -> None:
@@ -70,39 +62,23 @@ def assert_story_explained(output: str) -> None:
     assert "the order's address is still 'Alte Str. 1, Berlin'" in output
 
 
-def test_the_demo_explains_the_story_on_the_embedded_default(tmp_path: Path) -> None:
-    output = run_demo(tmp_path)
+def test_the_demo_explains_the_story_on_the_embedded_default(demos: dict[str, Demo]) -> None:
+    output = demos["embedded"].output()
     assert "broker filesystem://, database sqlite3" in output
     assert_story_explained(output)
 
 
-@pytest.fixture
-def postgres_url() -> Iterator[str]:
-    if not reachable("127.0.0.1", 5432):
-        service_unavailable("PostgreSQL 127.0.0.1:5432")
-    import psycopg
-
-    name = f"cd_demo_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect("postgresql://postgres@127.0.0.1/postgres", autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield f"postgres://postgres@127.0.0.1:5432/{name}"
-    with psycopg.connect("postgresql://postgres@127.0.0.1/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def test_the_demo_runs_on_redis_and_postgresql(tmp_path: Path, postgres_url: str) -> None:
-    if not reachable("127.0.0.1", 6379):
-        service_unavailable("Redis 127.0.0.1:6379")
-    output = run_demo(
-        tmp_path, CELERY_BROKER_URL="redis://127.0.0.1:6379/9", DATABASE_URL=postgres_url
-    )
+def test_the_demo_runs_on_redis_and_postgresql(demos: dict[str, Demo]) -> None:
+    if "redis-postgresql" not in demos:
+        service_unavailable("Redis 127.0.0.1:6379 or PostgreSQL 127.0.0.1:5432")
+    output = demos["redis-postgresql"].output()
     assert "broker redis://127.0.0.1:6379/9, database postgresql" in output
     assert_story_explained(output)
 
 
-def test_the_demo_runs_on_rabbitmq(tmp_path: Path) -> None:
-    if not reachable("127.0.0.1", 5672):
+def test_the_demo_runs_on_rabbitmq(demos: dict[str, Demo]) -> None:
+    if "rabbitmq" not in demos:
         service_unavailable("RabbitMQ 127.0.0.1:5672")
-    output = run_demo(tmp_path, CELERY_BROKER_URL="amqp://guest:guest@127.0.0.1:5672//")
+    output = demos["rabbitmq"].output()
     assert "broker amqp://guest:**@127.0.0.1:5672//, database sqlite3" in output  # no password
     assert_story_explained(output)

@@ -64,6 +64,12 @@ class WorkerProcess:
     process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 30.0) -> WorkerProcess:
+        """Spawn the worker and wait until it is ready."""
+        return self.spawn().wait_ready(timeout)
+
+    def spawn(self) -> WorkerProcess:
+        """Spawn the worker without waiting for it (then ``wait_ready``): the workers of
+        one test can start side by side."""
         extra = dict(self.extra_env)
         if self.clock_shift_file is not None:
             extra["CELERY_DEADLINES_TESTING_WALL_CLOCK_SHIFT_FILE"] = str(self.clock_shift_file)
@@ -76,6 +82,12 @@ class WorkerProcess:
             ],
             self.transport, self.queue, extra, self.log_path, "wb",
         )  # fmt: skip
+        return self
+
+    def wait_ready(self, timeout: float = 30.0) -> WorkerProcess:
+        """Wait until the spawned worker logs that it is ready."""
+        if self.process is None:
+            raise RuntimeError("the worker was not spawned")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if " ready." in self.log():
@@ -178,3 +190,12 @@ def wait_for(predicate: Any, timeout: float, interval: float = 0.05) -> Any:
         if time.monotonic() > deadline:
             raise TimeoutError(f"condition not met within {timeout} s")
         time.sleep(interval)
+
+
+def shift_wall_clock(path: Path, seconds: float) -> None:
+    """Set the wall-clock shift a worker reads from ``path`` (``WorkerProcess``'s
+    ``clock_shift_file``), atomically: a worker reading it mid-write sees the old shift or
+    the new one, never an empty file (which it would read as no shift)."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(str(seconds))
+    os.replace(partial, path)

@@ -16,24 +16,26 @@ from celery import Celery, chord, group
 from celery.exceptions import SoftTimeLimitExceeded
 
 from celery_deadlines import DEADLINE_HEADER, ORIGIN_HEADER, SOURCE_HEADER, DeadlineTask
+from celery_deadlines.clock import get_clock
+
+
+def _filesystem_options() -> dict[str, Any]:
+    """kombu's filesystem transport, when the test chose it: its folders, polled every
+    0.1 s (as the demo's settings do) rather than every second."""
+    folders = {
+        "data_folder_in": os.environ.get("TEST_FS_FOLDER"),
+        "data_folder_out": os.environ.get("TEST_FS_FOLDER"),
+        "control_folder": os.environ.get("TEST_FS_CONTROL"),
+    }
+    options: dict[str, Any] = {key: value for key, value in folders.items() if value}
+    return {**options, "polling_interval": 0.1} if options else {}
+
 
 app = Celery("workerapp")
 app.conf.update(
     broker_url=os.environ.get("TEST_BROKER_URL", "memory://"),
     result_backend=os.environ.get("TEST_RESULT_BACKEND", "cache+memory://"),
-    broker_transport_options=_fs_options
-    if (
-        _fs_options := {
-            key: value
-            for key, value in {
-                "data_folder_in": os.environ.get("TEST_FS_FOLDER"),
-                "data_folder_out": os.environ.get("TEST_FS_FOLDER"),
-                "control_folder": os.environ.get("TEST_FS_CONTROL"),
-            }.items()
-            if value
-        }
-    )
-    else {},
+    broker_transport_options=_filesystem_options(),
     task_serializer="json",
     result_serializer="json",
     accept_content=["json"],
@@ -172,11 +174,24 @@ def manual_retry(self: DeadlineTask, countdown: float) -> dict[str, Any]:
 
 
 @app.task(base=DeadlineTask, bind=True, name="t.watch_remaining")
-def watch_remaining(self: DeadlineTask, seconds: float, step: float = 0.1) -> dict[str, Any]:
-    """Sample remaining() and the wall clock while a test moves the worker's wall clock."""
+def watch_remaining(
+    self: DeadlineTask, seconds: float, step: float = 0.1, started_file: str | None = None
+) -> dict[str, Any]:
+    """Sample remaining() and the wall clock while a test moves the worker's wall clock.
+
+    Each sample is (monotonic seconds since the first sample, read right before the
+    remaining() call; remaining(); the same, read right after it; the worker's wall
+    clock, as the library reads it). ``started_file`` is created once the attempt runs,
+    so that a test can change the clock *during* the attempt.
+    """
+    if started_file is not None:
+        open(started_file, "x").close()
     samples = []
     started = time.monotonic()
     while time.monotonic() - started < seconds:
-        samples.append((time.monotonic() - started, self.remaining()))
+        before = time.monotonic() - started
+        remaining = self.remaining()
+        after = time.monotonic() - started
+        samples.append((before, remaining, after, get_clock().now().timestamp()))
         time.sleep(step)
     return {"samples": samples, **_seen(self)}

@@ -508,7 +508,9 @@ def test_claim_counts_time_spent_waiting_for_a_pool_slot(app: Celery, clock: Fak
     assert stored_refusal(app, "m-1").reason == "insufficient_budget"
 
 
-@pytest.mark.parametrize("header", ["soon", float("inf"), -1, True, {"x": 1}, "2026-11-29T12:00"])
+@pytest.mark.parametrize(
+    "header", ["soon", float("inf"), -1, 1e300, True, {"x": 1}, [1.0], "2026-11-29T12:00"]
+)
 def test_claim_refuses_malformed_headers_without_raising(
     app: Celery, clock: FakeClock, header: object
 ) -> None:
