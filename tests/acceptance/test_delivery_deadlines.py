@@ -51,9 +51,12 @@ def test_execution_expires_but_the_notice_is_delivered_once_while_still_useful(
     crash = plan(tmp_path, {notify_id: {"point": "effect.before_outcome", "action": "kill"}})
     tasks = ledger_client(redis_broker)
     ledger_worker(
-        redis_broker, concurrency=2, TEST_SINK_URL=url, TEST_ACKS_LATE="1",
+        redis_broker,
+        concurrency=2,
+        TEST_SINK_URL=url,
+        TEST_ACKS_LATE="1",
         **{PLAN_FILE_ENV: str(crash)},
-    )  # fmt: skip
+    )
     # 2 s to act; the notice, sent 3 s later, is still worth sending for 30 s
     result = tasks.order.apply_async((order_id, notify_id, 3.0), budget=2, delivery_budget=30)
     result.get(timeout=30)
@@ -105,16 +108,19 @@ def test_a_duplicate_delivery_racing_the_deadline_is_decided_by_one_key_and_the_
     tasks = ledger_client(redis_broker)
     ledger_worker.together(2, redis_broker)
     task_id = f"race-{uuid.uuid4().hex[:8]}"
-    # the same run dispatched twice, to two workers; the provider takes the payment and
-    # then hangs past the 2 s deadline
-    for _ in range(2):
-        tasks.slow_pay.apply_async(("race",), task_id=task_id, budget=2)
+    # the same run dispatched twice, to two workers (a duplicate message: apply_async again
+    # would publish nothing); the provider takes the payment and then hangs past the 2 s
+    # deadline
+    tasks.slow_pay.apply_async(("race",), task_id=task_id, budget=2)
+    tasks.app.send_task("l.slow_pay", ("race",), task_id=task_id, budget=2)
     run = wait_for(lambda: ended(task_id), 30)
     assert (run.status, run.reason) == (Status.EXPIRED, "deadline_passed")
     effect = run.effects.get()
     assert (effect.state, effect.evidence, effect.dispatches) == (
-        "SUCCEEDED", "sink lookup: found", 1,
-    )  # fmt: skip
+        "SUCCEEDED",
+        "sink lookup: found",
+        1,
+    )
     kinds = [(e.kind, e.outcome) for e in events(task_id)]
     assert kinds.count(("claim", "applied")) == 1
     assert ("claim", "rejected") in kinds  # the duplicate never started

@@ -144,8 +144,8 @@ def test_the_same_task_id_published_three_times_runs_once(
     tasks = ledger_client(broker)
     ledger_worker.together(2, broker)
     first = tasks.effect.apply_async(("dup",), task_id="dup-1", budget=60, countdown=1)
-    for _ in range(2):
-        tasks.effect.apply_async(("dup",), task_id="dup-1", budget=60, countdown=1)
+    for _ in range(2):  # duplicate messages (apply_async again would publish nothing)
+        tasks.app.send_task("l.effect", ("dup",), task_id="dup-1", budget=60, countdown=1)
     assert first.get(timeout=30)["key"] == "dup"
     wait_for(lambda: len([e for e in history("dup-1") if e[0] == "claim"]) == 3, 30)
     claims = [e for e in history("dup-1") if e[0] == "claim"]
