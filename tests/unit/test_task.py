@@ -6,86 +6,25 @@ same behaviours are proven across real processes in tests/integration.
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
-from unittest.mock import Mock
 
 import pytest
 from celery import Celery
-from celery.contrib.testing.mocks import TaskMessage
 from celery.exceptions import Ignore, Retry
-from celery.signals import after_task_publish
 
 from celery_deadlines import (
     DEADLINE_HEADER,
     DELIVERY_DEADLINE_HEADER,
-    ORIGIN_HEADER,
     SOURCE_HEADER,
     ConfigurationError,
     DeadlineRefused,
-    DeadlineTask,
     InvalidDeadline,
-    deadline_refused,
-    deadline_scope,
 )
 from celery_deadlines.gates import Decision
-from celery_deadlines.request import DeadlineRequest
 from celery_deadlines.testing import FakeClock
 from celery_deadlines.wire import encode
-
-
-def stored_refusal(app: Celery, task_id: str) -> DeadlineRefused:
-    """The refusal the worker stored for ``task_id``, as a caller would read it."""
-    result = app.AsyncResult(task_id)
-    assert result.state == "FAILURE"
-    refusal = result.result
-    assert isinstance(refusal, DeadlineRefused), refusal
-    return refusal
-
-
-@pytest.fixture
-def app() -> Iterator[Celery]:
-    app = Celery("unit", broker="memory://", backend="cache+memory://", set_as_current=True)
-    app.conf.task_always_eager = False
-    app.conf.deadlines_ledger = False  # the header tier; the ledger has its own tests
-    yield app
-    app.close()
-
-
-@pytest.fixture
-def published() -> Iterator[list[dict[str, Any]]]:
-    """Headers of every message published during the test."""
-    seen: list[dict[str, Any]] = []
-
-    def record(headers: dict[str, Any] | None = None, **_: Any) -> None:
-        seen.append(dict(headers or {}))
-
-    after_task_publish.connect(record, weak=False)
-    yield seen
-    after_task_publish.disconnect(record)
-
-
-@pytest.fixture
-def refusals() -> Iterator[list[Decision]]:
-    seen: list[Decision] = []
-
-    def record(decision: Decision, **_: Any) -> None:
-        seen.append(decision)
-
-    deadline_refused.connect(record, weak=False)
-    yield seen
-    deadline_refused.disconnect(record)
-
-
-def make_task(app: Celery, name: str = "unit.work", **options: Any) -> Any:
-    @app.task(base=DeadlineTask, bind=True, name=name, shared=False, **options)
-    def work(self: DeadlineTask) -> float:
-        return self.remaining()
-
-    return work
-
+from tests.support.unit_tasks import claim, make_task, start_attempt, stored_refusal
 
 # -- enqueue: stamping and precedence ---------------------------------------------------
 
@@ -269,75 +208,7 @@ def test_an_earlier_celery_expires_is_kept(
     assert published[-1]["expires"] == (clock.now() + timedelta(seconds=10)).isoformat()
 
 
-# -- scopes: one deadline computed once outside a worker --------------------------------
-
-
-def test_everything_published_in_a_scope_shares_one_deadline(
-    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
-) -> None:
-    task = make_task(app)
-
-    @app.task(name="unit.plain", shared=False)
-    def plain() -> None:
-        return None
-
-    with deadline_scope(budget=20, app=app):
-        task.delay()
-        clock.advance(3)
-        task.delay()
-        plain.delay()
-    deadlines = {headers[DEADLINE_HEADER] for headers in published}
-    assert deadlines == {encode(clock.now() - timedelta(seconds=3) + timedelta(seconds=20))}
-    assert {headers[SOURCE_HEADER] for headers in published} == {"scope"}
-
-
-def test_a_later_explicit_budget_inside_a_scope_is_clamped_and_logged(
-    app: Celery,
-    clock: FakeClock,
-    published: list[dict[str, Any]],
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    with (
-        caplog.at_level(logging.INFO, logger="celery_deadlines"),
-        deadline_scope(budget=10, app=app),
-    ):
-        make_task(app).apply_async(budget=60)
-    assert published[-1][DEADLINE_HEADER] == encode(clock.now() + timedelta(seconds=10))
-    assert "clamped to the inherited" in caplog.text
-
-
-def test_an_earlier_explicit_budget_inside_a_scope_is_kept(
-    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
-) -> None:
-    with deadline_scope(budget=10, app=app):
-        make_task(app).apply_async(budget=2)
-    assert published[-1][DEADLINE_HEADER] == encode(clock.now() + timedelta(seconds=2))
-    assert published[-1][SOURCE_HEADER] == "call"
-
-
-def test_send_task_by_name_takes_budget_from_the_call(
-    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
-) -> None:
-    make_task(app)  # binds DeadlineTask, which installs the publish hook
-    app.send_task("somewhere.else", budget=15)
-    assert published[-1][DEADLINE_HEADER] == encode(clock.now() + timedelta(seconds=15))
-    assert published[-1]["expires"] == (clock.now() + timedelta(seconds=15)).isoformat()
-
-
-def test_send_task_with_a_bad_budget_carries_an_unreadable_deadline_not_none(
-    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
-) -> None:
-    make_task(app)
-    app.send_task("somewhere.else", budget=-4)
-    assert published[-1][DEADLINE_HEADER] == "budget must be more than zero seconds, got -4"
-
-
 # -- attempt: anchoring, remaining(), refusal at start ---------------------------------
-
-
-def start_attempt(task: Any, headers: dict[str, Any], task_id: str = "t-1") -> None:
-    task.push_request(id=task_id, headers=headers, retries=0, called_directly=False)
-    task.before_start(task_id, (), {})
 
 
 def test_remaining_is_measured_on_the_monotonic_clock_from_the_attempt_start(
@@ -392,26 +263,6 @@ def test_attempt_refuses_a_malformed_header_as_invalid_deadline(
     with pytest.raises(Ignore):
         start_attempt(task, {DEADLINE_HEADER: header}, "t-3")
     assert stored_refusal(app, "t-3").reason == "invalid_deadline"
-
-
-def test_a_child_published_during_an_attempt_inherits_the_deadline(
-    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
-) -> None:
-    from celery._state import _task_stack  # type: ignore[attr-defined]
-
-    parent = make_task(app, name="unit.parent")
-    child = make_task(app, name="unit.child", budget=600)
-    deadline = clock.now() + timedelta(seconds=10)
-    start_attempt(parent, {DEADLINE_HEADER: encode(deadline), ORIGIN_HEADER: "root-1"})
-    _task_stack.push(parent)
-    try:
-        clock.advance(1)
-        child.delay()
-    finally:
-        _task_stack.pop()
-    assert published[-1][DEADLINE_HEADER] == encode(deadline)
-    assert published[-1][SOURCE_HEADER] == "parent"
-    assert published[-1][ORIGIN_HEADER] == "root-1"
 
 
 # -- retry ------------------------------------------------------------------------------
@@ -473,104 +324,6 @@ def test_retry_past_max_retries_is_left_to_celery(app: Celery, clock: FakeClock)
     start_attempt(task, {DEADLINE_HEADER: encode(clock.now() + timedelta(seconds=1))})
     with pytest.raises(RuntimeError, match="original"):
         task.retry(countdown=60, exc=RuntimeError("original"))
-
-
-# -- claim (worker main process) ---------------------------------------------------------
-
-
-def claim(app: Celery, task: Any, headers: dict[str, Any]) -> tuple[DeadlineRequest, Mock]:
-    message = TaskMessage(task.name, id="m-1", **headers)
-    on_ack = Mock()
-    request = DeadlineRequest(message, app=app, task=task, on_ack=on_ack)
-    return request, on_ack
-
-
-def test_claim_refuses_an_expired_message_acks_it_and_stores_why(
-    app: Celery, clock: FakeClock, refusals: list[Decision]
-) -> None:
-    task = make_task(app)
-    request, on_ack = claim(
-        app, task, {DEADLINE_HEADER: encode(clock.now() - timedelta(seconds=1))}
-    )
-    assert request.revoked() is True
-    on_ack.assert_called_once()
-    refusal = stored_refusal(app, "m-1")
-    assert (refusal.gate, refusal.reason) == ("claim", "deadline_passed")
-    assert [d.gate for d in refusals] == ["claim"]
-
-
-def test_claim_counts_time_spent_waiting_for_a_pool_slot(app: Celery, clock: FakeClock) -> None:
-    task = make_task(app, reserve=2)
-    request, _ = claim(app, task, {DEADLINE_HEADER: encode(clock.now() + timedelta(seconds=5))})
-    assert request.revoked() is False  # on arrival: 5 s left
-    clock.advance(3.5)  # waiting behind busy pool processes
-    assert request.revoked() is True  # when handed to the pool: 1.5 s < reserve
-    assert stored_refusal(app, "m-1").reason == "insufficient_budget"
-
-
-@pytest.mark.parametrize(
-    "header", ["soon", float("inf"), -1, 1e300, True, {"x": 1}, [1.0], "2026-11-29T12:00"]
-)
-def test_claim_refuses_malformed_headers_without_raising(
-    app: Celery, clock: FakeClock, header: object
-) -> None:
-    task = make_task(app)
-    request, on_ack = claim(app, task, {DEADLINE_HEADER: header})
-    assert request.revoked() is True
-    on_ack.assert_called_once()
-    assert stored_refusal(app, "m-1").reason == "invalid_deadline"
-
-
-def test_claim_lets_a_message_without_deadline_through(app: Celery, clock: FakeClock) -> None:
-    request, on_ack = claim(app, make_task(app), {})
-    assert request.revoked() is False
-    on_ack.assert_not_called()
-
-
-def test_time_limits_are_capped_at_the_budget_left_when_handed_to_the_pool(
-    app: Celery, clock: FakeClock
-) -> None:
-    task = make_task(app, time_limit=60, soft_time_limit=50)
-    request, _ = claim(app, task, {DEADLINE_HEADER: encode(clock.now() + timedelta(seconds=20))})
-    clock.advance(8)
-    assert request.time_limits == pytest.approx((12.0, 10.0))
-
-
-def test_time_limits_from_the_message_are_kept_when_shorter(app: Celery, clock: FakeClock) -> None:
-    task = make_task(app)
-    headers = {DEADLINE_HEADER: encode(clock.now() + timedelta(seconds=20)), "timelimit": (8, 6)}
-    request, _ = claim(app, task, headers)
-    assert request.time_limits == (8, 6)
-
-
-def test_time_limits_are_untouched_without_a_deadline(app: Celery, clock: FakeClock) -> None:
-    request, _ = claim(app, make_task(app), {"timelimit": (8, 6)})
-    assert request.time_limits == (8, 6)
-
-
-def test_a_scope_inside_a_running_task_can_only_shorten_the_tasks_deadline(
-    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
-) -> None:
-    from celery._state import _task_stack  # type: ignore[attr-defined]
-
-    parent = make_task(app, name="unit.parent")
-    child = make_task(app, name="unit.child")
-    deadline = clock.now() + timedelta(seconds=10)
-    start_attempt(parent, {DEADLINE_HEADER: encode(deadline)})
-    _task_stack.push(parent)
-    try:
-        with deadline_scope(budget=5, app=app):
-            child.delay()
-        with deadline_scope(budget=60, app=app):
-            child.delay()
-    finally:
-        _task_stack.pop()
-    shorter, longer = published[-2:]
-    assert (shorter[DEADLINE_HEADER], shorter[SOURCE_HEADER]) == (
-        encode(clock.now() + timedelta(seconds=5)),
-        "scope",
-    )
-    assert (longer[DEADLINE_HEADER], longer[SOURCE_HEADER]) == (encode(deadline), "parent")
 
 
 def test_eager_mode_runs_the_same_gates_in_process(app: Celery, clock: FakeClock) -> None:

@@ -1,0 +1,48 @@
+"""Fixtures of the Celery tier's unit tests: an app on the memory broker, what it
+published, and the refusals it reported (a test module may define its own ``app``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.signals import after_task_publish
+
+from celery_deadlines import deadline_refused
+from celery_deadlines.gates import Decision
+
+
+@pytest.fixture
+def app() -> Iterator[Celery]:
+    app = Celery("unit", broker="memory://", backend="cache+memory://", set_as_current=True)
+    app.conf.task_always_eager = False
+    app.conf.deadlines_ledger = False  # the header tier; the ledger has its own tests
+    yield app
+    app.close()
+
+
+@pytest.fixture
+def published() -> Iterator[list[dict[str, Any]]]:
+    """Headers of every message published during the test."""
+    seen: list[dict[str, Any]] = []
+
+    def record(headers: dict[str, Any] | None = None, **_: Any) -> None:
+        seen.append(dict(headers or {}))
+
+    after_task_publish.connect(record, weak=False)
+    yield seen
+    after_task_publish.disconnect(record)
+
+
+@pytest.fixture
+def refusals() -> Iterator[list[Decision]]:
+    seen: list[Decision] = []
+
+    def record(decision: Decision, **_: Any) -> None:
+        seen.append(decision)
+
+    deadline_refused.connect(record, weak=False)
+    yield seen
+    deadline_refused.disconnect(record)

@@ -1,0 +1,128 @@
+"""How a deadline reaches every message, on a fake clock and the memory broker: scopes,
+a child published from an attempt, ``send_task`` by name through the publish hook."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_deadlines import (
+    DEADLINE_HEADER,
+    ORIGIN_HEADER,
+    SOURCE_HEADER,
+    deadline_scope,
+)
+from celery_deadlines.testing import FakeClock
+from celery_deadlines.wire import encode
+from tests.support.unit_tasks import make_task, start_attempt
+
+# -- scopes: one deadline computed once outside a worker --------------------------------
+
+
+def test_everything_published_in_a_scope_shares_one_deadline(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    task = make_task(app)
+
+    @app.task(name="unit.plain", shared=False)
+    def plain() -> None:
+        return None
+
+    with deadline_scope(budget=20, app=app):
+        task.delay()
+        clock.advance(3)
+        task.delay()
+        plain.delay()
+    deadlines = {headers[DEADLINE_HEADER] for headers in published}
+    assert deadlines == {encode(clock.now() - timedelta(seconds=3) + timedelta(seconds=20))}
+    assert {headers[SOURCE_HEADER] for headers in published} == {"scope"}
+
+
+def test_a_later_explicit_budget_inside_a_scope_is_clamped_and_logged(
+    app: Celery,
+    clock: FakeClock,
+    published: list[dict[str, Any]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with (
+        caplog.at_level(logging.INFO, logger="celery_deadlines"),
+        deadline_scope(budget=10, app=app),
+    ):
+        make_task(app).apply_async(budget=60)
+    assert published[-1][DEADLINE_HEADER] == encode(clock.now() + timedelta(seconds=10))
+    assert "clamped to the inherited" in caplog.text
+
+
+def test_an_earlier_explicit_budget_inside_a_scope_is_kept(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    with deadline_scope(budget=10, app=app):
+        make_task(app).apply_async(budget=2)
+    assert published[-1][DEADLINE_HEADER] == encode(clock.now() + timedelta(seconds=2))
+    assert published[-1][SOURCE_HEADER] == "call"
+
+
+def test_send_task_by_name_takes_budget_from_the_call(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    make_task(app)  # binds DeadlineTask, which installs the publish hook
+    app.send_task("somewhere.else", budget=15)
+    assert published[-1][DEADLINE_HEADER] == encode(clock.now() + timedelta(seconds=15))
+    assert published[-1]["expires"] == (clock.now() + timedelta(seconds=15)).isoformat()
+
+
+def test_send_task_with_a_bad_budget_carries_an_unreadable_deadline_not_none(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    make_task(app)
+    app.send_task("somewhere.else", budget=-4)
+    assert published[-1][DEADLINE_HEADER] == "budget must be more than zero seconds, got -4"
+
+
+def test_a_child_published_during_an_attempt_inherits_the_deadline(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    from celery._state import _task_stack  # type: ignore[attr-defined]
+
+    parent = make_task(app, name="unit.parent")
+    child = make_task(app, name="unit.child", budget=600)
+    deadline = clock.now() + timedelta(seconds=10)
+    start_attempt(parent, {DEADLINE_HEADER: encode(deadline), ORIGIN_HEADER: "root-1"})
+    _task_stack.push(parent)
+    try:
+        clock.advance(1)
+        child.delay()
+    finally:
+        _task_stack.pop()
+    assert published[-1][DEADLINE_HEADER] == encode(deadline)
+    assert published[-1][SOURCE_HEADER] == "parent"
+    assert published[-1][ORIGIN_HEADER] == "root-1"
+
+
+def test_a_scope_inside_a_running_task_can_only_shorten_the_tasks_deadline(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    from celery._state import _task_stack  # type: ignore[attr-defined]
+
+    parent = make_task(app, name="unit.parent")
+    child = make_task(app, name="unit.child")
+    deadline = clock.now() + timedelta(seconds=10)
+    start_attempt(parent, {DEADLINE_HEADER: encode(deadline)})
+    _task_stack.push(parent)
+    try:
+        with deadline_scope(budget=5, app=app):
+            child.delay()
+        with deadline_scope(budget=60, app=app):
+            child.delay()
+    finally:
+        _task_stack.pop()
+    shorter, longer = published[-2:]
+    assert (shorter[DEADLINE_HEADER], shorter[SOURCE_HEADER]) == (
+        encode(clock.now() + timedelta(seconds=5)),
+        "scope",
+    )
+    assert (longer[DEADLINE_HEADER], longer[SOURCE_HEADER]) == (encode(deadline), "parent")
