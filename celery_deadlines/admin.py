@@ -10,6 +10,7 @@ permission and each one compare-and-swap through the store: **expire now** and
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -260,31 +261,31 @@ class RunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.action(description="Expire now (fences the current holder)", permissions=["expire"])
     def expire_now(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
-        from celery import current_app
-
-        store, operator = Store(queryset.db), _operator(request)
-        done = [
-            run
-            for run in queryset
-            if operations.expire_run(current_app, store, run.pk, operator=operator)
-        ]
-        for run in done:
-            self.log_change(request, run, "Expired now (expired_by_operator); the caller told")
-        self._report(request, "expired", done, queryset.count())
+        said = "Expired now (expired_by_operator); the caller told"
+        self._act(request, queryset, operations.expire_run, "expired", said)
 
     @admin.action(description="Requeue (if the deadline allows)", permissions=["requeue"])
     def requeue(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
+        said = "Requeued with a fresh token; its message published"
+        self._act(request, queryset, operations.requeue_run, "requeued", said)
+
+    def _act(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Run],
+        operation: Callable[..., bool],
+        verb: str,
+        said: str,
+    ) -> None:
+        """Apply one of the ledger's operations to each selected run (the same the
+        reconciler uses), record a LogEntry for each it moved, and report."""
         from celery import current_app
 
         store, operator = Store(queryset.db), _operator(request)
-        done = [
-            run
-            for run in queryset
-            if operations.requeue_run(current_app, store, run.pk, operator=operator)
-        ]
+        done = [run for run in queryset if operation(current_app, store, run.pk, operator=operator)]
         for run in done:
-            self.log_change(request, run, "Requeued with a fresh token; its message published")
-        self._report(request, "requeued", done, queryset.count())
+            self.log_change(request, run, said)
+        self._report(request, verb, done, queryset.count())
 
     def _report(self, request: HttpRequest, verb: str, done: list[Run], asked: int) -> None:
         self.message_user(request, f"{len(done)} of {asked} run(s) {verb}.", messages.SUCCESS)

@@ -149,9 +149,8 @@ class AttemptAPI:
         :mod:`celery_deadlines.observations`). A ``commit`` also needs every source the
         task's contract lists in ``revalidate_before``.
         """
-        from .effects import EffectScope, checked
+        from .effects import EffectScope
 
-        checked(name, key, fingerprint)  # a bad name or key is refused before anything else
         attempt = self._ledger_attempt("side effects")
         if evidence and action is None:
             raise ConfigurationError(

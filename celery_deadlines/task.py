@@ -459,9 +459,9 @@ def end_after_body(attempt: Attempt, exc: BaseException, *, task: Any = None) ->
     elif isinstance(exc, Reject):
         celery = "requeue" if getattr(exc, "requeue", False) else "reject"
     outcome = outcomes.after_body(exc, celery=celery, unresolved_keys=attempt.unresolved)
-    if outcome.status is None:
+    if outcome.released:
         attempt.release(outcome.detail)
-    else:
+    elif outcome.status is not None:
         attempt.end(outcome.status, outcome.reason, outcome.detail)
 
 

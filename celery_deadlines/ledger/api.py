@@ -67,7 +67,9 @@ def store_for(app: Any, *, dedicated: bool = False) -> Store:
 
 def record_run(app: Any, run: NewRun, send: Callable[[], Any]) -> Any:
     """Record a new run, then ``send()`` its message (see :mod:`.outbox`); returns what
-    ``send()`` returned, or ``None`` when the publish waits for the transaction's commit."""
+    ``send()`` returned, or ``None`` when the publish waits for the transaction's commit
+    or the run already exists with the same task and arguments (nothing is sent; another
+    task or other arguments raise :class:`~celery_deadlines.errors.RunConflict`)."""
     return outbox.record(store_for(app), run, send)
 
 

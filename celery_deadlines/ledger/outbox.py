@@ -103,7 +103,8 @@ def record(store: Store, run: NewRun, publish: Callable[[], Any]) -> Any:
     Outside a transaction a failed publish ends the run with reason ``publish_failed``
     and the error reaches the caller, who knows nothing was sent. Inside one, the
     publish happens after the commit, when the caller can no longer be told: a failure
-    is logged and the sweeper publishes the run again.
+    is logged and the sweeper publishes the run again. A run id the ledger already has
+    is checked by :func:`check_repeat` and nothing is published (``None``).
     """
     connection = connections[store.using]
     if not store.outbox.enqueue(run):

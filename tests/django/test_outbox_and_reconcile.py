@@ -90,6 +90,23 @@ def claim(store: Store, task_id: str) -> Lease:
     return lease
 
 
+def undated_run(task_id: str) -> NewRun:
+    """A run with no deadline and an empty JSON message (the outbox's publish tests)."""
+    return NewRun(
+        task_id=task_id,
+        task_name="shop.ship",
+        deadline=None,
+        delivery_deadline=None,
+        root_id=task_id,
+        parent_id="",
+        retries=0,
+        available_at=None,
+        message_body=b"{}",
+        content_type="application/json",
+        content_encoding="utf-8",
+    )
+
+
 def status(store: Store, task_id: str) -> tuple[str, str]:
     run = Run.objects.using(store.using).get(task_id=task_id)
     return run.status, run.reason
@@ -109,19 +126,7 @@ def test_the_recorded_message_decodes_to_what_was_published() -> None:
 def test_a_publish_that_fails_outside_a_transaction_ends_the_run_and_reaches_the_caller(
     store: Store,
 ) -> None:
-    run = NewRun(
-        task_id="p-1",
-        task_name="shop.ship",
-        deadline=None,
-        delivery_deadline=None,
-        root_id="p-1",
-        parent_id="",
-        retries=0,
-        available_at=None,
-        message_body=b"{}",
-        content_type="application/json",
-        content_encoding="utf-8",
-    )
+    run = undated_run("p-1")
 
     def broken() -> None:
         raise ConnectionError("broker down")
@@ -134,19 +139,7 @@ def test_a_publish_that_fails_outside_a_transaction_ends_the_run_and_reaches_the
 def test_a_publish_that_fails_after_commit_leaves_the_run_queued_for_the_sweeper(
     store: Store,
 ) -> None:
-    run = NewRun(
-        task_id="p-2",
-        task_name="shop.ship",
-        deadline=None,
-        delivery_deadline=None,
-        root_id="p-2",
-        parent_id="",
-        retries=0,
-        available_at=None,
-        message_body=b"{}",
-        content_type="application/json",
-        content_encoding="utf-8",
-    )
+    run = undated_run("p-2")
     calls: list[str] = []
 
     def broken() -> None:

@@ -42,17 +42,7 @@ def test_an_unknown_outcome_is_visible_to_the_caller_until_an_operator_settles_i
         result.get(timeout=1)
 
     # an operator finds the payment in the provider's records and says so
-    store = store_for(tasks.app)
-    [seen] = [p for p in store.effects.pending() if p.task_id == task_id]
-    settled = settle_effect(
-        tasks.app,
-        store,
-        seen,
-        found=True,
-        result={"paid": key},
-        evidence="dashboard",
-        by="operator ops",
-    )
+    settled = operator_finds_the_payment(tasks.app, task_id, key)
     assert (settled.applied, settled.released) == (True, "QUEUED")
 
     assert result.get(timeout=30) == {"paid": key}  # replayed, not paid again
@@ -105,17 +95,7 @@ def test_an_unknown_run_settled_after_its_deadline_fails_for_the_caller_not_pend
     wait_for(lambda: run.deadline is not None and ended_before(run.deadline), 10)
 
     # the operator's resolve, after the deadline: the same operation the admin calls
-    store = store_for(tasks.app)
-    [seen] = [p for p in store.effects.pending() if p.task_id == task_id]
-    settled = settle_effect(
-        tasks.app,
-        store,
-        seen,
-        found=True,
-        result={"paid": key},
-        evidence="dashboard",
-        by="operator ops",
-    )
+    settled = operator_finds_the_payment(tasks.app, task_id, key)
     assert (settled.applied, settled.released) == (True, "EXPIRED")
     with pytest.raises(DeadlineRefused) as refused:
         result.get(timeout=10)
@@ -129,3 +109,19 @@ def ended_before(instant: Any) -> bool:
     with connections[LEDGER_DB].cursor() as cursor:
         cursor.execute("SELECT clock_timestamp() > %s", [instant])
         return bool(cursor.fetchone()[0])
+
+
+def operator_finds_the_payment(app: Any, task_id: str, key: str) -> Any:
+    """An operator resolves the run's pending effect as found, with evidence: the same
+    operation the admin's resolve calls."""
+    store = store_for(app)
+    [seen] = [p for p in store.effects.pending() if p.task_id == task_id]
+    return settle_effect(
+        app,
+        store,
+        seen,
+        found=True,
+        result={"paid": key},
+        evidence="dashboard",
+        by="operator ops",
+    )
