@@ -217,6 +217,10 @@ SETTINGS: Final[tuple[Setting[Any], ...]] = (
 )
 
 
+#: "not looked up yet" (a setting's raw value may be ``None``)
+_MISSING: Final = object()
+
+
 class Settings:
     """Typed, lazy view of one Celery app's celery-deadlines settings.
 
@@ -244,33 +248,34 @@ class Settings:
 
     def get(self, setting: Setting[T]) -> T:
         """The parsed value of ``setting``, or :class:`ConfigurationError` naming it."""
-        raw = self._raw_value(setting)
-        cached = self._parsed.get(setting.name)
+        # one flat function: this runs several times at every publish
+        name = setting.name
+        raw: object = _MISSING
+        changes = getattr(self._conf, "changes", None)
+        if changes:
+            spellings = self._spellings.get(name) or self._spellings_of(name)
+            for spelling in spellings:
+                if spelling in changes:
+                    raw = changes[spelling]
+                    break
+        if raw is _MISSING:
+            raw = self._raw.get(name, _MISSING)
+            if raw is _MISSING:
+                raw = self._raw[name] = self._conf.get(name, setting.default)
+        cached = self._parsed.get(name)
         if cached is not None and cached[0] is raw:
             return cached[1]  # type: ignore[return-value]
         try:
-            value = setting.parse(raw, setting.name, self)
+            value = setting.parse(raw, name, self)
         except InvalidDeadline as exc:
             raise ConfigurationError(f"{setting.describe()}: {exc}") from exc
-        self._parsed[setting.name] = (raw, value)
+        self._parsed[name] = (raw, value)
         return value
 
     def reload(self) -> None:
         """Forget every cached value: the next read asks the configuration again."""
         self._raw.clear()
         self._parsed.clear()
-
-    def _raw_value(self, setting: Setting[Any]) -> object:
-        changes = getattr(self._conf, "changes", None)
-        if changes:
-            for spelling in self._spellings_of(setting.name):
-                if spelling in changes:
-                    return changes[spelling]
-        try:
-            return self._raw[setting.name]
-        except KeyError:
-            raw = self._raw[setting.name] = self._conf.get(setting.name, setting.default)
-            return raw
 
     def _spellings_of(self, name: str) -> tuple[str, ...]:
         try:
@@ -311,26 +316,29 @@ class Settings:
             return DEFAULT_MAX_BUDGET
 
 
-_by_app: weakref.WeakKeyDictionary[object, Settings] = weakref.WeakKeyDictionary()
+#: Every app's settings, for :func:`reload_all` (each is also kept on its app, where
+#: :func:`settings_for` finds it without hashing the app).
+_all: weakref.WeakSet[Settings] = weakref.WeakSet()
+_ATTRIBUTE: Final = "_celery_deadlines_settings"
 
 
 def reload_all() -> None:
     """Forget the cached settings of every app (Django's ``setting_changed`` calls this)."""
-    for settings in list(_by_app.values()):
+    for settings in list(_all):
         settings.reload()
 
 
 def settings_for(app: Any) -> Settings:
     """The :class:`Settings` of a Celery app (one instance per app; proxies unwrapped)."""
-    unwrap = getattr(app, "_get_current_object", None)
-    if unwrap is not None:
-        app = unwrap()
+    # an attribute of the app itself: this runs at every publish and claim
+    settings: Settings | None = getattr(app, _ATTRIBUTE, None)
     conf = app.conf
-    try:
-        settings = _by_app[app]
-    except KeyError:
-        settings = _by_app[app] = Settings(conf)
-        return settings
-    if settings._conf is not conf:
+    if settings is None:
+        unwrap = getattr(app, "_get_current_object", None)
+        real = unwrap() if unwrap is not None else app
+        settings = Settings(conf)
+        setattr(real, _ATTRIBUTE, settings)
+        _all.add(settings)
+    elif settings._conf is not conf:
         settings.rebind(conf)
     return settings

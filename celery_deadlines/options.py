@@ -65,35 +65,46 @@ OPTIONS: Final[dict[str, Option]] = {
 }
 
 
-def resolve(task: Any, name: str, settings: conf.Settings) -> tuple[Source | None, Any]:
+#: "look the task's contract up" (a caller that needs several durations passes it)
+LOOKUP: Final = object()
+
+
+def resolve(
+    task: Any, name: str, settings: conf.Settings, *, contract: Any = LOOKUP
+) -> tuple[Source | None, Any]:
     """``(source, duration)`` of the duration ``name`` for ``task``: the first level that
     says anything (``None``, "no deadline", included) of its attribute, its contract's,
     the Celery attributes after it, the per-task setting, the default. Lower levels are
-    not read once one has answered (this runs at every publish and claim)."""
+    not read once one has answered (this runs at every publish and claim). ``contract``:
+    the task's :class:`~celery_deadlines.contracts.TimeContract` or ``None``, when the
+    caller already read it (``settings.contract_of(task.name)``)."""
     option = OPTIONS[name]
-    said = _attribute(task, name, option, settings)
+    # flat on purpose, with the common "attribute not set" test inline: this runs
+    # several times at every publish
+    source: Source = "task"
+    said = getattr(task, name, UNSET)
     if said is not UNSET:
-        return _answer("task", said, option)
-    contract = settings.contract_of(task.name)
-    if contract is not None and (said := getattr(contract, name)) is not UNSET:
-        return _answer("setting", said, option)
-    for other in option.then_attributes:
-        if (said := _attribute(task, other, option, settings)) is not UNSET:
-            return _answer("task", said, option)
-    if option.per_task is not None:
-        said = settings.get(option.per_task).get(task.name, UNSET)
-        if said is not UNSET:
-            return _answer("setting", said, option)
-    return _answer("default", settings.get(option.default), option)
+        said = _attribute(task, name, option, settings)
+    if said is UNSET:
+        if contract is LOOKUP:
+            contract = settings.contract_of(task.name)
+        source = "setting"
+        if contract is None or (said := getattr(contract, name)) is UNSET:
+            source, said = "task", UNSET
+            for other in option.then_attributes:
+                if (said := _attribute(task, other, option, settings)) is not UNSET:
+                    break
+        if said is UNSET and option.per_task is not None:
+            source, said = "setting", settings.get(option.per_task).get(task.name, UNSET)
+        if said is UNSET:
+            source, said = "default", settings.get(option.default)
+    # "nothing said" (None) means no deadline, or the option's neutral value
+    return source, option.otherwise if said is None and option.otherwise is not None else said
 
 
-def _answer(source: Source, value: Any, option: Option) -> tuple[Source, Any]:
-    return source, option.otherwise if value is None and option.otherwise is not None else value
-
-
-def duration(task: Any, name: str, settings: conf.Settings) -> timedelta:
+def duration(task: Any, name: str, settings: conf.Settings, *, contract: Any = LOOKUP) -> timedelta:
     """A duration that always has a value (reserve, lease, attempt timeout)."""
-    value = resolve(task, name, settings)[1]
+    value = resolve(task, name, settings, contract=contract)[1]
     if value is None:
         raise ValueError(f"{task.name}.{name} has no value")
     return value  # type: ignore[no-any-return]

@@ -93,7 +93,9 @@ def stamp_for(
     governed = govern(own.deadline, own.source, parent.deadline, parent.source)
     delivery = earlier(own.delivery, parent.delivery)
     origin = parent.origin if governed.source in ("parent", "scope") else task_id
-    capped = None if governed.deadline is None else earlier_expiry(expires, governed.deadline, now)
+    capped = governed.deadline
+    if capped is not None and expires is not None:
+        capped = earlier_expiry(expires, capped, now)
     return Stamp(governed, delivery, origin, capped)
 
 

@@ -133,9 +133,13 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
 
     # -- durations (one precedence rule: options.resolve) --------------------------------
 
-    def reserve_duration(self, settings: conf.Settings | None = None) -> timedelta:
+    def reserve_duration(
+        self, settings: conf.Settings | None = None, *, contract: Any = options.LOOKUP
+    ) -> timedelta:
         """The reserve: least time left for this task to start."""
-        return options.duration(self, "reserve", settings or settings_for(self.app))
+        return options.duration(
+            self, "reserve", settings or settings_for(self.app), contract=contract
+        )
 
     def lease_duration(self) -> timedelta:
         """How long a claim owns the run before it must be renewed."""
@@ -179,7 +183,8 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         if parent.unreadable is not None:
             detail = "the parent task's deadline is unreadable"
             self._refuse_enqueue(gates.invalid(gates.Gate.ENQUEUE, now, detail), task_id)
-        own = self._own_deadlines(call, headers, now, settings)
+        contract = settings.contract_of(self.name)  # read once for every duration below
+        own = self._own_deadlines(call, headers, now, settings, contract)
         stamp = stamping.stamp_for(
             own, parent, now=now, expires=call.get("expires"), task_id=task_id
         )
@@ -192,7 +197,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
                 gates.Gate.ENQUEUE,
                 governed.deadline,
                 now,
-                self.reserve_duration(settings),
+                self.reserve_duration(settings, contract=contract),
                 starts_at=starts_at,
             )
             if not decision.allowed:
@@ -230,18 +235,24 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         headers: dict[str, Any],
         now: datetime,
         settings: conf.Settings,
+        contract: Any,
     ) -> stamping.Own:
         """This publish's own deadlines: the call's options, else an explicit header (or
-        the one ``retry()`` copied), else the task's configured budgets."""
-        own = stamping.NO_OWN
+        the one ``retry()`` copied), else the task's configured budgets (``contract``:
+        the task's time contract, already read)."""
         if not stamping.CALL_OPTIONS.isdisjoint(call) or wire.DEADLINE_HEADER in headers:
-            own = stamping.own_deadlines(call, headers, now, settings.max_budget)
-        deadline, source, delivery = own
+            deadline, source, delivery = stamping.own_deadlines(
+                call, headers, now, settings.max_budget
+            )
+        else:
+            deadline = source = delivery = None
         if deadline is None:
-            source, budget = options.resolve(self, "budget", settings)
+            source, budget = options.resolve(self, "budget", settings, contract=contract)
             deadline = None if budget is None else now + budget
         if delivery is None:
-            delivery_budget = options.resolve(self, "delivery_budget", settings)[1]
+            delivery_budget = options.resolve(self, "delivery_budget", settings, contract=contract)[
+                1
+            ]
             delivery = None if delivery_budget is None else now + delivery_budget
         return stamping.Own(deadline, source if deadline is not None else None, delivery)
 

@@ -98,6 +98,8 @@ class LedgerAPI(Protocol):
 
 
 _active: bool | None = None
+#: Django's app registry, once imported (``None`` before the first question)
+_registry: Any = None
 #: A ledger installed in place of the database's (``celery_deadlines.testing.use_ledger``).
 _installed: Any = None
 
@@ -136,17 +138,19 @@ def install(fake: Any) -> Any:
 
 def active() -> bool:
     """True when the Django app is installed and ready: runs are then recorded."""
-    global _active
-    if _active:
-        return True
-    try:
-        from django.apps import apps
-    except ImportError:  # the plain Celery tier: Django is not even installed
-        _active = False
-        return False
-    if not apps.ready:
+    global _active, _registry
+    if _active is not None:
+        return _active  # decided once Django was ready (reset() asks again)
+    if _registry is None:
+        try:
+            from django.apps import apps
+        except ImportError:  # the plain Celery tier: Django is not even installed
+            _active = False
+            return False
+        _registry = apps  # imported once: this is asked at every publish until ready
+    if not _registry.ready:
         return False  # not decided yet: asked again once Django is set up
-    _active = apps.is_installed("celery_deadlines")
+    _active = _registry.is_installed("celery_deadlines")
     return _active
 
 
