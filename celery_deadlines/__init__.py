@@ -14,7 +14,7 @@ The package in four tiers; each may import only the tiers above it in this list,
 ``options`` (a task's durations), ``propagation`` (inheritance, scopes, the publish hook),
 ``task`` (DeadlineTask: Celery's hooks), ``body`` (what a task body calls), ``claiming``,
 ``recording``, ``effects``, ``request`` (the worker's main process), ``signals``,
-``beat``, ``metrics``, ``testing``.
+``beat``, ``metrics``, ``exporter`` (a worker serves the metrics), ``testing``.
 
 **The ledger** (``ledger/``: Django's database, by raw conditional statements on the
 database clock; never reaches back into the Celery tier's task side): ``api`` (the entry

@@ -83,6 +83,14 @@ def _count(value: object, name: str, settings: Settings) -> int:
     return value
 
 
+def _port(value: object, name: str, settings: Settings) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        raise InvalidDeadline(f"{name} must be a TCP port from 1 to 65535, or None; got {value!r}")
+    return value
+
+
 def _database_alias(value: object, name: str, settings: Settings) -> str:
     if not isinstance(value, str) or not value:
         raise InvalidDeadline(f"{name} must name a database alias, got {value!r}")
@@ -147,6 +155,14 @@ MAX_BUDGET: Final = Setting(
     "Longest budget accepted, and how far ahead a deadline header may lie.",
 )
 
+METRICS_PORT: Final = Setting(
+    "deadlines_metrics_port",
+    None,
+    _port,
+    "The port a worker serves its Prometheus metrics on, from its main process once it "
+    "is ready (needs the prometheus extra); None: not served.",
+)
+
 
 # -- the run ledger (Django tier) ------------------------------------------------------------
 def _flag(value: object, name: str, settings: Settings) -> bool:
@@ -208,6 +224,7 @@ SETTINGS: Final[tuple[Setting[Any], ...]] = (
     CLOCK_SKEW_ALLOWANCE,
     CLOCK_SKEW_BUDGET,
     MAX_BUDGET,
+    METRICS_PORT,
     LEDGER,
     LEASE_TTL,
     RECONCILE_INTERVAL,

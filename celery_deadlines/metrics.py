@@ -1,7 +1,9 @@
 """Prometheus metrics for what an operator needs to see (optional extra).
 
-``pip install 'celery-deadlines[prometheus]'``, then in the worker (and in the
-producer, for enqueue refusals)::
+``pip install 'celery-deadlines[prometheus]'``, then set ``deadlines_metrics_port``
+(Django: ``CELERY_DEADLINES_METRICS_PORT``): each worker installs the metrics in every
+process and serves them once it is ready. Elsewhere (a producer, for enqueue
+refusals)::
 
     from celery_deadlines import metrics
 
@@ -24,29 +26,46 @@ so nothing here is on the path of a decision: a failing exporter never changes o
 ``celery_deadlines_queue_wait_seconds``             histogram: claimable to claimed, by
                                                     ``task``, on the ledger's clock
 ``celery_deadlines_runs_held_total``                runs held as CLOCK_UNCERTAIN, by ``task``
-``celery_deadlines_clock_offset_seconds``           the ledger's clock minus this worker's
+``celery_deadlines_clock_offset_seconds``           the ledger's clock minus this worker's, at
+                                                    the last reading
 ``celery_deadlines_clock_uncertainty_seconds``      half the round trip of that reading
-``celery_deadlines_clock_readable``                 1 if the last reading succeeded, else 0
+``celery_deadlines_clock_readable``                 1 if the last check read the ledger's
+                                                    clock, 0 if it could not
 ==================================================  ==========================================
 
-docs/howto.md ("Watch it in Prometheus") has the queries. In a prefork worker, pool
-processes count in their own memory: set ``PROMETHEUS_MULTIPROC_DIR`` before the
-worker starts and serve :func:`prometheus_client.multiprocess.MultiProcessCollector`
-(prometheus_client's multiprocess mode); :func:`serve` does that when it is set.
+The three clock gauges are **absent until the clock is measured** (a worker of the
+ledger tier with ``deadlines_clock_skew_budget`` set measures it every reconcile pass):
+a process that measures nothing exports none of them, never a 0 that would read as a
+measurement. ``clock_readable`` appears with the first check; ``clock_offset_seconds``
+and ``clock_uncertainty_seconds`` only while the last check gave a usable reading.
+They are the measuring process's own values (the worker's main process), without a
+``pid`` label.
+
+docs/howto.md ("Watch it in Prometheus") has the queries. A worker serves the metrics
+itself with ``deadlines_metrics_port`` (:mod:`celery_deadlines.exporter`), or call
+:func:`serve`. In a prefork worker, pool processes count in their own memory: set
+``PROMETHEUS_MULTIPROC_DIR`` (an empty directory) before the worker starts, and
+:func:`serve` exposes prometheus_client's multiprocess collector (every process's
+counts) and, at each scrape, marks dead the live gauges of processes that exited
+(:func:`mark_dead_processes`).
 """
 
 from __future__ import annotations
 
+import glob
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from . import signals
 from .errors import ConfigurationError
+from .skew import ClockReading
 
 try:
-    from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+    from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+    from prometheus_client.core import GaugeMetricFamily, Metric
 except ImportError as exc:  # pragma: no cover - the message is the point
     raise ConfigurationError(
         "celery_deadlines.metrics needs prometheus_client: "
@@ -66,9 +85,49 @@ class Metrics:
     plan_resumes: Counter
     queue_wait: Histogram
     runs_held: Counter
-    clock_offset: Gauge
-    clock_uncertainty: Gauge
-    clock_readable: Gauge
+    clock: ClockGauges
+
+
+class ClockGauges:
+    """The clock gauges of the last reading, as a collector: none before the first
+    check, ``clock_readable`` from it on, the offset and its uncertainty while the last
+    reading gave them. Plain process memory, never prometheus_client's per-process
+    files: a pool process forked after a reading would otherwise report a 0 of its own.
+    """
+
+    OFFSET = "celery_deadlines_clock_offset_seconds"
+    UNCERTAINTY = "celery_deadlines_clock_uncertainty_seconds"
+    READABLE = "celery_deadlines_clock_readable"
+    HELP = {
+        OFFSET: "The ledger's clock minus this worker's, at the last reading.",
+        UNCERTAINTY: "Half the round trip of the last clock reading.",
+        READABLE: "1 if the last check read the ledger's clock, 0 if it could not.",
+    }
+
+    def __init__(self) -> None:
+        #: ``None``: never measured; else the last check's reading (``None`` inside:
+        #: the clock could not be read). One assignment, so a scrape sees one reading.
+        self._last: tuple[ClockReading | None] | None = None
+
+    def record(self, reading: ClockReading | None) -> None:
+        self._last = (reading,)
+
+    def describe(self) -> Iterable[Metric]:
+        return [GaugeMetricFamily(name, text) for name, text in self.HELP.items()]
+
+    def collect(self) -> Iterable[Metric]:
+        last = self._last
+        if last is None:
+            return []
+        (reading,) = last
+        found = [self._gauge(self.READABLE, 0 if reading is None else 1)]
+        if reading is not None and reading.uncertainty != timedelta.max:
+            found.append(self._gauge(self.OFFSET, reading.offset.total_seconds()))
+            found.append(self._gauge(self.UNCERTAINTY, reading.uncertainty.total_seconds()))
+        return found
+
+    def _gauge(self, name: str, value: float) -> Metric:
+        return GaugeMetricFamily(name, self.HELP[name], value=value)
 
 
 #: by registry (kept alive here, so its id() in the receivers' dispatch_uid stays unique)
@@ -125,25 +184,9 @@ def install(registry: CollectorRegistry | None = None) -> Metrics:
             ["task"],
             registry=registry,
         ),
-        clock_offset=Gauge(
-            "celery_deadlines_clock_offset_seconds",
-            "The ledger's clock minus this worker's, at the last reading.",
-            registry=registry,
-            multiprocess_mode="liveall",
-        ),
-        clock_uncertainty=Gauge(
-            "celery_deadlines_clock_uncertainty_seconds",
-            "Half the round trip of the last clock reading.",
-            registry=registry,
-            multiprocess_mode="liveall",
-        ),
-        clock_readable=Gauge(
-            "celery_deadlines_clock_readable",
-            "1 if the ledger's clock could be read at the last check, else 0.",
-            registry=registry,
-            multiprocess_mode="liveall",
-        ),
+        clock=ClockGauges(),
     )
+    registry.register(made.clock)
     _connect(made, id(registry))
     _installed[registry] = made
     return made
@@ -171,11 +214,8 @@ def _connect(m: Metrics, key: int) -> None:
     def held(task_name: str, **_: Any) -> None:
         m.runs_held.labels(task_name).inc()
 
-    def measured(reading: Any, **_: Any) -> None:
-        m.clock_readable.set(0 if reading is None else 1)
-        if reading is not None and reading.uncertainty != timedelta.max:
-            m.clock_offset.set(reading.offset.total_seconds())
-            m.clock_uncertainty.set(reading.uncertainty.total_seconds())
+    def measured(reading: ClockReading | None, **_: Any) -> None:
+        m.clock.record(reading)
 
     for signal, receiver in (
         (signals.deadline_refused, refused),
@@ -191,15 +231,75 @@ def _connect(m: Metrics, key: int) -> None:
 
 
 def serve(port: int, addr: str = "0.0.0.0") -> None:
-    """Expose the metrics over HTTP (in multiprocess mode when
-    ``PROMETHEUS_MULTIPROC_DIR`` is set, so pool processes' counts are included)."""
+    """Expose the metrics over HTTP from a thread of this process (installing them
+    first). With ``PROMETHEUS_MULTIPROC_DIR`` set, the exposition is prometheus_client's
+    multiprocess collector's (every process's counts) plus this process's clock gauges,
+    and each scrape first marks dead the processes that exited."""
     from prometheus_client import start_http_server
 
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        from prometheus_client import multiprocess
-
+    made = install()
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if path:
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        registry.register(LiveProcesses(path))
+        registry.register(made.clock)
         start_http_server(port, addr, registry=registry)
     else:
         start_http_server(port, addr)
+
+
+class LiveProcesses:
+    """prometheus_client's multiprocess collector, without the live gauges of processes
+    that exited (:func:`mark_dead_processes` before each collection)."""
+
+    def __init__(self, path: str) -> None:
+        from prometheus_client import multiprocess
+
+        self.path = path
+        self._files = multiprocess.MultiProcessCollector(None, path)  # type: ignore[no-untyped-call]
+
+    def collect(self) -> Iterable[Metric]:
+        mark_dead_processes(self.path)
+        collected: Iterable[Metric] = self._files.collect()  # type: ignore[no-untyped-call]
+        return collected
+
+
+def mark_dead_processes(path: str) -> list[int]:
+    """Call prometheus_client's ``mark_process_dead`` for every process that has
+    live-gauge files in ``path`` and is no longer running; return their pids.
+
+    prometheus_client wants it called by the parent once a child exited (gunicorn's
+    ``child_exit``). Celery sends nothing in the main process when a pool process exits
+    (``worker_process_shutdown`` runs in the child, and never for one killed by a hard
+    time limit), so the worker's exporter asks the system at each scrape instead.
+    """
+    from prometheus_client import multiprocess
+
+    pids = set()
+    for name in glob.glob(os.path.join(glob.escape(path), "gauge_live*_*.db")):
+        owner = os.path.basename(name).removesuffix(".db").rpartition("_")[2]
+        if owner.isdigit():
+            pids.add(int(owner))
+    dead = sorted(pid for pid in pids if not _running(pid))
+    for pid in dead:
+        multiprocess.mark_process_dead(pid, path)  # type: ignore[no-untyped-call]
+    return dead
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs: it exists and, where ``/proc`` tells, is no zombie (a pool
+    process that exited stays one until the pool's next maintenance reaps it)."""
+    try:
+        os.kill(pid, 0)  # signal 0: nothing is sent, the process is only looked up
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: it exists
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rpartition(b")")[2].split()  # after "(command name)"
+    except FileNotFoundError:  # no /proc here, or the process went since
+        return not os.path.isdir("/proc/self")
+    except OSError:
+        return True
+    return fields[:1] != [b"Z"]

@@ -50,6 +50,22 @@ def test_a_bad_value_is_an_error_that_names_the_setting(
     assert complaint in found[0].msg
 
 
+@pytest.mark.parametrize("port", [-1, 70000, "9808", 9808.5])
+def test_a_metrics_port_that_is_not_a_tcp_port_is_a_check_error_naming_the_setting(
+    port: object,
+) -> None:
+    with override_settings(CELERY_DEADLINES_METRICS_PORT=port):
+        found = errors()
+    assert [message.id for message in found] == ["celery_deadlines.E001"]
+    assert "CELERY_DEADLINES_METRICS_PORT" in found[0].msg
+    assert "a TCP port from 1 to 65535" in found[0].msg
+
+
+def test_a_metrics_port_passes_the_checks() -> None:
+    with override_settings(CELERY_DEADLINES_METRICS_PORT=9808):
+        assert errors() == []
+
+
 def test_an_unknown_deadlines_setting_is_an_error_naming_it_and_the_known_ones() -> None:
     with override_settings(CELERY_DEADLINES_DEFAULT_BUGDET=30):
         found = errors()

@@ -31,6 +31,10 @@ def _env_float(name: str, default: float) -> float:
     return float(os.environ.get(name, default))
 
 
+def _env_int(name: str) -> int | None:
+    return int(os.environ[name]) if name in os.environ else None
+
+
 app = Celery("ledgerapp")
 app.conf.update(
     broker_url=os.environ.get("TEST_BROKER_URL", "memory://"),
@@ -60,6 +64,8 @@ app.conf.update(
     deadlines_clock_skew_budget=(
         _env_float("TEST_CLOCK_SKEW_BUDGET", 0) if "TEST_CLOCK_SKEW_BUDGET" in os.environ else None
     ),
+    deadlines_metrics_port=_env_int("TEST_METRICS_PORT"),
+    worker_max_tasks_per_child=_env_int("TEST_MAX_TASKS_PER_CHILD"),
 )
 
 

@@ -66,6 +66,7 @@ CELERY = frozenset(
         "install",
         "beat",
         "metrics",
+        "exporter",
         "testing",
         "_crashpoints",
         "__init__",

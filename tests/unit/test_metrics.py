@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 
 from celery_deadlines import gates, metrics, signals
 from celery_deadlines.plans import Plan, Verdict
 from celery_deadlines.skew import ClockReading
+from tests.support.processes import wait_for
 
 NOW = datetime(2026, 8, 19, 8, 0, tzinfo=UTC)
 
@@ -68,18 +73,66 @@ def test_queue_wait_and_holds_are_recorded_per_task(registry: CollectorRegistry)
     assert value(registry, "celery_deadlines_runs_held_total", task="shop.charge") == 1
 
 
-def test_the_clock_gauges_follow_each_reading(registry: CollectorRegistry) -> None:
+def test_clock_gauges_are_absent_until_the_clock_is_measured(registry: CollectorRegistry) -> None:
+    exposition = generate_latest(registry).decode()
+    assert "celery_deadlines_clock" not in exposition  # no 0 that reads as a measurement
+    signals.clock_measured.send(sender=None, reading=None)  # a check that could not read it
+    assert value(registry, "celery_deadlines_clock_readable") == 0
+    assert value(registry, "celery_deadlines_clock_offset_seconds") is None
+    assert value(registry, "celery_deadlines_clock_uncertainty_seconds") is None
     reading = ClockReading(timedelta(seconds=-0.25), timedelta(seconds=0.01))
     signals.clock_measured.send(sender=None, reading=reading)
+    assert value(registry, "celery_deadlines_clock_readable") == 1
     assert value(registry, "celery_deadlines_clock_offset_seconds") == -0.25
     assert value(registry, "celery_deadlines_clock_uncertainty_seconds") == 0.01
-    assert value(registry, "celery_deadlines_clock_readable") == 1
+
+
+def test_the_clock_gauges_follow_each_reading_and_drop_the_offset_when_it_is_not_read(
+    registry: CollectorRegistry,
+) -> None:
+    reading = ClockReading(timedelta(seconds=-0.25), timedelta(seconds=0.01))
+    signals.clock_measured.send(sender=None, reading=reading)
     signals.clock_measured.send(sender=None, reading=None)
     assert value(registry, "celery_deadlines_clock_readable") == 0
-    assert value(registry, "celery_deadlines_clock_offset_seconds") == -0.25  # last known
+    assert value(registry, "celery_deadlines_clock_offset_seconds") is None  # not measured now
+    # a local clock that stepped back while measuring: read, but it proves nothing
+    signals.clock_measured.send(sender=None, reading=ClockReading(timedelta(0), timedelta.max))
+    assert value(registry, "celery_deadlines_clock_readable") == 1
+    assert value(registry, "celery_deadlines_clock_offset_seconds") is None
 
 
 def test_installing_twice_in_one_registry_counts_once(registry: CollectorRegistry) -> None:
     metrics.install(registry)
     signals.write_refused.send(sender=None, task_id="t-1", write="renew")
     assert value(registry, "celery_deadlines_fenced_writes_rejected_total", write="renew") == 1
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="zombies are seen in /proc")
+def test_the_live_gauges_of_processes_that_exited_are_marked_dead(tmp_path: Path) -> None:
+    reaped = subprocess.Popen([sys.executable, "-c", "pass"])
+    reaped.wait()
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # exited, not yet reaped
+    try:
+        wait_for(lambda: zombie_state(zombie.pid), timeout=10)
+        alive = os.getpid()
+        files = [f"gauge_liveall_{alive}.db", f"counter_{reaped.pid}.db"]
+        for pid in (reaped.pid, zombie.pid):
+            files += [f"gauge_liveall_{pid}.db", f"gauge_livesum_{pid}.db", f"gauge_all_{pid}.db"]
+        for name in files:
+            (tmp_path / name).touch()
+        assert metrics.mark_dead_processes(str(tmp_path)) == sorted([reaped.pid, zombie.pid])
+    finally:
+        zombie.wait()
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(
+        [
+            f"gauge_liveall_{alive}.db",  # this process runs
+            f"counter_{reaped.pid}.db",  # what an exited process counted still counts
+            f"gauge_all_{reaped.pid}.db",  # gauges kept after their process, by their mode
+            f"gauge_all_{zombie.pid}.db",
+        ]
+    )
+
+
+def zombie_state(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat", "rb") as stat:
+        return stat.read().rpartition(b")")[2].split()[0] == b"Z"
