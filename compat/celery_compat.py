@@ -182,9 +182,10 @@ def dependencies() -> list[str]:
 
 
 def test_requirements(source: Path) -> list[str]:
-    """The :data:`NEEDED` requirements, as Celery's requirements files pin them
-    (pytest-subtests only where Celery asks for it: pytest 9 has subtests built in)."""
-    found: dict[str, str] = {}
+    """The :data:`NEEDED` requirements, as Celery's requirements files say them (every
+    line of one, markers and all: pip keeps the lines whose markers hold here), else
+    unpinned; pytest-subtests only where Celery asks for it (pytest 9 has subtests)."""
+    found: dict[str, list[str]] = {}
     for relative in REQUIREMENT_FILES:
         path = source / relative
         lines = path.read_text().splitlines() if path.exists() else []
@@ -192,8 +193,11 @@ def test_requirements(source: Path) -> list[str]:
             line = line.split("#", 1)[0].strip()
             name = re.split(r"[\s<>=!~;\[]", line, maxsplit=1)[0].lower()
             if name in NEEDED:
-                found.setdefault(name, line)
-    return [found.get(name, name) for name in NEEDED if name in found or name != "pytest-subtests"]
+                found.setdefault(name, []).append(line)
+    requirements = []
+    for name in NEEDED:
+        requirements += found.get(name, [] if name == "pytest-subtests" else [name])
+    return requirements
 
 
 def run_side_by_side(

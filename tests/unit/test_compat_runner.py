@@ -55,6 +55,25 @@ def test_test_requirements_are_pinned_as_celery_pins_them(tmp_path: Path) -> Non
     ]
 
 
+def test_every_line_of_a_requirement_is_kept_for_pip_to_judge_its_markers(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "requirements").mkdir()
+    (tmp_path / "requirements" / "test.txt").write_text(
+        "pytest==8.3.5\n"
+        'pytest-subtests<0.14.0; python_version < "3.9"\n'
+        'pytest-subtests>=0.14.1; python_version >= "3.9"\n'
+    )
+    assert celery_compat.test_requirements(tmp_path) == [
+        "pytest==8.3.5",
+        'pytest-subtests<0.14.0; python_version < "3.9"',
+        'pytest-subtests>=0.14.1; python_version >= "3.9"',
+        "pytest-timeout",
+        "freezegun",
+        "pydantic",
+    ]
+
+
 def test_only_the_tests_and_their_settings_are_extracted_from_the_sdist(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
