@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test test-unit test-integration lint bench bench-ledger matrix clean
+.PHONY: demo test test-unit test-integration lint bench bench-ledger matrix celery-compat clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,5 +47,10 @@ matrix:
 	$(MATRIX_VENV)/bin/python -c 'import celery, django; print("celery", celery.__version__, "django", django.__version__)'
 	$(MATRIX_VENV)/bin/python -m pytest tests/unit tests/django
 
+## Celery's own task, trace and canvas tests (from the installed release's sdist), run with
+## celery.Task and with DeadlineTask as the default task class; fails on any difference.
+celery-compat: $(INSTALLED)
+	$(BIN)/python compat/celery_compat.py
+
 clean:
-	rm -rf $(VENV) .venv-* demo_project/var .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .venv-* demo_project/var .mypy_cache .ruff_cache .pytest_cache .celery-compat

@@ -3,7 +3,7 @@
 
 :class:`AttemptAPI` is the half of :class:`~celery_deadlines.task.DeadlineTask` a body
 calls; the other half (``task.py``) is Celery's hooks. Everything here reads the
-attempt's state from the request (:func:`celery_deadlines.propagation.state_of`), set by
+attempt's state (:func:`celery_deadlines.propagation.attempt_state`), set by
 ``before_start``; without the ledger the ledger's features say what they need.
 """
 
@@ -26,7 +26,7 @@ from .errors import ConfigurationError, PlanRefused
 from .observations import ActionClass, Observation
 from .plans import Plan, Verdict
 from .plans import resume as resume_plan
-from .propagation import state_of
+from .propagation import attempt_state
 from .signals import plan_resumed
 from .states import CALLER_UNKNOWN, Status
 
@@ -80,7 +80,7 @@ class AttemptAPI:
     @property
     def deadline(self) -> datetime | None:
         """The current attempt's execution deadline (aware UTC), or ``None``."""
-        state = state_of(self.request)
+        state = attempt_state(self)
         return state.carried.deadline if state is not None else None
 
     def remaining(self) -> float:
@@ -89,7 +89,7 @@ class AttemptAPI:
         Negative once the deadline has passed. Measured from the attempt's anchor, so a
         wall clock change during the attempt does not change the answer.
         """
-        state = state_of(self.request)
+        state = attempt_state(self)
         if state is None or state.anchor is None:
             return math.inf
         return state.anchor.remaining(get_clock().monotonic()).total_seconds()
@@ -308,7 +308,7 @@ class AttemptAPI:
 
     def _attempt(self) -> Attempt | None:
         """The ledger attempt of the delivery this process is executing, if any."""
-        state = state_of(self.request_stack.top)
+        state = attempt_state(self)
         return state.attempt if state is not None else None
 
     def _ledger_attempt(self, feature: str) -> Attempt:

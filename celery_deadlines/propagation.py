@@ -16,12 +16,13 @@ message stamped here is gated when a worker claims it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
+from weakref import WeakKeyDictionary
 
 from celery import current_app
 from celery._state import get_current_task
@@ -53,8 +54,10 @@ logger = logging.getLogger("celery_deadlines")
 @dataclass(eq=False)
 class AttemptState:
     """What DeadlineTask keeps about the attempt running in this process, as one object
-    on the request (:func:`state_of`): the deadlines the message carried, the budget's
-    anchor on the monotonic clock, the ledger's claim, and whether the body is running."""
+    kept beside the request (:func:`begin`, :func:`state_of`), never on it: the deadlines
+    the message carried, the budget's anchor on the monotonic clock, the ledger's claim,
+    and whether the body is running. (Celery copies a request's attributes into its
+    ``headers`` when it pushes another, and ``retry()`` publishes those headers.)"""
 
     carried: Inherited
     anchor: Anchor | None = None
@@ -65,16 +68,45 @@ class AttemptState:
     retrying: bool = False
 
 
-#: The request attribute that holds the :class:`AttemptState`.
-STATE: Final = "celery_deadlines"
+#: Each attempt's state, by the request Celery pushed for it (forgotten with the request).
+#: A state must never refer to its request, or the request would never be forgotten.
+_states: WeakKeyDictionary[Any, AttemptState] = WeakKeyDictionary()
+
+
+def begin(request: Any, carried: Inherited) -> AttemptState:
+    """The state of the attempt that starts on ``request`` (``before_start``)."""
+    state = _states[request] = AttemptState(carried)
+    return state
 
 
 def state_of(request: Any) -> AttemptState | None:
-    """The attempt state DeadlineTask put on ``request``, if any."""
+    """The state of the attempt that started on ``request`` itself, if any."""
     if request is None:
         return None
-    state = vars(request).get(STATE)
-    return state if isinstance(state, AttemptState) else None
+    try:
+        return _states.get(request)
+    except TypeError:  # not a request Celery made (it cannot be referred to weakly)
+        return None
+
+
+def attempt_state(task: Any) -> AttemptState | None:
+    """The state of the attempt ``task`` is running in this thread, if any: its own
+    request's, or, in a direct call of the task from its body (Celery pushes a copy of
+    the request), the state of the attempt the call runs in."""
+    for request in reversed(task.request_stack.stack):
+        state = state_of(request)
+        if state is not None:
+            return state
+    return None
+
+
+def headers_of(request: Any) -> MutableMapping[str, Any]:
+    """A request's headers, where its deadlines are. Celery keeps whatever the caller
+    gave (``apply(headers=123)``); what is not a mapping carries no deadline."""
+    headers = request.headers
+    if isinstance(headers, MutableMapping):
+        return headers
+    return dict(headers) if isinstance(headers, Mapping) else {}
 
 
 _scope: ContextVar[Inherited | None] = ContextVar("celery_deadlines_scope", default=None)
@@ -147,10 +179,10 @@ def _parent() -> Inherited:
     request = task.request
     if request.called_directly:
         return NOTHING
-    known = state_of(request)
+    known = attempt_state(task)
     if known is not None:  # set by DeadlineTask.before_start: already parsed
         return known.carried
-    headers = request.headers or {}
+    headers = headers_of(request)
     if wire.DEADLINE_HEADER not in headers and wire.DELIVERY_DEADLINE_HEADER not in headers:
         return NOTHING
     return read_headers(headers, get_clock().now(), settings_for(task.app).max_budget, request.id)

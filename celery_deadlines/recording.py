@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from celery._state import get_current_worker_task
 
 from . import ledger, wire
-from .propagation import state_of
+from .propagation import attempt_state, headers_of
 from .stamping import Stamp
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ def publish(
     kept = {**task._get_exec_options(), **call, **links}  # type: ignore[attr-defined]
     body, content_type, encoding = api.encode_message(task.serializer, args, kwargs, kept)
     retries = int(call.get("retries") or 0)
-    state = state_of(task.request_stack.top)
+    state = attempt_state(task)
     retry_of = state.attempt if state is not None and state.retrying else None
     if retry_of is not None and retry_of.lease.task_id == task_id:
         return api.hand_to_retry(
@@ -95,7 +95,7 @@ def run_of_request(task: Task[Any, Any], request: Any, deadline: datetime | None
         "parent_id": request.parent_id,
         "headers": {
             key: value
-            for key, value in (request.headers or {}).items()
+            for key, value in headers_of(request).items()
             if key.startswith("x_deadline") or key == "expires"
         }
         or None,

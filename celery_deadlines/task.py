@@ -49,7 +49,7 @@ from .clock import get_clock
 from .conf import settings_for
 from .errors import DeadlineRefused, DispatchRefused, PlanRefused, StaleLease
 from .install import install
-from .propagation import AttemptState, state_of
+from .propagation import attempt_state, state_of
 from .signals import report_refusal
 from .states import Status
 
@@ -119,7 +119,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         own: int | object | None = self.__dict__.get("_max_retries", UNSET)
         if own is not UNSET:
             return own  # type: ignore[return-value]
-        state = state_of(self.request)
+        state = attempt_state(self)
         return None if state is not None and state.anchor is not None else 3
 
     @max_retries.setter
@@ -274,10 +274,10 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         now = clock.now()
         # read together: the budget is anchored at this instant, whatever the claim takes
         started = clock.monotonic()
-        headers = request.headers or {}
+        headers = propagation.headers_of(request)  # whatever the caller gave Celery
         settings = settings_for(self.app)
         carried = stamping.read_headers(headers, now, settings.max_budget, task_id)
-        state = vars(request)[propagation.STATE] = AttemptState(carried)
+        state = propagation.begin(request, carried)
         if carried.unreadable is not None:
             detail = f"unreadable deadline header {carried.unreadable!r}"
             self.refuse_attempt(gates.invalid(gates.Gate.ATTEMPT, now, detail), task_id)
@@ -351,12 +351,15 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         state = state_of(self.request_stack.top)
-        attempt = state.attempt if state is not None else None
-        if state is None or attempt is None or state.in_body:
-            # no ledger, or the body calling its own task directly: a plain call
+        if state is None or state.in_body:
+            # a direct call (from a body, or outside a worker): Celery's, as celery.Task
             return super().__call__(*args, **kwargs)
+        # Called by Celery's tracer, which already pushed the request and the task: the
+        # body runs on that request, as Celery runs a celery.Task's (never push twice).
         state.in_body = True
-        # Called by Celery's tracer, which already pushed the request and the task.
+        attempt = state.attempt
+        if attempt is None:
+            return self.run(*args, **kwargs)
         try:
             try:
                 try:
@@ -397,7 +400,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         raises :class:`DeadlineRefused`, chained to ``exc``, so the run fails with that
         reason. The retried message keeps the original absolute deadline.
         """
-        state = state_of(self.request)
+        state = attempt_state(self)
         attempt = state.attempt if state is not None else None
         if attempt is not None and attempt.unresolved:
             end_unresolved(attempt, exc, task=self)  # never retry blindly after an ambiguous call

@@ -79,3 +79,14 @@ def test_the_worker_signals_a_refusal_of_a_message_that_waited_behind_a_busy_poo
     ]
     # and a message with time left still runs, with its budget counted down
     assert 0 < work.apply_async(budget=30).get(timeout=10) <= 30
+
+
+def test_a_task_without_a_deadline_retries_under_start_worker_as_a_celery_task_does(
+    celery_session_app: Celery, celery_session_worker: Any
+) -> None:
+    from tests.support.inprocess_tasks import retry_once
+
+    # start_worker sets up none of the worker's optimizations: Celery's tracer calls
+    # DeadlineTask.__call__, which must not push the request again (Celery would copy
+    # the library's state into request.headers, and the retry's JSON message with it)
+    assert retry_once.delay().get(timeout=10) == {"headers": [], "depth": 1, "retries": 1}
