@@ -78,6 +78,14 @@ class Decision(NamedTuple):
         )
 
 
+def expiry_reason(*, delivery_task: bool) -> Reason:
+    """The one reason a run ends for its deadline, whoever finds it past (a gate, the
+    sweeper, the reconciler, the time limit at the deadline's cap): a delivery task's
+    deadline is its delivery deadline (``delivery_expired``), any other's is
+    ``deadline_passed``."""
+    return Reason.DELIVERY_EXPIRED if delivery_task else Reason.DEADLINE_PASSED
+
+
 def retry_wait(
     eta: datetime | None, countdown: float | None, default_delay: float | None, now: datetime
 ) -> timedelta:

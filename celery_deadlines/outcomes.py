@@ -17,7 +17,7 @@ from typing import Any, Literal, NamedTuple
 
 from .contracts import OnExpiry
 from .errors import DeadlineRefused, DispatchRefused, PlanRefused
-from .gates import Reason
+from .gates import expiry_reason
 from .states import Status
 
 # -- a side effect's outcome, as reconciliation finds it -----------------------------------
@@ -121,11 +121,13 @@ def after_body(
 DEADLINE_CAP_SLACK = timedelta(seconds=1)
 
 
-def after_time_limit(deadline: datetime | None, now: datetime) -> tuple[Status, str]:
+def after_time_limit(
+    deadline: datetime | None, now: datetime, *, delivery_task: bool = False
+) -> tuple[Status, str]:
     """A pool process killed by its hard time limit: EXPIRED when the limit was the
     deadline's cap (the attempt gate), FAILED (``time_limit``) when it was the task's own."""
     if deadline is not None and now >= deadline - DEADLINE_CAP_SLACK:
-        return Status.EXPIRED, Reason.DEADLINE_PASSED.value
+        return Status.EXPIRED, expiry_reason(delivery_task=delivery_task).value
     return Status.FAILED, "time_limit"
 
 

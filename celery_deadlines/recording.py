@@ -66,6 +66,7 @@ def publish(
         task_name=task.name,
         deadline=stamp.governed.deadline,
         delivery_deadline=stamp.delivery,
+        delivery_task=getattr(task, "deadline_kind", None) == "delivery",
         root_id=root_id or task_id,
         parent_id=parent_id or "",
         retries=retries,

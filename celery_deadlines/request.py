@@ -184,7 +184,11 @@ class DeadlineRequest(Request):
         if not soft and deadline_task and ledger.enabled_for(self.task.app):
             # the limit may have been the deadline's cap (the attempt gate): then it is
             # a deadline outcome, not the task's own time limit
-            status, reason = outcomes.after_time_limit(self._carried().deadline, get_clock().now())
+            status, reason = outcomes.after_time_limit(
+                self._carried().deadline,
+                get_clock().now(),
+                delivery_task=getattr(self.task, "deadline_kind", None) == "delivery",
+            )
             try:
                 written = ledger.api_for(self.task.app).end_owned(
                     self.task.app,

@@ -42,7 +42,8 @@ clock_measured = Signal(name="clock_measured", providing_args=["reading"])
 #: unstarted, as CLOCK_UNCERTAIN (``reading`` is the claim's own measurement).
 run_held = Signal(name="run_held", providing_args=["task_id", "task_name", "reading", "budget"])
 #: The ledger ended a run as EXPIRED on its own, not at a gate: the sweeper (a run never
-#: claimed in time, ``expired_before_claim``; a paused run, ``deadline_passed``), the
+#: claimed in time, or paused past its deadline: ``deadline_passed``, or ``delivery_expired``
+#: for a delivery task's run, the reasons a gate gives for the same deadline), the
 #: reconciler, or beat (``missed_occurrence``). Gate refusals are ``deadline_refused``.
 run_expired = Signal(
     name="run_expired", providing_args=["task_id", "task_name", "reason", "detail"]

@@ -96,7 +96,7 @@ def outcome(task_id: str) -> dict[str, Any]:
     try:
         value = result.get(timeout=0.5, propagate=True, disable_sync_subtasks=False)
     except DeadlineRefused as refused:
-        return {"state": "REFUSED", "refusal": refused}
+        return {"state": result.state, "refusal": refused}
     except Exception as exc:  # noqa: BLE001 - the demo explains failures, it does not hide them
         return {"state": result.state, "error": exc}
     return {"state": result.state, "value": value}
@@ -125,7 +125,8 @@ def explain(name: str, task_id: str) -> list[str]:
     if "refusal" in seen:
         refused: DeadlineRefused = seen["refusal"]
         lines = [
-            f"{name:<15} REFUSED at the {refused.gate} gate: {refused.reason}",
+            # the ledger's word for the run (docs/concepts.md: one word per situation)
+            f"{name:<15} {run_status(task_id)} at the {refused.gate} gate: {refused.reason}",
             f"{'':<15} deadline {clock(refused.deadline)}, clock read "
             f"{clock(refused.clock_reading)}",
             f"{'':<15} {refused.detail}",
@@ -261,7 +262,7 @@ def address_change_story(var: Path) -> None:
         app.AsyncResult("address-42").get(timeout=1, disable_sync_subtasks=False)
         print("change_address SUCCEEDED (the plan still applied)")
     except PlanRefused as refused:
-        print(f"change_address REFUSED on resume: {refused.reason}")
+        print(f"change_address {run_status('address-42')} on resume: {refused.reason}")
         print(f"{'':<15} {refused.detail}")
     plans = RunPlan.objects.filter(run__task_id="address-42").order_by("id")
     for plan in plans:

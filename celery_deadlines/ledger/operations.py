@@ -17,7 +17,7 @@ from functools import partial
 from typing import Any
 
 from ..errors import DeadlineRefused
-from ..gates import Gate, Reason
+from ..gates import Gate
 from ..outcomes import unknown_meta
 from ..signals import run_expired
 from ..states import CALLER_UNKNOWN, Status
@@ -71,7 +71,8 @@ def release_settled(
     (the next attempt replays or dispatches anew), or, past its deadline, EXPIRED with
     the caller told why. Returns the status written, or ``None`` (another reconciler or
     operator released it, or an effect is still unresolved)."""
-    released = store.effects.release_resolved(run_id)
+    written = store.effects.release_resolved(run_id)
+    released, reason = written if written is not None else (None, "")
     if released == Status.QUEUED:
         republish(app, task_id, partial(outbox.republish_run, app, store, run_id))
     elif released == Status.EXPIRED:
@@ -80,7 +81,7 @@ def release_settled(
             task_id=task_id,
             task_name=task_name,
             status=Status.EXPIRED,
-            reason=Reason.DEADLINE_PASSED,
+            reason=reason,
             deadline=None,
         )
         store_refusal(app, expired, store.database_now(), detail)

@@ -5,7 +5,7 @@ about to publish, then publishes it: at once outside a transaction, or when the
 caller's transaction commits (``transaction.on_commit``), so a rolled-back request
 never starts work and a committed one never loses it. A publish that fails after the
 commit leaves the run QUEUED; the reconciler's sweeper publishes it again once
-``deadlines_republish_after`` has passed, and expires it (``expired_before_claim``) if
+``deadlines_republish_after`` has passed, and expires it (``deadline_passed``) if
 its deadline passes first. A duplicate message is harmless: claiming is a
 compare-and-swap.
 

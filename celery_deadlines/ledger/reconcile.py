@@ -3,7 +3,8 @@
 On worker start and every ``deadlines_reconcile_interval``, each worker's main process:
 
 1. expires runs whose deadline passed before any worker claimed them
-   (``expired_before_claim``): a lost message never becomes a run that waits forever;
+   (``deadline_passed``, as the claim gate says it): a lost message never becomes a run
+   that waits forever;
 2. reads every run whose lease has lapsed by the database clock, with its version;
 3. ends it if its deadline has passed (``deadline_passed``: never resurrected);
 4. marks it UNKNOWN if an effect of the attempt is unresolved (the effect ledger's
@@ -34,7 +35,7 @@ from django.db import connections
 from .. import conf, outcomes
 from .._crashpoints import hit
 from ..conf import settings_for
-from ..gates import Reason
+from ..gates import expiry_reason
 from ..outcomes import Found, NotFound, PendingEffect, Settle
 from ..states import Status
 from . import outbox
@@ -137,13 +138,14 @@ def _settle(app: Any, store: Store, lapsed: LapsedLease, max_lost: int, report: 
             tell_caller_unknown(app, store, lapsed.run_id, lapsed.task_id, detail)
     elif step is Settle.EXPIRE:
         detail = f"lease of {lapsed.owner} lapsed and the deadline has passed"
-        if store.sweeps.settle_lapsed(lapsed, Status.EXPIRED, Reason.DEADLINE_PASSED, detail):
+        reason = expiry_reason(delivery_task=lapsed.delivery_task)
+        if store.sweeps.settle_lapsed(lapsed, Status.EXPIRED, reason, detail):
             report.expired.append(lapsed.task_id)
             expired = Expired(
                 task_id=lapsed.task_id,
                 task_name=lapsed.task_name,
                 status=Status.EXPIRED,
-                reason=Reason.DEADLINE_PASSED,
+                reason=reason,
                 deadline=lapsed.deadline,
             )
             store_refusal(app, expired, store.database_now(), detail)

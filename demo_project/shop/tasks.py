@@ -5,7 +5,7 @@
 its retries back off until the next one would not fit in the time left, and the run
 ends with ``retry_budget_exhausted``. ``print_label`` goes to the warehouse queue, whose
 worker is late: the message waits there past its (shorter, per-task) deadline, the run
-ledger's sweeper expires the run (``expired_before_claim``) and the warehouse worker,
+ledger's sweeper expires the run (``deadline_passed``) and the warehouse worker,
 when it comes back, refuses to start it.
 """
 

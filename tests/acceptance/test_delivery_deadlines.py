@@ -93,7 +93,7 @@ def test_a_notice_that_arrives_after_the_delivery_deadline_is_never_sent_and_rer
     notice = wait_for(lambda: ended(notify_id), 30)
     # the stalled process is killed by its time limit (capped at the delivery deadline)
     # before it can claim; the sweeper ends the run once that deadline passed unclaimed
-    assert (notice.status, notice.reason) == (Status.EXPIRED, "expired_before_claim")
+    assert (notice.status, notice.reason) == (Status.EXPIRED, "delivery_expired")
     assert notice.deadline == Run.objects.using(DB).get(task_id=result.id).delivery_deadline
     assert ("claim", "applied") not in [(e.kind, e.outcome) for e in events(notify_id)]
     assert provider_calls(log, f"{order_id}:completion:v1") == []

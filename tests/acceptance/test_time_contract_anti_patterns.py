@@ -224,13 +224,13 @@ def test_anti_pattern_5_expiry_is_never_a_silent_background_failure(
     assert state == "IGNORED"
     assert isinstance(app.AsyncResult("late").result, DeadlineRefused)
     assert refusals == ["late:deadline_passed"]  # refused at a gate
-    assert expiries == ["never-claimed:expired_before_claim"]  # found by the sweeper
+    assert expiries == ["never-claimed:deadline_passed"]  # found by the sweeper
     assert "refused at attempt gate: deadline_passed" in caplog.text
-    assert "[never-claimed] EXPIRED (expired_before_claim)" in caplog.text
+    assert "[never-claimed] EXPIRED (deadline_passed)" in caplog.text
     swept = app.AsyncResult("never-claimed").result
     assert isinstance(swept, DeadlineRefused)
-    assert swept.reason == "expired_before_claim"
-    for task_id, reason in (("late", "deadline_passed"), ("never-claimed", "expired_before_claim")):
+    assert swept.reason == "deadline_passed"
+    for task_id, reason in (("late", "deadline_passed"), ("never-claimed", "deadline_passed")):
         run = run_of(app, task_id)
         assert (run.status, run.reason) == (Status.EXPIRED, reason)
         assert RunEvent.objects.using(alias).filter(run=run, status=Status.EXPIRED).exists()

@@ -181,7 +181,7 @@ def test_a_held_run_whose_deadline_passes_expires_by_the_ledger_clock(
     )
     assert reconcile_once(app, Store(alias)).expired == ["digest-3"]
     run = run_of(alias, "digest-3")
-    assert (run.status, run.reason) == (Status.EXPIRED, "expired_before_claim")
+    assert (run.status, run.reason) == (Status.EXPIRED, "deadline_passed")
 
 
 def test_with_a_skew_budget_remaining_time_is_measured_on_the_ledger_clock(

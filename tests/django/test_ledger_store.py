@@ -9,6 +9,7 @@ in the run's history, so nothing is hidden).
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -296,16 +297,29 @@ def test_a_refused_message_without_a_run_gets_an_ended_run(store: Store) -> None
     )
 
 
-def test_unclaimed_runs_past_their_deadline_are_expired_before_claim(store: Store) -> None:
+def test_unclaimed_runs_past_their_deadline_expire_with_the_claim_gates_reason(
+    store: Store,
+) -> None:
     store.outbox.enqueue(new_run("late", deadline=in_(store, 1)))
+    store.outbox.enqueue(replace(new_run("notice", deadline=in_(store, 1)), delivery_task=True))
     store.outbox.enqueue(new_run("in-time", deadline=in_(store, 600)))
     age(store, "late", 2)
+    age(store, "notice", 2)
     expired = store.sweeps.expire_unclaimed()
-    assert [e.task_id for e in expired] == ["late"]
+    assert sorted(e.task_id for e in expired) == ["late", "notice"]
+    # the words a worker's claim gate uses for the same deadline (gates.expiry_reason)
     assert (row(store, "late").status, row(store, "late").reason) == (
         Status.EXPIRED,
-        "expired_before_claim",
+        "deadline_passed",
     )
+    assert (row(store, "notice").status, row(store, "notice").reason) == (
+        Status.EXPIRED,
+        "delivery_expired",
+    )
+    assert {e.task_id: e.reason for e in expired} == {
+        "late": "deadline_passed",
+        "notice": "delivery_expired",
+    }
     assert row(store, "in-time").status == Status.QUEUED
 
 

@@ -246,7 +246,7 @@ def test_two_reconcilers_that_read_one_lapsed_run_settle_it_once(store: Store, a
     # dispatches again: the second reconciler's reading is stale by then
     [seen] = [p for p in effects.pending() if p.task_id == "lapsed"]
     assert effects.settle(seen, False, None, "none", by="operator").applied
-    assert effects.release_resolved(seen.run_id) == Status.QUEUED
+    assert effects.release_resolved(seen.run_id) == (Status.QUEUED, "")
     again = claim(store, "lapsed")
     assert effects.dispatch(again, "lapsed:pay") == 2
     _settle(app, store, second, 5, Report())
@@ -269,5 +269,5 @@ def test_the_sweeper_expires_unclaimed_runs_and_republishes_forgotten_ones(
     report = reconcile_once(app, store)
     assert (report.republished, report.expired) == (["forgotten"], ["expired"])
     assert [m["headers"]["id"] for m in published(app)] == ["forgotten"]
-    assert status(store, "expired") == (Status.EXPIRED, "expired_before_claim")
+    assert status(store, "expired") == (Status.EXPIRED, "deadline_passed")
     assert reconcile_once(app, store).republished == []  # not again before the interval

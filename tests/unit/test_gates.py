@@ -12,8 +12,10 @@ from celery_deadlines import DeadlineRefused, Gate, Reason
 from celery_deadlines.gates import (
     admit,
     allow_retry,
+    as_delivery,
     cap_time_limits,
     claim_refusal,
+    expiry_reason,
     invalid,
     retry_wait,
 )
@@ -237,3 +239,12 @@ def test_a_retry_waits_for_its_eta_else_its_countdown_else_the_default_delay() -
     assert retry_wait(None, 2.5, 180, NOW) == seconds(2.5)
     assert retry_wait(None, None, 180, NOW) == seconds(180)
     assert retry_wait(None, -3, None, NOW) == seconds(0)
+
+
+def test_a_passed_deadline_has_one_reason_for_each_kind_of_task() -> None:
+    # the sweeper, the reconciler and the time limit use the word a gate would use
+    assert expiry_reason(delivery_task=False) is Reason.DEADLINE_PASSED
+    assert expiry_reason(delivery_task=True) is Reason.DELIVERY_EXPIRED
+    refused = admit(Gate.CLAIM, NOW - timedelta(seconds=1), NOW, timedelta(0))
+    assert refused.reason is expiry_reason(delivery_task=False)
+    assert as_delivery(refused).reason is expiry_reason(delivery_task=True)

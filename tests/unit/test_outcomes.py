@@ -66,6 +66,14 @@ def test_a_time_limit_at_the_deadline_was_the_deadlines_cap_and_expires_the_run(
     assert after_time_limit(deadline, NOW) == (Status.EXPIRED, "deadline_passed")
 
 
+def test_a_delivery_tasks_time_limit_at_its_deadline_expires_it_as_delivery_expired() -> None:
+    deadline = NOW + DEADLINE_CAP_SLACK / 2
+    assert after_time_limit(deadline, NOW, delivery_task=True) == (
+        Status.EXPIRED,
+        "delivery_expired",
+    )
+
+
 def test_a_time_limit_well_before_the_deadline_was_the_tasks_own_and_fails_the_run() -> None:
     deadline = NOW + DEADLINE_CAP_SLACK + timedelta(seconds=5)
     assert after_time_limit(deadline, NOW) == (Status.FAILED, "time_limit")

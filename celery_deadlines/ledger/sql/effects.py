@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from .predicates import EFFECT, EVENT, RUN, UNRESOLVED_SQL
+from .predicates import EFFECT, EVENT, EXPIRY_REASON_SQL, RUN, UNRESOLVED_SQL
 from .rows import Lease, from_json
 from .statements import Statements
 
@@ -289,17 +289,17 @@ class Effects(Statements):
         )
         return [(int(r[0]), str(r[1]), str(r[2])) for r in rows]
 
-    def release_resolved(self, run_id: int) -> str | None:
+    def release_resolved(self, run_id: int) -> tuple[str, str] | None:
         """An UNKNOWN run all of whose effects are resolved: queued again (token + 1) to
         replay or dispatch anew, or, past its deadline, EXPIRED (never resurrected).
-        Returns the status written, or ``None``."""
+        Returns the status and reason written, or ``None``."""
         d = self.store.dialect
         past = f"(deadline IS NOT NULL AND deadline <= {d.now})"
         _, rows = self.store.execute(
             f"""
             UPDATE {RUN} SET
                 status = CASE WHEN {past} THEN 'EXPIRED' ELSE 'QUEUED' END,
-                reason = CASE WHEN {past} THEN 'deadline_passed' ELSE '' END,
+                reason = CASE WHEN {past} THEN {EXPIRY_REASON_SQL} ELSE '' END,
                 lease_token = lease_token + 1, owner = '', lease_expires_at = NULL,
                 published_at = {d.now}, version = version + 1, op = 'reconciled',
                 op_detail = 'effects resolved', updated_at = {d.now}
@@ -307,11 +307,11 @@ class Effects(Statements):
               AND NOT EXISTS (
                 SELECT 1 FROM {EFFECT} WHERE run_id = %s AND state IN {UNRESOLVED_SQL}
               )
-            RETURNING status
+            RETURNING status, reason
             """,
             [run_id, run_id],
         )
-        return str(rows[0][0]) if rows else None
+        return (str(rows[0][0]), str(rows[0][1])) if rows else None
 
 
 def _fresh_clause(d: Any, fresh_until: datetime | None) -> tuple[str, list[Any]]:

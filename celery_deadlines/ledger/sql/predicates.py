@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import Final
 
+from ...gates import Reason
 from ...states import CLAIMABLE, REQUEUEABLE, TERMINAL, UNRESOLVED, WAITING
 from .dialect import Dialect
 
@@ -39,6 +40,11 @@ CLAIMABLE_SQL: Final = in_list(CLAIMABLE)
 WAITING_SQL: Final = in_list(WAITING)
 REQUEUEABLE_SQL: Final = in_list(REQUEUEABLE)
 UNRESOLVED_SQL: Final = in_list(UNRESOLVED)
+#: The reason a run ends for its deadline, by the run's row (``gates.expiry_reason``).
+EXPIRY_REASON_SQL: Final = (
+    f"(CASE WHEN delivery_task THEN '{Reason.DELIVERY_EXPIRED.value}' "
+    f"ELSE '{Reason.DEADLINE_PASSED.value}' END)"
+)
 
 #: True for the run row being written when one of its effects has no recorded outcome.
 HAS_UNRESOLVED: Final = (

@@ -32,6 +32,8 @@ class NewRun:
     schedule: str | None = None
     schedule_zone: str | None = None
     schedule_local: str | None = None
+    #: a delivery task's run: it expires as ``delivery_expired``
+    delivery_task: bool = False
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,7 @@ class LapsedLease:
     lost_leases: int
     deadline: datetime | None
     past_deadline: bool
+    delivery_task: bool = False
 
 
 @dataclass(frozen=True)

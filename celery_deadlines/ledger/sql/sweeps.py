@@ -12,6 +12,7 @@ from typing import Any
 from ...states import Status
 from .predicates import (
     CLAIMABLE_SQL,
+    EXPIRY_REASON_SQL,
     HAS_UNRESOLVED,
     MESSAGE_COLUMNS,
     RUN,
@@ -48,21 +49,22 @@ class Sweeps(Statements):
     # -- reconciliation ----------------------------------------------------------------------
 
     def expire_unclaimed(self, limit: int = 500) -> list[Expired]:
-        """End runs whose deadline passed before any worker claimed them
-        (``expired_before_claim``), or while they were paused (``deadline_passed``)."""
+        """End runs whose deadline passed while they waited: before any worker claimed
+        them, or while they were paused. The reason is the one a worker's gate gives for
+        the same deadline (``deadline_passed``; ``delivery_expired`` for a delivery
+        task's run): one word for one situation, whoever finds it."""
         d = self.dialect
+        reason = EXPIRY_REASON_SQL
         _, rows = self.execute(
             f"""
             UPDATE {RUN} SET status = 'EXPIRED',
-                reason = CASE WHEN status = 'PAUSED' THEN 'deadline_passed'
-                              ELSE 'expired_before_claim' END,
+                reason = {reason},
                 detail = CASE WHEN status = 'PAUSED'
                               THEN 'the deadline passed while the run was paused'
                               ELSE 'the deadline passed before any worker claimed the run'
                          END,
                 version = version + 1, op = 'expire',
-                op_detail = CASE WHEN status = 'PAUSED' THEN 'deadline_passed'
-                                 ELSE 'expired_before_claim' END,
+                op_detail = {reason},
                 updated_at = {d.now}
             WHERE id IN (
                 SELECT id FROM {RUN}
@@ -97,7 +99,7 @@ class Sweeps(Statements):
         _, rows = self.execute(
             f"""
             SELECT id, task_id, task_name, version, lease_token, owner, lost_leases, deadline,
-                deadline IS NOT NULL AND deadline <= {d.now}
+                deadline IS NOT NULL AND deadline <= {d.now}, delivery_task
             FROM {RUN}
             WHERE status = 'RUNNING' AND lease_expires_at <= {d.now_plus}
             ORDER BY lease_expires_at
@@ -116,6 +118,7 @@ class Sweeps(Statements):
                 lost_leases=r[6],
                 deadline=d.instant(r[7]),
                 past_deadline=bool(r[8]),
+                delivery_task=bool(r[9]),
             )
             for r in rows
         ]
