@@ -7,7 +7,8 @@ The package in four tiers; each may import only the tiers above it in this list,
 ``states`` (the vocabulary of states), ``errors``, ``wire`` (headers), ``budgets``
 (durations, the precedence rule, the attempt's anchor), ``gates`` (every gate's rule),
 ``stamping`` (what a message carries), ``outcomes`` (how a run ends or moves), ``skew``,
-``contracts``, ``observations``, ``plans``, ``schedules``.
+``contracts``, ``observations``, ``plans``, ``schedules``, ``retention`` (how long
+ended runs stay).
 
 **The Celery tier** (reads the time only through ``clock``; the ledger only through
 ``ledger.api`` and ``ledger.operations``, inside functions): ``clock``, ``conf``,
@@ -20,7 +21,8 @@ The package in four tiers; each may import only the tiers above it in this list,
 database clock; never reaches back into the Celery tier's task side): ``api`` (the entry
 point, plain values), ``operations`` (every operation that ends or moves a run, for the
 reconciler, the admin and beat), ``attempt``, ``heartbeat``, ``outbox``, ``reconcile``,
-``clockwatch``, ``worker``, and ``sql/`` (the statements, by audience).
+``clockwatch``, ``worker``, ``retention`` (the purge), and ``sql/`` (the statements, by
+audience).
 
 **The Django app** (Django's own names): ``apps``, ``models``, ``admin``, ``checks``,
 ``explain``, ``management``, ``migrations``.

@@ -14,9 +14,10 @@ from django.apps import AppConfig
 from django.conf import settings as django_settings
 from django.core import checks
 
-from .conf import CONTRACTS, SETTINGS, Settings
+from .conf import CONTRACTS, MAX_BUDGET, RETENTION, SETTINGS, Settings
 from .contracts import review
 from .errors import ConfigurationError
+from .retention import describe_age
 
 PREFIX = "CELERY_DEADLINES_"
 
@@ -28,6 +29,12 @@ def _given() -> dict[str, Any]:
         for name in dir(django_settings)
         if name.startswith(PREFIX)
     }
+
+
+def from_django() -> Settings:
+    """The settings as Django's ``CELERY_DEADLINES_*`` give them: what a ``manage.py``
+    command reads, whichever Celery app is (or is not) loaded."""
+    return Settings(_given())
 
 
 def _cannot_check(why: str) -> checks.CheckMessage:
@@ -98,6 +105,30 @@ def check_contracts(
         if problem.severity == "error"
         else checks.Warning(problem.message, hint=problem.hint, id="celery_deadlines.W002")
         for problem in problems
+    ]
+
+
+@checks.register()
+def check_retention(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """W003: ended runs are purged sooner than a run may live (``deadlines_max_budget``)."""
+    settings = from_django()
+    try:
+        retention, longest = settings.get(RETENTION), settings.get(MAX_BUDGET)
+    except ConfigurationError:
+        return []  # reported by check_settings
+    if retention is None or retention >= longest:
+        return []
+    return [
+        checks.Warning(
+            f"{PREFIX}RETENTION ({describe_age(retention)}) is shorter than "
+            f"{PREFIX}MAX_BUDGET ({describe_age(longest)}): a run still alive may ask "
+            "again for an effect key whose record was purged, and dispatch it again.",
+            hint="Keep ended runs at least as long as the longest budget "
+            "(docs/howto.md, 'Keep the ledger bounded').",
+            id="celery_deadlines.W003",
+        )
     ]
 
 

@@ -18,6 +18,7 @@ from typing import Any, Final, Generic, TypeVar
 from .budgets import parse_budget, parse_duration
 from .contracts import TimeContract, parse_contracts
 from .errors import ConfigurationError, InvalidDeadline
+from .retention import DEFAULT_RETENTION, parse_retention
 
 T = TypeVar("T")
 
@@ -213,6 +214,20 @@ DATABASE: Final = Setting(
     "The Django database alias of the run ledger (PostgreSQL or SQLite).",
 )
 
+
+def _retention(value: object, name: str, settings: Settings) -> timedelta | None:
+    return parse_retention(value, name=name)
+
+
+RETENTION: Final = Setting(
+    "deadlines_retention",
+    DEFAULT_RETENTION,
+    _retention,
+    "How long an ended run stays in the ledger before the workers' reconcilers purge it "
+    "with its events, effects and plans (hourly, in bounded batches); None or 0: never "
+    "purged automatically (manage.py deadlines purge still can).",
+)
+
 #: Every setting, in documentation order.
 SETTINGS: Final[tuple[Setting[Any], ...]] = (
     DEFAULT_BUDGET,
@@ -231,6 +246,7 @@ SETTINGS: Final[tuple[Setting[Any], ...]] = (
     REPUBLISH_AFTER,
     MAX_LOST_LEASES,
     DATABASE,
+    RETENTION,
 )
 
 

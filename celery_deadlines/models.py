@@ -20,6 +20,9 @@ from .states import (
     choices,
 )
 
+#: The ended statuses, in the order the ledger's SQL lists them (the purge's index).
+ENDED = [status.value for status in Status if status in TERMINAL]
+
 __all__ = ["TERMINAL", "Effect", "EffectState", "Run", "RunEvent", "RunPlan", "Status"]
 
 
@@ -88,6 +91,13 @@ class Run(models.Model):
             models.Index(fields=["status", "lease_expires_at"], name="cdl_run_status_lease_idx"),
             models.Index(fields=["root_id"], name="cdl_run_root_idx"),
             models.Index(fields=["parent_id"], name="cdl_run_parent_idx"),
+            # the purge's batches: ended runs, oldest first (partial, so a run enters it
+            # once, with its last write; migration 0007)
+            models.Index(
+                fields=["updated_at"],
+                condition=models.Q(status__in=ENDED),
+                name="cdl_run_ended_idx",
+            ),
         ]
         permissions = [
             ("expire_run", "Can expire an unfinished run"),
@@ -156,6 +166,12 @@ class Effect(models.Model):
     created_at = models.DateTimeField()
     dispatched_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField()
+    # An attempt found the key recorded (its outcome replayed, or its intent found
+    # again): the purge keeps the effect while this is within the retention (NULL:
+    # never; nullable, so that adding it does not rebuild the table; migration 0007).
+    asked_at = models.DateTimeField(
+        null=True, blank=True, help_text="Database clock: the last attempt that found the key."
+    )
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["key"], name="cdl_effect_key_uniq")]

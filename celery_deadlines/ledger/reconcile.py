@@ -17,7 +17,9 @@ On worker start and every ``deadlines_reconcile_interval``, each worker's main p
 
 and republishes runs still unclaimed ``deadlines_republish_after`` after their last
 publish. Every step is a compare-and-swap on the version read in step 2, so any number
-of workers may reconcile at once: one wins each run, the others change nothing.
+of workers may reconcile at once: one wins each run, the others change nothing. After
+a pass, at most hourly, the reconciler purges ended runs older than
+``deadlines_retention`` in bounded batches (:mod:`.retention`).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from .operations import (
     store_refusal,
     tell_caller_unknown,
 )
+from .retention import PeriodicPurge
 from .sql.connection import Store
 from .sql.effects import Pending
 from .sql.rows import Expired, LapsedLease
@@ -225,6 +228,8 @@ class Reconciler:
         self.watch = watch
         if watch is not None:
             watch.on_suspect = self.wake
+        #: ended runs older than ``deadlines_retention`` go, at most hourly
+        self.purge = PeriodicPurge()
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(
@@ -250,17 +255,27 @@ class Reconciler:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
+    def run_pass(self) -> bool:
+        """One pass: measure the clock, reconcile, purge if due (:class:`PeriodicPurge`).
+        Returns whether this worker's clock is certain. Errors are logged, not raised."""
+        certain = True
+        try:
+            if self.watch is not None:
+                self.watch.check()
+                certain = not self.watch.uncertain
+            reconcile_once(self.app, self.store, clock_certain=certain)
+        except Exception:  # a database outage must not end reconciliation
+            logger.exception("reconciling the run ledger failed; trying again")
+        try:
+            self.purge.run_if_due(self.app, self.store)
+        except Exception:
+            logger.exception("purging the run ledger failed; trying again in an interval")
+        return certain
+
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                certain = True
-                try:
-                    if self.watch is not None:
-                        self.watch.check()
-                        certain = not self.watch.uncertain
-                    reconcile_once(self.app, self.store, clock_certain=certain)
-                except Exception:  # a database outage must not end reconciliation
-                    logger.exception("reconciling the run ledger failed; trying again")
+                certain = self.run_pass()
                 if self.interval is None and certain:
                     return
                 # a worker holding its work for its clock looks again soon

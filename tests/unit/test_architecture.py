@@ -48,6 +48,7 @@ PURE = frozenset(
         "observations",
         "plans",
         "schedules",
+        "retention",
     }
 )
 CELERY = frozenset(

@@ -10,4 +10,5 @@
 ``operator``    the admin's actions
 ``effects``     the effect ledger's (intent, the dispatch guard, outcomes, settlement)
 ``plans``       plans stored with the run
+``retention``   the purge of ended runs (the reconciler and ``manage.py deadlines purge``)
 """

@@ -11,17 +11,20 @@ are grouped by who asks for them, each a small class on the store's connection:
 ``store.operator``  the admin's actions (expire now, requeue)
 ``store.effects``   the effect ledger (intent, dispatch guard, outcomes, settlement)
 ``store.plans``     plans stored with the run
+``store.retention`` the purge of ended runs (the reconciler and the operator's command)
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from functools import cached_property
 from typing import Any, Final
 
-from django.db import connections
+from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.utils import load_backend
 
@@ -31,6 +34,7 @@ from .effects import Effects
 from .operator import OperatorActions
 from .outbox import Outbox
 from .plans import Plans
+from .retention import Retention
 from .rows import required
 from .runs import Runs
 from .supervision import Supervision
@@ -67,6 +71,9 @@ class Store:
         if not self.dedicated:
             return connections[self.using]
         local = self._local
+        pinned: BaseDatabaseWrapper | None = getattr(local, "pinned", None)
+        if pinned is not None:  # inside transaction(): never reconnect halfway
+            return pinned
         connection: BaseDatabaseWrapper | None = getattr(local, "connection", None)
         if connection is None or local.pid != os.getpid():  # first use, or a forked child
             settings = {**connections.settings[self.using], "CONN_MAX_AGE": None}
@@ -95,6 +102,33 @@ class Store:
                 connection.connection.close()
                 connection.connection = None
         self._local.connection = None
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """The statements run inside as one transaction: committed at the end, rolled
+        back on an error. The producer's store joins Django's (``atomic``); a dedicated
+        connection leaves autocommit for it (and is closed if it cannot roll back: the
+        next statement reconnects, in autocommit)."""
+        if not self.dedicated:
+            with transaction.atomic(using=self.using):
+                yield
+            return
+        connection = self._connection()
+        connection.set_autocommit(False)
+        self._local.pinned = connection
+        try:
+            yield
+            connection.commit()
+            connection.set_autocommit(True)
+        except BaseException:
+            try:
+                connection.rollback()
+                connection.set_autocommit(True)
+            except Exception:  # noqa: BLE001 (a broken connection: drop it, reconnect later)
+                connection.close()
+            raise
+        finally:
+            self._local.pinned = None
 
     def execute(
         self, sql: str, params: list[Any] | dict[str, Any], *, timed: bool = False
@@ -152,3 +186,7 @@ class Store:
     @cached_property
     def plans(self) -> Plans:
         return Plans(self)
+
+    @cached_property
+    def retention(self) -> Retention:
+        return Retention(self)

@@ -70,14 +70,16 @@ class Effects(Statements):
     def record_intent(
         self, lease: Lease, key: str, name: str, kind: str, fingerprint: str
     ) -> Recorded:
-        """Record the intent to perform ``key`` (or find it recorded): one statement."""
+        """Record the intent to perform ``key`` (or find it recorded): one statement.
+        Finding it recorded marks it asked for (``asked_at``): the purge keeps an
+        effect asked for within the retention, whichever run asked."""
         d = self.store.dialect
         _, rows = self.store.execute(
             f"""
             INSERT INTO {EFFECT} (key, run_id, name, kind, state, lease_token, fingerprint,
                 dispatches, error, created_at, updated_at)
             VALUES (%s, %s, %s, %s, 'INTENT_RECORDED', %s, %s, 0, '', {d.now}, {d.now})
-            ON CONFLICT (key) DO UPDATE SET key = excluded.key
+            ON CONFLICT (key) DO UPDATE SET asked_at = {d.now}
             RETURNING state, fingerprint, result, lease_token
             """,
             [key, lease.run_id, name, kind, lease.token, fingerprint],

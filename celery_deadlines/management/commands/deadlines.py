@@ -1,4 +1,5 @@
-"""``manage.py deadlines explain TASK_ID`` and ``manage.py deadlines reconcile``."""
+"""``manage.py deadlines explain TASK_ID``, ``manage.py deadlines reconcile`` and
+``manage.py deadlines purge`` (:mod:`celery_deadlines.management.purge`)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ from ...explain import explain, facts
 from ...ledger.reconcile import reconcile_once
 from ...ledger.sql.connection import Store
 from ...models import Run
+from .. import purge
 
 
 class Command(BaseCommand):
-    help = "Explain a run from the ledger, or reconcile the ledger once."
+    help = "Explain a run from the ledger, reconcile the ledger once, or purge ended runs."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--database", default="default", help="the ledger's alias")
@@ -23,10 +25,14 @@ class Command(BaseCommand):
         explain_parser.add_argument("task_id")
         explain_parser.add_argument("--json", action="store_true", help="the answers as JSON")
         actions.add_parser("reconcile", help="one pass of restart reconciliation and sweeping")
+        purge.add_parser(actions)
 
     def handle(self, *args: Any, **options: Any) -> None:
         using = options["database"]
         store = Store(using)
+        if options["action"] == "purge":
+            purge.handle(self, store, options)
+            return
         if options["action"] == "explain":
             run = Run.objects.using(using).filter(task_id=options["task_id"]).first()
             if run is None:
