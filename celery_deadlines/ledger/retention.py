@@ -64,7 +64,7 @@ class PeriodicPurge:
 
     Purges on the first pass, then once per ``interval`` (the monotonic clock), or at
     the next pass when the last one stopped at its batch bound with more to purge.
-    ``deadlines_retention`` is read at every pass: ``None`` (or 0) turns it off.
+    ``deadlines_retention`` is read each time it is due: ``None`` (or 0) turns it off.
     """
 
     def __init__(
@@ -81,13 +81,14 @@ class PeriodicPurge:
 
     def run_if_due(self, app: Any, store: Store) -> PurgeCounts | None:
         """Purge if it is time (``None``: not due, or retention off); logs one line."""
-        retention = settings_for(app).get(conf.RETENTION)
-        if retention is None:
-            return None
         now = get_clock().monotonic()
         if not purge_due(self._last, now, behind=self._behind, interval=self.interval):
             return None
-        self._last = now  # a failed purge waits for the interval too, not the next pass
+        # a failed purge (or a bad setting) waits for the interval too, not the next pass
+        self._last, self._behind = now, False
+        retention = settings_for(app).get(conf.RETENTION)
+        if retention is None:
+            return None
         before, counts = purge(
             store, retention, batch_size=self.batch_size, max_batches=self.max_batches
         )

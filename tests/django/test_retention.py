@@ -209,6 +209,24 @@ def test_purge_goes_in_batches_and_stops_at_its_bound_saying_more_is_left(alias:
     assert left(store) == set()
 
 
+def test_runs_that_ended_in_one_instant_go_in_one_purge_whatever_the_batch_size(
+    alias: str,
+) -> None:
+    # the sweeper ends up to 500 runs in one statement: on SQLite they share one
+    # updated_at, written by the database in its own spelling
+    store = Store(alias)
+    for number in range(5):
+        run(store, f"swept-{number}", Status.EXPIRED, DAY)
+    d = store.dialect
+    instant = d.now_plus if d.vendor == "sqlite" else "(now() + make_interval(secs => %s))"
+    store.execute(f"UPDATE celery_deadlines_run SET updated_at = {instant}", [d.seconds(-20 * DAY)])
+    assert len(set(Run.objects.using(alias).values_list("updated_at", flat=True))) == 1
+
+    _, counts = purge(store, 14 * DAY, batch_size=2)
+
+    assert (counts.runs, counts.batches, left(store)) == (5, 3, set())
+
+
 def test_a_dry_run_counts_what_would_go_and_what_is_kept_and_deletes_nothing(
     alias: str,
 ) -> None:
@@ -418,3 +436,16 @@ def test_a_bad_retention_is_a_check_error_naming_the_setting(value: object) -> N
         assert check_retention(None) == []  # said once, by E001
     assert [message.id for message in found] == ["celery_deadlines.E001"]
     assert "CELERY_DEADLINES_RETENTION" in found[0].msg
+
+
+def test_a_bad_retention_fails_the_periodic_purge_once_an_interval_not_every_pass(
+    app: Celery, clock: FakeClock
+) -> None:
+    from celery_deadlines import ConfigurationError
+
+    store = Store("default")  # not reached: the setting is read first
+    app.conf.deadlines_retention = "two weeks"
+    periodic = PeriodicPurge()
+    with pytest.raises(ConfigurationError, match="CELERY_DEADLINES_RETENTION"):
+        periodic.run_if_due(app, store)
+    assert periodic.run_if_due(app, store) is None  # not again before the interval

@@ -73,8 +73,11 @@ class Retention(Statements):
         hint = f" INDEXED BY {ENDED_INDEX}" if sqlite else ""
         since = " AND r.updated_at >= %(after)s" if after else ""
         locking = " FOR UPDATE OF r SKIP LOCKED" if lock and not sqlite else ""
+        # SQLite: the stored text itself (a datetime read back and written again may be
+        # spelled otherwise, and text compares by its spelling)
+        last = "CAST(r.updated_at AS TEXT)" if sqlite else "r.updated_at"
         return (
-            f"SELECT r.id, r.updated_at FROM {RUN} r{hint} WHERE {ENDED_BEFORE}{since} "
+            f"SELECT r.id, {last} FROM {RUN} r{hint} WHERE {ENDED_BEFORE}{since} "
             f"AND NOT {KEEPS} ORDER BY r.updated_at LIMIT %(limit)s{locking}"
         )
 
