@@ -16,6 +16,8 @@ from .shape import Ended, Explanation
 
 #: Between two columns.
 GAP = "  "
+#: A table: its title, its column headers, its rows.
+Section = tuple[str, Sequence[str], Sequence[Sequence[Any]]]
 
 
 def render_text(f: Explanation) -> list[str]:
@@ -43,60 +45,65 @@ def render_text(f: Explanation) -> list[str]:
     width = max(len(label) for label, _ in answers)
     lines = [f"run {f['task_id']} ({f['task_name']})"]
     lines += [f"  {label:<{width}}{GAP}{_cell(value)}" for label, value in answers]
-    lines += _section(
-        f"effects ({len(f['effects'])})",
-        ("key", "state", "name", "kind", "token", "dispatches", "error", "evidence"),
-        [
-            (
-                e["key"],
-                e["state"],
-                e["name"],
-                e["kind"],
-                e["token"],
-                e["dispatches"],
-                e["error"],
-                _json(e["evidence"]),
-            )
-            for e in f["effects"]
-        ],
-    )
-    lines += _section(
-        f"plans ({len(f['plans'])})",
-        ("plan", "state", "made", "ended", "reason", "detail"),
-        [
-            (p["plan_id"], p["state"], p["created_at"], p["ended_at"], p["reason"], p["detail"])
-            for p in f["plans"]
-        ],
-    )
-    lines += _section(
-        f"children ({len(f['children'])})",
-        ("task id", "task", "status", "reason"),
-        [(c["task_id"], c["task_name"], c["status"], c["reason"]) for c in f["children"]],
-    )
-    lines += _section(
-        f"replays: its recorded message published again ({len(f['replays'])})",
-        ("at", "kind", "by", "status", "token", "detail"),
-        [(r["at"], r["kind"], r["by"], r["status"], r["token"], r["detail"]) for r in f["replays"]],
-    )
-    lines += _section(
-        f"history: every compare-and-swap, database clock ({len(f['history'])})",
-        ("at", "kind", "outcome", "status", "reason", "version", "token", "owner", "detail"),
-        [
-            (
-                e["at"],
-                e["kind"],
-                e["outcome"],
-                e["status"],
-                e["reason"],
-                e["version"],
-                e["token"],
-                e["owner"],
-                e["detail"],
-            )
-            for e in f["history"]
-        ],
-    )
-    return lines
+    sections: list[Section] = [
+        (
+            "effects",
+            ("key", "state", "name", "kind", "token", "dispatches", "error", "evidence"),
+            [
+                (
+                    e["key"],
+                    e["state"],
+                    e["name"],
+                    e["kind"],
+                    e["token"],
+                    e["dispatches"],
+                    e["error"],
+                    _json(e["evidence"]),
+                )
+                for e in f["effects"]
+            ],
+        ),
+        (
+            "plans",
+            ("plan", "state", "made", "ended", "reason", "detail"),
+            [
+                (p["plan_id"], p["state"], p["created_at"], p["ended_at"], p["reason"], p["detail"])
+                for p in f["plans"]
+            ],
+        ),
+        (
+            "children",
+            ("task id", "task", "status", "reason"),
+            [(c["task_id"], c["task_name"], c["status"], c["reason"]) for c in f["children"]],
+        ),
+        (
+            "replays, its recorded message published again",
+            ("at", "kind", "by", "status", "token", "detail"),
+            [
+                (r["at"], r["kind"], r["by"], r["status"], r["token"], r["detail"])
+                for r in f["replays"]
+            ],
+        ),
+        (
+            "history, every compare-and-swap by the database clock",
+            ("at", "kind", "outcome", "status", "reason", "version", "token", "owner", "detail"),
+            [
+                (
+                    e["at"],
+                    e["kind"],
+                    e["outcome"],
+                    e["status"],
+                    e["reason"],
+                    e["version"],
+                    e["token"],
+                    e["owner"],
+                    e["detail"],
+                )
+                for e in f["history"]
+            ],
+        ),
+    ]
+    return lines + _sections(sections)
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[Any]], indent: str = "    ") -> list[str]:
@@ -206,10 +213,18 @@ def _family(f: Explanation) -> str:
     )
 
 
-def _section(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
-    if not rows:
-        return ["", f"  {title}: none"]
-    return ["", f"  {title}:", *table(header, rows)]
+def _sections(sections: Sequence[Section]) -> list[str]:
+    """Each ``title (n):`` and its table after a blank line; an empty one as ``title:
+    none``, on the line after the empty one before it."""
+    lines: list[str] = []
+    empty_above = False
+    for title, header, rows in sections:
+        if rows:
+            lines += ["", f"  {title} ({len(rows)}):", *table(header, rows)]
+        else:
+            lines += [*([] if empty_above else [""]), f"  {title}: none"]
+        empty_above = not rows
+    return lines
 
 
 def _cell(value: Any) -> str:

@@ -15,12 +15,13 @@ import re
 from collections.abc import Iterator
 from datetime import timedelta
 from io import StringIO
+from pathlib import Path
 
 import pytest
 from celery import Celery
 from django.core.management import call_command
 
-from celery_deadlines.explain import render_text, utc
+from celery_deadlines.explain import Explanation, render_text, utc
 from celery_deadlines.ledger.outbox import encode_message
 from celery_deadlines.ledger.reconcile import Report, reconcile_once
 from celery_deadlines.ledger.sql.connection import Store
@@ -161,7 +162,7 @@ def test_explain_json_has_every_fact_the_text_has(
 
 def test_explain_columns_stay_aligned_with_long_event_names(alias: str, order: Store) -> None:
     lines = explain(alias, "order-42").splitlines()
-    [start] = [i for i, line in enumerate(lines) if line.startswith("  history: ")]
+    [start] = [i for i, line in enumerate(lines) if line.startswith("  history, ")]
     header, *rows = lines[start + 1 :]
     assert any("effect_intent_recorded" in row for row in rows)  # 22 characters
     assert any(LONG_OWNER in row for row in rows)
@@ -174,6 +175,14 @@ def test_explain_columns_stay_aligned_with_long_event_names(alias: str, order: S
     answers = lines[1 : lines.index("")]
     values = {len(line) - len(line[2:].split("  ", 1)[1].lstrip()) for line in answers}
     assert len(values) == 1
+
+
+def test_the_howto_names_every_key_of_explain_json() -> None:
+    howto = (Path(__file__).parents[2] / "docs" / "howto.md").read_text()
+    section = howto.split("## Answer the operator's questions about a run")[1].split("\n## ")[0]
+    table = [line for line in section.splitlines() if line.startswith("| `")]
+    named = set(re.findall(r"`([a-z_]+)`", "\n".join(row.split(" | ")[0] for row in table)))
+    assert named == set(Explanation.__required_keys__)
 
 
 @pytest.mark.parametrize("how", ["expired_by_operator", "deadline_passed", "succeeded"])
