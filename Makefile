@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test test-unit test-integration lint bench bench-ledger matrix celery-compat clean
+.PHONY: demo test test-unit test-integration lint dist bench bench-ledger matrix celery-compat clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,14 @@ lint: $(INSTALLED)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+## The sdist and the wheel in dist/, checked: twine's metadata and README check, then
+## what each carries (the wheel: the package and LICENSE; the sdist: the tests too).
+dist: $(INSTALLED)
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+	$(BIN)/twine check --strict dist/*
+	$(BIN)/python .ci/check_dist.py dist
+
 ## Publish cost and end-to-end throughput, DeadlineTask vs plain Celery (needs Redis).
 bench: $(INSTALLED)
 	$(BIN)/python bench/overhead.py
@@ -53,4 +61,4 @@ celery-compat: $(INSTALLED)
 	$(BIN)/python compat/celery_compat.py
 
 clean:
-	rm -rf $(VENV) .venv-* demo_project/var .mypy_cache .ruff_cache .pytest_cache .celery-compat
+	rm -rf $(VENV) .venv-* dist demo_project/var .mypy_cache .ruff_cache .pytest_cache .celery-compat

@@ -9,16 +9,17 @@ Call options (``apply_async(budget=...)``) come first and are read where the cal
 (:mod:`celery_deadlines.propagation`). :data:`OPTIONS` lists, for each duration, where
 it may be said; :func:`resolve` walks that list. A task attribute is parsed once per
 value (attributes rarely change, and this runs at every publish and claim).
+:func:`own_deadlines` turns them into a publish's own deadlines.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Final
 
-from . import conf
+from . import conf, stamping, wire
 from .budgets import UNSET, Source, parse_budget, parse_duration
 
 Parse = Callable[[object, str, "conf.Settings"], "timedelta | None"]
@@ -124,3 +125,27 @@ def _attribute(task: Any, attribute: str, option: Option, settings: conf.Setting
     parsed = option.parse(raw, f"{task.name}.{attribute}", settings)
     cache[attribute] = (raw, parsed)
     return parsed
+
+
+def own_deadlines(
+    task: Any,
+    call: dict[str, Any],
+    headers: dict[str, Any],
+    now: datetime,
+    settings: conf.Settings,
+    contract: Any,
+) -> stamping.Own:
+    """A publish's own deadlines: the call's options, else an explicit header (or the one
+    ``retry()`` copied), else the task's configured budgets (``contract``: the task's time
+    contract, already read by the caller)."""
+    if not stamping.CALL_OPTIONS.isdisjoint(call) or wire.DEADLINE_HEADER in headers:
+        deadline, source, delivery = stamping.own_deadlines(call, headers, now, settings.max_budget)
+    else:
+        deadline = source = delivery = None
+    if deadline is None:
+        source, budget = resolve(task, "budget", settings, contract=contract)
+        deadline = None if budget is None else now + budget
+    if delivery is None:
+        delivery_budget = resolve(task, "delivery_budget", settings, contract=contract)[1]
+        delivery = None if delivery_budget is None else now + delivery_budget
+    return stamping.Own(deadline, source if deadline is not None else None, delivery)

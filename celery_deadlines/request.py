@@ -16,9 +16,9 @@ from __future__ import annotations
 import logging
 import weakref
 from datetime import datetime, timedelta, tzinfo
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
-from billiard.exceptions import WorkerLostError
+from billiard.exceptions import TimeLimitExceeded, WorkerLostError
 from celery.utils.time import maybe_iso8601
 from celery.worker.request import Request
 from celery.worker.state import task_ready
@@ -37,6 +37,10 @@ logger = logging.getLogger("celery_deadlines")
 MIN_TIME_LIMIT = 0.01
 
 
+#: a hard time limit's outcome not decided yet
+_UNDECIDED: Final = object()
+
+
 class DeadlineRequest(Request):
     """A worker request that refuses to start work its deadline no longer allows."""
 
@@ -48,6 +52,8 @@ class DeadlineRequest(Request):
     _deadlines: stamping.Inherited | None = None
     _reserve: timedelta | None = None
     _raw_time_limits: tuple[float | None, float | None] = (None, None)
+    #: what the ledger wrote after a hard time limit (a status, or None), once decided
+    _time_limit_written: str | object | None = _UNDECIDED
 
     def __init__(self, message: Any, *args: Any, **kwargs: Any) -> None:
         # Every message we stamp carries an ISO ``expires``; Celery parses it with
@@ -179,53 +185,111 @@ class DeadlineRequest(Request):
     # -- the ledger, told by the supervisor about its pool processes -------------------
 
     def on_timeout(self, soft: bool, timeout: float) -> None:
-        written: str | None = None
-        deadline_task = isinstance(self.task, DeadlineTask)
-        if not soft and deadline_task and ledger.enabled_for(self.task.app):
-            # the limit may have been the deadline's cap (the attempt gate): then it is
-            # a deadline outcome, not the task's own time limit
-            status, reason = outcomes.after_time_limit(
-                self._carried().deadline,
-                get_clock().now(),
-                delivery_task=getattr(self.task, "deadline_kind", None) == "delivery",
-            )
-            try:
-                written = ledger.api_for(self.task.app).end_owned(
-                    self.task.app,
-                    task_id=self.id,
-                    hostname=self.hostname,
-                    pid=self.worker_pid,
-                    status=status,
-                    reason=reason,
-                    detail=f"hard time limit ({timeout} s) exceeded",
-                )
-            except Exception:  # the reconciler settles the lapsed lease instead
-                logger.exception("recording the time limit of %s in the ledger failed", self.id)
-        super().on_timeout(soft, timeout)  # stores TimeLimitExceeded for the caller...
-        if written == Status.UNKNOWN:  # ...unless an effect's outcome is unknown
-            try:
-                ledger.api_for(self.task.app).tell_caller_unknown(
-                    self.task.app, self.id, f"hard time limit ({timeout} s) exceeded"
-                )
-            except Exception:
-                logger.exception("storing the UNKNOWN state of %s failed", self.id)
+        if soft or self._time_limit_outcome(timeout) != Status.UNKNOWN:
+            super().on_timeout(soft, timeout)  # stores TimeLimitExceeded for the caller
+        # else: an effect's outcome is unknown, and the caller was told so (below)
 
     def on_failure(
         self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
     ) -> None:
         exc = getattr(exc_info, "exception", None)
-        if (
-            isinstance(exc, WorkerLostError)
-            and isinstance(self.task, DeadlineTask)
-            and ledger.enabled_for(self.task.app)
-        ):
-            api = ledger.api_for(self.task.app)
-
-            try:
-                api.lapse_owned(self.task.app, self.id, self.hostname, self.worker_pid, repr(exc))
-            except Exception:  # the lease lapses on its own; the reconciler settles it
-                logger.exception("recording the loss of %s in the ledger failed", self.id)
+        exc = getattr(exc, "exc", exc)  # billiard's ExceptionWithTraceback, as Celery unwraps it
+        # billiard reports a hard time limit here first, then calls on_timeout
+        if isinstance(exc, TimeLimitExceeded) and exc.args:
+            if self._time_limit_outcome(exc.args[0]) == Status.UNKNOWN:
+                return
+        elif isinstance(exc, WorkerLostError) and self._lost_to_the_ledger(exc):
+            return
         super().on_failure(exc_info, send_failed_event, return_ok)
+
+    def _with_ledger(self) -> bool:
+        return isinstance(self.task, DeadlineTask) and ledger.enabled_for(self.task.app)
+
+    def _time_limit_outcome(self, timeout: float) -> str | None:
+        """The run's end after a hard time limit, written once in the ledger (whichever of
+        Celery's two hooks comes first): EXPIRED when the limit was the deadline's cap
+        (the attempt gate), FAILED ``time_limit`` when it was the task's own, UNKNOWN
+        when an effect's outcome is unknown. UNKNOWN is what the caller is told then, and
+        nothing else: Celery's ``TimeLimitExceeded`` would be a failure a waiting
+        ``get()`` raises for a run whose outcome is not known yet."""
+        if self._time_limit_written is not _UNDECIDED:
+            return self._time_limit_written  # type: ignore[return-value]
+        written: str | None = None
+        self._time_limit_written = written
+        if not self._with_ledger():
+            return None
+        status, reason = outcomes.after_time_limit(
+            self._carried().deadline,
+            get_clock().now(),
+            delivery_task=getattr(self.task, "deadline_kind", None) == "delivery",
+        )
+        detail = f"hard time limit ({timeout} s) exceeded"
+        api = ledger.api_for(self.task.app)
+        try:
+            written = api.end_owned(
+                self.task.app,
+                task_id=self.id,
+                hostname=self.hostname,
+                pid=self.worker_pid,
+                status=status,
+                reason=reason,
+                detail=detail,
+            )
+        except Exception:  # the reconciler settles the lapsed lease instead
+            logger.exception("recording the time limit of %s in the ledger failed", self.id)
+        self._time_limit_written = written
+        if written == Status.UNKNOWN:
+            logger.error(
+                "Hard time limit (%s s) exceeded for %s[%s]: an effect's outcome is "
+                "unknown; the run ledger reconciles it",
+                timeout,
+                self.name,
+                self.id,
+            )
+            task_ready(self)
+            try:
+                api.tell_caller_unknown(self.task.app, self.id, detail)
+            except Exception:
+                logger.exception("storing the UNKNOWN state of %s failed", self.id)
+            if self.task.acks_late:  # as Celery handles a timed-out message
+                if getattr(self.task, "acks_on_timeout", True):  # not in the stubs
+                    self.acknowledge()
+                else:
+                    self.reject(requeue=True)
+        return written
+
+    def _lost_to_the_ledger(self, exc: BaseException) -> bool:
+        """A lost pool process held the run's lease: the reconciler settles the run
+        (queued again, UNKNOWN, EXPIRED, or FAILED after too many lost leases) and tells
+        the caller. ``True`` then: Celery would store ``WorkerLostError`` now, a failure
+        a waiting ``get()`` raises for a run that may still succeed; nothing is stored,
+        and the message is handled as Celery handles it."""
+        if not self._with_ledger():
+            return False
+        try:
+            settled_by_ledger = ledger.api_for(self.task.app).lapse_owned(
+                self.task.app, self.id, self.hostname, self.worker_pid, repr(exc)
+            )
+        except Exception:  # the lease lapses on its own; the reconciler settles it
+            logger.exception("recording the loss of %s in the ledger failed", self.id)
+            return False
+        if not settled_by_ledger:
+            return False
+        task_ready(self)
+        logger.warning(
+            "%s[%s]: pool process lost (%r); the run ledger settles the run",
+            self.name,
+            self.id,
+            exc,
+        )
+        if self.task.acks_late:
+            if self.task.reject_on_worker_lost:
+                self.reject(requeue=True)  # as Celery does: the claim takes one delivery
+            elif getattr(self.task, "acks_on_failure", True):  # not in the stubs
+                self.acknowledge()
+            else:
+                self.reject(requeue=False)
+        return True
 
 
 _timezones: weakref.WeakKeyDictionary[Any, tzinfo] = weakref.WeakKeyDictionary()

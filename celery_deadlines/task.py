@@ -40,7 +40,6 @@ from . import (
     propagation,
     recording,
     stamping,
-    wire,
 )
 from ._crashpoints import hit
 from .body import AttemptAPI, Paused, Unresolved, end_unresolved
@@ -184,7 +183,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
             detail = "the parent task's deadline is unreadable"
             self._refuse_enqueue(gates.invalid(gates.Gate.ENQUEUE, now, detail), task_id)
         contract = settings.contract_of(self.name)  # read once for every duration below
-        own = self._own_deadlines(call, headers, now, settings, contract)
+        own = options.own_deadlines(self, call, headers, now, settings, contract)
         stamp = stamping.stamp_for(
             own, parent, now=now, expires=call.get("expires"), task_id=task_id
         )
@@ -228,33 +227,6 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
             available_at=starts_at,
             send=send,
         )
-
-    def _own_deadlines(
-        self,
-        call: dict[str, Any],
-        headers: dict[str, Any],
-        now: datetime,
-        settings: conf.Settings,
-        contract: Any,
-    ) -> stamping.Own:
-        """This publish's own deadlines: the call's options, else an explicit header (or
-        the one ``retry()`` copied), else the task's configured budgets (``contract``:
-        the task's time contract, already read)."""
-        if not stamping.CALL_OPTIONS.isdisjoint(call) or wire.DEADLINE_HEADER in headers:
-            deadline, source, delivery = stamping.own_deadlines(
-                call, headers, now, settings.max_budget
-            )
-        else:
-            deadline = source = delivery = None
-        if deadline is None:
-            source, budget = options.resolve(self, "budget", settings, contract=contract)
-            deadline = None if budget is None else now + budget
-        if delivery is None:
-            delivery_budget = options.resolve(self, "delivery_budget", settings, contract=contract)[
-                1
-            ]
-            delivery = None if delivery_budget is None else now + delivery_budget
-        return stamping.Own(deadline, source if deadline is not None else None, delivery)
 
     def _refuse_enqueue(self, decision: gates.Decision, task_id: str | None) -> NoReturn:
         decision = self.kind_of(decision)

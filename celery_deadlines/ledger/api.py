@@ -216,7 +216,8 @@ def tell_caller_unknown(app: Any, task_id: str, error: str) -> None:
 
 def lapse_owned(app: Any, task_id: str, hostname: str | None, pid: object, detail: str) -> bool:
     """A pool process of this worker was lost: let its lease lapse now and wake this
-    worker's reconciler to settle the run."""
+    worker's reconciler to settle the run. ``True`` when the ledger settles the run (and
+    tells its caller); ``False`` when it ended already or is not recorded."""
     store = store_for(app, dedicated=True)
     lapsed = store.supervision.lapse_owned(task_id, owner_name_of(hostname, pid), detail)
     reconciler = running()

@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from functools import partial
-from typing import Any
+from typing import Any, Final
 
 from billiard.exceptions import WorkerLostError
 from django.db import connections
@@ -72,16 +72,49 @@ class Report:
     resolved: list[str] = field(default_factory=list)  # effect keys
 
     def __bool__(self) -> bool:
-        return any(
-            (
-                self.expired,
-                self.unknown,
-                self.failed,
-                self.requeued,
-                self.republished,
-                self.resolved,
-            )
-        )
+        return any(ids for _, ids in self.categories())
+
+    def categories(self) -> list[tuple[str, list[str]]]:
+        """Each category's words and ids, in the order a person reads them."""
+        return [(LABELS[f.name], getattr(self, f.name)) for f in fields(self)]
+
+    def lines(self) -> list[str]:
+        """One line per category with every id, the words aligned: ``expired  2: a, b``,
+        ``failed  0``."""
+        width = max(len(label) for label in LABELS.values())
+        return [f"{label:<{width}}  {_counted(ids)}" for label, ids in self.categories()]
+
+    def to_json(self) -> dict[str, list[str]]:
+        """The ids of each category (``resolved``: effect keys), by field name."""
+        return {f.name: list(getattr(self, f.name)) for f in fields(self)}
+
+    def __str__(self) -> str:
+        """What the pass did, for the log line: ``expired 2: a, b; requeued 1: c`` (at most
+        :data:`LOGGED_IDS` ids per category)."""
+        said = [f"{label} {_counted(ids, LOGGED_IDS)}" for label, ids in self.categories() if ids]
+        return "; ".join(said) or "nothing to do"
+
+
+#: The words for :class:`Report`'s categories.
+LABELS: Final = {
+    "expired": "expired",
+    "unknown": "marked unknown",
+    "failed": "failed",
+    "requeued": "requeued",
+    "republished": "republished",
+    "resolved": "effects resolved",
+}
+#: Ids named per category in the log line (the command prints them all).
+LOGGED_IDS: Final = 20
+
+
+def _counted(ids: list[str], limit: int | None = None) -> str:
+    """``2: a, b``; ``0``; past ``limit``: ``25: a, ..., t and 5 more``."""
+    if not ids:
+        return "0"
+    shown = ids if limit is None else ids[:limit]
+    more = len(ids) - len(shown)
+    return f"{len(ids)}: {', '.join(shown)}" + (f" and {more} more" if more else "")
 
 
 def reconcile_once(app: Any, store: Store, *, clock_certain: bool = True) -> Report:

@@ -225,17 +225,17 @@ def test_explain_answers_who_owns_the_run_when_its_lease_expires_and_what_was_fe
     call_command("deadlines", "explain", "charge-42", stdout=out)
     text = out.getvalue()
     charge = Run.objects.get(task_id="charge-42")
-    assert "owner now         celery@shop:201" in text
-    assert f"fencing token     {charge.lease_token}" in text
+    assert "owner now          celery@shop:201" in text
+    assert f"fencing token      {charge.lease_token}" in text
     expires = charge.lease_expires_at
     assert expires is not None
-    assert f"lease expires     {expires.strftime('%Y-%m-%dT%H:%M:%S')}" in text
-    assert "last checkpoint   'authorised'" in text
+    assert f"lease expires      {expires.strftime('%Y-%m-%dT%H:%M:%S')}" in text
+    assert "last checkpoint    'authorised'" in text
     assert "under token 1" in text
     assert f"only token {charge.lease_token} may write" in text
-    assert "stale writes      1 refused: succeeded by celery@shop:102 (token 1)" in text
+    assert "stale writes       1 refused: succeeded by celery@shop:102 (token 1)" in text
     claim = charge.events.filter(kind="claim", lease_token=charge.lease_token).get()
-    assert f"claimed version   {claim.version} " in text
+    assert f"claimed version    {claim.version} " in text
 
 
 def test_explain_names_a_run_that_does_not_exist() -> None:
@@ -366,7 +366,7 @@ def test_explain_says_which_effect_is_unknown_and_json_carries_the_same(
 
     text = StringIO()
     call_command("deadlines", "explain", "pay-42", stdout=text)
-    assert "unknown outcomes  order-42:pay (TimeoutError('provider read timed out'))" in (
+    assert "unknown outcomes   order-42:pay (TimeoutError('provider read timed out'))" in (
         text.getvalue()
     )
     assert "order-42:pay  UNKNOWN" in text.getvalue()

@@ -17,7 +17,7 @@ from celery import Celery
 
 from celery_deadlines import DeadlineTask
 from celery_deadlines.beat import DeadlineScheduler, ZonedSchedule
-from celery_deadlines.explain import explain
+from celery_deadlines.explain import facts, render_text
 from celery_deadlines.ledger.reconcile import reconcile_once
 from celery_deadlines.ledger.sql.connection import Store
 from celery_deadlines.models import Run, Status
@@ -103,9 +103,9 @@ def test_an_occurrence_is_published_once_as_its_run_id_with_its_window(
     assert (run.schedule, run.schedule_zone, run.schedule_local) == (
         "digest", "Europe/Berlin", "2026-08-19T09:00:00",
     )  # fmt: skip
-    told = explain(run, [], WEDNESDAY_0900)
+    told = render_text(facts(run, events=[], database_now=WEDNESDAY_0900))
     assert (
-        "  occurrence        digest: 2026-08-19T09:00:00 Europe/Berlin = "
+        "  occurrence         digest: 2026-08-19T09:00:00 Europe/Berlin = "
         "2026-08-19T07:00:00.000Z, window until 2026-08-19T07:15:00.000Z"
     ) in told
 

@@ -25,7 +25,7 @@ from celery_deadlines import (
     run_claimed,
     run_held,
 )
-from celery_deadlines.explain import explain
+from celery_deadlines.explain import explanation_of
 from celery_deadlines.ledger import outbox
 from celery_deadlines.ledger.attempt import Attempt
 from celery_deadlines.ledger.reconcile import reconcile_once
@@ -310,11 +310,12 @@ def test_a_plan_whose_assumption_changed_is_refused_with_a_reason_the_user_can_r
     assert (run.status, run.reason) == (Status.FAILED, "assumption_changed")
     assert "locked_for_warehouse" in run.detail
     assert plans_of(alias, "addr-2") == [(PlanState.INVALIDATED, "assumption_changed")]
-    lines = explain(run, list(run.events.order_by("id")), ledger_now(alias))
-    assert any(
-        line.startswith("  plan              address-v1 INVALIDATED (assumption_changed: ")
-        for line in lines
-    )
+    explanation = explanation_of("addr-2", alias)
+    assert explanation is not None
+    [plan] = explanation["plans"]
+    assert (plan["plan_id"], plan["state"]) == ("address-v1", "INVALIDATED")
+    assert plan["reason"] == "assumption_changed"
+    assert "locked_for_warehouse" in plan["detail"]
     stored = app.AsyncResult("addr-2")
     with pytest.raises(PlanRefused, match="assumption_changed"):
         stored.get(timeout=1, propagate=True)

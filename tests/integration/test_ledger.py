@@ -13,6 +13,9 @@ import os
 import re
 import signal
 import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -328,23 +331,59 @@ def test_a_message_that_reaches_a_pool_process_first_is_held_as_clock_uncertain_
 # -- pool processes killed mid-run, workers restarted ---------------------------------
 
 
-@pytest.mark.parametrize("reject_on_worker_lost", ["0", "1"])
+@pytest.mark.parametrize(
+    ("acks_late", "reject_on_worker_lost"), [("0", "0"), ("1", "0"), ("1", "1")]
+)
 def test_a_pool_process_killed_mid_run_loses_no_run_and_resumes_from_its_checkpoint(
     redis_broker: Transport,
     ledger_client: Any,
     ledger_worker: Any,
     sink: Path,
+    acks_late: str,
     reject_on_worker_lost: str,
 ) -> None:
     tasks = ledger_client(redis_broker)
     ledger_worker(
-        redis_broker, TEST_ACKS_LATE="1", TEST_REJECT_ON_WORKER_LOST=reject_on_worker_lost
+        redis_broker, TEST_ACKS_LATE=acks_late, TEST_REJECT_ON_WORKER_LOST=reject_on_worker_lost
     )
-    result = tasks.crash_first.apply_async(("crash",), budget=60)
-    run = wait_for(lambda: ended(result.id), 45)
+    task_id = f"crash-{uuid.uuid4().hex[:8]}"
+    with states_told_to_the_caller(redis_broker, task_id) as told:
+        result = tasks.crash_first.apply_async(("crash",), task_id=task_id, budget=60)
+        run = wait_for(lambda: ended(result.id), 45)
+        assert result.get(timeout=15) == "crash"
     assert (run.status, run.attempt, run.lost_leases) == (Status.SUCCEEDED, 2, 1)
     assert len(lines(sink, "start", "crash")) == 2
     assert len(lines(sink, "effect", "crash")) == 1
+    # the caller is never told of a failure (Celery's WorkerLostError) for a run the
+    # ledger recovers: every state it was sent is true
+    assert told[-1] == "SUCCESS"
+    assert "FAILURE" not in told, told
+
+
+@contextmanager
+def states_told_to_the_caller(
+    transport: Transport, task_id: str, until: str = "SUCCESS"
+) -> Iterator[list[str]]:
+    """Every state the result backend sends to a waiting ``get()`` (Redis publishes each
+    one on the task's channel), collected until the block ends (read up to ``until``)."""
+    client = redis.Redis.from_url(transport.result_backend)
+    channel = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+    channel.subscribe(f"celery-task-meta-{task_id}")
+    told: list[str] = []
+    try:
+        yield told
+        stop = time.monotonic() + 2  # what was sent before the block ended, read out
+        while time.monotonic() < stop:
+            message = channel.get_message(timeout=0.2)
+            if message is None:
+                continue
+            meta = json.loads(message["data"])
+            told.append(meta["status"])
+            if told[-1] == until:
+                break
+    finally:
+        channel.close()
+        client.close()
 
 
 @pytest.mark.parametrize("reject_on_worker_lost", ["0", "1"])
@@ -501,8 +540,16 @@ def test_a_deadline_that_expires_during_the_provider_call_records_the_outcome_no
 ) -> None:
     tasks = ledger_client(redis_broker)
     ledger_worker(redis_broker)
-    result = tasks.slow_pay.apply_async(("slow",), budget=2)
-    run = wait_for(lambda: ended(result.id), 30)
+    task_id = f"slow-{uuid.uuid4().hex[:8]}"
+    with states_told_to_the_caller(redis_broker, task_id, until="FAILURE") as told:
+        result = tasks.slow_pay.apply_async(("slow",), task_id=task_id, budget=2)
+        run = wait_for(lambda: ended(result.id), 30)
+        with pytest.raises(DeadlineRefused):
+            result.get(timeout=15)
+    # the caller is told UNKNOWN while the call's outcome is unknown, then the settled
+    # outcome; never Celery's TimeLimitExceeded first, which a waiting get() would raise
+    assert told[-2:] == ["UNKNOWN", "FAILURE"], told
+    assert told.count("FAILURE") == 1, told
     effect = run.effects.get()
     # the call was cut by the deadline: UNKNOWN, then reconciled with the provider
     assert (effect.state, effect.evidence) == ("SUCCEEDED", "sink lookup: found")

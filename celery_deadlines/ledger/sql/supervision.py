@@ -8,7 +8,7 @@ process's hard time limit fires, or let the lease lapse at once when the process
 from __future__ import annotations
 
 from ...states import Status
-from .predicates import EFFECT, HAS_UNRESOLVED, RUN, SUPERVISOR_GRACE
+from .predicates import EFFECT, HAS_UNRESOLVED, RUN, SUPERVISOR_GRACE, TERMINAL_SQL
 from .statements import Statements
 
 
@@ -56,7 +56,11 @@ class Supervision(Statements):
         return str(written)
 
     def lapse_owned(self, task_id: str, owner: str, detail: str) -> bool:
-        """Let the lease of a lost pool process lapse now, for the reconciler to settle."""
+        """Let the lease of a lost pool process lapse now, for the reconciler to settle.
+        ``True`` when the reconciler settles the run: its lease lapsed now, or the run is
+        recorded and unfinished (the lease had lapsed already, and the run was requeued,
+        marked UNKNOWN or claimed again); ``False`` for a run that ended or that the
+        ledger does not know."""
         d = self.dialect
         count, _ = self.execute(
             f"""
@@ -66,4 +70,10 @@ class Supervision(Statements):
             """,
             [d.seconds(-SUPERVISOR_GRACE), detail, task_id, owner],
         )
-        return count == 1
+        if count == 1:
+            return True
+        _, rows = self.execute(
+            f"SELECT 1 FROM {RUN} WHERE task_id = %s AND status NOT IN {TERMINAL_SQL}",
+            [task_id],
+        )
+        return bool(rows)

@@ -1,4 +1,5 @@
-"""``manage.py deadlines explain TASK_ID``, ``manage.py deadlines reconcile`` and
+"""``manage.py deadlines explain TASK_ID [--json]`` and ``manage.py deadlines reconcile
+[--json]``: text for a person, JSON for a script, both from the same values; and
 ``manage.py deadlines purge`` (:mod:`celery_deadlines.management.purge`)."""
 
 from __future__ import annotations
@@ -8,10 +9,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ...explain import explain, facts
+from ...explain import explanation_of, render_text, to_json
 from ...ledger.reconcile import reconcile_once
 from ...ledger.sql.connection import Store
-from ...models import Run
 from .. import purge
 
 
@@ -24,28 +24,36 @@ class Command(BaseCommand):
         explain_parser = actions.add_parser("explain", help="answer the operator checklist")
         explain_parser.add_argument("task_id")
         explain_parser.add_argument("--json", action="store_true", help="the answers as JSON")
-        actions.add_parser("reconcile", help="one pass of restart reconciliation and sweeping")
+        reconcile_parser = actions.add_parser(
+            "reconcile", help="one pass of restart reconciliation and sweeping"
+        )
+        reconcile_parser.add_argument(
+            "--json", action="store_true", help="the ids of each category as JSON"
+        )
         purge.add_parser(actions)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        using = options["database"]
-        store = Store(using)
         if options["action"] == "purge":
-            purge.handle(self, store, options)
-            return
-        if options["action"] == "explain":
-            run = Run.objects.using(using).filter(task_id=options["task_id"]).first()
-            if run is None:
-                raise CommandError(f"no run with task id {options['task_id']!r}")
-            events = list(run.events.using(using).order_by("id"))
-            effects = list(run.effects.using(using).order_by("id"))
-            now = store.database_now()
-            if options["json"]:
-                self.stdout.write(json.dumps(facts(run, events, effects, now), indent=2))
-            else:
-                self.stdout.write("\n".join(explain(run, events, now, effects)))
-            return
+            purge.handle(self, Store(options["database"]), options)
+        elif options["action"] == "explain":
+            self.explain(options["task_id"], options["database"], as_json=options["json"])
+        else:
+            self.reconcile(options["database"], as_json=options["json"])
+
+    def explain(self, task_id: str, using: str, *, as_json: bool) -> None:
+        explanation = explanation_of(task_id, using)
+        if explanation is None:
+            raise CommandError(f"no run with task id {task_id!r}")
+        if as_json:
+            self.stdout.write(to_json(explanation))
+        else:
+            self.stdout.write("\n".join(render_text(explanation)))
+
+    def reconcile(self, using: str, *, as_json: bool) -> None:
         from celery import current_app
 
-        report = reconcile_once(current_app, store)
-        self.stdout.write(str(report))
+        report = reconcile_once(current_app, Store(using))
+        if as_json:
+            self.stdout.write(json.dumps(report.to_json(), indent=2))
+        else:
+            self.stdout.write("\n".join(report.lines()))

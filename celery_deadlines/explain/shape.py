@@ -1,0 +1,176 @@
+"""What ``explain`` knows about a run, as plain JSON values: the one shape both the text
+and ``--json`` are made from.
+
+Every instant is ISO 8601 in UTC to the millisecond with a ``Z`` (:func:`utc`), read by
+the database clock; every duration is in seconds, a float rounded to the millisecond
+(:func:`seconds`). ``None`` is ``null``: not known, or not applicable (a run with no
+deadline has no time left; a run that has not ended has no ``ended``).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypedDict
+
+
+class Event(TypedDict):
+    """One compare-and-swap on the run (applied by the trigger, or rejected)."""
+
+    at: str
+    kind: str
+    outcome: str
+    status: str
+    reason: str
+    version: int
+    token: int
+    owner: str
+    lease_expires_at: str | None
+    detail: str
+
+
+class Replay(TypedDict):
+    """The run's recorded message published again (an event of the history)."""
+
+    at: str
+    kind: str
+    by: str
+    status: str
+    token: int
+    detail: str
+
+
+class Child(TypedDict):
+    task_id: str
+    task_name: str
+    status: str
+    reason: str
+
+
+class EffectFacts(TypedDict):
+    key: str
+    name: str
+    kind: str
+    state: str
+    token: int
+    dispatches: int
+    dispatched_at: str | None
+    error: str
+    evidence: Any
+
+
+class PlanFacts(TypedDict):
+    plan_id: str
+    state: str
+    reason: str
+    detail: str
+    created_at: str
+    ended_at: str | None
+
+
+class Refused(TypedDict):
+    """A write refused to a stale holder (or for stale evidence)."""
+
+    kind: str
+    owner: str
+    token: int
+    at: str
+    detail: str
+
+
+class Checkpoint(TypedDict):
+    name: str
+    at: str | None
+    token: int | None
+    data: Any
+
+
+class Ended(TypedDict):
+    """When a run reached its final status (SUCCEEDED, FAILED, EXPIRED), and how long
+    it took: from its first claim (``null``: never claimed), from its enqueue, and how far
+    before its deadline (negative: after it; ``null``: no deadline)."""
+
+    at: str
+    ran_seconds: float | None
+    after_enqueue_seconds: float
+    before_deadline_seconds: float | None
+
+
+class NextEffect(TypedDict):
+    key: str
+    state: str
+
+
+class UnknownEffect(TypedDict):
+    key: str
+    error: str
+    evidence: Any
+
+
+class Occurrence(TypedDict):
+    schedule: str | None
+    zone: str | None
+    local: str | None
+    not_before: str | None
+
+
+class Explanation(TypedDict):
+    """The operator checklist for one run (docs/howto.md, "Answer the operator's
+    questions about a run")."""
+
+    task_id: str
+    task_name: str
+    status: str
+    reason: str
+    detail: str
+    #: the database clock when the ledger was read: every duration below is against it
+    database_clock: str
+    created_at: str
+    deadline: str | None
+    delivery_deadline: str | None
+    delivery_task: bool | None
+    #: by the database clock; negative once the deadline has passed; ``null`` for a run
+    #: that has ended (see ``ended``) or has no deadline
+    time_left_seconds: float | None
+    ended: Ended | None
+    #: what moves the run next (for UNKNOWN: what resolves it)
+    next_step: str
+    owner: str | None
+    lease_expires_at: str | None
+    lease_live: bool
+    fencing_token: int
+    claimed_version: int | None
+    claimed_at: str | None
+    version: int
+    attempts: int
+    lost_leases: int
+    last_checkpoint: Checkpoint | None
+    writes_allowed_for_token: int | None
+    stale_writes_refused: list[Refused]
+    next_effect: NextEffect | None
+    unknown_effects: list[UnknownEffect]
+    effects: list[EffectFacts]
+    root_id: str
+    parent_id: str
+    children: list[Child]
+    occurrence: Occurrence | None
+    plans: list[PlanFacts]
+    replays: list[Replay]
+    history: list[Event]
+
+
+def utc(instant: datetime | None) -> str:
+    """An instant as the operator reads it: ISO 8601 in UTC, to the millisecond (``-``
+    for none)."""
+    if instant is None:
+        return "-"
+    return instant.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def instant(value: datetime | None) -> str | None:
+    """:func:`utc`, with ``None`` for none (JSON's ``null``)."""
+    return None if value is None else utc(value)
+
+
+def seconds(duration: timedelta) -> float:
+    """A duration in seconds, to the millisecond."""
+    return round(duration.total_seconds(), 3)
