@@ -48,6 +48,12 @@ def publish(
     api = ledger.api_for(task.app)
 
     kept = {**task._get_exec_options(), **call, **links}  # type: ignore[attr-defined]
+    if not (kept.get("queue") or kept.get("routing_key") or kept.get("exchange")):
+        # Record the queue Celery routes it to here: a republish by another process
+        # (a worker whose default queue or routes differ) must reach the same queue.
+        queue = task.app.amqp.router.route({}, task.name, args, kwargs).get("queue")
+        if queue is not None:
+            kept["queue"] = getattr(queue, "name", queue)
     body, content_type, encoding = api.encode_message(task.serializer, args, kwargs, kept)
     retries = int(call.get("retries") or 0)
     state = attempt_state(task)

@@ -271,3 +271,32 @@ def test_the_sweeper_expires_unclaimed_runs_and_republishes_forgotten_ones(
     assert [m["headers"]["id"] for m in published(app)] == ["forgotten"]
     assert status(store, "expired") == (Status.EXPIRED, "deadline_passed")
     assert reconcile_once(app, store).republished == []  # not again before the interval
+
+
+def ship_order() -> None:
+    """A task body (never run here)."""
+
+
+def test_a_run_republished_by_a_worker_with_another_default_queue_goes_to_its_own_queue(
+    store: Store,
+) -> None:
+    from celery_deadlines import DeadlineTask
+
+    producer = Celery("producer", broker="memory://", backend="cache+memory://")
+    producer.conf.update(
+        task_default_queue="orders", deadlines_ledger=True, deadlines_database=store.using
+    )
+    ship = producer.task(base=DeadlineTask, name="shop.ship_routed", shared=False)(ship_order)
+    ship.apply_async(task_id="routed-1", budget=600)
+    assert [m["headers"]["id"] for m in drain(producer, "orders")] == ["routed-1"]
+
+    # a worker whose own default queue is another one finds the message lost and
+    # publishes it again from the outbox: it goes where the producer sent it
+    worker = Celery("worker", broker="memory://", backend="cache+memory://")
+    worker.conf.update(task_default_queue="elsewhere")
+    run_id = Run.objects.using(store.using).get(task_id="routed-1").pk
+    outbox.republish_run(worker, store, run_id)
+    assert drain(worker, "elsewhere") == []
+    assert [m["headers"]["id"] for m in drain(worker, "orders")] == ["routed-1"]
+    producer.close()
+    worker.close()
