@@ -111,7 +111,8 @@ def requeue_run(app: Any, store: Store, run_id: int, *, operator: str) -> bool:
 def expire_run(app: Any, store: Store, run_id: int, *, operator: str) -> bool:
     """End an unfinished run at once (the operator's *expire now*); its holder, if any,
     is fenced, and the caller, the log and :data:`~celery_deadlines.signals.run_expired`
-    are told as for any expiry. ``False``: it had already ended."""
+    are told as for any expiry. ``False``: it had already ended, or an effect awaits its
+    outcome (resolve it first: an expired run's effects are never asked about again)."""
     ended = store.operator.expire_now(run_id, operator)
     if ended is None:
         return False

@@ -391,6 +391,9 @@ def test_no_gate_or_operator_ends_or_requeues_a_run_whose_effect_awaits_reconcil
     )
     run = Run.objects.using(store.using).get(task_id="charge-1")
     assert not store.operator.requeue_now(run.id, "operator")
+    # nor its expiry: an EXPIRED run's effect is never asked about again, so it would
+    # stay DISPATCHED for good (found in review of the purge: such a run is never purged)
+    assert store.operator.expire_now(run.id, "operator") is None
     run.refresh_from_db()
     assert run.status == Status.RUNNING
     assert effect(store).state == EffectState.DISPATCHED

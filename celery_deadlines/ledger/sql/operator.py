@@ -12,7 +12,9 @@ class OperatorActions(Statements):
 
     def expire_now(self, run_id: int, operator: str) -> Expired | None:
         """End an unfinished run at once; its holder, if any, is fenced (token + 1).
-        Returns the run as it ended, or ``None`` if it had ended already."""
+        Returns the run as it ended, or ``None`` if it had ended already, or if one of
+        its effects has no recorded outcome: it is resolved first (an EXPIRED run's
+        effects are never asked about again)."""
         d = self.dialect
         detail = f"expired by {operator}"
         _, rows = self.execute(
@@ -20,7 +22,7 @@ class OperatorActions(Statements):
             UPDATE {RUN} SET status = 'EXPIRED', reason = 'expired_by_operator', detail = %s,
                 lease_token = lease_token + 1, lease_expires_at = NULL,
                 version = version + 1, op = 'expire_now', op_detail = %s, updated_at = {d.now}
-            WHERE id = %s AND status NOT IN {TERMINAL_SQL}
+            WHERE id = %s AND status NOT IN {TERMINAL_SQL} AND NOT {HAS_UNRESOLVED}
             RETURNING task_id, task_name, deadline
             """,
             [detail, detail, run_id],
