@@ -299,3 +299,19 @@ def test_the_reconcilers_log_line_is_not_a_dataclass_repr(
     assert said.startswith("expired 25: run-0, run-1, ")
     assert said.endswith("run-19 and 5 more; effects resolved 1: k:1")
     assert str(Report()) == "nothing to do"
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
+def test_the_commands_read_the_ledger_database_the_setting_names() -> None:
+    from django.test import override_settings
+
+    from tests.conftest import service_unavailable
+    from tests.support.processes import reachable
+
+    if not reachable("127.0.0.1", 5432):
+        service_unavailable("PostgreSQL 127.0.0.1:5432")
+    record(Store("postgres"), "elsewhere-1")  # the ledger lives on another alias
+    with override_settings(CELERY_DEADLINES_DATABASE="postgres"):
+        out = StringIO()
+        call_command("deadlines", "explain", "elsewhere-1", "--json", stdout=out)
+    assert json.loads(out.getvalue())["task_id"] == "elsewhere-1"

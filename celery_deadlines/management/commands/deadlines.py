@@ -9,6 +9,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from ... import conf
+from ...conf import settings_for
 from ...explain import explanation_of, render_text, to_json
 from ...ledger.reconcile import reconcile_once
 from ...ledger.sql.connection import Store
@@ -19,7 +21,11 @@ class Command(BaseCommand):
     help = "Explain a run from the ledger, reconcile the ledger once, or purge ended runs."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--database", default="default", help="the ledger's alias")
+        parser.add_argument(
+            "--database",
+            default=None,
+            help="the ledger's database alias (default: CELERY_DEADLINES_DATABASE)",
+        )
         actions = parser.add_subparsers(dest="action", required=True)
         explain_parser = actions.add_parser("explain", help="answer the operator checklist")
         explain_parser.add_argument("task_id")
@@ -33,6 +39,10 @@ class Command(BaseCommand):
         purge.add_parser(actions)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["database"] is None:
+            from celery import current_app
+
+            options["database"] = settings_for(current_app).get(conf.DATABASE)
         if options["action"] == "purge":
             purge.handle(self, Store(options["database"]), options)
         elif options["action"] == "explain":
