@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.conf import settings as django_settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ... import conf
-from ...conf import settings_for
 from ...explain import explanation_of, render_text, to_json
 from ...ledger.reconcile import reconcile_once
 from ...ledger.sql.connection import Store
@@ -39,10 +39,8 @@ class Command(BaseCommand):
         purge.add_parser(actions)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        if options["database"] is None:
-            from celery import current_app
-
-            options["database"] = settings_for(current_app).get(conf.DATABASE)
+        if options["database"] is None:  # as the system checks read it
+            options["database"] = getattr(django_settings, conf.DATABASE.django_name, "default")
         if options["action"] == "purge":
             purge.handle(self, Store(options["database"]), options)
         elif options["action"] == "explain":
