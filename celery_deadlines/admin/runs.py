@@ -165,6 +165,19 @@ class RunAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
                 }
                 for e in effects
             ],
+            "plans": [
+                {
+                    "plan_id": p.plan_id or str(p.pk),
+                    "state": p.state,
+                    "reason": p.reason,
+                    "detail": p.detail,
+                    "token": p.lease_token,
+                    "created": utc(p.created_at),
+                    "ended": utc(p.ended_at),
+                    "document": json.dumps(p.document, default=repr)[:500],
+                }
+                for p in run.plans.using(db).order_by("id")
+            ],
             "can_resolve": request.user.has_perm("celery_deadlines.resolve_effect"),
             "effect_changelist": reverse("admin:celery_deadlines_effect_changelist"),
             "root": self._family_link(family, run.root_id, run),
@@ -243,7 +256,7 @@ class RunAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
             return str(error)
         if decoded is None or decoded.get(part) in (None, [], {}):
             return "-"
-        return json.dumps(decoded.get(part), indent=2, default=repr)
+        return json.dumps(decoded.get(part), default=repr)
 
     @admin.display(description="args")
     def args(self, run: Run) -> str:
