@@ -34,6 +34,8 @@ STYLE = SafeString(
     "font-size:11px;font-weight:bold;white-space:nowrap}"
     ".cdl-table{width:100%;font-size:12px}.cdl-table td,.cdl-table th{padding:3px 6px}"
     ".cdl-mono{font-family:monospace;white-space:nowrap}"
+    "#result_list td.field-task_name,#result_list td.field-owner,#result_list td.field-reason"
+    "{max-width:16em;overflow-wrap:anywhere}#result_list td.field-created_utc{white-space:nowrap}"
     "details.cdl>summary{cursor:pointer;font-weight:bold;padding:6px 0}</style>"
 )
 

@@ -23,7 +23,7 @@ from ..clock import get_clock
 from ..explain import explanation_of
 from ..ledger import operations
 from ..ledger.sql.connection import Store
-from ..models import EffectState, Run
+from ..models import EffectState, Run, Status
 from .base import ReadOnlyAdmin, operator
 from .display import STYLE, badge, describe_time_left, human, message_parts, short_id, utc
 
@@ -273,20 +273,18 @@ class RunAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
     @admin.display(description="result or error")
     def result_or_error(self, run: Run) -> SafeString | str:
         """The stored result (django-celery-results' ``TaskResult``, linked, when it is
-        installed), else the error the run ended with."""
-        error = f"{run.reason}: {run.detail}" if run.detail else run.reason
+        installed), else the error a failed run ended with."""
+        error = run.detail if run.status == Status.FAILED and run.detail else "-"
         if not apps.is_installed("django_celery_results"):
-            return error or "-"
+            return error
         model = apps.get_model("django_celery_results", "TaskResult")
         stored = model.objects.using(run._state.db).filter(task_id=run.task_id).first()
         if stored is None:
-            return error or "-"
+            return error
+        shown = str(stored.traceback or stored.result or "")[:2000]
         try:
             url = reverse("admin:django_celery_results_taskresult_change", args=[stored.pk])
         except NoReverseMatch:
-            url = ""
-        shown = str(stored.traceback or stored.result or "")[:2000]
-        if not url:
             return f"{stored.status}: {shown}"
         return format_html('<a href="{}">{}</a>: <pre>{}</pre>', url, stored.status, shown)
 

@@ -89,12 +89,14 @@ def test_every_run_page_renders_in_every_state_with_and_without_effects_plans_an
 ) -> None:
     operator(client)
     listing = page(client, reverse("admin:celery_deadlines_run_changelist"))
+    assert "<style>.cdl-badge{" in listing  # the badges' own small stylesheet
     for status in Status:
         assert f">{status.value}</span>" in listing  # its coloured badge
     for task_id, run in ledger.items():
         text = page(client, reverse("admin:celery_deadlines_run_change", args=[run.pk]))
         assert task_id in text
         assert f">{run.status}</span>" in text
+        assert "<style>.cdl-badge{" in text
         assert 'id="cdl-sentence"' in text  # the one-sentence explanation
         assert utc(run.created_at) in text
         assert MILLISECOND_UTC.search(text)
@@ -233,3 +235,13 @@ def test_the_result_stored_by_django_celery_results_is_linked_from_the_run_page(
     link = reverse("admin:django_celery_results_taskresult_change", args=[stored.pk])
     assert f'<a href="{link}">SUCCESS</a>' in text
     assert "charged" in text
+
+
+def test_a_failed_run_shows_its_error_when_no_result_was_stored(
+    client: Client, ledger: dict[str, Run]
+) -> None:
+    operator(client)
+    run = ledger["failed-bare"]
+    Run.objects.filter(pk=run.pk).update(reason="error", detail="ProviderDown()", op="test")
+    text = page(client, reverse("admin:celery_deadlines_run_change", args=[run.pk]))
+    assert '<div class="readonly">ProviderDown()</div>' in text
