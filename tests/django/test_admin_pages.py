@@ -245,3 +245,30 @@ def test_a_failed_run_shows_its_error_when_no_result_was_stored(
     Run.objects.filter(pk=run.pk).update(reason="error", detail="ProviderDown()", op="test")
     text = page(client, reverse("admin:celery_deadlines_run_change", args=[run.pk]))
     assert '<div class="readonly">ProviderDown()</div>' in text
+
+
+def test_a_resolution_from_the_run_page_is_in_the_effects_history_in_utc_to_the_millisecond(
+    client: Client, ledger: dict[str, Run]
+) -> None:
+    from django.contrib.admin.models import LogEntry
+
+    from tests.django.test_admin import seen_in
+
+    operator(client)
+    effect = Effect.objects.get(run=ledger["unknown-full"])
+    url = reverse("admin:celery_deadlines_effect_changelist")
+    form = client.post(url, {"action": "resolve", "_selected_action": [effect.pk]})
+    client.post(
+        url,
+        {
+            "action": "resolve", "_selected_action": [effect.pk], "apply": "Resolve",
+            "found": "yes", "result": '"charged"', "evidence": "provider: charge ch_1",
+            **seen_in(form.content.decode()),
+        },
+    )  # fmt: skip
+    effect.refresh_from_db()
+    assert effect.state == EffectState.SUCCEEDED
+    entry = LogEntry.objects.get(object_id=str(effect.pk))
+    history = page(client, reverse("admin:celery_deadlines_effect_history", args=[effect.pk]))
+    assert "Resolved as found: provider: charge ch_1" in history
+    assert utc(entry.action_time) in history
