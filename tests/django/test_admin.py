@@ -96,21 +96,25 @@ def run_list(client: Client, **query: str) -> str:
     return response.content.decode()
 
 
-def test_the_run_list_shows_status_owner_lease_token_and_time_left(
+def test_the_run_list_is_compact_with_a_status_badge_owner_created_and_time_left(
     client: Client, story: dict[str, Any]
 ) -> None:
     login(client)
     page = run_list(client)
-    for expected in ("order-42", "charge-42", "label-42", "celery@shop:201", "authorised"):
+    for expected in ("order-42", "charge-42", "label-42", "celery@shop:201"):
         assert expected in page
-    assert "SUCCEEDED" in page
-    assert "RUNNING" in page
-    assert "QUEUED" in page
+    assert 'class="cdl-badge"' in page
+    assert ">SUCCEEDED</span>" in page
+    assert ">RUNNING</span>" in page
+    assert ">QUEUED</span>" in page
     assert "s left" in page or "min left" in page
     assert "no deadline" in page
-    expires = Run.objects.get(task_id="charge-42").lease_expires_at
-    assert utc(expires) in page  # the lease expiry, in UTC to the millisecond
-    assert utc(expires).endswith("Z")
+    assert "ended after" in page  # how long the succeeded order took
+    created = Run.objects.get(task_id="charge-42").created_at
+    assert utc(created) in page  # created, in UTC to the millisecond
+    assert utc(created).endswith("Z")
+    for wide in ("lease_token", "checkpoint_name", "version"):
+        assert f"column-{wide}" not in page  # compact: fits a 1,366-pixel screen
 
 
 def test_the_run_list_filters_by_status_and_finds_runs_by_root_id(
@@ -142,7 +146,9 @@ def test_the_run_detail_answers_the_operator_checklist(
     assert "&quot;queue&quot;: &quot;shop&quot;" in page  # the outbox message
     order = Run.objects.get(task_id="order-42")
     detail = client.get(reverse("admin:celery_deadlines_run_change", args=[order.pk]))
-    assert "shop.charge_card</a> (RUNNING)" in detail.content.decode()  # its children
+    children = detail.content.decode().split("<summary>Workflow")[1]
+    assert "charge-42</a> shop.charge_card" in children  # its children, linked
+    assert ">RUNNING</span>" in children  # each with its status
 
 
 def test_runs_are_read_only_without_the_action_permissions(
@@ -264,14 +270,14 @@ def unknown_payment(story: dict[str, Any]) -> Run:
     return Run.objects.get(task_id="pay-42")
 
 
-def test_the_run_page_shows_its_effects_inline(client: Client, unknown_payment: Run) -> None:
+def test_the_run_page_shows_its_effects_in_one_table(client: Client, unknown_payment: Run) -> None:
     login(client, "view_effect")
     page = client.get(
         reverse("admin:celery_deadlines_run_change", args=[unknown_payment.pk])
     ).content.decode()
-    assert "effects (at most once per key)" in page
+    assert "Side effects (1, at most once per key)" in page
     assert "order-42:pay" in page
-    assert "UNKNOWN" in page
+    assert "<td>UNKNOWN</td>" in page
 
 
 def test_an_operator_resolves_an_unknown_effect_with_evidence_and_the_run_is_queued_again(

@@ -1,0 +1,329 @@
+"""Runs: a compact list, and a page that answers the operator checklist (the summary by
+the database clock, from :func:`celery_deadlines.explain.explanation_of`), then the
+timeline, effects, the workflow, the message and the result. Two actions: **expire
+now** and **requeue**, each behind its own permission, each recorded as a ``LogEntry``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from contextvars import ContextVar
+from datetime import datetime
+from typing import Any
+
+from django.apps import apps
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.urls import NoReverseMatch, reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+from ..clock import get_clock
+from ..explain import explanation_of
+from ..ledger import operations
+from ..ledger.sql.connection import Store
+from ..models import EffectState, Run, Status
+from .base import ReadOnlyAdmin, operator
+from .display import STYLE, badge, describe_time_left, human, message_parts, short_id, utc
+
+#: The database clock, read once for the page being rendered (the list's time left).
+_database_now: ContextVar[datetime | None] = ContextVar("cdl_database_now", default=None)
+
+SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Message (what the task was called with)", ("args", "kwargs", "options")),
+    ("Result or error", ("result_or_error",)),
+    (
+        "Lease (who may act on this run now)",
+        ("owner", "lease_expires_utc", "lease_token", "version", "attempt", "lost_leases"),
+    ),
+    (
+        "Last durable checkpoint",
+        ("checkpoint_name", "checkpoint_data", "checkpoint_utc", "checkpoint_token"),
+    ),
+    (
+        "Schedule (the occurrence this run is for)",
+        ("schedule", "schedule_zone", "schedule_local", "not_before_utc"),
+    ),
+    (
+        "Outbox",
+        ("retries", "available_utc", "published_utc", "created_utc", "updated_utc"),
+    ),
+)
+
+
+def _url(run: Run) -> str:
+    return reverse("admin:celery_deadlines_run_change", args=[run.pk])
+
+
+@admin.register(Run)
+class RunAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
+    change_form_template = "admin/celery_deadlines/run/change_form.html"
+    list_display = (
+        "short_task_id",
+        "task_name",
+        "status_badge",
+        "reason",
+        "created_utc",
+        "time_left",
+        "owner",
+    )
+    list_display_links = ("short_task_id",)
+    date_hierarchy = "created_at"
+    list_filter = ("status", "reason", "task_name", "created_at")
+    search_fields = ("=task_id", "=root_id", "=parent_id", "=effects__key", "task_name")
+    search_help_text = "A task name (or part of one), or an exact task, root, parent or effect key."
+    ordering = ("-id",)
+    list_per_page = 50
+    actions = ("expire_now", "requeue")
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        """The sections; one with nothing to show is collapsed."""
+        shown = []
+        for title, fields in SECTIONS:
+            empty = obj is not None and all(
+                self._empty(getattr(self, f, None), getattr(obj, f, None), obj) for f in fields
+            )
+            shown.append((title, {"fields": fields, "classes": ("collapse",) if empty else ()}))
+        return shown
+
+    def _empty(self, method: Any, value: Any, run: Run) -> bool:
+        shown = method(run) if callable(method) else value
+        return shown in (None, "", "-", 0, [], {})
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [name for _, fields in SECTIONS for name in fields]
+
+    def has_expire_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("celery_deadlines.expire_run")
+
+    def has_requeue_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("celery_deadlines.requeue_run")
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        """The list, with the database clock read once for every row's time left."""
+        token = _database_now.set(Store(self._db(request)).database_now())
+        try:
+            response = super().changelist_view(request, {**(extra_context or {}), "cdl": STYLE})
+            if hasattr(response, "render"):
+                response.render()
+            return response
+        finally:
+            _database_now.reset(token)
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
+    ) -> HttpResponse:
+        run = self.get_object(request, object_id)
+        context = dict(extra_context or {})
+        if run is not None:
+            context.update(self._panels(request, run))
+        return super().change_view(request, object_id, form_url, context)
+
+    def _db(self, request: HttpRequest) -> str:
+        return self.get_queryset(request).db
+
+    def _panels(self, request: HttpRequest, run: Run) -> dict[str, Any]:
+        """The page's summary (the explanation, by the database clock), timeline,
+        effects and workflow."""
+        db = run._state.db or "default"
+        found = explanation_of(run.task_id, using=db)
+        if found is None:
+            return {}
+        left, ended = found["time_left_seconds"], found["ended"]
+        if ended is not None:
+            ran = ended["ran_seconds"]
+            time = f"ended {ended['at']}" + (f", ran {human(ran)}" if ran is not None else "")
+        elif left is None:
+            time = "no deadline"
+        elif left < 0:
+            time = f"passed {human(left)} ago"
+        else:
+            time = f"{human(left)} left"
+        family = {r.task_id: r for r in Run.objects.using(db).filter(root_id=run.root_id)}
+        effects = list(run.effects.using(db).order_by("id"))
+        return {
+            "cdl": STYLE,
+            "summary": found,
+            "status_badge": badge(run.status),
+            "time": time,
+            "timeline": found["history"],
+            "effects": [
+                {
+                    "pk": e.pk,
+                    "key": e.key,
+                    "name": e.name,
+                    "kind": e.kind,
+                    "state": e.state,
+                    "token": e.lease_token,
+                    "dispatches": e.dispatches,
+                    "dispatched": utc(e.dispatched_at),
+                    "updated": utc(e.updated_at),
+                    "error": e.error,
+                    "evidence": e.evidence,
+                    "unknown": e.state == EffectState.UNKNOWN,
+                }
+                for e in effects
+            ],
+            "plans": [
+                {
+                    "plan_id": p.plan_id or str(p.pk),
+                    "state": p.state,
+                    "reason": p.reason,
+                    "detail": p.detail,
+                    "token": p.lease_token,
+                    "created": utc(p.created_at),
+                    "ended": utc(p.ended_at),
+                    "document": json.dumps(p.document, default=repr)[:500],
+                }
+                for p in run.plans.using(db).order_by("id")
+            ],
+            "can_resolve": request.user.has_perm("celery_deadlines.resolve_effect"),
+            "effect_changelist": reverse("admin:celery_deadlines_effect_changelist"),
+            "root": self._family_link(family, run.root_id, run),
+            "parent": self._family_link(family, run.parent_id, run),
+            "children": [self._family_link(family, c["task_id"], run) for c in found["children"]],
+        }
+
+    @staticmethod
+    def _family_link(family: dict[str, Run], task_id: str, run: Run) -> SafeString | str:
+        if not task_id:
+            return ""
+        if task_id == run.task_id:
+            return format_html("this run {}", badge(run.status))
+        member = family.get(task_id) or Run.objects.filter(task_id=task_id).first()
+        if member is None:
+            return task_id
+        return format_html(
+            '<a href="{}">{}</a> {} {}',
+            _url(member),
+            member.task_id,
+            member.task_name,
+            badge(member.status),
+        )
+
+    @admin.display(description="id", ordering="task_id")
+    def short_task_id(self, run: Run) -> SafeString:
+        return format_html('<span title="{}">{}</span>', run.task_id, short_id(run.task_id))
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, run: Run) -> SafeString:
+        return badge(run.status)
+
+    @admin.display(description="time left / ended after")
+    def time_left(self, run: Run) -> str:
+        now = _database_now.get() or get_clock().now()
+        return describe_time_left(
+            deadline=run.deadline,
+            status=run.status,
+            now=now,
+            created_at=run.created_at,
+            updated_at=run.updated_at,
+        )
+
+    @admin.display(description="created (UTC)", ordering="created_at")
+    def created_utc(self, run: Run) -> str:
+        return utc(run.created_at)
+
+    @admin.display(description="updated (UTC)", ordering="updated_at")
+    def updated_utc(self, run: Run) -> str:
+        return utc(run.updated_at)
+
+    @admin.display(description="lease expires (UTC)", ordering="lease_expires_at")
+    def lease_expires_utc(self, run: Run) -> str:
+        return utc(run.lease_expires_at)
+
+    @admin.display(description="checkpoint at (UTC)")
+    def checkpoint_utc(self, run: Run) -> str:
+        return utc(run.checkpoint_at)
+
+    @admin.display(description="not before (UTC)")
+    def not_before_utc(self, run: Run) -> str:
+        return utc(run.not_before)
+
+    @admin.display(description="available at (UTC)")
+    def available_utc(self, run: Run) -> str:
+        return utc(run.available_at)
+
+    @admin.display(description="published at (UTC)")
+    def published_utc(self, run: Run) -> str:
+        return utc(run.published_at)
+
+    def _message(self, run: Run, part: str) -> str:
+        try:
+            decoded = message_parts(run.message_body, run.content_type, run.content_encoding)
+        except ValueError as error:
+            return str(error)
+        if decoded is None or decoded.get(part) in (None, [], {}):
+            return "-"
+        return json.dumps(decoded.get(part), default=repr)
+
+    @admin.display(description="args")
+    def args(self, run: Run) -> str:
+        return self._message(run, "args")
+
+    @admin.display(description="kwargs")
+    def kwargs(self, run: Run) -> str:
+        return self._message(run, "kwargs")
+
+    @admin.display(description="options (queue, routing, links)")
+    def options(self, run: Run) -> str:
+        return self._message(run, "options")
+
+    @admin.display(description="result or error")
+    def result_or_error(self, run: Run) -> SafeString | str:
+        """The stored result (django-celery-results' ``TaskResult``, linked, when it is
+        installed), else the error a failed run ended with."""
+        error = run.detail if run.status == Status.FAILED and run.detail else "-"
+        if not apps.is_installed("django_celery_results"):
+            return error
+        model = apps.get_model("django_celery_results", "TaskResult")
+        stored = model.objects.using(run._state.db).filter(task_id=run.task_id).first()
+        if stored is None:
+            return error
+        shown = str(stored.traceback or stored.result or "")[:2000]
+        try:
+            url = reverse("admin:django_celery_results_taskresult_change", args=[stored.pk])
+        except NoReverseMatch:
+            return f"{stored.status}: {shown}"
+        return format_html('<a href="{}">{}</a>: <pre>{}</pre>', url, stored.status, shown)
+
+    @admin.action(description="Expire now (fences the current holder)", permissions=["expire"])
+    def expire_now(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
+        said = "Expired now (expired_by_operator); the caller told"
+        self._act(request, queryset, operations.expire_run, "expired", said)
+
+    @admin.action(description="Requeue (if the deadline allows)", permissions=["requeue"])
+    def requeue(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
+        said = "Requeued with a fresh token; its message published"
+        self._act(request, queryset, operations.requeue_run, "requeued", said)
+
+    def _act(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Run],
+        operation: Callable[..., bool],
+        verb: str,
+        said: str,
+    ) -> None:
+        """Apply one of the ledger's operations to each selected run (the same the
+        reconciler uses), record a LogEntry for each it moved, and report."""
+        from celery import current_app
+
+        store, who = Store(queryset.db), operator(request)
+        done = [run for run in queryset if operation(current_app, store, run.pk, operator=who)]
+        for run in done:
+            self.log_change(request, run, said)
+        asked = queryset.count()
+        self.message_user(request, f"{len(done)} of {asked} run(s) {verb}.", messages.SUCCESS)
+        if len(done) < asked:
+            self.message_user(
+                request,
+                f"{asked - len(done)} run(s) not {verb}: finished, held by a live lease, "
+                "past the deadline, or waiting for an effect to be resolved (see its "
+                "effects).",
+                messages.WARNING,
+            )
+
+
+__all__ = ["RunAdmin"]
