@@ -25,6 +25,7 @@ import ast
 import builtins
 import importlib
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -255,3 +256,40 @@ def test_a_block_of_definitions_runs_and_its_tasks_are_created(block: Block) -> 
         previous.set_current()
     declared = {name for name in app.tasks if name.startswith("docs_")}
     assert declared == defined
+
+
+SHELL = re.compile(r"^```(?:bash|sh|console|shell)\n(?P<code>.*?)^```", re.M | re.S)
+
+
+def shell_commands(program: str) -> list[tuple[str, list[str]]]:
+    """``(page, argv after the program)`` of each shell line running ``program``."""
+    found = []
+    for page in PAGES:
+        for match in SHELL.finditer(page.read_text()):
+            for line in match["code"].splitlines():
+                command = re.split(r"\s#|\||&&", line.removeprefix("$ "))
+                words = shlex.split(command[0] if program in command[0] else "")
+                if program in words:
+                    found.append((page.name, words[words.index(program) + 1 :]))
+    return found
+
+
+@pytest.mark.parametrize("argv", [argv for _, argv in shell_commands("manage.py")], ids=" ".join)
+def test_a_manage_py_command_in_the_docs_exists_with_its_options(argv: list[str]) -> None:
+    from django.core.management import get_commands, load_command_class
+
+    name, *arguments = argv
+    if name == "startapp":  # run before the project's apps exist
+        return
+    app = get_commands()[name]  # KeyError: no such command
+    command = load_command_class(app, name)
+    arguments = ["123" if arg == "<id>" else arg for arg in arguments]
+    command.create_parser("manage.py", name).parse_args(arguments)  # CommandError if wrong
+
+
+def test_the_celery_commands_in_the_docs_exist() -> None:
+    from celery.bin.celery import celery
+
+    subcommands = {argv[argv.index("-A") + 2] for _, argv in shell_commands("celery")}
+    assert subcommands == {"worker"}
+    assert subcommands <= set(celery.commands)
