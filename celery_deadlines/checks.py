@@ -39,9 +39,13 @@ def docs(page: str, section: str) -> str:
 def closest_setting(name: str) -> str | None:
     """The known setting (Celery spelling) closest to ``name``, a likely typo of it."""
     prefix = "deadlines_"  # compared without it, which every name shares
-    known = [setting.name.removeprefix(prefix) for setting in SETTINGS]
-    found = difflib.get_close_matches(name.lower().removeprefix(prefix), known, n=1, cutoff=0.6)
-    return prefix + found[0] if found else None
+    candidates: dict[str, str] = {}
+    for setting in SETTINGS:  # "default_reserve" is also found from "reserve" (or "resrve")
+        suffix = setting.name.removeprefix(prefix)
+        candidates.setdefault(suffix, setting.name)
+        candidates.setdefault(suffix.removeprefix("default_"), setting.name)
+    found = difflib.get_close_matches(name.lower().removeprefix(prefix), candidates, n=1)
+    return candidates[found[0]] if found else None
 
 
 def _unknown(spelled: str, name: str, *, django: bool) -> checks.CheckMessage:
@@ -122,7 +126,10 @@ def _on_the_app() -> set[str]:
     """The ``deadlines_*`` names set on the current Celery app's configuration itself
     (``app.conf.deadlines_x = ...``), not read from Django's settings."""
     from celery import current_app
+    from celery.loaders.default import Loader
 
+    if isinstance(current_app.loader, Loader):  # Celery's fallback app, not the project's:
+        return set()  # configuring it would only warn that celeryconfig is missing
     try:
         keys = list(current_app.conf.keys())
     except Exception:  # noqa: BLE001 (a check must report, not crash; W001 says more)

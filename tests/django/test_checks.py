@@ -249,3 +249,22 @@ def test_every_check_hint_names_a_section_of_the_docs_not_a_repository_path() ->
         assert page in pages, (key, hint)
         headings = re.findall(r"^#{2,4} (.+)$", pages[page], re.M)
         assert section in headings or f"`{section}`" in pages[page], (key, hint)
+
+
+@pytest.mark.parametrize(
+    ("typo", "meant"),
+    [
+        ("deadlines_default_bugdet", "deadlines_default_budget"),
+        ("deadlines_retenton", "deadlines_retention"),
+        ("deadlines_resrve", "deadlines_default_reserve"),
+        ("deadlines_lease", "deadlines_lease_ttl"),
+        ("deadlines_max_budgets", "deadlines_max_budget"),
+        ("deadlines_colour", None),
+    ],
+)
+def test_the_closest_setting_is_the_one_a_typo_most_likely_meant(
+    typo: str, meant: str | None
+) -> None:
+    from celery_deadlines.checks import closest_setting
+
+    assert closest_setting(typo) == meant
