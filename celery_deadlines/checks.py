@@ -2,11 +2,18 @@
 
 Settings are read the way Celery reads them with ``namespace="CELERY"``: every
 ``CELERY_DEADLINES_*`` name in Django's settings. An unknown name (a typo) is an error
-too, since it would otherwise be ignored without a word.
+too, since it would otherwise be ignored without a word; so is an unknown
+``deadlines_*`` set on the project's Celery app. Its hint suggests the closest setting.
+
+Every hint ends by naming the section of the documentation to read, as
+``Documentation: "<page title>" > "<section>".``: the page's title (its first heading)
+and one of its headings, or on the settings reference a setting's Django name (its row
+in the table). Hints name no repository path: the docs are read on the web too.
 """
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,6 +27,44 @@ from .errors import ConfigurationError
 from .retention import describe_age
 
 PREFIX = "CELERY_DEADLINES_"
+SETTINGS_REFERENCE = "Settings reference"
+SYSTEM_CHECKS = "System checks"
+
+
+def docs(page: str, section: str) -> str:
+    """Where a hint sends the reader: a page title and a section (module docstring)."""
+    return f'Documentation: "{page}" > "{section}".'
+
+
+def closest_setting(name: str) -> str | None:
+    """The known setting (Celery spelling) closest to ``name``, a likely typo of it."""
+    prefix = "deadlines_"  # compared without it, which every name shares
+    candidates: dict[str, str] = {}
+    for setting in SETTINGS:  # "default_reserve" is also found from "reserve" (or "resrve")
+        suffix = setting.name.removeprefix(prefix)
+        candidates.setdefault(suffix, setting.name)
+        candidates.setdefault(suffix.removeprefix("default_"), setting.name)
+    found = difflib.get_close_matches(name.lower().removeprefix(prefix), candidates, n=1)
+    return candidates[found[0]] if found else None
+
+
+def _unknown(spelled: str, name: str, *, django: bool) -> checks.CheckMessage:
+    """E002 for ``spelled`` (``name`` in Celery's spelling), suggesting the closest."""
+    closest = closest_setting(name)
+    if closest is None:
+        known = sorted(f"CELERY_{s.name.upper()}" if django else s.name for s in SETTINGS)
+        hint = f"Known settings: {', '.join(known)}. {docs(SETTINGS_REFERENCE, SYSTEM_CHECKS)}"
+    else:
+        suggestion = f"CELERY_{closest.upper()}" if django else closest
+        hint = f"Did you mean {suggestion}? " + docs(
+            SETTINGS_REFERENCE, f"CELERY_{closest.upper()}"
+        )
+    where = "" if django else " (set on the Celery app)"
+    return checks.Error(
+        f"{spelled}{where} is not a celery-deadlines setting.",
+        hint=hint,
+        id="celery_deadlines.E002",
+    )
 
 
 def _given() -> dict[str, Any]:
@@ -41,7 +86,8 @@ def _cannot_check(why: str) -> checks.CheckMessage:
     return checks.Warning(
         f"{PREFIX}CONTRACTS could not be checked against its tasks: {why}.",
         hint="Import the project's Celery app where Django starts (the usual "
-        "'from .celery import app as celery_app' in the project package).",
+        "'from .celery import app as celery_app' in the project package). "
+        + docs("Quick start", "2. The Celery app"),
         id="celery_deadlines.W001",
     )
 
@@ -50,22 +96,45 @@ def _cannot_check(why: str) -> checks.CheckMessage:
 def check_settings(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
-    """E001: a setting has a bad value. E002: a ``CELERY_DEADLINES_*`` name is unknown."""
+    """E001: a setting has a bad value. E002: a ``CELERY_DEADLINES_*`` name (or a
+    ``deadlines_*`` name on the project's Celery app) is unknown."""
     given = _given()
     known = {setting.name for setting in SETTINGS}
-    messages: list[checks.CheckMessage] = [
-        checks.Error(
-            f"CELERY_{name.upper()} is not a celery-deadlines setting.",
-            hint="Known settings: " + ", ".join(sorted(f"CELERY_{k.upper()}" for k in known)),
-            id="celery_deadlines.E002",
-        )
+    messages = [
+        _unknown(f"CELERY_{name.upper()}", name, django=True)
         for name in sorted(given.keys() - known)
     ]
-    for error in Settings(given).check():
-        messages.append(
-            checks.Error(str(error), hint="See docs/settings.md.", id="celery_deadlines.E001")
-        )
+    messages += [
+        _unknown(name, name, django=False) for name in sorted(_on_the_app() - known - set(given))
+    ]
+    settings = Settings(given)
+    for setting in SETTINGS:
+        try:
+            settings.get(setting)
+        except ConfigurationError as error:
+            messages.append(
+                checks.Error(
+                    str(error),
+                    hint=docs(SETTINGS_REFERENCE, setting.django_name),
+                    id="celery_deadlines.E001",
+                )
+            )
     return messages
+
+
+def _on_the_app() -> set[str]:
+    """The ``deadlines_*`` names set on the current Celery app's configuration itself
+    (``app.conf.deadlines_x = ...``), not read from Django's settings."""
+    from celery import current_app
+    from celery.loaders.default import Loader
+
+    if isinstance(current_app.loader, Loader):  # Celery's fallback app, not the project's:
+        return set()  # configuring it would only warn that celeryconfig is missing
+    try:
+        keys = list(current_app.conf.keys())
+    except Exception:  # noqa: BLE001 (a check must report, not crash; W001 says more)
+        return set()
+    return {key for key in keys if key.startswith("deadlines_")}
 
 
 @checks.register()
@@ -100,10 +169,13 @@ def check_contracts(
     )
     # a task missing from this process's registry may be a module not imported here
     # (autodiscovery differs between a worker and manage.py): a warning, not an error
+    section = docs("How-tos", "Declare a time contract")
     return [
-        checks.Error(problem.message, hint=problem.hint, id="celery_deadlines.E005")
+        checks.Error(problem.message, hint=f"{problem.hint} {section}", id="celery_deadlines.E005")
         if problem.severity == "error"
-        else checks.Warning(problem.message, hint=problem.hint, id="celery_deadlines.W002")
+        else checks.Warning(
+            problem.message, hint=f"{problem.hint} {section}", id="celery_deadlines.W002"
+        )
         for problem in problems
     ]
 
@@ -125,8 +197,8 @@ def check_retention(
             f"{PREFIX}RETENTION ({describe_age(retention)}) is shorter than "
             f"{PREFIX}MAX_BUDGET ({describe_age(longest)}): a run still alive may ask "
             "again for an effect key whose record was purged, and dispatch it again.",
-            hint="Keep ended runs at least as long as the longest budget "
-            "(docs/howto.md, 'Keep the ledger bounded').",
+            hint="Keep ended runs at least as long as the longest budget. "
+            + docs("How-tos", "Keep the ledger bounded"),
             id="celery_deadlines.W003",
         )
     ]
@@ -147,7 +219,8 @@ def check_ledger_database(
         messages.append(
             checks.Error(
                 f"CELERY_DEADLINES_DATABASE names {alias!r}, which is not in DATABASES.",
-                hint="Name the alias of the database that holds the run ledger.",
+                hint="Name the alias of the database that holds the run ledger. "
+                + docs(SETTINGS_REFERENCE, f"{PREFIX}DATABASE"),
                 id="celery_deadlines.E003",
             )
         )
@@ -156,7 +229,8 @@ def check_ledger_database(
             checks.Error(
                 f"The run ledger needs PostgreSQL or SQLite; DATABASES[{alias!r}] is "
                 f"{connections[alias].vendor}.",
-                hint="Point CELERY_DEADLINES_DATABASE at a PostgreSQL or SQLite alias.",
+                hint="Point CELERY_DEADLINES_DATABASE at a PostgreSQL or SQLite alias. "
+                + docs(SETTINGS_REFERENCE, f"{PREFIX}DATABASE"),
                 id="celery_deadlines.E003",
             )
         )
@@ -164,7 +238,7 @@ def check_ledger_database(
         messages.append(
             checks.Error(
                 "The run ledger stores instants as aware UTC datetimes: USE_TZ must be True.",
-                hint="Set USE_TZ = True.",
+                hint="Set USE_TZ = True. " + docs(SETTINGS_REFERENCE, SYSTEM_CHECKS),
                 id="celery_deadlines.E004",
             )
         )

@@ -66,12 +66,34 @@ def test_a_metrics_port_passes_the_checks() -> None:
         assert errors() == []
 
 
-def test_an_unknown_deadlines_setting_is_an_error_naming_it_and_the_known_ones() -> None:
+def test_a_misspelled_setting_is_an_error_suggesting_the_closest_name() -> None:
     with override_settings(CELERY_DEADLINES_DEFAULT_BUGDET=30):
         found = errors()
     assert [message.id for message in found] == ["celery_deadlines.E002"]
     assert "CELERY_DEADLINES_DEFAULT_BUGDET" in found[0].msg
-    assert "CELERY_DEADLINES_DEFAULT_BUDGET" in (found[0].hint or "")
+    assert (found[0].hint or "").startswith("Did you mean CELERY_DEADLINES_DEFAULT_BUDGET? ")
+
+
+def test_a_misspelled_setting_on_the_celery_app_is_an_error_suggesting_the_closest_name() -> None:
+    from celery import current_app
+
+    current_app.conf.deadlines_retenton = 3600
+    try:
+        found = errors()
+    finally:
+        del current_app.conf["deadlines_retenton"]
+    assert [message.id for message in found] == ["celery_deadlines.E002"]
+    assert "deadlines_retenton (set on the Celery app)" in found[0].msg
+    assert (found[0].hint or "").startswith("Did you mean deadlines_retention? ")
+    assert errors() == []
+
+
+def test_an_unknown_setting_like_none_is_an_error_listing_the_known_ones() -> None:
+    with override_settings(CELERY_DEADLINES_COLOUR="blue"):
+        [found] = errors()
+    assert found.id == "celery_deadlines.E002"
+    assert "Known settings: CELERY_DEADLINES_BUDGETS, " in (found.hint or "")
+    assert "CELERY_DEADLINES_DEFAULT_BUDGET" in (found.hint or "")
 
 
 @pytest.mark.django_db  # model checks may ask the database (JSONField support) first
@@ -182,3 +204,67 @@ def test_a_contract_that_does_not_fit_its_task_is_an_error_and_an_unknown_task_a
     assert "names no registered task" in found[1].msg
     with override_settings(CELERY_DEADLINES_CONTRACTS={shop.print_label.name: {"budget": 30}}):
         assert check_contracts(None) == []
+
+
+def hints_of_every_check() -> dict[str, str]:
+    """One message of each check id, by id, with its hint."""
+    import demo_project.shop.tasks as shop
+    from celery_deadlines.checks import _cannot_check, check_ledger_database, check_retention
+
+    found: list[checks.CheckMessage] = [_cannot_check("for the test")]
+    with override_settings(CELERY_DEADLINES_DEFAULT_BUDGET="soon", CELERY_DEADLINES_DEFALT=1):
+        found += errors()
+    with override_settings(CELERY_DEADLINES_COLOUR="blue"):
+        found += errors()
+    contracts = {shop.charge_card.name: {"attempt_timeout": 3}, "shop.nothing": {"budget": 1}}
+    with override_settings(CELERY_DEADLINES_CONTRACTS=contracts):
+        found += check_contracts(None)
+    with override_settings(CELERY_DEADLINES_RETENTION=60):
+        found += check_retention(None)
+    with override_settings(CELERY_DEADLINES_DATABASE="ledger", USE_TZ=False):
+        found += check_ledger_database(None)
+    return {f"{m.id}:{i}": m.hint or "" for i, m in enumerate(found)}
+
+
+def test_every_check_hint_names_a_section_of_the_docs_not_a_repository_path() -> None:
+    import re
+
+    from tests.support.processes import REPO
+
+    pages = {}
+    for doc in (REPO / "docs").glob("*.md"):
+        text = doc.read_text()
+        title = text.splitlines()[0].removeprefix("# ")
+        pages[title] = text
+    hints = hints_of_every_check()
+    ids = {key.split(":")[0] for key in hints}
+    every = ("E001", "E002", "E003", "E004", "E005", "W001", "W002", "W003")
+    assert ids == {f"celery_deadlines.{n}" for n in every}
+    for key, hint in hints.items():
+        assert "docs/" not in hint, (key, hint)
+        assert ".md" not in hint, (key, hint)
+        where = re.search(r'Documentation: "([^"]+)" > "([^"]+)"\.$', hint)
+        assert where, (key, hint)
+        page, section = where.groups()
+        assert page in pages, (key, hint)
+        headings = re.findall(r"^#{2,4} (.+)$", pages[page], re.M)
+        assert section in headings or f"`{section}`" in pages[page], (key, hint)
+
+
+@pytest.mark.parametrize(
+    ("typo", "meant"),
+    [
+        ("deadlines_default_bugdet", "deadlines_default_budget"),
+        ("deadlines_retenton", "deadlines_retention"),
+        ("deadlines_resrve", "deadlines_default_reserve"),
+        ("deadlines_lease", "deadlines_lease_ttl"),
+        ("deadlines_max_budgets", "deadlines_max_budget"),
+        ("deadlines_colour", None),
+    ],
+)
+def test_the_closest_setting_is_the_one_a_typo_most_likely_meant(
+    typo: str, meant: str | None
+) -> None:
+    from celery_deadlines.checks import closest_setting
+
+    assert closest_setting(typo) == meant
