@@ -43,6 +43,9 @@ class Run(models.Model):
     # A delivery task's run (``deadline_kind = "delivery"``): its deadline is the delivery
     # deadline, and it expires as ``delivery_expired`` whoever finds it past (NULL: no).
     delivery_task = models.BooleanField(null=True, blank=True)
+    # The queue Celery routed the run's message to when it was first published (NULL for
+    # runs recorded before the column, or without a message): the admin filters on it.
+    queue = models.CharField(max_length=255, null=True, blank=True)
     root_id = models.CharField(max_length=255, blank=True, default="")
     # A scheduled run's occurrence (docs/concepts.md, schedules): resolved to UTC before
     # the run existed, stored with the zone and local wall time it came from; its window is

@@ -73,6 +73,7 @@ def publish(
         deadline=stamp.governed.deadline,
         delivery_deadline=stamp.delivery,
         delivery_task=getattr(task, "deadline_kind", None) == "delivery",
+        queue=_queue_name(kept.get("queue")),
         root_id=root_id or task_id,
         parent_id=parent_id or "",
         retries=retries,
@@ -129,3 +130,11 @@ def run_of_request(task: Task[Any, Any], request: Any, deadline: datetime | None
         content_type=content_type,
         content_encoding=encoding,
     )
+
+
+def _queue_name(queue: object) -> str | None:
+    """A queue option's name (Celery takes a name or a kombu ``Queue``)."""
+    if queue is None:
+        return None
+    name = getattr(queue, "name", queue)
+    return str(name)[:255] if name else None

@@ -70,7 +70,7 @@ class RunAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
     )
     list_display_links = ("short_task_id",)
     date_hierarchy = "created_at"
-    list_filter = ("status", "reason", "task_name", "created_at")
+    list_filter = ("status", "reason", "task_name", "queue", "created_at")
     search_fields = ("=task_id", "=root_id", "=parent_id", "=effects__key", "task_name")
     search_help_text = "A task name (or part of one), or an exact task, root, parent or effect key."
     ordering = ("-id",)

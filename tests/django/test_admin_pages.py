@@ -213,6 +213,19 @@ def test_the_run_list_searches_by_task_name_and_effect_key_and_narrows_by_date(
     assert "queued-bare" in dated
 
 
+def test_the_run_list_filters_by_the_queue_a_run_was_routed_to(
+    client: Client, ledger: dict[str, Run]
+) -> None:
+    operator(client)
+    Run.objects.filter(pk=ledger["queued-bare"].pk).update(queue="warehouse", op="test")
+    url = reverse("admin:celery_deadlines_run_changelist")
+    listing = page(client, url)
+    assert "warehouse" in listing  # offered as a filter
+    filtered = page(client, url, queue="warehouse")
+    assert "queued-bare" in filtered
+    assert "failed-full" not in filtered
+
+
 def test_an_undecodable_message_is_said_and_does_not_fail_the_page(
     client: Client, ledger: dict[str, Run]
 ) -> None:

@@ -288,7 +288,12 @@ def test_a_run_republished_by_a_worker_with_another_default_queue_goes_to_its_ow
     )
     ship = producer.task(base=DeadlineTask, name="shop.ship_routed", shared=False)(ship_order)
     ship.apply_async(task_id="routed-1", budget=600)
+    ship.apply_async(task_id="routed-2", budget=600, queue="urgent")
     assert [m["headers"]["id"] for m in drain(producer, "orders")] == ["routed-1"]
+    assert [m["headers"]["id"] for m in drain(producer, "urgent")] == ["routed-2"]
+    # the queue is on the run's record too (the admin filters on it)
+    runs = Run.objects.using(store.using)
+    assert [runs.get(task_id=t).queue for t in ("routed-1", "routed-2")] == ["orders", "urgent"]
 
     # a worker whose own default queue is another one finds the message lost and
     # publishes it again from the outbox: it goes where the producer sent it

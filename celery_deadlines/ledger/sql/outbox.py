@@ -23,10 +23,10 @@ class Outbox(Statements):
                 root_id, parent_id, retries, attempt, lost_leases, owner, lease_token,
                 version, checkpoint_name, message_body, content_type, content_encoding,
                 available_at, published_at, op, op_detail, created_at, updated_at,
-                not_before, schedule, schedule_zone, schedule_local, delivery_task
+                not_before, schedule, schedule_zone, schedule_local, delivery_task, queue
             ) VALUES (
                 %s, %s, 'QUEUED', '', '', %s, %s, %s, %s, %s, 0, 0, '', 0, 0, '', %s, %s, %s,
-                %s, {d.now}, 'enqueue', '', {d.now}, {d.now}, %s, %s, %s, %s, %s
+                %s, {d.now}, 'enqueue', '', {d.now}, {d.now}, %s, %s, %s, %s, %s, %s
             )
             ON CONFLICT (task_id) DO NOTHING
             """,
@@ -47,6 +47,7 @@ class Outbox(Statements):
                 run.schedule_zone,
                 run.schedule_local,
                 run.delivery_task or None,
+                run.queue,
             ],
         )
         return count == 1

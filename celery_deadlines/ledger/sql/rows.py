@@ -34,6 +34,8 @@ class NewRun:
     schedule_local: str | None = None
     #: a delivery task's run: it expires as ``delivery_expired``
     delivery_task: bool = False
+    #: the queue the message was routed to (``None``: not known)
+    queue: str | None = None
 
 
 @dataclass(frozen=True)
