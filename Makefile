@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test test-unit test-integration lint dist bench bench-ledger matrix celery-compat clean
+.PHONY: demo test test-unit test-integration lint dist bench bench-ledger matrix celery-compat clean screenshots
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ test-unit: $(INSTALLED)
 
 test-integration: $(INSTALLED)
 	$(BIN)/python -m pytest tests/integration
+
+## The admin's pictures in docs/images/, from headless Chromium against the demo's data
+## (needs `apt-get install chromium` and `$(BIN)/pip install playwright`; see the script).
+screenshots: $(INSTALLED)
+	$(BIN)/python tools/screenshots.py
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .
