@@ -18,6 +18,7 @@ import weakref
 from datetime import datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any, Final
 
+from billiard.einfo import ExceptionWithTraceback  # type: ignore[attr-defined]
 from billiard.exceptions import TimeLimitExceeded, WorkerLostError
 from celery.utils.time import maybe_iso8601
 from celery.worker.request import Request
@@ -193,7 +194,8 @@ class DeadlineRequest(Request):
         self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
     ) -> None:
         exc = getattr(exc_info, "exception", None)
-        exc = getattr(exc, "exc", exc)  # billiard's ExceptionWithTraceback, as Celery unwraps it
+        if isinstance(exc, ExceptionWithTraceback):  # as Celery unwraps it
+            exc = exc.exc
         # billiard reports a hard time limit here first, then calls on_timeout
         if isinstance(exc, TimeLimitExceeded) and exc.args:
             if self._time_limit_outcome(exc.args[0]) == Status.UNKNOWN:
