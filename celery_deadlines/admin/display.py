@@ -33,9 +33,16 @@ STYLE = SafeString(
     "<style>.cdl-badge{display:inline-block;padding:1px 6px;border-radius:8px;color:#fff;"
     "font-size:11px;font-weight:bold;white-space:nowrap}"
     ".cdl-table{width:100%;font-size:12px}.cdl-table td,.cdl-table th{padding:3px 6px}"
+    ".cdl-table td{overflow-wrap:break-word}.cdl-table th{white-space:normal}"
+    ".cdl-wrap{overflow-wrap:anywhere}"
+    ".cdl-effects{font-size:11px}.cdl-effects td,.cdl-effects th{padding:3px 4px}"
+    ".cdl-effects td.cdl-mono{white-space:normal;min-width:9em}"
+    ".cdl-effects td:last-child{white-space:nowrap}"
     ".cdl-mono{font-family:monospace;white-space:nowrap}"
+    "#result_list thead th,#result_list thead th *{white-space:normal}"
     "#result_list td.field-task_name,#result_list td.field-owner,#result_list td.field-reason"
-    "{max-width:16em;overflow-wrap:anywhere}#result_list td.field-created_utc{white-space:nowrap}"
+    "{max-width:14em;overflow-wrap:anywhere}#result_list td.field-created_and_time_left"
+    "{white-space:nowrap}"
     "details.cdl>summary{cursor:pointer;font-weight:bold;padding:6px 0}</style>"
 )
 
