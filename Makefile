@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test test-unit test-integration lint dist bench bench-ledger matrix celery-compat clean screenshots
+.PHONY: demo test test-unit test-integration lint dist bench bench-ledger matrix matrix-unit celery-compat clean screenshots
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -64,6 +64,12 @@ matrix:
 ## celery.Task and with DeadlineTask as the default task class; fails on any difference.
 celery-compat: $(INSTALLED)
 	$(BIN)/python compat/celery_compat.py
+
+## The unit tests on another interpreter (CI runs them on Python 3.12, so that every
+## Python version the package claims is tested; the matrix above runs the newest).
+matrix-unit:
+	$(MAKE) --no-print-directory VENV=$(MATRIX_VENV) PYTHON=$(PYTHON) $(MATRIX_VENV)/.installed
+	$(MATRIX_VENV)/bin/python -m pytest tests/unit
 
 clean:
 	rm -rf $(VENV) .venv-* dist demo_project/var .mypy_cache .ruff_cache .pytest_cache .celery-compat
