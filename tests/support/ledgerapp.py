@@ -54,6 +54,12 @@ app.conf.update(
         # default); the redelivery tests need it every second
         "unacked_restore_interval": 1,
         "unacked_restore_throttle": 1,
+        # Restores hold a Redis lock (kombu's default: one key, 300 s expiry). A worker
+        # the crash sweep SIGKILLs inside a restore leaves it held, and no worker on that
+        # Redis restores anything for 5 minutes: a later redelivery test then saw none
+        # (CI, once). Each test's workers share a lock of their own, briefly held.
+        "unacked_mutex_key": f"unacked_mutex:{os.environ.get('TEST_QUEUE', 'celery')}",
+        "unacked_mutex_expire": 5,
     },
     deadlines_database=os.environ.get("TEST_LEDGER_DATABASE", "default"),
     deadlines_lease_ttl=_env_float("TEST_LEASE_TTL", 2),
