@@ -253,11 +253,8 @@ class DeadlineRequest(Request):
                 api.tell_caller_unknown(self.task.app, self.id, detail)
             except Exception:
                 logger.exception("storing the UNKNOWN state of %s failed", self.id)
-            if self.task.acks_late:  # as Celery handles a timed-out message
-                if getattr(self.task, "acks_on_timeout", True):  # not in the stubs
-                    self.acknowledge()
-                else:
-                    self.reject(requeue=True)
+            # as Celery handles a timed-out message (the setting is not in the stubs)
+            self._end_message(requeue=not getattr(self.task, "acks_on_timeout", True))
         return written
 
     def _lost_to_the_ledger(self, exc: BaseException) -> bool:
@@ -284,14 +281,25 @@ class DeadlineRequest(Request):
             self.id,
             exc,
         )
-        if self.task.acks_late:
-            if self.task.reject_on_worker_lost:
-                self.reject(requeue=True)  # as Celery does: the claim takes one delivery
-            elif getattr(self.task, "acks_on_failure", True):  # not in the stubs
-                self.acknowledge()
-            else:
-                self.reject(requeue=False)
+        # as Celery handles a lost worker's message (the claim takes one delivery)
+        self._end_message(
+            requeue=bool(self.task.reject_on_worker_lost),
+            ack=getattr(self.task, "acks_on_failure", True),  # not in the stubs
+        )
         return True
+
+    def _end_message(self, *, requeue: bool, ack: bool = True) -> None:
+        """A late-acked message whose run the ledger settles: requeued, acknowledged or
+        rejected, as Celery's own ``on_failure``/``on_timeout`` would (an early-acked
+        one is gone already)."""
+        if not self.task.acks_late:
+            return
+        if requeue:
+            self.reject(requeue=True)
+        elif ack:
+            self.acknowledge()
+        else:
+            self.reject(requeue=False)
 
 
 _timezones: weakref.WeakKeyDictionary[Any, tzinfo] = weakref.WeakKeyDictionary()
