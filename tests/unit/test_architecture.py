@@ -68,6 +68,7 @@ CELERY = frozenset(
         "beat",
         "metrics",
         "exporter",
+        "tracing",
         "testing",
         "_crashpoints",
         "__init__",
