@@ -8,14 +8,15 @@ The package in four tiers; each may import only the tiers above it in this list,
 (durations, the precedence rule, the attempt's anchor), ``gates`` (every gate's rule),
 ``stamping`` (what a message carries), ``outcomes`` (how a run ends or moves), ``skew``,
 ``contracts``, ``observations``, ``plans``, ``schedules``, ``retention`` (how long
-ended runs stay).
+ended runs stay), ``workflows`` (does a chain, group or chord fit its deadline).
 
 **The Celery tier** (reads the time only through ``clock``; the ledger only through
 ``ledger.api`` and ``ledger.operations``, inside functions): ``clock``, ``conf``,
 ``options`` (a task's durations), ``propagation`` (inheritance, scopes, the publish hook),
-``task`` (DeadlineTask: Celery's hooks), ``body`` (what a task body calls), ``claiming``,
-``recording``, ``effects``, ``request`` (the worker's main process), ``signals``,
-``beat``, ``metrics``, ``exporter`` (a worker serves the metrics), ``testing``.
+``task`` (DeadlineTask: Celery's hooks), ``canvas`` (the workflow gate), ``body`` (what a
+task body calls), ``claiming``, ``recording``, ``effects``, ``request`` (the worker's
+main process), ``signals``, ``beat``, ``metrics``, ``exporter`` (a worker serves the
+metrics), ``testing``.
 
 **The ledger** (``ledger/``: Django's database, by raw conditional statements on the
 database clock; never reaches back into the Celery tier's task side): ``api`` (the entry
@@ -41,6 +42,7 @@ from .errors import (
     PlanRefused,
     RunConflict,
     StaleLease,
+    WorkflowRefused,
 )
 from .gates import Gate, Reason
 from .install import install
@@ -86,6 +88,7 @@ __all__ = [
     "Reason",
     "RunConflict",
     "StaleLease",
+    "WorkflowRefused",
     "clock_certain",
     "clock_measured",
     "clock_uncertain",

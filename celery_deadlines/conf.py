@@ -156,6 +156,27 @@ MAX_BUDGET: Final = Setting(
     "Longest budget accepted, and how far ahead a deadline header may lie.",
 )
 
+
+#: What the workflow gate does with a chain, group or chord that cannot fit its deadline.
+WORKFLOW_CHECK_MODES: Final = ("refuse", "warn", "off")
+
+
+def _workflow_check(value: object, name: str, settings: Settings) -> str:
+    if not isinstance(value, str) or value not in WORKFLOW_CHECK_MODES:
+        choices = ", ".join(repr(mode) for mode in WORKFLOW_CHECK_MODES)
+        raise InvalidDeadline(f"{name} must be one of {choices}, got {value!r}")
+    return value
+
+
+WORKFLOW_CHECK: Final = Setting(
+    "deadlines_workflow_check",
+    "refuse",
+    _workflow_check,
+    "A chain, group or chord whose critical path cannot fit its deadline: 'refuse' "
+    "raises WorkflowRefused and publishes nothing, 'warn' logs the arithmetic and "
+    "publishes, 'off' does not compute it.",
+)
+
 METRICS_PORT: Final = Setting(
     "deadlines_metrics_port",
     None,
@@ -239,6 +260,7 @@ SETTINGS: Final[tuple[Setting[Any], ...]] = (
     CLOCK_SKEW_ALLOWANCE,
     CLOCK_SKEW_BUDGET,
     MAX_BUDGET,
+    WORKFLOW_CHECK,
     METRICS_PORT,
     LEDGER,
     LEASE_TTL,

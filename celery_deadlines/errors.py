@@ -4,6 +4,7 @@
 
     DeadlineError                      root: catch this to catch everything below
     ├── DeadlineRefused                a gate refused to start (or restart) work
+    │   └── WorkflowRefused            a chain, group or chord cannot fit its deadline
     ├── InvalidDeadline (ValueError)   a caller passed a deadline or budget that cannot work
     ├── ConfigurationError             a setting has a bad value; the message names the setting
     ├── StaleLease                     a write by an attempt that no longer owns its run
@@ -71,6 +72,14 @@ class DeadlineRefused(DeadlineError):
             f"(deadline {deadline}, clock read {self.clock_reading})"
         )
         return f"{text}: {self.detail}" if self.detail else text
+
+
+class WorkflowRefused(DeadlineRefused):
+    """A chain, group or chord was refused whole at enqueue: its critical path (each
+    step's countdown, reserve and attempt timeout) needs more than the time left before
+    its deadline. Nothing of it was published. ``reason`` is ``workflow_cannot_fit`` and
+    ``detail`` has the arithmetic, with the steps that declare no attempt timeout (they
+    count as zero)."""
 
 
 class InvalidDeadline(DeadlineError, ValueError):

@@ -15,6 +15,8 @@ attempt    never refuses by itself: it caps the attempt's time limits at the
            budget left (:func:`cap_time_limits`)
 retry      ``countdown + attempt_timeout + skew_allowance > remaining`` (or less
            than ``reserve`` would be left when the retry is due)
+workflow   at the enqueue of a chain, group or chord: its critical path needs
+           more than the time left (:func:`celery_deadlines.workflows.fit`)
 =========  ====================================================================
 """
 
@@ -24,7 +26,7 @@ import enum
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
-from .errors import DeadlineRefused
+from .errors import DeadlineRefused, WorkflowRefused
 
 ZERO = timedelta(0)
 
@@ -49,6 +51,9 @@ class Reason(enum.StrEnum):
     INVALID_DEADLINE = "invalid_deadline"
     #: a delivery task (``deadline_kind="delivery"``) past its delivery deadline
     DELIVERY_EXPIRED = "delivery_expired"
+    #: a chain, group or chord whose critical path needs more than the time left
+    #: (:mod:`celery_deadlines.workflows`); nothing of it was published
+    WORKFLOW_CANNOT_FIT = "workflow_cannot_fit"
 
 
 class Decision(NamedTuple):
@@ -69,7 +74,8 @@ class Decision(NamedTuple):
         """The exception that reports this refusal to the caller."""
         if self.reason is None:
             raise ValueError("an allowed decision is not a refusal")
-        return DeadlineRefused(
+        kind = WorkflowRefused if self.reason is Reason.WORKFLOW_CANNOT_FIT else DeadlineRefused
+        return kind(
             self.gate.value,
             self.reason.value,
             self.deadline.isoformat() if self.deadline else None,

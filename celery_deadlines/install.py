@@ -1,11 +1,11 @@
-"""Connect the publish hook and the worker's metrics exporter, once per process
-(idempotent, no import side effects)."""
+"""Connect the publish hook and the worker's metrics exporter, and put the workflow gate
+on Celery's canvas classes, once per process (idempotent, no import side effects)."""
 
 from __future__ import annotations
 
 from celery.signals import before_task_publish
 
-from . import exporter
+from . import canvas, exporter
 from .propagation import on_before_task_publish
 
 _DISPATCH_UID = "celery_deadlines.propagation.on_before_task_publish"
@@ -13,10 +13,13 @@ _DISPATCH_UID = "celery_deadlines.propagation.on_before_task_publish"
 
 def install() -> None:
     """Connect the ``before_task_publish`` receiver that stamps and propagates deadlines,
-    and the worker signals that serve metrics when ``deadlines_metrics_port`` is set.
+    the worker signals that serve metrics when ``deadlines_metrics_port`` is set, and
+    the workflow gate around ``apply_async`` of Celery's chain, group and chord
+    (:mod:`celery_deadlines.canvas`).
 
     Called for you when a :class:`DeadlineTask` is bound to an app and when the Django
     app is ready; call it yourself in a process that only sends tasks by name.
     """
     before_task_publish.connect(on_before_task_publish, dispatch_uid=_DISPATCH_UID, weak=False)
     exporter.connect()
+    canvas.patch()

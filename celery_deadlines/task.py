@@ -22,6 +22,7 @@ becomes ``Ignore``: it must not store a result over the current owner's.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
@@ -175,22 +176,13 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         now = get_clock().now()
         given = call.get("headers")
         headers = dict(given) if given else {}
-        parent = propagation.inherited()
-        if self.deadline_kind == "delivery":
-            # a notification lives by the delivery deadline, never by the execution one
-            parent = parent._replace(deadline=parent.delivery)
-        if parent.unreadable is not None:
+        contract = settings.contract_of(self.name)  # read once for every duration below
+        stamp = self.publish_stamp(call, headers, now, settings, contract, task_id)
+        if stamp is None:
             detail = "the parent task's deadline is unreadable"
             self._refuse_enqueue(gates.invalid(gates.Gate.ENQUEUE, now, detail), task_id)
-        contract = settings.contract_of(self.name)  # read once for every duration below
-        own = options.own_deadlines(self, call, headers, now, settings, contract)
-        stamp = stamping.stamp_for(
-            own, parent, now=now, expires=call.get("expires"), task_id=task_id
-        )
         governed = stamp.governed
-        if governed.clamped_from is not None and own.source == "call":
-            propagation.log_clamp(self.name, task_id, governed)
-        starts_at = _start_of(call, now)
+        starts_at = start_of(call, now)
         if governed.deadline is not None:
             decision = gates.admit(
                 gates.Gate.ENQUEUE,
@@ -227,6 +219,37 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
             available_at=starts_at,
             send=send,
         )
+
+    def publish_stamp(
+        self,
+        call: dict[str, Any],
+        headers: dict[str, Any],
+        now: datetime,
+        settings: conf.Settings,
+        contract: Any,
+        task_id: str | None,
+        *,
+        quiet: bool = False,
+    ) -> stamping.Stamp | None:
+        """The deadlines a publish of this task with the call options ``call`` carries
+        (its own, combined with what it inherits), or ``None`` when the parent's deadline
+        is unreadable. Takes this package's options out of ``call``. The one resolution
+        of the governing deadline: the enqueue gate's and the workflow gate's
+        (:mod:`celery_deadlines.canvas`, ``quiet``: no clamp is logged)."""
+        parent = propagation.inherited()
+        if self.deadline_kind == "delivery":
+            # a notification lives by the delivery deadline, never by the execution one
+            parent = parent._replace(deadline=parent.delivery)
+        if parent.unreadable is not None:
+            return None
+        own = options.own_deadlines(self, call, headers, now, settings, contract)
+        stamp = stamping.stamp_for(
+            own, parent, now=now, expires=call.get("expires"), task_id=task_id
+        )
+        governed = stamp.governed
+        if governed.clamped_from is not None and own.source == "call" and not quiet:
+            propagation.log_clamp(self.name, task_id, governed)
+        return stamp
 
     def _refuse_enqueue(self, decision: gates.Decision, task_id: str | None) -> NoReturn:
         decision = self.kind_of(decision)
@@ -451,7 +474,7 @@ def end_after_body(attempt: Attempt, exc: BaseException, *, task: Any = None) ->
         attempt.end(outcome.status, outcome.reason, outcome.detail)
 
 
-def _start_of(call: dict[str, Any], now: datetime) -> datetime | None:
+def start_of(call: Mapping[str, Any], now: datetime) -> datetime | None:
     """When a message may first start: its ``eta`` or ``countdown``, else ``None``."""
     eta = call.get("eta")
     if isinstance(eta, datetime):

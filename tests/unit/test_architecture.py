@@ -49,6 +49,7 @@ PURE = frozenset(
         "plans",
         "schedules",
         "retention",
+        "workflows",
     }
 )
 CELERY = frozenset(
@@ -58,6 +59,7 @@ CELERY = frozenset(
         "options",
         "propagation",
         "task",
+        "canvas",
         "body",
         "effects",
         "request",

@@ -1,0 +1,274 @@
+"""The workflow gate: a chain, group or chord that cannot fit its deadline is refused
+whole, before anything of it is published.
+
+The rule is :func:`celery_deadlines.workflows.fit`; here the canvas becomes a tree of
+steps, each step's durations come from :mod:`celery_deadlines.options` (the task's
+``attempt_timeout`` or ``time_limit``, its ``reserve``, the contracts and settings, as
+the retry and enqueue gates read them; a signature's ``time_limit`` can only shorten the
+attempt, its ``countdown``/``eta`` delays the step), and the governing deadline is the
+one the first step would be published with (:meth:`DeadlineTask.publish_stamp`: the call
+options, a ``deadline_scope``, the running task's deadline, the task's budget).
+
+Where it acts. A group publishes its members one by one and a chord its header's (and,
+with a result backend without native chords, ``chord_unlock`` before them), so no
+single task's ``apply_async`` sees a whole group before part of it is out. The gate is
+therefore a wrapper around ``apply_async`` of Celery's three canvas classes
+(``celery.canvas._chain``, ``group`` and ``_chord``: ``chain`` is a subclass, ``chord``
+the same class), put in place by :func:`patch` (called by :func:`celery_deadlines.install`).
+The wrapper is contained: it checks the canvas, then calls Celery's own method with the
+same arguments; it never changes what Celery publishes or returns. It is idempotent
+(patched once per process) and :func:`unpatch` removes it.
+
+Covered: ``apply_async``, ``delay`` and calling (``chain(...)()``, ``group(...)()``,
+``chord(header)(body)``) of a chain, group or chord, nested in any way, from a web view,
+a script or a task body (``Task.replace`` included), when it holds at least one
+DeadlineTask. Plain tasks in it count as steps of zero (named in the detail), and so do
+tasks the app does not know. A canvas of plain tasks only is not checked.
+
+Not covered, on purpose or by nature:
+
+* a workflow's later hops: a chain is checked once, when it is enqueued; the next step
+  published by the worker (Celery's tracer passes the rest as ``chain=``) is gated by its
+  own enqueue gate as before, and so is a canvas applied with an explicit ``chain=``
+  option;
+* a single task's ``apply_async`` (``link=`` callbacks included): the enqueue gate as
+  before; nothing is added to its path;
+* ``chunks``, ``xmap`` and ``xstarmap``: one plain message each (``celery.chunks``,
+  ``celery.starmap``), checked as a step of zero when inside a canvas;
+* a group whose members would have different deadlines (different budgets, no
+  ``deadline_scope``) is judged against its first member's; give a workflow one deadline
+  with :func:`~celery_deadlines.deadline_scope` or ``apply_async(budget=...)``;
+* an ``eta`` counts as the countdown it is from the enqueue (exact for the first steps,
+  longer than it will be for later ones).
+
+A refusal raises :class:`~celery_deadlines.errors.WorkflowRefused` (reason
+``workflow_cannot_fit``) and sends :data:`~celery_deadlines.signals.deadline_refused`;
+nothing is published and nothing is written to the ledger. ``deadlines_workflow_check``
+(``"refuse"``, ``"warn"``: log the arithmetic and publish, ``"off"``) decides.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+from celery import canvas as celery_canvas
+from celery.canvas import Signature, maybe_signature
+
+from . import conf, options, stamping, workflows
+from .clock import get_clock
+from .conf import settings_for
+from .propagation import inherited
+from .signals import report_refusal
+
+logger = logging.getLogger("celery_deadlines")
+
+#: Options of a canvas that reach its first steps and matter to the rule.
+_LEADING: Final = frozenset({"countdown", "eta", *stamping.CALL_OPTIONS})
+_MARK: Final = "__celery_deadlines_workflow_gate__"
+
+#: Set while a checked canvas publishes: its nested canvases are part of it.
+_inside: ContextVar[bool] = ContextVar("celery_deadlines_workflow", default=False)
+
+
+class _Built:
+    """What building the tree found: its first step and whether any is a DeadlineTask."""
+
+    def __init__(self) -> None:
+        self.first: tuple[Any, dict[str, Any]] | None = None
+        self.any_deadline_task = False
+
+
+def check(canvas: Signature, call: Mapping[str, Any], kwargs: Any = None) -> None:
+    """Refuse (or log) ``canvas`` applied with the options ``call`` when its critical
+    path cannot fit the deadline its first step would get. Raises
+    :class:`~celery_deadlines.errors.WorkflowRefused`; never publishes anything."""
+    app = canvas.app
+    settings = settings_for(app)
+    mode = settings.get(conf.WORKFLOW_CHECK)
+    if mode == "off":
+        return
+    now = get_clock().now()
+    built = _Built()
+    lead = {key: value for key, value in call.items() if key in _LEADING}
+    body = kwargs.get("body") if isinstance(canvas, celery_canvas.chord) and kwargs else None
+    tree = _node(canvas, app, settings, now, lead, built, body=body)
+    if not built.any_deadline_task or built.first is None:
+        return
+    task, given = built.first
+    deadline = _governing(task, given, now, settings)
+    if deadline is None:
+        return
+    decision = workflows.fit(tree, deadline, now)
+    if decision.allowed:
+        return
+    name = getattr(task, "name", None) or "workflow"
+    if mode == "warn":
+        logger.warning(
+            "%s: workflow_cannot_fit (deadline %s, clock read %s): %s; published anyway "
+            "(deadlines_workflow_check = 'warn')",
+            name,
+            deadline.isoformat(),
+            now.isoformat(),
+            decision.detail,
+        )
+        return
+    report_refusal(task, None, name, decision)
+    raise decision.refusal()
+
+
+def _node(
+    sig: Any,
+    app: Any,
+    settings: conf.Settings,
+    now: datetime,
+    lead: dict[str, Any],
+    built: _Built,
+    *,
+    body: Any = None,
+) -> workflows.Node:
+    sig = maybe_signature(sig, app=app)
+    own = {key: value for key, value in (sig.options or {}).items() if key in _LEADING}
+    if isinstance(sig, celery_canvas._chain):
+        outer = {**own, **lead}
+        return workflows.Chain(
+            tuple(
+                _node(inner, app, settings, now, outer if i == 0 else {}, built)
+                for i, inner in enumerate(sig.tasks)
+            )
+        )
+    if isinstance(sig, celery_canvas.group):
+        return _group(sig.tasks, app, settings, now, {**own, **lead}, built)
+    if isinstance(sig, celery_canvas.chord):
+        header = sig.tasks
+        outer = {**own, **lead}
+        if isinstance(header, celery_canvas.group):
+            outer = {**_leading(header.options), **outer}
+            header = header.tasks
+        return workflows.Chord(
+            _group(header, app, settings, now, outer, built),
+            _node(body if body is not None else sig.body, app, settings, now, {}, built),
+        )
+    return _step(sig, app, settings, now, {**own, **lead}, built)
+
+
+def _group(
+    members: Any, app: Any, settings: conf.Settings, now: datetime, lead: dict[str, Any], b: _Built
+) -> workflows.Group:
+    return workflows.Group(tuple(_node(m, app, settings, now, lead, b) for m in members or ()))
+
+
+def _step(
+    sig: Signature,
+    app: Any,
+    settings: conf.Settings,
+    now: datetime,
+    given: dict[str, Any],
+    built: _Built,
+) -> workflows.Step:
+    from .task import DeadlineTask, start_of
+
+    name = str(sig.task)
+    task = app.tasks.get(name)
+    if built.first is None:
+        built.first = (task, given)
+    starts_at = start_of(given, now)
+    countdown = max(starts_at - now, workflows.ZERO) if starts_at is not None else workflows.ZERO
+    if not isinstance(task, DeadlineTask):
+        return workflows.Step(name, None, workflows.ZERO, countdown)
+    built.any_deadline_task = True
+    contract = settings.contract_of(name)
+    timeout: timedelta | None = options.duration(
+        task, "attempt_timeout", settings, contract=contract
+    )
+    limit = _time_limit(sig.options or {})
+    if limit is not None and (not timeout or limit < timeout):
+        timeout = limit
+    reserve = options.duration(task, "reserve", settings, contract=contract)
+    return workflows.Step(name, timeout or None, reserve, countdown)
+
+
+def _time_limit(given: Mapping[str, Any]) -> timedelta | None:
+    """A signature's ``time_limit`` (Celery's call option) as a duration, if it has one."""
+    raw = given.get("time_limit")
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool) and raw > 0:
+        return timedelta(seconds=raw)
+    return None
+
+
+def _leading(given: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {key: value for key, value in (given or {}).items() if key in _LEADING}
+
+
+def _governing(
+    task: Any, given: dict[str, Any], now: datetime, settings: conf.Settings
+) -> datetime | None:
+    """The deadline the first step would be published with (``None``: no deadline, or
+    its parent's is unreadable: the step's own enqueue gate refuses that)."""
+    from .task import DeadlineTask
+
+    call = dict(given)  # publish_stamp takes its options out of the call
+    headers: dict[str, Any] = {}
+    if isinstance(task, DeadlineTask):
+        stamp = task.publish_stamp(
+            call, headers, now, settings, settings.contract_of(task.name), None, quiet=True
+        )
+        return None if stamp is None else stamp.governed.deadline
+    # a plain first step: what the publish hook would stamp on it
+    own = stamping.own_deadlines(call, headers, now, settings.max_budget)
+    parent = inherited()
+    return stamping.stamp_for(own, parent, now=now, expires=None, task_id=None).governed.deadline
+
+
+@contextmanager
+def _publishing() -> Iterator[None]:
+    token = _inside.set(True)
+    try:
+        yield
+    finally:
+        _inside.reset(token)
+
+
+def _gated(original: Callable[..., Any]) -> Callable[..., Any]:
+    def apply_async(self: Signature, *args: Any, **call: Any) -> Any:
+        if _inside.get() or "chain" in call:
+            return original(self, *args, **call)
+        with _publishing():
+            check(self, {**(self.options or {}), **call}, args[1] if len(args) > 1 else None)
+            return original(self, *args, **call)
+
+    apply_async.__name__ = original.__name__
+    apply_async.__qualname__ = original.__qualname__
+    apply_async.__doc__ = original.__doc__
+    apply_async.__wrapped__ = original  # type: ignore[attr-defined]
+    setattr(apply_async, _MARK, True)
+    return apply_async
+
+
+#: The classes whose ``apply_async`` is gated.
+CLASSES: Final = (celery_canvas._chain, celery_canvas.group, celery_canvas.chord)
+
+
+def patch() -> None:
+    """Gate ``apply_async`` of Celery's chain, group and chord (once per process)."""
+    for cls in CLASSES:
+        current = cls.__dict__["apply_async"]
+        if not getattr(current, _MARK, False):
+            cls.apply_async = _gated(current)  # type: ignore[method-assign]
+
+
+def unpatch() -> None:
+    """Give Celery's canvas classes their own ``apply_async`` back."""
+    for cls in CLASSES:
+        current = cls.__dict__["apply_async"]
+        if getattr(current, _MARK, False):
+            cls.apply_async = current.__wrapped__  # type: ignore[method-assign]
+
+
+def patched() -> bool:
+    """Is the workflow gate in place?"""
+    return all(getattr(cls.__dict__["apply_async"], _MARK, False) for cls in CLASSES)
