@@ -32,13 +32,13 @@ def test_a_workflow_that_cannot_fit_publishes_nothing_and_one_that_fits_runs(
     from tests.support.workerapp import collect, probe
 
     def step(label: str, timeout: float) -> Any:
-        return probe.si(label).set(time_limit=timeout)
+        return probe.signature((label,), immutable=True, time_limit=timeout)
 
     # no worker yet: whatever were published would still be waiting in the queue
     too_long = [
         chain(step("a", 20), step("b", 20)),
         group(step("a", 20), step("b", 20) | step("c", 20)),
-        chord([step("a", 20), step("b", 5)], collect.s().set(time_limit=20)),
+        chord([step("a", 20), step("b", 5)], collect.signature(time_limit=20)),
     ]
     for workflow in too_long:
         with pytest.raises(WorkflowRefused) as refused:
@@ -48,7 +48,7 @@ def test_a_workflow_that_cannot_fit_publishes_nothing_and_one_that_fits_runs(
     assert waiting_in(queue) == 0
 
     start_worker(redis)
-    result = chain(step("a", 5), step("b", 5), step("c", 5)).apply_async(budget=30)
+    result: Any = chain(step("a", 5), step("b", 5), step("c", 5)).apply_async(budget=30)
     last = result.get(timeout=30)
     first = result.parent.parent.get(timeout=5)
     assert [first["label"], last["label"]] == ["a", "c"]
