@@ -132,6 +132,8 @@ def _node(
     body: Any = None,
 ) -> workflows.Node:
     sig = maybe_signature(sig, app=app)
+    if not isinstance(sig, Signature):
+        return workflows.Group(())  # nothing Celery could publish either: it will say so
     own = {key: value for key, value in (sig.options or {}).items() if key in _LEADING}
     if isinstance(sig, celery_canvas._chain):
         outer = {**own, **lead}
@@ -238,7 +240,8 @@ def _gated(original: Callable[..., Any]) -> Callable[..., Any]:
         if _inside.get() or "chain" in call:
             return original(self, *args, **call)
         with _publishing():
-            check(self, {**(self.options or {}), **call}, args[1] if len(args) > 1 else None)
+            kwargs = args[1] if len(args) > 1 else call.get("kwargs")
+            check(self, {**(self.options or {}), **call}, kwargs)
             return original(self, *args, **call)
 
     apply_async.__name__ = original.__name__

@@ -215,6 +215,30 @@ def test_a_canvas_published_from_a_task_is_governed_by_that_tasks_deadline(
     assert published == []
 
 
+def test_an_eager_workflow_is_checked_before_anything_runs(
+    app: Celery, tasks: dict[str, Any]
+) -> None:
+    app.conf.task_always_eager = True
+    ran: list[str] = []
+
+    @app.task(base=DeadlineTask, name="wf.record", shared=False, attempt_timeout=20)
+    def record(*args: Any) -> None:
+        ran.append("record")
+
+    refused(lambda: group(record.s(), record.s() | record.s()).apply_async(budget=30))
+    assert ran == []
+    group(record.s(), record.s()).apply_async(budget=30)
+    assert ran == ["record", "record"]
+
+
+def test_a_chord_given_its_body_by_keyword_is_checked_with_that_body(
+    tasks: dict[str, Any], published: list[dict[str, Any]]
+) -> None:
+    a, c = tasks["a"], tasks["c"]
+    refused(lambda: chord([a.s(), a.s()]).apply_async(kwargs={"body": c.s() | c.s()}))
+    assert published == []
+
+
 def test_warn_only_logs_the_arithmetic_and_publishes(
     app: Celery,
     tasks: dict[str, Any],
