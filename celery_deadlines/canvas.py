@@ -68,7 +68,7 @@ from .signals import report_refusal
 logger = logging.getLogger("celery_deadlines")
 
 #: Options of a canvas that reach its first steps and matter to the rule.
-_LEADING: Final = frozenset({"countdown", "eta", *stamping.CALL_OPTIONS})
+_LEADING: Final = frozenset({"countdown", "eta", "headers", *stamping.CALL_OPTIONS})
 _MARK: Final = "__celery_deadlines_workflow_gate__"
 
 #: Set while a checked canvas publishes: its nested canvases are part of it.
@@ -214,13 +214,11 @@ def _governing(
     from .task import DeadlineTask
 
     call = dict(given)  # publish_stamp takes its options out of the call
-    headers: dict[str, Any] = {}
     if isinstance(task, DeadlineTask):
-        stamp = task.publish_stamp(
-            call, headers, now, settings, settings.contract_of(task.name), None, quiet=True
-        )
+        stamp = task.publish_stamp(call, now, settings)
         return None if stamp is None else stamp.governed.deadline
     # a plain first step: what the publish hook would stamp on it
+    headers = dict(call.get("headers") or {})
     own = stamping.own_deadlines(call, headers, now, settings.max_budget)
     parent = inherited()
     return stamping.stamp_for(own, parent, now=now, expires=None, task_id=None).governed.deadline

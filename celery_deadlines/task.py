@@ -176,12 +176,24 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         now = get_clock().now()
         given = call.get("headers")
         headers = dict(given) if given else {}
-        contract = settings.contract_of(self.name)  # read once for every duration below
-        stamp = self.publish_stamp(call, headers, now, settings, contract, task_id)
-        if stamp is None:
+        # inline on purpose (a call costs ~1.5 % of this path's instructions,
+        # bench/publish_instructions.py): the same steps as publish_stamp(), which the
+        # workflow gate uses; tests/unit/test_canvas.py holds the two equal
+        parent = propagation.inherited()
+        if self.deadline_kind == "delivery":
+            # a notification lives by the delivery deadline, never by the execution one
+            parent = parent._replace(deadline=parent.delivery)
+        if parent.unreadable is not None:
             detail = "the parent task's deadline is unreadable"
             self._refuse_enqueue(gates.invalid(gates.Gate.ENQUEUE, now, detail), task_id)
+        contract = settings.contract_of(self.name)  # read once for every duration below
+        own = options.own_deadlines(self, call, headers, now, settings, contract)
+        stamp = stamping.stamp_for(
+            own, parent, now=now, expires=call.get("expires"), task_id=task_id
+        )
         governed = stamp.governed
+        if governed.clamped_from is not None and own.source == "call":
+            propagation.log_clamp(self.name, task_id, governed)
         starts_at = start_of(call, now)
         if governed.deadline is not None:
             decision = gates.admit(
@@ -221,35 +233,24 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         )
 
     def publish_stamp(
-        self,
-        call: dict[str, Any],
-        headers: dict[str, Any],
-        now: datetime,
-        settings: conf.Settings,
-        contract: Any,
-        task_id: str | None,
-        *,
-        quiet: bool = False,
+        self, call: dict[str, Any], now: datetime, settings: conf.Settings
     ) -> stamping.Stamp | None:
-        """The deadlines a publish of this task with the call options ``call`` carries
-        (its own, combined with what it inherits), or ``None`` when the parent's deadline
-        is unreadable. Takes this package's options out of ``call``. The one resolution
-        of the governing deadline: the enqueue gate's and the workflow gate's
-        (:mod:`celery_deadlines.canvas`, ``quiet``: no clamp is logged)."""
+        """The deadlines a publish of this task with the call options ``call`` would
+        carry (its own, combined with what it inherits), or ``None`` when the parent's
+        deadline is unreadable (``apply_async`` refuses that). Takes this package's
+        options out of ``call``; logs nothing. The workflow gate's governing deadline
+        (:mod:`celery_deadlines.canvas`): the same steps as ``apply_async``, which keeps
+        them inline (tests/unit/test_canvas.py holds the two equal)."""
         parent = propagation.inherited()
         if self.deadline_kind == "delivery":
-            # a notification lives by the delivery deadline, never by the execution one
             parent = parent._replace(deadline=parent.delivery)
         if parent.unreadable is not None:
             return None
+        given = call.get("headers")
+        headers = dict(given) if given else {}
+        contract = settings.contract_of(self.name)
         own = options.own_deadlines(self, call, headers, now, settings, contract)
-        stamp = stamping.stamp_for(
-            own, parent, now=now, expires=call.get("expires"), task_id=task_id
-        )
-        governed = stamp.governed
-        if governed.clamped_from is not None and own.source == "call" and not quiet:
-            propagation.log_clamp(self.name, task_id, governed)
-        return stamp
+        return stamping.stamp_for(own, parent, now=now, expires=call.get("expires"), task_id=None)
 
     def _refuse_enqueue(self, decision: gates.Decision, task_id: str | None) -> NoReturn:
         decision = self.kind_of(decision)

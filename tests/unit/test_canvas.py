@@ -52,6 +52,9 @@ def tasks(app: Celery, clock: FakeClock) -> dict[str, Any]:
     }
 
 
+HOUR = timedelta(hours=1)
+
+
 def refused(run: Any) -> WorkflowRefused:
     with pytest.raises(WorkflowRefused) as caught:
         run()
@@ -296,3 +299,55 @@ def test_the_gate_is_in_place_once_and_can_be_removed(tasks: dict[str, Any]) -> 
     finally:
         gate.patch()
     assert gate.patched()
+
+
+@pytest.mark.parametrize(
+    ("options", "call", "scope", "parent"),
+    [
+        ({"budget": 30}, {}, None, None),
+        ({}, {"budget": 12}, None, None),
+        ({"budget": 30}, {"budget": 50}, 20, None),
+        ({}, {}, None, 18),
+        ({"budget": 5}, {}, None, 18),
+        ({"deadline_kind": "delivery", "budget": 30}, {}, None, 18),
+        ({}, {"delivery_budget": 40}, 25, None),
+        ({}, {}, None, None),
+    ],
+)
+def test_the_workflow_gates_deadline_is_the_one_apply_async_stamps(
+    app: Celery,
+    clock: FakeClock,
+    published: list[dict[str, Any]],
+    options: dict[str, Any],
+    call: dict[str, Any],
+    scope: float | None,
+    parent: float | None,
+) -> None:
+    # publish_stamp repeats apply_async's inline steps (kept inline for speed): held equal
+    from contextlib import nullcontext
+
+    from celery_deadlines import DELIVERY_DEADLINE_HEADER
+    from celery_deadlines.conf import settings_for
+
+    task = make(app, "wf.same", **options)
+    parent_task = make(app, "wf.parent")
+    if parent is not None:
+        at = clock.now() + timedelta(seconds=parent)
+        carried = {DEADLINE_HEADER: encode(at), DELIVERY_DEADLINE_HEADER: encode(at + HOUR)}
+        start_attempt(parent_task, carried)
+        _task_stack.push(parent_task)
+    try:
+        with deadline_scope(budget=scope) if scope is not None else nullcontext():
+            stamp = task.publish_stamp(dict(call), clock.now(), settings_for(app))
+            task.apply_async(**call)
+    finally:
+        if parent is not None:
+            _task_stack.pop()
+            parent_task.pop_request()
+    headers = published[-1]
+    assert stamp is not None
+    deadline = stamp.governed.deadline
+    assert headers.get(DEADLINE_HEADER) == (encode(deadline) if deadline else None)
+    assert headers.get(SOURCE_HEADER) == (stamp.governed.source if deadline else None)
+    delivery = stamp.delivery
+    assert headers.get(DELIVERY_DEADLINE_HEADER) == (encode(delivery) if delivery else None)
