@@ -38,6 +38,8 @@ def test_the_demo_settings_pass_the_checks() -> None:
             "lease_ttl (90 s) is longer than its budget (60 s)",
         ),
         ("CELERY_DEADLINES_CONTRACTS", {"shop.x": {"timeout": 5}}, "unknown key(s) timeout"),
+        ("CELERY_DEADLINES_WORKFLOW_CHECK", "strict", "one of 'refuse', 'warn', 'off'"),
+        ("CELERY_DEADLINES_WORKFLOW_CHECK", True, "one of 'refuse', 'warn', 'off'"),
     ],
 )
 def test_a_bad_value_is_an_error_that_names_the_setting(
