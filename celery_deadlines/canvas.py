@@ -27,10 +27,11 @@ tasks the app does not know. A canvas of plain tasks only is not checked.
 
 Not covered, on purpose or by nature:
 
-* a workflow's later hops: a chain is checked once, when it is enqueued; the next step
-  published by the worker (Celery's tracer passes the rest as ``chain=``) is gated by its
-  own enqueue gate as before, and so is a canvas applied with an explicit ``chain=``
-  option;
+* a workflow's later hops: a workflow is checked once, when it is enqueued; what a
+  worker publishes next (the rest of a chain, which Celery's tracer passes as
+  ``chain=``; a chord's body, published by the header task that completes the chord or
+  by ``celery.chord_unlock``) passes each step's own enqueue gate as before, and so does
+  a canvas applied with an explicit ``chain=`` option;
 * a single task's ``apply_async`` (``link=`` callbacks included): the enqueue gate as
   before; nothing is added to its path;
 * ``chunks``, ``xmap`` and ``xstarmap``: one plain message each (``celery.chunks``,
@@ -57,6 +58,7 @@ from datetime import datetime, timedelta
 from typing import Any, Final
 
 from celery import canvas as celery_canvas
+from celery._state import get_current_task
 from celery.canvas import Signature, maybe_signature
 
 from . import conf, options, stamping, workflows
@@ -233,9 +235,28 @@ def _publishing() -> Iterator[None]:
         _inside.reset(token)
 
 
+def _later_hop(canvas: Signature, call: Mapping[str, Any]) -> bool:
+    """Is ``canvas`` the next part of a workflow already under way, published by a
+    worker? The rest of a chain (Celery's tracer passes it as ``chain=``), a chord's body
+    (published by the header task that completed the chord, whose request names it as
+    its ``chord``, or by ``celery.chord_unlock``). Checked once, at the enqueue."""
+    if "chain" in call:
+        return True
+    task = get_current_task()
+    if task is None:
+        return False
+    if task.name == "celery.chord_unlock":
+        return True
+    body = getattr(task.request, "chord", None)
+    if not isinstance(body, Mapping):
+        return False
+    own = canvas.options.get("task_id") if canvas.options else None
+    return own is not None and own == (body.get("options") or {}).get("task_id")
+
+
 def _gated(original: Callable[..., Any]) -> Callable[..., Any]:
     def apply_async(self: Signature, *args: Any, **call: Any) -> Any:
-        if _inside.get() or "chain" in call:
+        if _inside.get() or _later_hop(self, call):
             return original(self, *args, **call)
         with _publishing():
             kwargs = args[1] if len(args) > 1 else call.get("kwargs")

@@ -287,6 +287,28 @@ def test_a_chains_later_hops_are_left_to_each_steps_enqueue_gate(
     assert [headers["task"] for headers in published] == ["wf.b"]
 
 
+def test_a_chords_body_published_by_the_header_task_that_completes_it_is_not_checked_again(
+    tasks: dict[str, Any], clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    # the body was checked with its chord at the enqueue; in the worker, the last header
+    # task publishes it (Celery's backend: callback.delay()) with less time left
+    a, b, c = tasks["a"], tasks["b"], tasks["c"]
+    body = b.s() | c.s()
+    body.freeze()
+    header_task = tasks["bare"]
+    headers = {DEADLINE_HEADER: encode(clock.now() + timedelta(seconds=20)), SOURCE_HEADER: "call"}
+    start_attempt(header_task, headers)
+    header_task.request.chord = dict(body)
+    _task_stack.push(header_task)
+    try:
+        body.clone().delay()  # what the backend rebuilds from request.chord
+        assert [headers["task"] for headers in published] == ["wf.b"]
+        refused(lambda: (a.s() | c.s() | c.s()).delay())  # a new workflow is checked
+    finally:
+        _task_stack.pop()
+        header_task.pop_request()
+
+
 def test_the_gate_is_in_place_once_and_can_be_removed(tasks: dict[str, Any]) -> None:
     assert gate.patched()
     wrapped = group.apply_async
