@@ -53,4 +53,9 @@ def test_a_workflow_that_cannot_fit_publishes_nothing_and_one_that_fits_runs(
     first = result.parent.parent.get(timeout=5)
     assert [first["label"], last["label"]] == ["a", "c"]
     assert last["deadline"] == first["deadline"]  # one deadline for the whole chain
+    # a chord whose body is a chain: the header task that completes it publishes the body
+    # (a later hop of the workflow, checked at the enqueue only)
+    body = chain(collect.signature(time_limit=5), step("after", 5))
+    finished = chord([step("x", 5), step("y", 5)], body).apply_async(budget=30)
+    assert finished.get(timeout=30)["label"] == "after"
     assert waiting_in(queue) == 0
