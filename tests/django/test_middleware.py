@@ -15,7 +15,7 @@ from django.core import checks
 from django.test import AsyncClient, Client, override_settings
 
 from celery_deadlines import DEADLINE_HEADER, DeadlineRefused
-from celery_deadlines.checks import check_settings
+from celery_deadlines.checks import check_ingress, check_settings
 from celery_deadlines.errors import InvalidDeadline
 from celery_deadlines.middleware import deadline_budget
 from celery_deadlines.testing import FakeClock
@@ -205,3 +205,21 @@ def test_a_bad_request_setting_is_a_check_error_naming_it(
     assert isinstance(found[0], checks.Error)
     assert name in found[0].msg
     assert complaint in found[0].msg
+
+
+def test_the_test_settings_pass_the_request_checks() -> None:
+    assert check_ingress(None) == []
+
+
+def test_request_settings_without_the_middleware_are_a_warning() -> None:
+    with override_settings(MIDDLEWARE=[]):
+        found = check_ingress(None)
+    assert [message.id for message in found] == ["celery_deadlines.W004"]
+    assert "CELERY_DEADLINES_REQUEST_BUDGETS, CELERY_DEADLINES_REQUEST_HEADERS" in found[0].msg
+
+
+def test_deadline_headers_without_a_trusted_proxy_are_a_warning() -> None:
+    with override_settings(CELERY_DEADLINES_TRUSTED_PROXIES=[]):
+        found = check_ingress(None)
+    assert [message.id for message in found] == ["celery_deadlines.W005"]
+    assert "grpc-timeout, x-request-timeout-ms, x-request-deadline" in found[0].msg
