@@ -44,12 +44,12 @@ def published(label: str) -> JsonResponse:
     )
 
 
-@deadline_budget(8)
+@deadline_budget(60)
 def budgeted(request: HttpRequest) -> JsonResponse:
     return published("budgeted")
 
 
-@deadline_budget(8)
+@deadline_budget(60)
 async def budgeted_async(request: HttpRequest) -> JsonResponse:
     return published("async")
 
@@ -74,7 +74,7 @@ def unbudgeted(request: HttpRequest) -> JsonResponse:
     return published("unbudgeted")
 
 
-@deadline_budget(8)
+@deadline_budget(60)
 def broken(request: HttpRequest) -> JsonResponse:
     raise RuntimeError("the view failed")
 
