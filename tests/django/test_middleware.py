@@ -10,7 +10,6 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from celery.signals import after_task_publish
 from django.core import checks
 from django.test import AsyncClient, Client, override_settings
 
@@ -41,18 +40,6 @@ def ingress_settings() -> Iterator[None]:
         CELERY_DEADLINES_REQUEST_BUDGETS={"ingress:named": 6, "/api/*": 12},
     ):
         yield
-
-
-@pytest.fixture
-def published() -> Iterator[list[dict[str, Any]]]:
-    seen: list[dict[str, Any]] = []
-
-    def record(headers: dict[str, Any] | None = None, **_: Any) -> None:
-        seen.append(dict(headers or {}))
-
-    after_task_publish.connect(record, weak=False)
-    yield seen
-    after_task_publish.disconnect(record)
 
 
 def get(path: str, *, remote: str = "127.0.0.1", **headers: str) -> Any:
