@@ -118,7 +118,7 @@ class DeadlineMiddleware:
         get_response: Callable[[HttpRequest], HttpResponseBase]
         | Callable[[HttpRequest], Awaitable[HttpResponseBase]],
     ) -> None:
-        self.get_response = get_response
+        self.get_response: Callable[[HttpRequest], Any] = get_response
         self.is_async = iscoroutinefunction(get_response)
         if self.is_async:
             markcoroutinefunction(self)
@@ -127,15 +127,11 @@ class DeadlineMiddleware:
         if self.is_async:
             return self.__acall__(request)
         with self._scope(request) as decision:
-            response = self.get_response(request)
-            assert isinstance(response, HttpResponseBase)
-            return self._finish(response, decision)
+            return self._finish(self.get_response(request), decision)
 
     async def __acall__(self, request: HttpRequest) -> HttpResponseBase:
         with self._scope(request) as decision:
-            response = await self.get_response(request)  # type: ignore[misc]
-            assert isinstance(response, HttpResponseBase)
-            return self._finish(response, decision)
+            return self._finish(await self.get_response(request), decision)
 
     def _scope(self, request: HttpRequest) -> AbstractContextManager[Decision]:
         budget, source = view_budget(request)

@@ -11,12 +11,14 @@ from typing import Any
 
 import pytest
 from django.core import checks
+from django.http import HttpResponse
 from django.test import AsyncClient, Client, override_settings
 
 from celery_deadlines import DEADLINE_HEADER, DeadlineRefused
 from celery_deadlines.checks import check_ingress, check_settings
 from celery_deadlines.errors import InvalidDeadline
-from celery_deadlines.middleware import deadline_budget
+from celery_deadlines.incoming import Decision
+from celery_deadlines.middleware import DeadlineMiddleware, deadline_budget
 from celery_deadlines.testing import FakeClock
 
 UNTRUSTED = "203.0.113.9"
@@ -149,6 +151,13 @@ def test_the_response_says_how_much_budget_was_left_only_when_asked(
         assert call("/budgeted/")["X-Deadline-Remaining-Ms"] == "60000"
         assert call("/budgeted/", **{"grpc-timeout": "250m"})["X-Deadline-Remaining-Ms"] == "250"
         assert "X-Deadline-Remaining-Ms" not in call("/unbudgeted/")
+
+
+def test_a_response_ready_after_the_deadline_says_no_time_was_left(clock: FakeClock) -> None:
+    middleware = DeadlineMiddleware(lambda request: HttpResponse())
+    past = Decision(clock.now() - timedelta(seconds=2), "view")
+    with override_settings(CELERY_DEADLINES_REMAINING_HEADER="X-Deadline-Remaining-Ms"):
+        assert middleware._finish(HttpResponse(), past)["X-Deadline-Remaining-Ms"] == "0"
 
 
 def test_a_deadline_already_spent_upstream_refuses_the_views_publish() -> None:
