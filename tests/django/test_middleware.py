@@ -83,6 +83,23 @@ def test_a_task_published_from_a_view_inherits_the_requests_deadline(
     assert deadline == (clock.now() + timedelta(seconds=budget)).timestamp()
 
 
+@pytest.mark.parametrize(
+    "middleware",
+    [
+        ["celery_deadlines.middleware.DeadlineMiddleware", "tests.support.ingress_urls.sync_only"],
+        ["tests.support.ingress_urls.sync_only", "celery_deadlines.middleware.DeadlineMiddleware"],
+    ],
+    ids=["before", "after"],
+)
+@pytest.mark.parametrize("path", ["/budgeted/", "/async/"])
+def test_a_sync_only_middleware_beside_it_under_asgi_changes_nothing(
+    middleware: list[str], path: str, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    with override_settings(MIDDLEWARE=middleware):
+        deadline = answered(get_async(path, **{"grpc-timeout": "2S"}), published)
+    assert deadline == (clock.now() + timedelta(seconds=2)).timestamp()
+
+
 @pytest.mark.parametrize("call", [get, get_async], ids=["wsgi", "asgi"])
 @pytest.mark.parametrize(
     ("header", "value"),

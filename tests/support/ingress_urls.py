@@ -9,6 +9,7 @@ app, so that importing this module changes nothing for other tests.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
@@ -34,6 +35,16 @@ app.conf.update(
 @app.task(base=DeadlineTask, bind=True, name="t.probe", shared=False)
 def probe(self: DeadlineTask, label: str = "") -> None:
     """Stands for tests.support.workerapp's t.probe, which the workers run."""
+
+
+def sync_only(get_response: Callable[[HttpRequest], Any]) -> Callable[[HttpRequest], Any]:
+    """A middleware that can only run synchronously: under ASGI, Django runs it in a
+    thread, and what comes after it through async_to_sync."""
+
+    def middleware(request: HttpRequest) -> Any:
+        return get_response(request)
+
+    return middleware
 
 
 def published(label: str) -> JsonResponse:
