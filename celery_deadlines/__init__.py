@@ -8,15 +8,17 @@ The package in four tiers; each may import only the tiers above it in this list,
 (durations, the precedence rule, the attempt's anchor), ``gates`` (every gate's rule),
 ``stamping`` (what a message carries), ``outcomes`` (how a run ends or moves), ``skew``,
 ``contracts``, ``observations``, ``plans``, ``schedules``, ``retention`` (how long
-ended runs stay), ``workflows`` (does a chain, group or chord fit its deadline).
+ended runs stay), ``incoming`` (a request's deadline headers and trust),
+``workflows`` (does a chain, group or chord fit its deadline).
 
 **The Celery tier** (reads the time only through ``clock``; the ledger only through
 ``ledger.api`` and ``ledger.operations``, inside functions): ``clock``, ``conf``,
 ``options`` (a task's durations), ``propagation`` (inheritance, scopes, the publish hook),
-``task`` (DeadlineTask: Celery's hooks), ``canvas`` (the workflow gate), ``body`` (what a
-task body calls), ``claiming``, ``recording``, ``effects``, ``request`` (the worker's
-main process), ``signals``, ``beat``, ``metrics``, ``exporter`` (a worker serves the
-metrics), ``testing``.
+``ingress`` (a request's deadline: ``ingress_scope``), ``task`` (DeadlineTask: Celery's
+hooks), ``canvas`` (the workflow gate), ``body`` (what a task body calls),
+``claiming``, ``recording``, ``effects``, ``request`` (the worker's main process),
+``signals``, ``beat``, ``metrics``, ``exporter`` (a worker serves the metrics),
+``testing``.
 
 **The ledger** (``ledger/``: Django's database, by raw conditional statements on the
 database clock; never reaches back into the Celery tier's task side): ``api`` (the entry
@@ -26,7 +28,7 @@ reconciler, the admin and beat), ``attempt``, ``heartbeat``, ``outbox``, ``recon
 audience).
 
 **The Django app** (Django's own names): ``apps``, ``models``, ``admin``, ``checks``,
-``explain``, ``management``, ``migrations``.
+``explain``, ``management``, ``migrations``, ``middleware`` (a request's deadline).
 
 See DEVELOPERS.md for the map, and docs/concepts.md for what each feature is.
 """
@@ -45,6 +47,7 @@ from .errors import (
     WorkflowRefused,
 )
 from .gates import Gate, Reason
+from .ingress import ingress_scope
 from .install import install
 from .plans import Assumption, Plan
 from .propagation import deadline_scope
@@ -95,6 +98,7 @@ __all__ = [
     "deadline_refused",
     "deadline_scope",
     "dispatch_refused",
+    "ingress_scope",
     "install",
     "plan_resumed",
     "run_claimed",

@@ -21,7 +21,18 @@ from django.apps import AppConfig
 from django.conf import settings as django_settings
 from django.core import checks
 
-from .conf import CONTRACTS, MAX_BUDGET, RETENTION, SETTINGS, Settings
+from .conf import (
+    CONTRACTS,
+    MAX_BUDGET,
+    REMAINING_HEADER,
+    REQUEST_BUDGET,
+    REQUEST_BUDGETS,
+    REQUEST_HEADERS,
+    RETENTION,
+    SETTINGS,
+    TRUSTED_PROXIES,
+    Settings,
+)
 from .contracts import review
 from .errors import ConfigurationError
 from .retention import describe_age
@@ -202,6 +213,52 @@ def check_retention(
             id="celery_deadlines.W003",
         )
     ]
+
+
+MIDDLEWARE = "celery_deadlines.middleware.DeadlineMiddleware"
+INGRESS_HOWTO = ("How-tos", "Start the deadline at the HTTP request")
+
+
+@checks.register()
+def check_ingress(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """W004: request settings are set but DeadlineMiddleware is not in MIDDLEWARE.
+    W005: deadline headers are named but no proxy is trusted (none will ever count)."""
+    settings = from_django()
+    try:
+        budgets, headers = settings.get(REQUEST_BUDGETS), settings.get(REQUEST_HEADERS)
+        said = {
+            REQUEST_BUDGET.django_name: settings.get(REQUEST_BUDGET) is not None,
+            REQUEST_BUDGETS.django_name: bool(budgets.by_name or budgets.by_pattern),
+            REQUEST_HEADERS.django_name: bool(headers),
+            REMAINING_HEADER.django_name: settings.get(REMAINING_HEADER) is not None,
+        }
+        proxies = settings.get(TRUSTED_PROXIES)
+    except ConfigurationError:
+        return []  # reported by check_settings
+    used = [name for name, set_ in said.items() if set_]
+    messages: list[checks.CheckMessage] = []
+    if used and MIDDLEWARE not in getattr(django_settings, "MIDDLEWARE", ()):
+        names = ", ".join(used)
+        messages.append(
+            checks.Warning(
+                f"{names} set, but {MIDDLEWARE} is not in MIDDLEWARE: no request gets a deadline.",
+                hint=f"Add {MIDDLEWARE} to MIDDLEWARE. " + docs(*INGRESS_HOWTO),
+                id="celery_deadlines.W004",
+            )
+        )
+    if headers and not proxies:
+        messages.append(
+            checks.Warning(
+                f"{PREFIX}REQUEST_HEADERS names {', '.join(headers)}, but "
+                f"{PREFIX}TRUSTED_PROXIES is empty: no request's header will ever be read.",
+                hint="List the addresses or networks of the proxies that send them. "
+                + docs(SETTINGS_REFERENCE, f"{PREFIX}TRUSTED_PROXIES"),
+                id="celery_deadlines.W005",
+            )
+        )
+    return messages
 
 
 @checks.register(checks.Tags.database)

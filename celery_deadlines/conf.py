@@ -18,6 +18,15 @@ from typing import Any, Final, Generic, TypeVar
 from .budgets import parse_budget, parse_duration
 from .contracts import TimeContract, parse_contracts
 from .errors import ConfigurationError, InvalidDeadline
+from .incoming import (
+    Network,
+    RequestBudgets,
+    Syntax,
+    parse_header_name,
+    parse_honoured,
+    parse_networks,
+    parse_request_budgets,
+)
 from .retention import DEFAULT_RETENTION, parse_retention
 
 T = TypeVar("T")
@@ -186,6 +195,58 @@ METRICS_PORT: Final = Setting(
 )
 
 
+# -- the incoming request (ingress_scope, the Django middleware) -----------------------------
+def _request_budgets(value: object, name: str, settings: Settings) -> RequestBudgets:
+    return parse_request_budgets(value, name=name, maximum=settings.budget_bound())
+
+
+def _honoured(value: object, name: str, settings: Settings) -> dict[str, Syntax]:
+    return parse_honoured(value, name=name)
+
+
+def _networks(value: object, name: str, settings: Settings) -> tuple[Network, ...]:
+    return parse_networks(value, name=name)
+
+
+def _optional_header(value: object, name: str, settings: Settings) -> str | None:
+    return None if value is None else parse_header_name(value, name=name)
+
+
+REQUEST_BUDGET: Final = Setting(
+    "deadlines_request_budget",
+    None,
+    _optional_budget,
+    "Budget of a request whose view names none (middleware); None: such a request "
+    "opens no deadline scope.",
+)
+REQUEST_BUDGETS: Final = Setting(
+    "deadlines_request_budgets",
+    {},
+    _request_budgets,
+    "Request budgets, {URL name or '/path/pattern*': seconds | timedelta | None}.",
+)
+REQUEST_HEADERS: Final = Setting(
+    "deadlines_request_headers",
+    {},
+    _honoured,
+    "Incoming headers that may shorten a request's budget, {header name: 'grpc-timeout' "
+    "| 'milliseconds' | 'rfc3339'}; read only from deadlines_trusted_proxies.",
+)
+TRUSTED_PROXIES: Final = Setting(
+    "deadlines_trusted_proxies",
+    (),
+    _networks,
+    "Addresses and networks (CIDR) whose deadline headers are honoured (the peer's "
+    "address, REMOTE_ADDR); empty: none.",
+)
+REMAINING_HEADER: Final = Setting(
+    "deadlines_remaining_header",
+    None,
+    _optional_header,
+    "Response header that says how many milliseconds the request had left; None: not sent.",
+)
+
+
 # -- the run ledger (Django tier) ------------------------------------------------------------
 def _flag(value: object, name: str, settings: Settings) -> bool:
     if not isinstance(value, bool):
@@ -262,6 +323,11 @@ SETTINGS: Final[tuple[Setting[Any], ...]] = (
     MAX_BUDGET,
     WORKFLOW_CHECK,
     METRICS_PORT,
+    REQUEST_BUDGET,
+    REQUEST_BUDGETS,
+    REQUEST_HEADERS,
+    TRUSTED_PROXIES,
+    REMAINING_HEADER,
     LEDGER,
     LEASE_TTL,
     RECONCILE_INTERVAL,
@@ -381,6 +447,14 @@ def reload_all() -> None:
     """Forget the cached settings of every app (Django's ``setting_changed`` calls this)."""
     for settings in list(_all):
         settings.reload()
+
+
+def tracked(conf: Mapping[str, Any]) -> Settings:
+    """A :class:`Settings` reading ``conf`` (any mapping), reloaded by :func:`reload_all`
+    like every app's (the Django middleware reads Django's settings through one)."""
+    settings = Settings(conf)
+    _all.add(settings)
+    return settings
 
 
 def settings_for(app: Any) -> Settings:

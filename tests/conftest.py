@@ -1,12 +1,15 @@
-"""Shared fixtures: a fake clock, a clean environment, and "skip locally, fail in CI"."""
+"""Shared fixtures: a fake clock, a clean environment, "skip locally, fail in CI", and
+the headers of every message a test published."""
 
 from __future__ import annotations
 
 import os
 import random
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from celery.signals import after_task_publish
 from hypothesis import settings
 
 from celery_deadlines.testing import FakeClock, use_clock
@@ -47,3 +50,16 @@ def service_unavailable(what: str) -> None:
     if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
         pytest.fail(f"{message} (CI=true: services are required)", pytrace=False)
     pytest.skip(message)
+
+
+@pytest.fixture
+def published() -> Iterator[list[dict[str, Any]]]:
+    """Headers of every message published during the test."""
+    seen: list[dict[str, Any]] = []
+
+    def record(headers: dict[str, Any] | None = None, **_: Any) -> None:
+        seen.append(dict(headers or {}))
+
+    after_task_publish.connect(record, weak=False)
+    yield seen
+    after_task_publish.disconnect(record)

@@ -6,13 +6,21 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from ..explain import utc
 from ..states import STATUS_LABELS, TERMINAL, Status
 
-__all__ = ["badge", "describe_time_left", "human", "message_parts", "short_id", "utc"]
+__all__ = [
+    "badge",
+    "describe_time_left",
+    "dotted",
+    "human",
+    "message_parts",
+    "short_id",
+    "utc",
+]
 
 #: A status's badge colour (background): waiting grey, working blue, attention amber
 #: or red, done green.
@@ -40,8 +48,10 @@ STYLE = SafeString(
     ".cdl-effects td:last-child{white-space:nowrap}"
     ".cdl-mono{font-family:monospace;white-space:nowrap}"
     "#result_list thead th,#result_list thead th *{white-space:normal}"
-    "#result_list td.field-task_name,#result_list td.field-owner,#result_list td.field-reason"
-    "{max-width:14em;overflow-wrap:anywhere}#result_list td.field-created_and_time_left"
+    "#result_list td.field-owner,#result_list td.field-reason"
+    "{max-width:14em;overflow-wrap:anywhere}"
+    "#result_list td.field-task{max-width:14em;overflow-wrap:break-word}"
+    "#result_list td.field-created_and_time_left"
     "{white-space:nowrap}"
     "details.cdl>summary{cursor:pointer;font-weight:bold;padding:6px 0}</style>"
 )
@@ -59,6 +69,13 @@ def badge(status: str) -> SafeString:
         STATUS_LABELS[known],
         status,
     )
+
+
+def dotted(name: str) -> SafeString:
+    """A dotted name (``shop.tasks.send_confirmation``) that wraps after its dots, not
+    inside a word: a word-break opportunity after each dot."""
+    parts = name.split(".")
+    return format_html_join(SafeString(".<wbr>"), "{}", ((part,) for part in parts))
 
 
 def short_id(task_id: str, length: int = 8) -> str:

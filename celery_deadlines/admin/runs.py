@@ -25,7 +25,16 @@ from ..ledger import operations
 from ..ledger.sql.connection import Store
 from ..models import EffectState, Run, Status
 from .base import ReadOnlyAdmin, operator
-from .display import STYLE, badge, describe_time_left, human, message_parts, short_id, utc
+from .display import (
+    STYLE,
+    badge,
+    describe_time_left,
+    dotted,
+    human,
+    message_parts,
+    short_id,
+    utc,
+)
 
 #: The database clock, read once for the page being rendered (the list's time left).
 _database_now: ContextVar[datetime | None] = ContextVar("cdl_database_now", default=None)
@@ -61,7 +70,7 @@ class RunAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
     change_form_template = "admin/celery_deadlines/run/change_form.html"
     list_display = (
         "short_task_id",
-        "task_name",
+        "task",
         "status_badge",
         "reason",
         "created_and_time_left",
@@ -204,6 +213,10 @@ class RunAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
     @admin.display(description="id", ordering="task_id")
     def short_task_id(self, run: Run) -> SafeString:
         return format_html('<span title="{}">{}</span>', run.task_id, short_id(run.task_id))
+
+    @admin.display(description="task name", ordering="task_name")
+    def task(self, run: Run) -> SafeString:
+        return dotted(run.task_name)
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, run: Run) -> SafeString:

@@ -115,6 +115,8 @@ def test_the_run_list_is_compact_with_a_status_badge_owner_created_and_time_left
     assert utc(created).endswith("Z")
     for wide in ("lease_token", "checkpoint_name", "version"):
         assert f"column-{wide}" not in page  # compact: fits a 1,366-pixel screen
+    # a long task name wraps after its dots, not in the middle of a word
+    assert "shop.<wbr>charge_card" in page
 
 
 def test_the_run_list_filters_by_status_and_finds_runs_by_root_id(

@@ -11,7 +11,7 @@ from django.core.management import call_command
 from django.test import override_settings
 
 from celery_deadlines import ConfigurationError
-from celery_deadlines.checks import check_contracts, check_settings
+from celery_deadlines.checks import check_contracts, check_ingress, check_settings
 from celery_deadlines.conf import DEFAULT_BUDGET, settings_for
 
 
@@ -21,6 +21,7 @@ def errors() -> list[checks.CheckMessage]:
 
 def test_the_demo_settings_pass_the_checks() -> None:
     assert errors() == []
+    assert check_ingress(None) == []  # no request deadline asked for, no middleware
 
 
 @pytest.mark.parametrize(
@@ -211,7 +212,12 @@ def test_a_contract_that_does_not_fit_its_task_is_an_error_and_an_unknown_task_a
 def hints_of_every_check() -> dict[str, str]:
     """One message of each check id, by id, with its hint."""
     import demo_project.shop.tasks as shop
-    from celery_deadlines.checks import _cannot_check, check_ledger_database, check_retention
+    from celery_deadlines.checks import (
+        _cannot_check,
+        check_ingress,
+        check_ledger_database,
+        check_retention,
+    )
 
     found: list[checks.CheckMessage] = [_cannot_check("for the test")]
     with override_settings(CELERY_DEADLINES_DEFAULT_BUDGET="soon", CELERY_DEADLINES_DEFALT=1):
@@ -225,6 +231,8 @@ def hints_of_every_check() -> dict[str, str]:
         found += check_retention(None)
     with override_settings(CELERY_DEADLINES_DATABASE="ledger", USE_TZ=False):
         found += check_ledger_database(None)
+    with override_settings(CELERY_DEADLINES_REQUEST_HEADERS={"grpc-timeout": "grpc-timeout"}):
+        found += check_ingress(None)
     return {f"{m.id}:{i}": m.hint or "" for i, m in enumerate(found)}
 
 
@@ -240,7 +248,7 @@ def test_every_check_hint_names_a_section_of_the_docs_not_a_repository_path() ->
         pages[title] = text
     hints = hints_of_every_check()
     ids = {key.split(":")[0] for key in hints}
-    every = ("E001", "E002", "E003", "E004", "E005", "W001", "W002", "W003")
+    every = ("E001", "E002", "E003", "E004", "E005", "W001", "W002", "W003", "W004", "W005")
     assert ids == {f"celery_deadlines.{n}" for n in every}
     for key, hint in hints.items():
         assert "docs/" not in hint, (key, hint)

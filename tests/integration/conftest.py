@@ -112,11 +112,13 @@ def _client(transport: Transport, queue: str) -> Iterator[Any]:
 
 
 @contextmanager
-def client_for(transport: Transport, queue: str) -> Iterator[Any]:
-    """The test app in this process, publishing to ``transport`` and ``queue`` meanwhile."""
-    from tests.support import workerapp
+def client_for(transport: Transport, queue: str, app: Any = None) -> Iterator[Any]:
+    """The test app (or ``app``) in this process, publishing to ``transport`` and
+    ``queue`` meanwhile."""
+    if app is None:
+        from tests.support import workerapp
 
-    app = workerapp.app
+        app = workerapp.app
     saved = {
         key: app.conf[key]
         for key in (

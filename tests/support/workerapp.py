@@ -195,3 +195,27 @@ def watch_remaining(
         samples.append((before, remaining, after, get_clock().now().timestamp()))
         time.sleep(step)
     return {"samples": samples, **_seen(self)}
+
+
+# -- the reader's tasks the docs' examples call (tests/integration/test_doc_blocks_run.py) --
+
+
+@app.task(base=DeadlineTask, bind=True, name="docs.fetch")
+def docs_fetch(self: DeadlineTask, url: str) -> dict[str, Any]:
+    return {"url": url, **_seen(self)}
+
+
+@app.task(base=DeadlineTask, bind=True, name="docs.merge")
+def docs_merge(self: DeadlineTask, pages: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"urls": [page["url"] for page in pages], **_seen(self)}
+
+
+@app.task(base=DeadlineTask, bind=True, name="docs.charge")
+def docs_charge(self: DeadlineTask, order_id: int) -> dict[str, Any]:
+    return {"charged": order_id, **_seen(self)}
+
+
+@app.task(base=DeadlineTask, bind=True, name="docs.ship", budget=30)
+def docs_ship(self: DeadlineTask, order_id: int) -> dict[str, Any]:
+    """The shop's ``ship``, as docs/howto.md defines it ("Give a task a deadline")."""
+    return {"shipped": order_id, **_seen(self)}

@@ -1,5 +1,6 @@
-"""Fixtures of the Celery tier's unit tests: an app on the memory broker, what it
-published, and the refusals it reported (a test module may define its own ``app``)."""
+"""Fixtures of the Celery tier's unit tests: an app on the memory broker and the
+refusals it reported (a test module may define its own ``app``; ``published``, what it
+published, is in tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from celery.signals import after_task_publish
 
 from celery_deadlines import deadline_refused
 from celery_deadlines.gates import Decision
@@ -21,19 +21,6 @@ def app() -> Iterator[Celery]:
     app.conf.deadlines_ledger = False  # the header tier; the ledger has its own tests
     yield app
     app.close()
-
-
-@pytest.fixture
-def published() -> Iterator[list[dict[str, Any]]]:
-    """Headers of every message published during the test."""
-    seen: list[dict[str, Any]] = []
-
-    def record(headers: dict[str, Any] | None = None, **_: Any) -> None:
-        seen.append(dict(headers or {}))
-
-    after_task_publish.connect(record, weak=False)
-    yield seen
-    after_task_publish.disconnect(record)
 
 
 @pytest.fixture

@@ -50,6 +50,7 @@ PURE = frozenset(
         "schedules",
         "retention",
         "workflows",
+        "incoming",
     }
 )
 CELERY = frozenset(
@@ -71,12 +72,13 @@ CELERY = frozenset(
         "metrics",
         "exporter",
         "tracing",
+        "ingress",
         "testing",
         "_crashpoints",
         "__init__",
     }
 )
-DJANGO = frozenset({"apps", "checks", "admin", "explain", "models", "management"})
+DJANGO = frozenset({"apps", "checks", "admin", "explain", "models", "management", "middleware"})
 #: What the ledger may use of the Celery tier (below it, or beside it).
 LEDGER_MAY_USE = frozenset({"clock", "conf", "signals", "_crashpoints"})
 #: The ledger's doors, for the Celery tier (inside functions only).

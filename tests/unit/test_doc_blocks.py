@@ -12,8 +12,10 @@ Then the block runs:
 * a block of definitions (imports, functions, tasks, signal handlers, plain
   assignments) runs against a scratch Celery app, its tasks created for real (so a task
   option this library rejects fails here);
-* a block that calls things at its top level (publishes a task, serves metrics) is
-  only parsed and import-checked: running it would need a broker.
+* a block that calls things at its top level (publishes a task, waits for a result,
+  serves metrics) needs a broker and a worker: it runs in the integration tier,
+  against Redis and a real worker (tests/integration/test_doc_blocks_run.py), and the
+  quick start's blocks in the project its page builds (tests/integration/test_quickstart.py).
 
 A block that is deliberately a fragment is preceded by ``<!-- fragment: why -->``; it is
 parsed and its imports checked, nothing more. There are at most ``MAX_FRAGMENTS``.
