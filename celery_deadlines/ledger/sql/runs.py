@@ -349,43 +349,47 @@ def _claim_sql(d: Dialect) -> _ClaimSql:
             CASE WHEN available_at IS NOT NULL AND available_at > published_at
                  THEN available_at ELSE published_at END AS waiting_since
     """
-    # the loser is named in the event's owner column; the detail names the current owner
+    # the loser is named in the event's owner column; the detail names the current owner;
+    # the reason is the first check that fails on the row ``seen``, aliased as the run
+    # table (the checks name its columns so)
     event = f"""
         INSERT INTO {EVENT} ({EVENT_COLUMNS})
         SELECT id, {d.now}, 'claim', 'rejected', status, reason, version, lease_token,
-            %(owner)s, lease_expires_at, why || ':' || owner
-        FROM {{seen}}
+            %(owner)s, lease_expires_at, {why} || ':' || owner
+        FROM {{seen}} AS {RUN}
         RETURNING {_REFUSAL_COLUMNS}
     """
-    seen = f"id, status, reason, version, lease_token, lease_expires_at, owner, {why} AS why"
     if d.vendor != "postgresql":
-        return _ClaimSql(
-            claim=update,
-            refuse=event.format(seen=f"(SELECT {seen} FROM {RUN} WHERE task_id = %(task_id)s)"),
-        )
+        seen = f"(SELECT * FROM {RUN} WHERE task_id = %(task_id)s)"
+        return _ClaimSql(claim=_compact(update), refuse=_compact(event.format(seen=seen)))
     # One statement. A lost claim's event explains the row as the claim found it: as this
-    # statement's snapshot shows it, unless that showed it claimable (a concurrent claim
-    # held its lock and won: the UPDATE waited, then found the committed row changed);
-    # then as that claim committed it, read under a share lock (it waits for the claim).
+    # statement's snapshot shows it, unless that showed it neither held nor in a state
+    # that no claim takes (then a concurrent claim may have held its lock and won: the
+    # UPDATE waited, then found the committed row changed), then as it was committed,
+    # read under a share lock (which waits for that claim). A row refused for another
+    # reason (its deadline, say) is read so too: the same reason, a lock more.
+    # (Compact: psycopg caches the parsing of a statement of up to 4096 characters.)
+    by_reason = dict(checks)
+    columns = (
+        "id, status, reason, version, lease_token, lease_expires_at, owner, deadline, "
+        "retries, lost_leases"
+    )
     claim = f"""
         WITH claimed AS ({update}),
-        raced AS (
-            SELECT NOT EXISTS (SELECT 1 FROM claimed)
-                AND EXISTS (SELECT 1 FROM {RUN} WHERE task_id = %(task_id)s AND {claimable})
-                AS yes
+        lost AS (
+            SELECT {by_reason["held"]} AND {by_reason["changed"]} AS raced FROM {RUN}
+            WHERE task_id = %(task_id)s AND NOT EXISTS (SELECT 1 FROM claimed)
         ),
         committed AS (
-            SELECT {seen} FROM {RUN}
-            WHERE task_id = %(task_id)s AND (SELECT yes FROM raced)
-            FOR SHARE
+            SELECT {columns} FROM {RUN}
+            WHERE task_id = %(task_id)s AND (SELECT raced FROM lost) FOR SHARE
         ),
-        seen AS (
-            SELECT {seen} FROM {RUN}
-            WHERE task_id = %(task_id)s AND NOT EXISTS (SELECT 1 FROM claimed)
-                AND NOT (SELECT yes FROM raced)
-            UNION ALL SELECT * FROM committed
-        ),
-        refused AS ({event.format(seen="seen")})
+        refused AS ({
+        event.format(
+            seen=f"(SELECT {columns} FROM {RUN} WHERE task_id = %(task_id)s "
+            "AND NOT (SELECT raced FROM lost) UNION ALL SELECT * FROM committed)"
+        )
+    })
         SELECT won, {_LEASE_COLUMNS}, at, waiting_since, NULL, NULL, NULL, NULL, NULL
         FROM claimed
         UNION ALL
@@ -393,4 +397,10 @@ def _claim_sql(d: Dialect) -> _ClaimSql:
             {_REFUSAL_COLUMNS}
         FROM refused
     """
-    return _ClaimSql(claim=claim, refuse=None)
+    return _ClaimSql(claim=_compact(claim), refuse=None)
+
+
+def _compact(statement: str) -> str:
+    """``statement`` with each run of white space made one space (no literal in the
+    claim holds two)."""
+    return " ".join(statement.split())
