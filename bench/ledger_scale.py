@@ -332,8 +332,8 @@ def compare(small: Ledger, large: Ledger, samples: int) -> float:
                 times[size].setdefault(name, []).append(seconds)
     small_runs, large_runs = runs_in(small.alias), runs_in(large.alias)
     print(
-        f"the ledger at {small_runs:,} and at {large_runs:,} runs "
-        f"({samples} samples each, alternating; median ms):"
+        f"the ledger at {small_runs:,} and at {large_runs:,} runs ({samples} samples "
+        "each, alternating; median ms; commits not waited for, see ledger_settings.py):"
     )
     worst = 0.0
     for name in times["small"]:
