@@ -275,7 +275,7 @@ def server_share(ledger: Ledger) -> None:
         execution = _ms(r"Execution Time: ([\d.]+)", plan)
         trigger = _ms(r"Trigger celery_deadlines_run_audit: time=([\d.]+)", plan)
         print(
-            f"  server side of the {name}: planning {planning:.3f} ms, execution "
+            f"  server side of the {name} (unprepared): planning {planning:.3f} ms, execution "
             f"{execution:.3f} ms (of which the audit trigger {trigger:.3f} ms)"
         )
 
