@@ -51,12 +51,13 @@ PREPARE_THRESHOLD: Final = 1
 def dedicated_settings(settings: dict[str, Any]) -> dict[str, Any]:
     """A dedicated connection's settings: the alias's, kept open, and on PostgreSQL
     (psycopg 3) with server-side binding and prepared statements, unless the alias's
-    ``OPTIONS`` say how to prepare (``"prepare_threshold": None`` turns them off, for a
-    connection pooler that cannot keep them, such as PgBouncer before 1.21 in
-    transaction mode)."""
+    ``OPTIONS`` say how to bind or prepare (``"prepare_threshold": None`` turns them
+    off, for a connection pooler that cannot keep them, such as PgBouncer before 1.21
+    in transaction mode): then as they say."""
     dedicated = {**settings, "CONN_MAX_AGE": None}
     options = dict(settings.get("OPTIONS") or {})
-    if "postgresql" in str(settings.get("ENGINE", "")) and "prepare_threshold" not in options:
+    chosen = "prepare_threshold" in options or "server_side_binding" in options
+    if "postgresql" in str(settings.get("ENGINE", "")) and not chosen:
         from django.db.backends.postgresql.psycopg_any import is_psycopg3
 
         if is_psycopg3:
