@@ -10,9 +10,17 @@ order round by round:
 
 Throughput is tasks/s from the first publish to the last run recorded as done (polled
 in the database). Goal: ledger / baseline >= 1.0. Then ``claims/s``: 8 processes race
-to claim the same runs (each run is offered to all 8, exactly one wins).
+to claim the same runs (each run is offered to all 8, exactly one wins), against the rate
+of a bare compare-and-swap on one row by one client on the same database, measured
+between the races (goal: claims won/s >= 0.5 x that). Then the ledger at two sizes
+(``bench/ledger_scale.py``): each statement of a run's life, the sweeper's pass and
+``explain`` at 10^4 and at 10^6 runs (goal: within 20 %), and the sweeper's plans.
 
-Usage: python bench/ledger.py [--tasks 1000] [--rounds 5] [--claims 2000]
+It ends with one line: ``ledger: default R1x tuned R2x claims_won_per_s N raw_cas_per_s
+M claim_ratio R3 scale_ratio R4``.
+
+Usage: python bench/ledger.py [--tasks 1000] [--rounds 5] [--claims 2000] [--races 3]
+    [--scale 1000000] [--scale-small 10000] [--samples 200] [--skip-end-to-end]
 """
 
 from __future__ import annotations
@@ -40,6 +48,11 @@ DATABASE = os.environ.setdefault("BENCH_DATABASE_NAME", f"cd_bench_{uuid.uuid4()
 QUEUE = os.environ.setdefault("BENCH_QUEUE", f"bench-{uuid.uuid4().hex[:8]}")
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 os.environ["BENCH_DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{DATABASE}"
+SIZES = {alias: f"{DATABASE}_{alias}" for alias in ("small", "large")}
+for _alias, _name in SIZES.items():
+    os.environ[f"BENCH_{_alias.upper()}_DATABASE_URL"] = (
+        f"postgres://postgres@127.0.0.1:5432/{_name}"
+    )
 
 
 def start_worker(log: Path) -> subprocess.Popen[bytes]:
@@ -87,7 +100,7 @@ def racer(index: int, task_ids: list[str], barrier: Any, results: Any) -> None:
     from celery_deadlines.ledger.sql.connection import Store
     from celery_deadlines.ledger.sql.rows import Lease
 
-    store = Store()
+    store = Store(dedicated=True)  # as a worker claims: a connection of its own
     order = list(task_ids)
     random.Random(index).shuffle(order)
     barrier.wait()
@@ -106,7 +119,41 @@ def racer(index: int, task_ids: list[str], barrier: Any, results: Any) -> None:
     results.put((won, len(order), time.perf_counter() - started))
 
 
-def racing_claims(claims: int) -> tuple[float, float, int]:
+def raw_cas(seconds: float = 3.0) -> float:
+    """Statements/s of one client doing a bare compare-and-swap on one row (autocommit,
+    ``UPDATE ... WHERE v = %s RETURNING v``) on the benchmark's database."""
+    url = f"postgresql://postgres@127.0.0.1:5432/{DATABASE}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS bench_cas (id int PRIMARY KEY, v bigint)")
+        conn.execute("INSERT INTO bench_cas VALUES (1, 0) ON CONFLICT (id) DO NOTHING")
+        row = conn.execute("SELECT v FROM bench_cas WHERE id = 1").fetchone()
+        value = row[0] if row else 0
+        done = 0
+        started = time.perf_counter()
+        while (elapsed := time.perf_counter() - started) < seconds:
+            row = conn.execute(
+                "UPDATE bench_cas SET v = v + 1 WHERE id = 1 AND v = %s RETURNING v", [value]
+            ).fetchone()
+            assert row is not None
+            value = row[0]
+            done += 1
+    return done / elapsed
+
+
+def transactions() -> int:
+    """Transactions committed or rolled back in the benchmark's database so far."""
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s",
+            [DATABASE],
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def racing_claims(claims: int) -> tuple[float, float, int, float]:
+    """Claims won/s, claim attempts/s, claims won, and transactions per attempt (each
+    attempt is one statement in autocommit; the racers' connecting adds a few)."""
     from celery_deadlines.ledger.sql.connection import Store
     from celery_deadlines.ledger.sql.rows import NewRun
 
@@ -132,18 +179,21 @@ def racing_claims(claims: int) -> tuple[float, float, int]:
     barrier = context.Barrier(8)
     results = context.Queue()
     processes = [context.Process(target=racer, args=(i, ids, barrier, results)) for i in range(8)]
+    before = transactions()
     for process in processes:
         process.start()
     outcomes = [results.get(timeout=600) for _ in processes]
     for process in processes:
         process.join()
+    time.sleep(1.0)  # the racers' statistics reach pg_stat_database as they exit
+    statements = transactions() - before - 1
     wall = max(seconds for _, _, seconds in outcomes)
     won = sum(w for w, _, _ in outcomes)
     attempts = sum(a for _, a, _ in outcomes)
-    return won / wall, attempts / wall, won
+    return won / wall, attempts / wall, won, statements / attempts
 
 
-def compare(tasks_module: Any, tasks: int, rounds: int, reuse: bool) -> None:
+def compare(tasks_module: Any, tasks: int, rounds: int, reuse: bool) -> float:
     """ABBA rounds of both variants on the running worker; print medians and the ratio."""
     end_to_end(tasks_module.tracked, "tracked", 50)  # ready and warm
     end_to_end(tasks_module.ledgered, "ledgered", 50)
@@ -173,6 +223,7 @@ def compare(tasks_module: Any, tasks: int, rounds: int, reuse: bool) -> None:
         f"  ratio ledger / baseline:              {ledger / baseline:.3f} (goal >= 1.0)\n",
         flush=True,
     )
+    return ledger / baseline
 
 
 def main() -> None:
@@ -180,28 +231,56 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=1000, help="tasks per round")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per variant")
     parser.add_argument("--claims", type=int, default=2000, help="runs offered to 8 racers")
+    parser.add_argument("--races", type=int, default=3, help="races (a bare CAS before each)")
+    parser.add_argument("--scale", type=int, default=1_000_000, help="runs of the large ledger")
+    parser.add_argument("--scale-small", type=int, default=10_000, help="of the small ledger")
+    parser.add_argument("--samples", type=int, default=200, help="timings of each statement")
+    parser.add_argument("--skip-end-to-end", action="store_true", help="claims and scale only")
     args = parser.parse_args()
 
     with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{DATABASE}"')
+        for name in (DATABASE, *SIZES.values()):
+            conn.execute(f'CREATE DATABASE "{name}"')
     worker = None
+    ratios: dict[bool, float] = {}
     try:
         from django.core.management import call_command
 
         from bench import ledgerapp
 
         call_command("migrate", verbosity=0)
-        for reuse in (False, True):
+        for reuse in (False, True) if not args.skip_end_to_end else ():
             os.environ["BENCH_DB_REUSE_MAX"] = "1000000" if reuse else ""
             worker = start_worker(Path(f"/tmp/{QUEUE}-{int(reuse)}.log"))
-            compare(ledgerapp, args.tasks, args.rounds, reuse)
+            if not args.skip_end_to_end:
+                ratios[reuse] = compare(ledgerapp, args.tasks, args.rounds, reuse)
             os.killpg(worker.pid, signal.SIGTERM)
             worker.wait(30)
             worker = None
-        won_rate, attempt_rate, won = racing_claims(args.claims)
+        won_rates, cas_rates = [], [raw_cas()]
+        for race in range(args.races):
+            won_rate, attempt_rate, won, statements = racing_claims(args.claims)
+            won_rates.append(won_rate)
+            cas_rates.append(raw_cas())
+            print(
+                f"racing claims {race + 1}: 8 processes x {args.claims} runs: {won} won "
+                f"(one per run), {won_rate:.0f} claims/s won, {attempt_rate:.0f} claim "
+                f"attempts/s, {statements:.2f} transactions per attempt; bare CAS before "
+                f"and after: {cas_rates[-2]:.0f}/s, {cas_rates[-1]:.0f}/s",
+                flush=True,
+            )
+        won_rate, cas_rate = statistics.median(won_rates), statistics.median(cas_rates)
         print(
-            f"\nracing claims: 8 processes x {args.claims} runs: {won} won (one per run), "
-            f"{won_rate:.0f} claims/s won, {attempt_rate:.0f} claim attempts/s"
+            f"racing claims: {won_rate:.0f} claims won/s (median of {args.races}); one "
+            f"client's bare compare-and-swap on one row: {cas_rate:.0f}/s (median of "
+            f"{len(cas_rates)}); ratio {won_rate / cas_rate:.2f} (goal >= 0.5)\n",
+            flush=True,
+        )
+        scale_ratio = at_scale(args.scale_small, args.scale, args.samples)
+        print(
+            f"ledger: default {_ratio(ratios.get(False))} tuned {_ratio(ratios.get(True))} "
+            f"claims_won_per_s {won_rate:.0f} raw_cas_per_s {cas_rate:.0f} "
+            f"claim_ratio {won_rate / cas_rate:.2f} scale_ratio {scale_ratio:.2f}"
         )
     finally:
         if worker is not None:
@@ -210,7 +289,35 @@ def main() -> None:
 
         connections.close_all()
         with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
+            for name in (DATABASE, *SIZES.values()):
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
+def at_scale(small_runs: int, large_runs: int, samples: int) -> float:
+    """The ledger at two sizes (bench/ledger_scale.py); the worst ratio large / small."""
+    from django.core.management import call_command
+
+    from bench import ledger_scale
+
+    started = time.perf_counter()
+    for alias, runs in (("small", small_runs), ("large", large_runs)):
+        call_command("migrate", database=alias, verbosity=0)
+        ledger_scale.fill(alias, runs)
+    print(f"filled the two ledgers in {time.perf_counter() - started:.0f} s", flush=True)
+    small, large = ledger_scale.Ledger("small"), ledger_scale.Ledger("large")
+    main_ledger = ledger_scale.Ledger("default")  # commits flushed, as in production
+    ledger_scale.lifecycle(main_ledger, samples)
+    main_ledger.worker.close()
+    worst = ledger_scale.compare(small, large, samples)
+    clean = ledger_scale.sweeper_plans(large)
+    print(f"sweeper's plans: {'no' if clean else 'a'} sequential scan of a ledger table")
+    for ledger in (small, large):
+        ledger.worker.close()
+    return worst
 
 
 if __name__ == "__main__":

@@ -17,3 +17,12 @@ DATABASES = {
         conn_max_age=None,  # persistent connections, as production workers use them
     )
 }
+# the scale comparison's two ledgers (bench/ledger_scale.py), when bench/ledger.py names them
+for _alias in ("small", "large"):
+    _url = os.environ.get(f"BENCH_{_alias.upper()}_DATABASE_URL")
+    if _url:
+        DATABASES[_alias] = dj_database_url.parse(_url, conn_max_age=None)
+        # their commits are not waited for: the comparison is of the statements' own
+        # cost, which the size could change; a commit's flush is the same at any size,
+        # and on a busy disk its swings would hide that cost
+        DATABASES[_alias]["OPTIONS"] = {"options": "-c synchronous_commit=off"}

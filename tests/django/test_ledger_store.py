@@ -358,3 +358,15 @@ def test_claim_and_completion_are_one_statement_each_on_postgresql(store: Store)
         assert store.runs.finish(lease, "w1:1", Status.SUCCEEDED)
     assert (len(enqueue), len(claimed), len(completed)) == (1, 1, 1)
     assert events(store) == [("enqueue", "applied"), ("claim", "applied"), ("succeeded", "applied")]
+
+
+def test_a_lost_claim_is_one_statement_with_its_event_on_postgresql(store: Store) -> None:
+    if store.dialect.vendor != "postgresql":
+        pytest.skip("the one-round-trip promise is PostgreSQL's (SQLite is in-process)")
+    store.outbox.enqueue(new_run())
+    won(claim(store))
+    with CaptureQueriesContext(connections[store.using]) as refused:
+        loss = lost(claim(store, owner="w2:1"))
+    assert len(refused) == 1
+    assert (loss.why, loss.status, loss.token, loss.owner) == ("held", "RUNNING", 1, "w1:1")
+    assert events(store)[-1] == ("claim", "rejected")

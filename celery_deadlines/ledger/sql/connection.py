@@ -42,6 +42,28 @@ from .sweeps import Sweeps
 
 #: A dedicated connection idle longer than this is pinged before its next statement.
 IDLE_PING: Final = 1.0
+#: A dedicated PostgreSQL connection prepares a statement the second time it runs it
+#: (the worker's statements are few and run for every task: the claim's plan alone
+#: costs more than its execution).
+PREPARE_THRESHOLD: Final = 1
+
+
+def dedicated_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """A dedicated connection's settings: the alias's, kept open, and on PostgreSQL
+    (psycopg 3) with server-side binding and prepared statements, unless the alias's
+    ``OPTIONS`` say how to bind or prepare (``"prepare_threshold": None`` turns them
+    off, for a connection pooler that cannot keep them, such as PgBouncer before 1.21
+    in transaction mode): then as they say."""
+    dedicated = {**settings, "CONN_MAX_AGE": None}
+    options = dict(settings.get("OPTIONS") or {})
+    chosen = "prepare_threshold" in options or "server_side_binding" in options
+    if "postgresql" in str(settings.get("ENGINE", "")) and not chosen:
+        from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+        if is_psycopg3:
+            options.update(server_side_binding=True, prepare_threshold=PREPARE_THRESHOLD)
+            dedicated["OPTIONS"] = options
+    return dedicated
 
 
 class Store:
@@ -76,7 +98,7 @@ class Store:
             return pinned
         connection: BaseDatabaseWrapper | None = getattr(local, "connection", None)
         if connection is None or local.pid != os.getpid():  # first use, or a forked child
-            settings = {**connections.settings[self.using], "CONN_MAX_AGE": None}
+            settings = dedicated_settings(connections.settings[self.using])
             wrapper = load_backend(settings["ENGINE"]).DatabaseWrapper
             connection = local.connection = wrapper(settings, self.using)
             local.pid = os.getpid()

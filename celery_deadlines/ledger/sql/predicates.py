@@ -48,8 +48,7 @@ EXPIRY_REASON_SQL: Final = (
 
 #: True for the run row being written when one of its effects has no recorded outcome.
 HAS_UNRESOLVED: Final = (
-    f"EXISTS (SELECT 1 FROM {EFFECT} WHERE {EFFECT}.run_id = {RUN}.id"
-    f" AND {EFFECT}.state IN {UNRESOLVED_SQL})"
+    f"EXISTS (SELECT 1 FROM {EFFECT} u WHERE u.run_id = {RUN}.id AND u.state IN {UNRESOLVED_SQL})"
 )
 
 #: The columns of a run's outbox message (``Sweeps._message`` reads them).

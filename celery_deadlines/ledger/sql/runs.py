@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timedelta
-from typing import Any
+from functools import cache
+from typing import Any, NamedTuple
 
 from ...states import Status
+from .dialect import Dialect
 from .predicates import (
     CLAIMABLE_SQL,
     EVENT,
@@ -58,74 +60,44 @@ class Runs(Statements):
         reserve: timedelta,
         max_lost_leases: int,
     ) -> Lease | ClaimRefused:
-        """The compare-and-swap that lets exactly one worker run an attempt."""
-        d = self.dialect
-        params = self._claim_params(task_id, retries, reserve, max_lost_leases)
-        claimable = " AND ".join(check for _, check in claim_checks(d))
-        _, rows = self.execute(  # timed: a won claim is also a clock reading
-            f"""
-            UPDATE {RUN} SET
-                status = 'RUNNING', owner = %(owner)s,
-                lease_token = lease_token + 1, version = version + 1, attempt = attempt + 1,
-                lost_leases = lost_leases + (CASE WHEN status = 'RUNNING' THEN 1 ELSE 0 END),
-                lease_expires_at = {d.least(d.now_plus.replace("%s", "%(ttl)s"), "deadline")},
-                op = 'claim', op_detail = %(op_detail)s, updated_at = {d.now}
-            WHERE task_id = %(task_id)s AND {claimable}
-            RETURNING id, lease_token, version, attempt, lease_expires_at, deadline,
-                checkpoint_name, checkpoint_data, {d.now},
-                CASE WHEN available_at IS NOT NULL AND available_at > published_at
-                     THEN available_at ELSE published_at END
-            """,
-            {**params, "owner": owner, "ttl": d.seconds(ttl), "op_detail": f"retries={retries}"},
-            timed=True,
-        )
-        if rows:
-            row = rows[0]
-            return Lease(
-                run_id=row[0],
-                task_id=task_id,
-                token=row[1],
-                version=row[2],
-                attempt=row[3],
-                expires_at=d.instant(row[4]),
-                deadline=d.instant(row[5]),
-                checkpoint_name=row[6],
-                checkpoint_data=from_json(row[7]),
-                database_now=required(d.instant(row[8])),
-                waiting_since=d.instant(row[9]),
-            )
-        return self._claim_refused(owner, params)
+        """The compare-and-swap that lets exactly one worker run an attempt.
 
-    def _claim_params(
-        self, task_id: str, retries: int, reserve: timedelta, max_lost_leases: int
-    ) -> dict[str, Any]:
+        On PostgreSQL a lost claim is recorded (its rejected event, with the first check
+        that failed) by the same statement: one round trip whether it is won or lost.
+        SQLite, in-process, runs the refusal as a second statement."""
         d = self.dialect
-        return {
+        params = {
             "task_id": task_id,
             "retries": retries,
             "reserve": d.seconds(reserve),
             "grace": d.seconds(-SUPERVISOR_GRACE),
             "max_lost": max_lost_leases,
+            "owner": owner,
+            "ttl": d.seconds(ttl),
+            "op_detail": f"retries={retries}",
         }
-
-    def _claim_refused(self, owner: str, params: dict[str, Any]) -> ClaimRefused:
-        """Record the lost claim (one statement) and say why it was lost: the first check
-        of the claim's condition that does not hold."""
-        d = self.dialect
-        why = " ".join(f"WHEN NOT ({check}) THEN '{reason}'" for reason, check in claim_checks(d))
-        _, rows = self.execute(
-            f"""
-            INSERT INTO {EVENT} ({EVENT_COLUMNS})
-            SELECT id, {d.now}, 'claim', 'rejected', status, reason, version, lease_token,
-                %(loser)s, lease_expires_at, CASE {why} ELSE 'changed' END || ':' || owner
-            FROM {RUN} WHERE task_id = %(task_id)s
-            RETURNING detail, status, lease_token, lease_expires_at, at
-            """,
-            {**params, "loser": owner},
-        )
+        sql = _claim_sql(d)
+        _, rows = self.execute(sql.claim, params, timed=True)  # a won claim is a clock reading
+        if rows and rows[0][0]:
+            row = rows[0]
+            return Lease(
+                run_id=row[1],
+                task_id=task_id,
+                token=row[2],
+                version=row[3],
+                attempt=row[4],
+                expires_at=d.instant(row[5]),
+                deadline=d.instant(row[6]),
+                checkpoint_name=row[7],
+                checkpoint_data=from_json(row[8]),
+                database_now=required(d.instant(row[9])),
+                waiting_since=d.instant(row[10]),
+            )
+        if sql.refuse is not None:  # SQLite: the refusal is a statement of its own
+            _, rows = self.execute(sql.refuse, params)
         if not rows:
             return ClaimRefused(ClaimRefused.MISSING, "", 0, "", None)
-        detail, status, token, expires, at = rows[0]
+        detail, status, token, expires, at = rows[0][-5:]
         # the event's owner column is the loser; the detail names the current owner
         why_code, _, current_owner = str(detail).partition(":")
         return ClaimRefused(
@@ -334,3 +306,101 @@ class Runs(Statements):
         return self.store.outbox.record_ended(
             unrecorded, status, reason, detail, "refuse", published=True
         )
+
+
+class _ClaimSql(NamedTuple):
+    claim: str
+    #: SQLite's refusal, a statement of its own (PostgreSQL's is part of ``claim``)
+    refuse: str | None
+
+
+#: What a won claim returns, after its leading ``true``.
+_LEASE_COLUMNS = (
+    "id, lease_token, version, attempt, lease_expires_at, deadline, checkpoint_name, "
+    "checkpoint_data"
+)
+#: What a lost claim returns (its rejected event), last in the row.
+_REFUSAL_COLUMNS = "detail, status, lease_token, lease_expires_at, at"
+
+
+@cache
+def _claim_sql(d: Dialect) -> _ClaimSql:
+    """The claim (and, on SQLite, the refusal), written once per dialect.
+
+    Named parameters: those of :func:`claim_checks`, ``task_id``, ``owner``, ``ttl``,
+    ``op_detail``. A row whose first column is true is a won claim (the lease's
+    columns, the database clock, when the run became claimable); false, a lost one
+    (the rejected event's detail ``why:current owner``, the run's status, token and
+    lease expiry, the database clock); no row, no run.
+    """
+    checks = claim_checks(d)
+    claimable = " AND ".join(check for _, check in checks)
+    why = "CASE " + " ".join(f"WHEN NOT ({c}) THEN '{reason}'" for reason, c in checks)
+    why += " ELSE 'changed' END"
+    update = f"""
+        UPDATE {RUN} SET
+            status = 'RUNNING', owner = %(owner)s,
+            lease_token = lease_token + 1, version = version + 1, attempt = attempt + 1,
+            lost_leases = lost_leases + (CASE WHEN status = 'RUNNING' THEN 1 ELSE 0 END),
+            lease_expires_at = {d.least(d.now_plus.replace("%s", "%(ttl)s"), "deadline")},
+            op = 'claim', op_detail = %(op_detail)s, updated_at = {d.now}
+        WHERE task_id = %(task_id)s AND {claimable}
+        RETURNING true AS won, {_LEASE_COLUMNS}, {d.now} AS at,
+            CASE WHEN available_at IS NOT NULL AND available_at > published_at
+                 THEN available_at ELSE published_at END AS waiting_since
+    """
+    # the loser is named in the event's owner column; the detail names the current owner;
+    # the reason is the first check that fails on the row ``seen``, aliased as the run
+    # table (the checks name its columns so)
+    event = f"""
+        INSERT INTO {EVENT} ({EVENT_COLUMNS})
+        SELECT id, {d.now}, 'claim', 'rejected', status, reason, version, lease_token,
+            %(owner)s, lease_expires_at, {why} || ':' || owner
+        FROM {{seen}} AS {RUN}
+        RETURNING {_REFUSAL_COLUMNS}
+    """
+    if d.vendor != "postgresql":
+        seen = f"(SELECT * FROM {RUN} WHERE task_id = %(task_id)s)"
+        return _ClaimSql(claim=_compact(update), refuse=_compact(event.format(seen=seen)))
+    # One statement. A lost claim's event explains the row as the claim found it: as this
+    # statement's snapshot shows it, unless that showed it neither held nor in a state
+    # that no claim takes (then a concurrent claim may have held its lock and won: the
+    # UPDATE waited, then found the committed row changed), then as it was committed,
+    # read under a share lock (which waits for that claim). A row refused for another
+    # reason (its deadline, say) is read so too: the same reason, a lock more.
+    # (Compact: psycopg caches the parsing of a statement of up to 4096 characters.)
+    by_reason = dict(checks)
+    columns = (
+        "id, status, reason, version, lease_token, lease_expires_at, owner, deadline, "
+        "retries, lost_leases"
+    )
+    claim = f"""
+        WITH claimed AS ({update}),
+        lost AS (
+            SELECT {by_reason["held"]} AND {by_reason["changed"]} AS raced FROM {RUN}
+            WHERE task_id = %(task_id)s AND NOT EXISTS (SELECT 1 FROM claimed)
+        ),
+        committed AS (
+            SELECT {columns} FROM {RUN}
+            WHERE task_id = %(task_id)s AND (SELECT raced FROM lost) FOR SHARE
+        ),
+        refused AS ({
+        event.format(
+            seen=f"(SELECT {columns} FROM {RUN} WHERE task_id = %(task_id)s "
+            "AND NOT (SELECT raced FROM lost) UNION ALL SELECT * FROM committed)"
+        )
+    })
+        SELECT won, {_LEASE_COLUMNS}, at, waiting_since, NULL, NULL, NULL, NULL, NULL
+        FROM claimed
+        UNION ALL
+        SELECT false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            {_REFUSAL_COLUMNS}
+        FROM refused
+    """
+    return _ClaimSql(claim=_compact(claim), refuse=None)
+
+
+def _compact(statement: str) -> str:
+    """``statement`` with each run of white space made one space (no literal in the
+    claim holds two)."""
+    return " ".join(statement.split())
