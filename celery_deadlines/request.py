@@ -52,6 +52,8 @@ class DeadlineRequest(Request):
 
     _deadlines: stamping.Inherited | None = None
     _reserve: timedelta | None = None
+    #: the last instant the claim gate admits this message (:func:`gates.latest_start`)
+    _latest_start: datetime | None = None
     _raw_time_limits: tuple[float | None, float | None] = (None, None)
     #: what the ledger wrote after a hard time limit (a status, or None), once decided
     _time_limit_written: str | object | None = _UNDECIDED
@@ -76,22 +78,23 @@ class DeadlineRequest(Request):
     def revoked(self) -> bool:
         if self._already_revoked:
             return True
-        decision = self._claim_decision()
-        if decision is not None and not decision.allowed:
-            self._refuse(decision)
+        refusal = self._claim_refusal()
+        if refusal is not None:
+            self._refuse(refusal)
             return True
         return bool(super().revoked())
 
     @property
     def time_limits(self) -> tuple[float | None, float | None]:
-        deadline = self._carried().deadline
         hard, soft = self._raw_time_limits
-        now = self._judging_now()
-        if deadline is None or now is None:
+        deadline = self._carried().deadline
+        if deadline is None:
             return hard, soft
-        remaining = deadline - now
+        now = self._judging_now()
+        if now is None:
+            return hard, soft
         return gates.cap_time_limits(
-            remaining,
+            deadline - now,
             hard or self.task.time_limit,
             soft or self.task.soft_time_limit,
             MIN_TIME_LIMIT,
@@ -126,23 +129,37 @@ class DeadlineRequest(Request):
             watch.suspect()  # the wall clock moved since the last reading
         return authority
 
-    def _claim_decision(self) -> gates.Decision | None:
-        judging = self._judging_now()
-        now = judging or get_clock().now()
+    def _claim_refusal(self) -> gates.Decision | None:
+        """The claim gate's refusal of this message now, ``None`` when it may start.
+
+        Called twice per message (on arrival and when handed to the pool): the deadline,
+        the reserve and the last instant the gate admits are worked out once, and each
+        call only reads the clock and compares (``gates.admit`` is asked for the refusal).
+        """
         try:
             carried = self._carried()
             if carried.unreadable is not None:
                 return gates.invalid(
-                    gates.Gate.CLAIM, now, f"unreadable deadline header {carried.unreadable!r}"
+                    gates.Gate.CLAIM,
+                    get_clock().now(),
+                    f"unreadable deadline header {carried.unreadable!r}",
                 )
-            if carried.deadline is None or judging is None:
+            deadline = carried.deadline
+            if deadline is None:
                 return None
-            reserve = self._reserve
-            if reserve is None:
+            judging = self._judging_now()
+            if judging is None:
+                return None
+            latest = self._latest_start
+            if latest is None:
                 reserve = self._reserve = self._deadline_task().reserve_duration()
+                latest = self._latest_start = gates.latest_start(deadline, reserve)
         except Exception as exc:  # noqa: BLE001 - a bad message or setting must never crash the consumer
+            now = get_clock().now()
             return gates.invalid(gates.Gate.CLAIM, now, f"cannot judge the deadline: {exc}")
-        return gates.admit(gates.Gate.CLAIM, carried.deadline, now, reserve)
+        if judging <= latest:
+            return None
+        return gates.admit(gates.Gate.CLAIM, deadline, judging, self._reserve or gates.ZERO)
 
     def _deadline_task(self) -> DeadlineTask:
         task = self.task
