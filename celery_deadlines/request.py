@@ -14,7 +14,6 @@ the prefork pool enforces both limits; docs/failure-semantics.md covers the othe
 from __future__ import annotations
 
 import logging
-import weakref
 from datetime import datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any, Final
 
@@ -65,15 +64,15 @@ class DeadlineRequest(Request):
         super().__init__(message, *args, **kwargs)
 
     @property
-    def tzlocal(self) -> tzinfo:
-        """The app's timezone, read from the configuration once per app, not per message."""
+    def tzlocal(self) -> tzinfo | None:
+        """The app's timezone, read from the configuration once per app, not per message
+        (kept on the app itself: this runs for every message that has ``expires``)."""
         app = self._app
-        try:
-            return _timezones[app]
-        except KeyError:
-            zone: tzinfo = app.conf.timezone
-            _timezones[app] = zone
-            return zone
+        zone = getattr(app, _TIMEZONE, _UNDECIDED)
+        if zone is _UNDECIDED:
+            zone = app.conf.timezone
+            setattr(app, _TIMEZONE, zone)
+        return zone  # type: ignore[return-value]
 
     def revoked(self) -> bool:
         if self._already_revoked:
@@ -87,10 +86,11 @@ class DeadlineRequest(Request):
     @property
     def time_limits(self) -> tuple[float | None, float | None]:
         hard, soft = self._raw_time_limits
-        deadline = self._carried().deadline
+        local = get_clock().now()
+        deadline = self._carried(local).deadline
         if deadline is None:
             return hard, soft
-        now = self._judging_now()
+        now = self._judging_now(local)
         if now is None:
             return hard, soft
         return gates.cap_time_limits(
@@ -105,22 +105,24 @@ class DeadlineRequest(Request):
         hard, soft = value
         self._raw_time_limits = (hard, soft)
 
-    def _carried(self) -> stamping.Inherited:
+    def _carried(self, now: datetime) -> stamping.Inherited:
+        """The deadlines the message carries, parsed once (``now``: the clock reading
+        the first parse checks the horizon against)."""
         if self._deadlines is None:
             # Parsed once per message; a parse error must not escape into the consumer.
             self._deadlines = stamping.read_headers(
                 self._request_dict,
-                get_clock().now(),
+                now,
                 settings_for(self._app or self.task.app).max_budget,
                 self.id,
             )
         return self._deadlines
 
-    def _judging_now(self) -> datetime | None:
-        """The time to judge deadlines by: the wall clock, or with a skew budget the
-        ledger's time as the clock watch estimates it (``None`` while the clock is in
-        doubt: the pool process's claim measures again and holds the run if need be)."""
-        local = get_clock().now()
+    def _judging_now(self, local: datetime) -> datetime | None:
+        """The time to judge deadlines by: the wall clock reading ``local``, or with a
+        skew budget the ledger's time as the clock watch estimates it (``None`` while
+        the clock is in doubt: the pool process's claim measures again and holds the run
+        if need be)."""
         watch = ledger.clock_watch(self._app or self.task.app)
         if watch is None:
             return local
@@ -134,20 +136,19 @@ class DeadlineRequest(Request):
 
         Called twice per message (on arrival and when handed to the pool): the deadline,
         the reserve and the last instant the gate admits are worked out once, and each
-        call only reads the clock and compares (``gates.admit`` is asked for the refusal).
+        call reads the clock once and compares (``gates.admit`` is asked for a refusal).
         """
+        local = get_clock().now()
         try:
-            carried = self._carried()
+            carried = self._carried(local)
             if carried.unreadable is not None:
                 return gates.invalid(
-                    gates.Gate.CLAIM,
-                    get_clock().now(),
-                    f"unreadable deadline header {carried.unreadable!r}",
+                    gates.Gate.CLAIM, local, f"unreadable deadline header {carried.unreadable!r}"
                 )
             deadline = carried.deadline
             if deadline is None:
                 return None
-            judging = self._judging_now()
+            judging = self._judging_now(local)
             if judging is None:
                 return None
             latest = self._latest_start
@@ -155,8 +156,7 @@ class DeadlineRequest(Request):
                 reserve = self._reserve = self._deadline_task().reserve_duration()
                 latest = self._latest_start = gates.latest_start(deadline, reserve)
         except Exception as exc:  # noqa: BLE001 - a bad message or setting must never crash the consumer
-            now = get_clock().now()
-            return gates.invalid(gates.Gate.CLAIM, now, f"cannot judge the deadline: {exc}")
+            return gates.invalid(gates.Gate.CLAIM, local, f"cannot judge the deadline: {exc}")
         if judging <= latest:
             return None
         return gates.admit(gates.Gate.CLAIM, deadline, judging, self._reserve or gates.ZERO)
@@ -238,7 +238,7 @@ class DeadlineRequest(Request):
         if not self._with_ledger():
             return None
         status, reason = outcomes.after_time_limit(
-            self._carried().deadline,
+            self._carried(get_clock().now()).deadline,
             get_clock().now(),
             delivery_task=getattr(self.task, "deadline_kind", None) == "delivery",
         )
@@ -319,7 +319,8 @@ class DeadlineRequest(Request):
             self.reject(requeue=False)
 
 
-_timezones: weakref.WeakKeyDictionary[Any, tzinfo] = weakref.WeakKeyDictionary()
+#: The app attribute its timezone is kept in (``DeadlineRequest.tzlocal``).
+_TIMEZONE: Final = "_celery_deadlines_timezone"
 
 
 def fast_iso8601(value: datetime | str | None) -> datetime | None:
