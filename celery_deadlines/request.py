@@ -110,12 +110,13 @@ class DeadlineRequest(Request):
         the first parse checks the horizon against)."""
         if self._deadlines is None:
             # Parsed once per message; a parse error must not escape into the consumer.
-            self._deadlines = stamping.read_headers(
-                self._request_dict,
-                now,
-                settings_for(self._app or self.task.app).max_budget,
-                self.id,
+            headers = self._request_dict
+            horizon = (
+                settings_for(self._app or self.task.app).max_budget
+                if stamping.carries_deadlines(headers)
+                else gates.ZERO  # not read: there is nothing to check against it
             )
+            self._deadlines = stamping.read_headers(headers, now, horizon, self.id)
         return self._deadlines
 
     def _judging_now(self, local: datetime) -> datetime | None:

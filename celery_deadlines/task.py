@@ -252,7 +252,8 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         started = clock.monotonic()
         headers = propagation.headers_of(request)  # whatever the caller gave Celery
         settings = settings_for(self.app)
-        carried = stamping.read_headers(headers, now, settings.max_budget, task_id)
+        horizon = settings.max_budget if stamping.carries_deadlines(headers) else gates.ZERO
+        carried = stamping.read_headers(headers, now, horizon, task_id)
         state = propagation.begin(request, carried)
         if carried.unreadable is not None:
             detail = f"unreadable deadline header {carried.unreadable!r}"
