@@ -23,12 +23,14 @@ workflow   at the enqueue of a chain, group or chord: its critical path needs
 from __future__ import annotations
 
 import enum
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
 from .errors import DeadlineRefused, WorkflowRefused
 
 ZERO = timedelta(0)
+#: The wall clock's resolution: "before the deadline" is "at most this before it".
+TICK = timedelta(microseconds=1)
 
 
 class Gate(enum.StrEnum):
@@ -150,6 +152,20 @@ def admit(
             detail=f"{_seconds(remaining)} left, below the reserve of {_seconds(reserve)}",
         )
     return Decision(gate, None, deadline, now, remaining)
+
+
+def latest_start(deadline: datetime, reserve: timedelta = ZERO) -> datetime:
+    """The last instant :func:`admit` allows work that must finish by ``deadline`` to
+    start: ``admit(gate, deadline, now, reserve).allowed`` is ``now <= latest_start(...)``.
+
+    For a caller that judges one message several times (the worker's claim gate, on
+    arrival and again when the message is handed to the pool): worked out once, each
+    judgment is one comparison, and :func:`admit` is asked only for a refusal.
+    """
+    try:
+        return deadline - max(reserve, TICK)  # no time left is refused, at any reserve
+    except OverflowError:  # a reserve longer than the time since year 1
+        return datetime.min.replace(tzinfo=UTC)
 
 
 def invalid(gate: Gate, now: datetime, detail: str) -> Decision:

@@ -148,4 +148,6 @@ def own_deadlines(
     if delivery is None:
         delivery_budget = resolve(task, "delivery_budget", settings, contract=contract)[1]
         delivery = None if delivery_budget is None else now + delivery_budget
+    if deadline is None and delivery is None:
+        return stamping.NO_OWN  # one object: the caller recognises "nothing" by identity
     return stamping.Own(deadline, source if deadline is not None else None, delivery)

@@ -14,7 +14,6 @@ the prefork pool enforces both limits; docs/failure-semantics.md covers the othe
 from __future__ import annotations
 
 import logging
-import weakref
 from datetime import datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any, Final
 
@@ -52,6 +51,8 @@ class DeadlineRequest(Request):
 
     _deadlines: stamping.Inherited | None = None
     _reserve: timedelta | None = None
+    #: the last instant the claim gate admits this message (:func:`gates.latest_start`)
+    _latest_start: datetime | None = None
     _raw_time_limits: tuple[float | None, float | None] = (None, None)
     #: what the ledger wrote after a hard time limit (a status, or None), once decided
     _time_limit_written: str | object | None = _UNDECIDED
@@ -63,35 +64,37 @@ class DeadlineRequest(Request):
         super().__init__(message, *args, **kwargs)
 
     @property
-    def tzlocal(self) -> tzinfo:
-        """The app's timezone, read from the configuration once per app, not per message."""
+    def tzlocal(self) -> tzinfo | None:
+        """The app's timezone, read from the configuration once per app, not per message
+        (kept on the app itself: this runs for every message that has ``expires``)."""
         app = self._app
-        try:
-            return _timezones[app]
-        except KeyError:
-            zone: tzinfo = app.conf.timezone
-            _timezones[app] = zone
-            return zone
+        zone = getattr(app, _TIMEZONE, _UNDECIDED)
+        if zone is _UNDECIDED:
+            zone = app.conf.timezone
+            setattr(app, _TIMEZONE, zone)
+        return zone  # type: ignore[return-value]
 
     def revoked(self) -> bool:
         if self._already_revoked:
             return True
-        decision = self._claim_decision()
-        if decision is not None and not decision.allowed:
-            self._refuse(decision)
+        refusal = self._claim_refusal()
+        if refusal is not None:
+            self._refuse(refusal)
             return True
         return bool(super().revoked())
 
     @property
     def time_limits(self) -> tuple[float | None, float | None]:
-        deadline = self._carried().deadline
         hard, soft = self._raw_time_limits
-        now = self._judging_now()
-        if deadline is None or now is None:
+        local = get_clock().now()
+        deadline = self._carried(local).deadline
+        if deadline is None:
             return hard, soft
-        remaining = deadline - now
+        now = self._judging_now(local)
+        if now is None:
+            return hard, soft
         return gates.cap_time_limits(
-            remaining,
+            deadline - now,
             hard or self.task.time_limit,
             soft or self.task.soft_time_limit,
             MIN_TIME_LIMIT,
@@ -102,22 +105,25 @@ class DeadlineRequest(Request):
         hard, soft = value
         self._raw_time_limits = (hard, soft)
 
-    def _carried(self) -> stamping.Inherited:
+    def _carried(self, now: datetime) -> stamping.Inherited:
+        """The deadlines the message carries, parsed once (``now``: the clock reading
+        the first parse checks the horizon against)."""
         if self._deadlines is None:
             # Parsed once per message; a parse error must not escape into the consumer.
-            self._deadlines = stamping.read_headers(
-                self._request_dict,
-                get_clock().now(),
-                settings_for(self._app or self.task.app).max_budget,
-                self.id,
+            headers = self._request_dict
+            horizon = (
+                settings_for(self._app or self.task.app).max_budget
+                if stamping.carries_deadlines(headers)
+                else gates.ZERO  # not read: there is nothing to check against it
             )
+            self._deadlines = stamping.read_headers(headers, now, horizon, self.id)
         return self._deadlines
 
-    def _judging_now(self) -> datetime | None:
-        """The time to judge deadlines by: the wall clock, or with a skew budget the
-        ledger's time as the clock watch estimates it (``None`` while the clock is in
-        doubt: the pool process's claim measures again and holds the run if need be)."""
-        local = get_clock().now()
+    def _judging_now(self, local: datetime) -> datetime | None:
+        """The time to judge deadlines by: the wall clock reading ``local``, or with a
+        skew budget the ledger's time as the clock watch estimates it (``None`` while
+        the clock is in doubt: the pool process's claim measures again and holds the run
+        if need be)."""
         watch = ledger.clock_watch(self._app or self.task.app)
         if watch is None:
             return local
@@ -126,23 +132,35 @@ class DeadlineRequest(Request):
             watch.suspect()  # the wall clock moved since the last reading
         return authority
 
-    def _claim_decision(self) -> gates.Decision | None:
-        judging = self._judging_now()
-        now = judging or get_clock().now()
+    def _claim_refusal(self) -> gates.Decision | None:
+        """The claim gate's refusal of this message now, ``None`` when it may start.
+
+        Called twice per message (on arrival and when handed to the pool): the deadline,
+        the reserve and the last instant the gate admits are worked out once, and each
+        call reads the clock once and compares (``gates.admit`` is asked for a refusal).
+        """
+        local = get_clock().now()
         try:
-            carried = self._carried()
+            carried = self._carried(local)
             if carried.unreadable is not None:
                 return gates.invalid(
-                    gates.Gate.CLAIM, now, f"unreadable deadline header {carried.unreadable!r}"
+                    gates.Gate.CLAIM, local, f"unreadable deadline header {carried.unreadable!r}"
                 )
-            if carried.deadline is None or judging is None:
+            deadline = carried.deadline
+            if deadline is None:
                 return None
-            reserve = self._reserve
-            if reserve is None:
+            judging = self._judging_now(local)
+            if judging is None:
+                return None
+            latest = self._latest_start
+            if latest is None:
                 reserve = self._reserve = self._deadline_task().reserve_duration()
+                latest = self._latest_start = gates.latest_start(deadline, reserve)
         except Exception as exc:  # noqa: BLE001 - a bad message or setting must never crash the consumer
-            return gates.invalid(gates.Gate.CLAIM, now, f"cannot judge the deadline: {exc}")
-        return gates.admit(gates.Gate.CLAIM, carried.deadline, now, reserve)
+            return gates.invalid(gates.Gate.CLAIM, local, f"cannot judge the deadline: {exc}")
+        if judging <= latest:
+            return None
+        return gates.admit(gates.Gate.CLAIM, deadline, judging, self._reserve or gates.ZERO)
 
     def _deadline_task(self) -> DeadlineTask:
         task = self.task
@@ -221,7 +239,7 @@ class DeadlineRequest(Request):
         if not self._with_ledger():
             return None
         status, reason = outcomes.after_time_limit(
-            self._carried().deadline,
+            self._carried(get_clock().now()).deadline,
             get_clock().now(),
             delivery_task=getattr(self.task, "deadline_kind", None) == "delivery",
         )
@@ -302,7 +320,8 @@ class DeadlineRequest(Request):
             self.reject(requeue=False)
 
 
-_timezones: weakref.WeakKeyDictionary[Any, tzinfo] = weakref.WeakKeyDictionary()
+#: The app attribute its timezone is kept in (``DeadlineRequest.tzlocal``).
+_TIMEZONE: Final = "_celery_deadlines_timezone"
 
 
 def fast_iso8601(value: datetime | str | None) -> datetime | None:

@@ -195,11 +195,19 @@ def earlier(first: datetime | None, second: datetime | None) -> datetime | None:
     return min(first, second)
 
 
+def carries_deadlines(headers: MutableMapping[str, Any]) -> bool:
+    """Does a message carry a deadline header at all? (Without one, :func:`read_headers`
+    needs no horizon: callers skip reading ``deadlines_max_budget``.)"""
+    return wire.DEADLINE_HEADER in headers or wire.DELIVERY_DEADLINE_HEADER in headers
+
+
 def read_headers(
     headers: MutableMapping[str, Any], now: datetime, horizon: timedelta, task_id: str | None
 ) -> Inherited:
     """The deadlines carried by a message's headers (unreadable ones kept as they are)."""
     origin = headers.get(wire.ORIGIN_HEADER) or task_id
+    if not carries_deadlines(headers):
+        return Inherited(origin=origin)  # nothing to read (``horizon`` is not used)
     deadline = unreadable = None
     raw = headers.get(wire.DEADLINE_HEADER)
     if raw is not None:

@@ -180,7 +180,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         # bench/publish_instructions.py): the same steps as publish_stamp(), which the
         # workflow gate uses; tests/unit/test_canvas.py holds the two equal
         parent = propagation.inherited()
-        if self.deadline_kind == "delivery":
+        if self.deadline_kind == "delivery" and parent is not stamping.NOTHING:
             # a notification lives by the delivery deadline, never by the execution one
             parent = parent._replace(deadline=parent.delivery)
         if parent.unreadable is not None:
@@ -188,6 +188,12 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
             self._refuse_enqueue(gates.invalid(gates.Gate.ENQUEUE, now, detail), task_id)
         contract = settings.contract_of(self.name)  # read once for every duration below
         own = options.own_deadlines(self, call, headers, now, settings, contract)
+        if own is stamping.NO_OWN and parent is stamping.NOTHING and not self._with_ledger():
+            # no deadline anywhere (a task with budget=None, published outside any task
+            # or scope, no ledger): nothing to stamp or gate; the message is Celery's own
+            return super().apply_async(
+                args, kwargs, task_id, producer, link, link_error, shadow, **call
+            )
         stamp = stamping.stamp_for(
             own, parent, now=now, expires=call.get("expires"), task_id=task_id
         )
@@ -196,14 +202,12 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
             propagation.log_clamp(self.name, task_id, governed)
         starts_at = start_of(call, now)
         if governed.deadline is not None:
-            decision = gates.admit(
-                gates.Gate.ENQUEUE,
-                governed.deadline,
-                now,
-                self.reserve_duration(settings, contract=contract),
-                starts_at=starts_at,
-            )
-            if not decision.allowed:
+            reserve = self.reserve_duration(settings, contract=contract)
+            start = now if starts_at is None or starts_at < now else starts_at
+            if start > gates.latest_start(governed.deadline, reserve):
+                decision = gates.admit(
+                    gates.Gate.ENQUEUE, governed.deadline, now, reserve, starts_at=starts_at
+                )
                 self._refuse_enqueue(decision, task_id)
         stamping.write(headers, stamp)
         if headers:
@@ -272,23 +276,28 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         started = clock.monotonic()
         headers = propagation.headers_of(request)  # whatever the caller gave Celery
         settings = settings_for(self.app)
-        carried = stamping.read_headers(headers, now, settings.max_budget, task_id)
+        horizon = settings.max_budget if stamping.carries_deadlines(headers) else gates.ZERO
+        carried = stamping.read_headers(headers, now, horizon, task_id)
         state = propagation.begin(request, carried)
         if carried.unreadable is not None:
             detail = f"unreadable deadline header {carried.unreadable!r}"
             self.refuse_attempt(gates.invalid(gates.Gate.ATTEMPT, now, detail), task_id)
-        reserve = self.reserve_duration(settings)
         deadline = carried.deadline
         with_ledger = self._with_ledger(eager=request.is_eager)
+        if deadline is None and not with_ledger:
+            return  # nothing to gate, nothing to anchor, no claim
+        reserve = self.reserve_duration(settings)
         # With a clock-skew budget the ledger's clock decides (docs/concepts.md: the
         # clock-skew hold comes before the deadline): the claim measures this clock
         # against it, holds the run if they disagree, and checks the deadline by the
         # database clock.
         skew_budget = settings.get(conf.CLOCK_SKEW_BUDGET) if with_ledger else None
-        if deadline is not None and skew_budget is None:
-            decision = gates.admit(gates.Gate.ATTEMPT, deadline, now, reserve)
-            if not decision.allowed:
-                self.refuse_attempt(decision, task_id)
+        if (
+            deadline is not None
+            and skew_budget is None
+            and now > gates.latest_start(deadline, reserve)
+        ):
+            self.refuse_attempt(gates.admit(gates.Gate.ATTEMPT, deadline, now, reserve), task_id)
         if with_ledger:
             hit("claim.before", task_id)
             attempt = claiming.claim(self, task_id, deadline, reserve)

@@ -163,6 +163,8 @@ def reset() -> None:
 def clock_watch(app: Any) -> Any:
     """This worker's :class:`~celery_deadlines.ledger.clockwatch.ClockWatch`, when the
     ledger is on and ``deadlines_clock_skew_budget`` is set (main process), else None."""
+    if _active is False and _installed is None:
+        return None  # the plain Celery tier (asked several times per message: kept short)
     if not enabled_for(app):
         return None
     from .reconcile import running

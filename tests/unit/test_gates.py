@@ -17,6 +17,7 @@ from celery_deadlines.gates import (
     claim_refusal,
     expiry_reason,
     invalid,
+    latest_start,
     retry_wait,
 )
 
@@ -248,3 +249,19 @@ def test_a_passed_deadline_has_one_reason_for_each_kind_of_task() -> None:
     refused = admit(Gate.CLAIM, NOW - timedelta(seconds=1), NOW, timedelta(0))
     assert refused.reason is expiry_reason(delivery_task=False)
     assert as_delivery(refused).reason is expiry_reason(delivery_task=True)
+
+
+@pytest.mark.parametrize("reserve", [timedelta(0), timedelta(microseconds=1), seconds(2)])
+@pytest.mark.parametrize("offset_us", [-2, -1, 0, 1, 2])
+def test_the_latest_start_is_the_last_instant_admit_allows(
+    reserve: timedelta, offset_us: int
+) -> None:
+    deadline = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+    latest = latest_start(deadline, reserve)
+    now = latest + timedelta(microseconds=offset_us)
+    assert admit(Gate.CLAIM, deadline, now, reserve).allowed is (now <= latest)
+
+
+def test_an_absurd_reserve_gives_a_latest_start_no_clock_reaches() -> None:
+    deadline = datetime(1970, 1, 2, tzinfo=UTC)
+    assert latest_start(deadline, timedelta(days=999_999)) == datetime.min.replace(tzinfo=UTC)

@@ -12,6 +12,7 @@ from celery_deadlines.errors import InvalidDeadline
 from celery_deadlines.stamping import (
     Inherited,
     Own,
+    carries_deadlines,
     earlier,
     earlier_expiry,
     own_deadlines,
@@ -82,6 +83,13 @@ def test_written_headers_read_back_as_what_was_stamped() -> None:
         NOW + seconds(9),
         "t-1",
     )
+
+
+def test_a_message_without_deadline_headers_carries_nothing_but_its_origin() -> None:
+    headers = {wire.ORIGIN_HEADER: "root-1"}
+    assert not carries_deadlines(headers)
+    assert read_headers(headers, NOW, HORIZON, "t-1") == Inherited(origin="root-1")
+    assert carries_deadlines({wire.DELIVERY_DEADLINE_HEADER: 1.0})
 
 
 def test_an_unreadable_deadline_header_is_carried_as_it_is_not_dropped() -> None:

@@ -1,0 +1,203 @@
+"""A publish's and a worker's cost per message counted in CPU instructions, not seconds.
+
+The worker-side twin of ``bench/publish_instructions.py``: wall-clock figures on a
+shared 2-core machine move by 10-30 % from run to run, valgrind's callgrind counts
+instructions, which repeat to a fraction of a percent. Messages are published for real
+(memory transport) by a plain Celery task, a ``DeadlineTask`` with a budget and one with
+none, then run through the code a prefork worker runs for each:
+
+* ``publish``: the whole ``apply_async`` of each variant, Celery's and kombu's code
+  included (the memory transport's queue stands for the broker), for the cost a
+  caller pays per publish: the library's own code and what it makes Celery do;
+* ``main``: the main process. Celery's own strategy (``task_message_handler``: the
+  request, ``revoked()`` when the message has ``expires``, ``task_reserved``), the
+  request's ``execute_using_pool`` (the claim gate, the time-limit cap) into a pool that
+  does what billiard's ``AsynPool`` does around a job: the accept callback, one hub
+  timer per job that has a time limit (cancelled when the job ends, as
+  ``on_timeout_cancel`` does) and the success callback (acknowledge, ``task_ready``);
+* ``child``: the pool process. Celery's tracer on the request (``before_start``, the
+  body, ``__call__``), as ``fast_trace_task`` runs it.
+
+Broker I/O, pipes and pickling are left out: they are the same for every variant. Only the
+processing of ``--messages`` messages is counted (after 200 warm-up ones): callgrind
+collects inside one ``functools.reduce`` call that runs them, and nothing else.
+``--against PATH`` counts another source tree too (a ``git worktree`` of an older commit).
+
+Usage: python bench/worker_instructions.py [--messages 2000] [--against ../old-tree]
+Needs valgrind (Debian package ``valgrind``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+#: The measured loop, run in a fresh interpreter with the source tree first on the path.
+LOOP = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import functools
+import time
+import weakref
+from types import SimpleNamespace
+
+from celery import Celery, Task
+from celery.app.trace import build_tracer, fast_trace_task
+from celery.worker import state as worker_state
+from celery.worker.strategy import default as strategy
+from kombu.asynchronous import Hub
+
+from celery_deadlines import DeadlineTask
+
+app = Celery("bench-worker", broker="memory://", set_as_current=True)
+app.conf.update(task_ignore_result=True, task_serializer="json", accept_content=["json"])
+
+
+def identity(x):
+    return x
+
+
+app.task(base=Task, name="m.plain", shared=False)(identity)
+app.task(base=DeadlineTask, name="m.deadline", shared=False, budget=300)(identity)
+app.task(base=DeadlineTask, name="m.nobudget", shared=False, budget=None)(identity)
+app.finalize(auto=True)
+task = app.tasks[sys.argv[3]]
+side = sys.argv[4]
+count = int(sys.argv[2])
+
+connection = app.connection_for_write()
+queue = connection.SimpleQueue("bench-worker")
+producer = app.amqp.Producer(connection)
+
+
+def publish(i):
+    task.apply_async((i,), producer=producer, queue="bench-worker")
+
+
+if side == "publish":
+    for i in range(200):  # warm-up, not counted
+        publish(i)
+    functools.reduce(lambda _, i: publish(i), range(count), None)
+    raise SystemExit(0)
+for i in range(200 + count):
+    publish(i)
+messages = [queue.get(block=False) for _ in range(200 + count)]
+
+hub = Hub()
+trefs = weakref.WeakValueDictionary()
+
+
+class Pool:
+    # what billiard's AsynPool does in the main process around one job
+    def apply_async(self, target, args, accept_callback, timeout_callback, callback,
+                    error_callback, soft_timeout, timeout, correlation_id):
+        accept_callback(1234, time.monotonic())
+        job = correlation_id
+        if soft_timeout:
+            trefs[job] = hub.call_later(soft_timeout, timeout_callback, True, soft_timeout)
+        elif timeout:
+            trefs[job] = hub.call_later(timeout, timeout_callback, False, timeout)
+        tref = trefs.pop(job, None)
+        if tref is not None:
+            tref.cancel()
+        callback((False, None, 0.001))
+
+
+pool = Pool()
+consumer = SimpleNamespace(
+    hostname="bench@worker", connection_errors=(), event_dispatcher=None,
+    timer=SimpleNamespace(call_at=None), apply_eta_task=None, disable_rate_limits=True,
+    task_buckets={}, on_task_request=lambda request: request.execute_using_pool(pool),
+    _limit_task=None, _limit_post_eta=None, controller=SimpleNamespace(state=worker_state),
+    pool=pool,
+)
+handler = strategy(task, app, consumer)
+tracer = build_tracer(task.name, task, eager=False, hostname="bench@worker", app=app)
+task.__trace__ = tracer
+localized = (app.tasks, {"application/json"}, "bench@worker")
+
+
+def main(message):
+    handler(message, None, message.ack_log_error, message.reject_log_error, [])
+
+
+def child(message):
+    fast_trace_task(task.name, message.headers["id"], message.headers, message.body,
+                    message.content_type, message.content_encoding, _loc=localized)
+
+
+run = main if side == "main" else child
+for message in messages[:200]:  # warm-up, not counted
+    run(message)
+# counted: callgrind collects only inside functools.reduce (--toggle-collect)
+functools.reduce(lambda _, message: run(message), messages[200:], None)
+"""
+
+VARIANTS = ("m.plain", "m.deadline", "m.nobudget")
+SIDES = ("publish", "main", "child")
+
+
+def instructions(tree: Path, variant: str, side: str, count: int) -> int:
+    """Instructions executed while ``count`` messages are run (nothing else is counted)."""
+    out = subprocess.run(
+        [
+            "valgrind",
+            "--tool=callgrind",
+            "--callgrind-out-file=/dev/null",
+            "--collect-atstart=no",
+            "--toggle-collect=functools_reduce",
+            sys.executable,
+            "-c",
+            LOOP,
+            str(tree),
+            str(count),
+            variant,
+            side,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "PYTHONHASHSEED": "0"},
+    )
+    match = re.search(r"Collected : (\d+)", out.stderr)
+    if out.returncode != 0 or match is None:
+        raise SystemExit(f"the loop failed:\n{out.stderr[-3000:]}")
+    return int(match.group(1))
+
+
+def per_message(tree: Path, variant: str, side: str, count: int) -> float:
+    return instructions(tree, variant, side, count) / count
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=2000)
+    parser.add_argument("--against", type=Path, help="another source tree to count")
+    parser.add_argument("--side", choices=SIDES, action="append")
+    args = parser.parse_args()
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is not installed (apt-get install valgrind)")
+    trees = [REPO] + ([args.against.resolve()] if args.against else [])
+    for side in args.side or SIDES:
+        plain = per_message(REPO, "m.plain", side, args.messages)
+        print(f"{side:5}  plain Celery task              {plain:9.0f} instructions/message")
+        for variant in VARIANTS[1:]:
+            counts = [per_message(tree, variant, side, args.messages) for tree in trees]
+            line = (
+                f"{side:5}  {variant.removeprefix('m.'):10} this tree {counts[0]:9.0f}"
+                f" ({counts[0] / plain:.3f} x plain)"
+            )
+            if len(counts) > 1:
+                line += f"   {trees[1].name}: {counts[1]:9.0f} ({counts[1] / plain:.3f} x plain)"
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
