@@ -7,7 +7,8 @@
   call is appended to LOG (JSONL, O_APPEND + fsync) *before* anything else, so nothing
   the system under test does can hide a duplicate. Keys starting ``fenced-`` are
   checked like a fencing-aware provider would: a fence lower than the highest one seen
-  for the key is refused (409) and logged as refused. Keys starting ``ackloss-`` are
+  for the key is refused (409) and logged as refused. Keys starting ``ackloss-`` (or
+  ``fenced-ackloss-``: both at once) are
   *ack-loss* calls: accepted and logged, then the connection is closed before any reply
   (the provider did it; the caller cannot know).
 * ``GET /effects/<key>``: the provider's lookup, for reconcilers: 200 with the calls
@@ -79,7 +80,7 @@ class Handler(BaseHTTPRequestHandler):
                 "outcome": "refused" if refused else "accepted",
             }  # fmt: skip
             _append(self.log_path, entry)
-        if key.startswith("ackloss-"):
+        if key.startswith(("ackloss-", "fenced-ackloss-")):
             self.close_connection = True  # the effect happened; the reply is lost
             return
         if refused:
