@@ -559,6 +559,7 @@ class Soak:
         self.calls = read_jsonl(self.sink_log)
         verdict = oracle.check(planned, ledger, self.calls, [], SUCCEEDS, callers=callers)
         self.unstored = self.explain_unstored(verdict)
+        self.outage_failed = self.explain_outage_failures(verdict, rows)
         unknown = [task_id for task_id in rows if task_id.split(".")[0] not in by_id]
         verdict.unexpected.extend(f"run {task_id}" for task_id in unknown)
         return verdict, len(orders)
@@ -597,6 +598,44 @@ class Soak:
         verdict.disagreeing = kept
         return explained
 
+    def explain_outage_failures(self, verdict: Any, rows: dict[str, Any]) -> list[str]:
+        """Take out of ``unexplained`` each run that ended FAILED because its body's own
+        database write failed *while the nemesis had the database cut* (the detail is
+        the connection's error): Celery's semantics, a body that raised. Anything
+        else stays a violation."""
+        from celery_deadlines.models import RunEvent
+
+        cuts = []
+        for fault in self.schedule:
+            if fault["kind"] == "db_cut":
+                seconds = float(fault["detail"].split()[0])
+                cuts.append((fault["wall"] - 0.5, fault["wall"] + seconds + 1.0, fault))
+        explained, kept = [], []
+        for entry in verdict.unexplained:
+            task_id = entry.split(":")[0]
+            run = rows.get(task_id)
+            evidence = None
+            connection_error = run is not None and run.detail.startswith(
+                ("OperationalError(", "InterfaceError(")
+            )
+            if run is not None and run.status == "FAILED" and connection_error:
+                event = (
+                    RunEvent.objects.filter(run=run, kind="failed", outcome="applied")
+                    .order_by("id")
+                    .last()
+                )
+                at = event.at.timestamp() if event is not None else None
+                for start, end, fault in cuts:
+                    if at is not None and start <= at <= end:
+                        evidence = fault
+                        break
+            if evidence is None:
+                kept.append(entry)
+            else:
+                explained.append(f"{entry}: {run.detail[:60]}..., during fault {evidence}")
+        verdict.unexplained = kept
+        return explained
+
     def teardown(self) -> None:
         for worker in self.workers:
             _signal_group(worker.process.pid, signal.SIGCONT)
@@ -625,6 +664,8 @@ class Soak:
             log(f"logs kept in {self.folder}")
         for entry in self.unstored:
             log(f"result not stored (the documented window after succeed()): {entry}")
+        for entry in self.outage_failed:
+            log(f"failed by its body's database write during a cut (explained): {entry}")
         per_kind = " ".join(f"{kind}={self.injected[kind]}" for kind in KINDS)
         ended = Counter(f"{run.status}/{run.reason or '-'}" for run in self.rows.values())
         log(f"faults: {per_kind}")
@@ -632,7 +673,8 @@ class Soak:
         log(
             f"also: mismatched={len(verdict.mismatched)} overran={len(verdict.overran)} "
             f"disagreeing={len(verdict.disagreeing)} unexpected={len(verdict.unexpected)} "
-            f"result_unstored_after_success={len(self.unstored)} (documented window); "
+            f"result_unstored_after_success={len(self.unstored)} (documented window) "
+            f"failed_during_db_cut={len(self.outage_failed)} (explained); "
             f"seed={self.seed} tier={self.tier_name} {seconds:.0f} s"
         )
         print(
