@@ -629,7 +629,7 @@ class Soak:
                     if at is not None and start <= at <= end:
                         evidence = fault
                         break
-            if evidence is None:
+            if evidence is None or run is None:
                 kept.append(entry)
             else:
                 explained.append(f"{entry}: {run.detail[:60]}..., during fault {evidence}")
