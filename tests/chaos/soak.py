@@ -90,7 +90,7 @@ TIERS = {
     ),
     "smoke": Tier(runs=30, faults=dict.fromkeys(KINDS, 1), seconds=15.0, quiesce=60.0),
     "soak": Tier(
-        runs=4200, faults=dict.fromkeys(KINDS, 150), seconds=2400.0, budget=300.0, quiesce=300.0
+        runs=4200, faults=dict.fromkeys(KINDS, 150), seconds=2100.0, budget=300.0, quiesce=300.0
     ),
 }
 
