@@ -4,7 +4,7 @@ times, and the external checker of :mod:`tests.support.oracle`.
 ``python -m tests.chaos.soak [--tier ci|soak] [--seed N]`` (``make chaos``, ``make
 chaos-soak``; ``CHAOS_TIER`` and ``CHAOS_SEED`` do the same). Everything it uses is its
 own: a Redis broker it starts on a port of its own (6390-6399), a second Redis for the
-results, a PostgreSQL database ``chaos_<tier>`` on the shared server reached through a
+results, a PostgreSQL database ``chaos_<tier>_<seed>_<pid>`` on the shared server reached through a
 TCP proxy it can cut, the provider process (``tests/support/sink.py``), real ``celery
 worker`` processes (prefork, acks_late, short visibility timeout and lease) and
 producer processes (``tests/chaos/producer.py``).
@@ -54,8 +54,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 KINDS = (
     "pool_kill", "worker_kill", "worker_stop", "broker_restart_lost",
-    "broker_restart_aof", "db_cut", "clock_step",
+    "broker_restart_aof", "db_cut", "clock_step", "db_restart",
 )  # fmt: skip
+
+#: The faults that need no PostgreSQL cluster of the soak's own.
+SHARED_CLUSTER_KINDS = tuple(kind for kind in KINDS if kind != "db_restart")
 
 #: Lease TTL of the workers (seconds): a stop lasts longer than it.
 TTL = 2.0
@@ -72,6 +75,10 @@ class Tier:
     producers: int = 3
     budget: float = 120.0
     quiesce: float = 120.0
+    broker: str = "redis"
+    #: a PostgreSQL cluster of the soak's own (initdb, another port), which ``db_restart``
+    #: crashes (``pg_ctl stop -m immediate``) and starts again
+    own_postgres: bool = False
 
 
 TIERS = {
@@ -88,9 +95,38 @@ TIERS = {
         },
         seconds=110.0,
     ),
-    "smoke": Tier(runs=30, faults=dict.fromkeys(KINDS, 1), seconds=15.0, quiesce=60.0),
+    # RabbitMQ: a node of the soak's own (ports 5680-5689); a restart takes ~20 s here
+    "rabbitmq": Tier(
+        runs=320,
+        faults={
+            "pool_kill": 24,
+            "worker_kill": 8,
+            "worker_stop": 10,
+            "broker_restart_lost": 5,
+            "broker_restart_aof": 5,
+            "db_cut": 10,
+            "clock_step": 12,
+        },
+        seconds=240.0,
+        broker="rabbitmq",
+        quiesce=180.0,
+    ),
+    # PostgreSQL crashed and restarted: a cluster of the soak's own (ports 5440-5449)
+    "postgres": Tier(
+        runs=240,
+        faults={"db_restart": 24, "pool_kill": 12, "worker_stop": 6, "broker_restart_lost": 4},
+        seconds=120.0,
+        own_postgres=True,
+    ),
+    "smoke": Tier(
+        runs=30, faults=dict.fromkeys(SHARED_CLUSTER_KINDS, 1), seconds=15.0, quiesce=60.0
+    ),
     "soak": Tier(
-        runs=4200, faults=dict.fromkeys(KINDS, 150), seconds=2100.0, budget=300.0, quiesce=300.0
+        runs=4200,
+        faults=dict.fromkeys(SHARED_CLUSTER_KINDS, 150),
+        seconds=2100.0,
+        budget=300.0,
+        quiesce=300.0,
     ),
 }
 
@@ -101,6 +137,10 @@ SUCCEEDS = frozenset({("SUCCEEDED", "")})
 EXPIRES = frozenset(
     {("EXPIRED", "deadline_passed"), ("EXPIRED", "run_expired"), ("EXPIRED", "delivery_expired")}
 )
+
+
+#: A run whose every publish raised (the caller was told): it ended, nothing was sent.
+UNSENT = frozenset({("FAILED", "publish_failed")})
 
 
 def log(message: str) -> None:
@@ -172,13 +212,128 @@ class Redis:
         self.start()
 
 
-def create_database(name: str) -> None:
+class Rabbit:
+    """A ``rabbitmq-server`` node of the soak's own (never the shared one on 5672): its
+    own node name, ports, configuration, database and logs, in ``folder`` (owned by
+    the ``rabbitmq`` user, as the server drops to it). A restart SIGKILLs its Erlang VM
+    (by its pid file; the host's epmd is left alone) and starts it again, with its
+    database (durable queues, persistent messages) kept, or removed: data lost."""
+
+    def __init__(self, folder: Path, port: int) -> None:
+        self.folder, self.port = folder, port
+        self.process: subprocess.Popen[bytes] | None = None
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "enabled_plugins").write_text("[].\n")
+        (folder / "chaos.conf").write_text(
+            f"listeners.tcp.local = 127.0.0.1:{port}\nloopback_users = none\n"
+        )
+        shutil.chown(folder, "rabbitmq", "rabbitmq")
+        for path in folder.iterdir():
+            shutil.chown(path, "rabbitmq", "rabbitmq")
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "RABBITMQ_NODENAME": f"chaos{self.port}@localhost",
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(self.port + 20000),
+            "RABBITMQ_CONFIG_FILE": str(self.folder / "chaos.conf"),
+            "RABBITMQ_MNESIA_BASE": str(self.folder / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(self.folder / "log"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.folder / "enabled_plugins"),
+            "RABBITMQ_PID_FILE": str(self.folder / "pid"),
+        }
+
+    def start(self) -> None:
+        (self.folder / "pid").unlink(missing_ok=True)
+        with (self.folder / "server.out").open("ab") as out:
+            self.process = subprocess.Popen(
+                ["rabbitmq-server"], env=self.env(), stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        wait_until(self.ping, 120, f"rabbitmq on {self.port} did not answer")
+
+    def ping(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    def kill(self) -> None:
+        pid_file = self.folder / "pid"
+        if pid_file.exists() and pid_file.read_text().strip():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid_file.read_text().strip()), signal.SIGKILL)
+        if self.process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(30)
+        wait_until(lambda: not self.ping(), 30, f"rabbitmq on {self.port} did not stop")
+
+    def restart(self, lose: bool) -> None:
+        self.kill()
+        if lose:
+            shutil.rmtree(self.folder / "mnesia", ignore_errors=True)
+        self.start()
+
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
+
+class Postgres:
+    """A PostgreSQL cluster of the soak's own: ``initdb`` into ``folder`` as the
+    ``postgres`` user (the server refuses root), on its own port; never the shared one."""
+
+    def __init__(self, folder: Path, port: int) -> None:
+        self.folder, self.port = folder, port
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.chown(folder, "postgres", "postgres")
+        bin_dir = PG_BIN if PG_BIN.exists() else Path(shutil.which("pg_ctl") or "pg_ctl").parent
+        self.pg_ctl, self.initdb = str(bin_dir / "pg_ctl"), str(bin_dir / "initdb")
+        self.as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+
+    def _run(self, *arguments: str) -> None:
+        subprocess.run(
+            [*self.as_postgres, *arguments], check=True, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, timeout=120,
+        )  # fmt: skip
+
+    def init(self) -> None:
+        self._run(
+            self.initdb, "-D", str(self.folder / "data"), "-A", "trust", "-U", "postgres",
+            "--no-sync", "-E", "UTF8",
+        )  # fmt: skip
+        self.start()
+
+    def start(self) -> None:
+        options = f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1"
+        self._run(
+            self.pg_ctl, "-D", str(self.folder / "data"), "-l", str(self.folder / "pg.log"),
+            "-w", "-t", "60", "-o", options, "start",
+        )  # fmt: skip
+
+    def crash(self) -> None:
+        """``pg_ctl stop -m immediate``: no checkpoint, crash recovery at the next start."""
+        self._run(self.pg_ctl, "-D", str(self.folder / "data"), "-m", "immediate", "-w", "stop")
+
+    def restart(self) -> None:
+        self.crash()
+        self.start()
+
+    def kill(self) -> None:
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            self.crash()
+
+
+def create_database(name: str, *, port: int = 5432, drop_only: bool = False) -> None:
     import psycopg
 
-    with psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=postgres") as conn:
+    dsn = f"host=127.0.0.1 port={port} user=postgres dbname=postgres"
+    with psycopg.connect(dsn) as conn:
         conn.autocommit = True
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
+        if not drop_only:
+            conn.execute(f'CREATE DATABASE "{name}"')
 
 
 def pids_with_parent(parent: int) -> list[int]:
@@ -223,7 +378,8 @@ class Soak:
         self.tier = TIERS[self.tier_name]
         self.prefix = f"chaos{self.seed}"
         self.queue = f"chaos-{self.seed}"
-        self.database = f"chaos_{self.tier_name}"
+        # one database per run: two soaks on one machine never drop each other's
+        self.database = f"chaos_{self.tier_name}_{self.seed}_{os.getpid()}"
         self.rng_nemesis = random.Random(f"{self.seed}:nemesis")
         self.lock = threading.Lock()
         self.workers: list[Any] = []
@@ -268,13 +424,25 @@ class Soak:
     def setup(self) -> None:
         from tests.support.proxy import Proxy
 
-        self.broker = Redis(self.folder / "broker", free_port(range(6390, 6400)), aof=True)
+        self.broker: Redis | Rabbit
+        if self.tier.broker == "rabbitmq":
+            self.broker = Rabbit(self.folder / "rabbitmq", free_port(range(5680, 5690)))
+            broker_url = f"amqp://guest:guest@127.0.0.1:{self.broker.port}//"
+        else:
+            self.broker = Redis(self.folder / "broker", free_port(range(6390, 6400)), aof=True)
+            broker_url = f"redis://127.0.0.1:{self.broker.port}/0"
         self.broker.start()
         self.results = Redis(self.folder / "results", free_port(range(6390, 6400)), aof=False)
         self.results.start()
-        create_database(self.database)
-        self.direct_url = f"postgres://postgres@127.0.0.1:5432/{self.database}"
-        self.proxy = Proxy(("127.0.0.1", 5432))
+        self.pg_port = 5432
+        self.postgres: Postgres | None = None
+        if self.tier.own_postgres:
+            self.postgres = Postgres(self.folder / "postgres", free_port(range(5440, 5450)))
+            self.postgres.init()
+            self.pg_port = self.postgres.port
+        create_database(self.database, port=self.pg_port)
+        self.direct_url = f"postgres://postgres@127.0.0.1:{self.pg_port}/{self.database}"
+        self.proxy = Proxy(("127.0.0.1", self.pg_port))
         self.proxied_url = f"postgres://postgres@127.0.0.1:{self.proxy.port}/{self.database}"
         self.sink_log = self.folder / "provider.jsonl"
         sink_port = free_port()
@@ -289,7 +457,7 @@ class Soak:
             {
                 "DJANGO_SETTINGS_MODULE": "tests.support.ledger_settings",
                 "TEST_DATABASE_URL": self.direct_url,
-                "TEST_BROKER_URL": f"redis://127.0.0.1:{self.broker.port}/0",
+                "TEST_BROKER_URL": broker_url,
                 "TEST_RESULT_BACKEND": f"redis://127.0.0.1:{self.results.port}/0",
                 "TEST_QUEUE": self.queue,
                 "TEST_SINK": str(self.folder / "tasks-sink.jsonl"),
@@ -303,7 +471,7 @@ class Soak:
         from tests.support.processes import Transport
 
         self.transport = Transport(
-            "redis", os.environ["TEST_BROKER_URL"], os.environ["TEST_RESULT_BACKEND"]
+            self.tier.broker, os.environ["TEST_BROKER_URL"], os.environ["TEST_RESULT_BACKEND"]
         )
         self.worker_env = {
             "TEST_DATABASE_URL": self.proxied_url,
@@ -426,13 +594,22 @@ class Soak:
         if kind in ("broker_restart_lost", "broker_restart_aof"):
             lose = kind == "broker_restart_lost"
             self.broker.restart(lose=lose)
-            self.record(at, kind, f"redis:{self.broker.port}", "data lost" if lose else "AOF")
+            kept = "AOF" if isinstance(self.broker, Redis) else "durable queues kept"
+            self.record(
+                at, kind, f"{self.tier.broker}:{self.broker.port}", "data lost" if lose else kept
+            )
             return None
         if kind == "db_cut":
             seconds = round(rng.uniform(1.0, 4.0), 2)
             self.proxy.block()
             self.record(at, kind, "postgres proxy", f"{seconds} s")
             return seconds, self.proxy.unblock
+        if kind == "db_restart":
+            if self.postgres is None:
+                raise ValueError("db_restart needs a cluster of the soak's own (own_postgres)")
+            self.postgres.restart()
+            self.record(at, kind, f"postgres:{self.postgres.port}", "stop -m immediate, start")
+            return None
         if kind == "clock_step":
             _, worker = self.pick_worker()
             step = round(rng.choice((-1, 1)) * rng.uniform(0.2, 30.0), 2)
@@ -476,14 +653,22 @@ class Soak:
 
     def quiesce(self, ids: set[str]) -> None:
         """Until every run of the soak in the ledger ended and none changed for a while."""
+        from django.db import DatabaseError, connections
+
         from celery_deadlines.models import TERMINAL, Run
 
+        connections.close_all()
         deadline = time.monotonic() + self.tier.quiesce
         last: Any = None
         still_since = time.monotonic()
         while time.monotonic() < deadline:
             rows = Run.objects.filter(task_id__startswith=self.prefix)
-            snapshot = sorted(rows.values_list("task_id", "status", "version"))
+            try:
+                snapshot = sorted(rows.values_list("task_id", "status", "version"))
+            except DatabaseError:  # the checker's connection met a db_restart: reconnect
+                connections.close_all()
+                time.sleep(0.5)
+                continue
             seen = {task_id for task_id, _, _ in snapshot}
             done = ids <= seen and all(status in TERMINAL for _, status, _ in snapshot)
             if snapshot != last or not done:
@@ -511,7 +696,17 @@ class Soak:
         verdict, trials = self.judge(orders, acknowledged)
         self.closing = True
         self.teardown()
-        return self.report(verdict, trials, time.monotonic() - started)
+        failed = self.report(verdict, trials, time.monotonic() - started)
+        if self.postgres is not None:
+            self.postgres.kill()  # after the report, which reads the failures' histories
+        if not failed:  # a failure keeps its database for a look at the ledger
+            from django.db import connections
+
+            connections.close_all()
+            with contextlib.suppress(Exception):  # the summary stays the last line
+                if self.postgres is None:
+                    create_database(self.database, drop_only=True)
+        return failed
 
     def acknowledged(self) -> dict[str, bool]:
         found: dict[str, bool] = {}
@@ -532,6 +727,8 @@ class Soak:
         rows = {run.task_id: run for run in Run.objects.filter(task_id__startswith=self.prefix)}
         for order in orders:
             allowed = EXPIRES if order.flavour == "expire" else SUCCEEDS
+            if not acknowledged.get(order.task_id, False):
+                allowed = allowed | UNSENT  # its caller was told the publish failed
             planned.append(
                 oracle.Planned(
                     order.task_id,
@@ -743,7 +940,7 @@ def main() -> int:
         soak.closing = True
         for worker in soak.workers:
             _signal_group(worker.process.pid, signal.SIGKILL)
-        for name in ("broker", "results"):
+        for name in ("broker", "results", "postgres"):
             server = getattr(soak, name, None)
             if server is not None:
                 server.kill()

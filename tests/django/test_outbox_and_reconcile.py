@@ -136,6 +136,26 @@ def test_a_publish_that_fails_outside_a_transaction_ends_the_run_and_reaches_the
     assert status(store, "p-1") == (Status.FAILED, "publish_failed")
 
 
+def test_a_caller_that_tries_again_after_a_failed_publish_publishes_the_run(
+    store: Store,
+) -> None:
+    # Regression, nemesis soak (RabbitMQ seed 7): the second try returned as if sent,
+    # and the run stayed FAILED publish_failed, never published.
+    run = undated_run("p-3")
+    sent: list[str] = []
+
+    def broken() -> None:
+        raise ConnectionError("broker down")
+
+    with pytest.raises(ConnectionError):
+        outbox.record(store, run, broken)
+    outbox.record(store, run, lambda: sent.append("publish"))
+    assert sent == ["publish"]
+    assert status(store, "p-3") == (Status.QUEUED, "")
+    outbox.record(store, run, lambda: sent.append("again"))  # now the same run: not sent
+    assert sent == ["publish"]
+
+
 def test_a_publish_that_fails_after_commit_leaves_the_run_queued_for_the_sweeper(
     store: Store,
 ) -> None:

@@ -114,7 +114,8 @@ def check(
             )
             if callers is not None and (record.terminal or record.status == "UNKNOWN"):
                 told = callers.get(run.task_id, "PENDING")
-                if told != CALLER_SEES.get(record.status, record.status):
+                expected = CALLER_SEES.get(record.reason) or CALLER_SEES.get(record.status)
+                if told != (expected or record.status):
                     verdict.disagreeing.append(
                         f"{run.task_id}: the ledger says {record.status}, the caller {told}"
                     )
@@ -144,7 +145,11 @@ def check(
 
 
 #: What a caller's ``AsyncResult.state`` must be for each state the ledger ends a run in.
-CALLER_SEES = {"SUCCEEDED": "SUCCESS", "FAILED": "FAILURE", "EXPIRED": "FAILURE"}
+#: (``publish_failed``: ``apply_async`` raised, nothing was stored: ``PENDING``.)
+CALLER_SEES = {
+    "SUCCEEDED": "SUCCESS", "FAILED": "FAILURE", "EXPIRED": "FAILURE",
+    "publish_failed": "PENDING",
+}  # fmt: skip
 
 
 def judge_history(
