@@ -122,8 +122,9 @@ TIERS = {
         runs=30, faults=dict.fromkeys(SHARED_CLUSTER_KINDS, 1), seconds=15.0, quiesce=60.0
     ),
     "soak": Tier(
-        runs=4200,
+        runs=4000,
         faults=dict.fromkeys(SHARED_CLUSTER_KINDS, 150),
+        producers=6,
         seconds=2100.0,
         budget=300.0,
         quiesce=300.0,
