@@ -572,15 +572,19 @@ class Soak:
             pool = pids_with_parent(worker.process.pid) if worker is not None else []
             if pool:
                 victim = rng.choice(pool)
-                os.kill(victim, signal.SIGKILL)
-                self.record(at, kind, worker.node, f"pool pid {victim}")
+                try:
+                    os.kill(victim, signal.SIGKILL)
+                    self.record(at, kind, worker.node, f"pool pid {victim}")
+                except ProcessLookupError:  # it ended meanwhile (its deadline's cap)
+                    self.record(at, kind, worker.node, f"pool pid {victim} already gone")
             else:
                 self.record(at, kind, "none", "no pool process alive")
             return None
         if kind == "worker_kill":
             _, worker = self.pick_worker()
             if worker is not None:
-                worker.kill()  # the supervisor starts another
+                with contextlib.suppress(ProcessLookupError):
+                    worker.kill()  # the supervisor starts another
             self.record(at, kind, worker.node if worker else "none")
             return None
         if kind == "worker_stop":
@@ -687,7 +691,7 @@ class Soak:
         supervisor = threading.Thread(target=self.supervise, daemon=True)
         supervisor.start()
         start = time.monotonic()
-        producers = self.publish(orders)
+        producers = self.producers = self.publish(orders)
         self.nemesis(start)
         for producer in producers:
             producer.wait(self.tier.seconds + 300)
@@ -945,9 +949,9 @@ def main() -> int:
             server = getattr(soak, name, None)
             if server is not None:
                 server.kill()
-        sink = getattr(soak, "sink", None)
-        if sink is not None:
-            sink.kill()
+        for process in [getattr(soak, "sink", None), *getattr(soak, "producers", [])]:
+            if process is not None and process.poll() is None:
+                process.kill()
 
 
 if __name__ == "__main__":
