@@ -76,6 +76,10 @@ class Tier:
     budget: float = 120.0
     quiesce: float = 120.0
     broker: str = "redis"
+    #: deadlines_republish_after of the workers: short, so that lost messages come back
+    #: soon; not so short that a backlog on a loaded machine is multiplied by copies
+    #: (seed 202, load 29: 20 copies of a run in 2 min, and a plain run expired queued)
+    republish_after: float = 3.0
     #: a PostgreSQL cluster of the soak's own (initdb, another port), which ``db_restart``
     #: crashes (``pg_ctl stop -m immediate``) and starts again
     own_postgres: bool = False
@@ -94,6 +98,7 @@ TIERS = {
             "clock_step": 20,
         },
         seconds=110.0,
+        republish_after=10.0,
     ),
     # RabbitMQ: a node of the soak's own (ports 5680-5689); a restart takes ~20 s here
     "rabbitmq": Tier(
@@ -483,7 +488,7 @@ class Soak:
             "TEST_REJECT_ON_WORKER_LOST": "1",
             "TEST_VISIBILITY_TIMEOUT": "5",
             "TEST_LEASE_TTL": str(TTL),
-            "TEST_REPUBLISH_AFTER": "3",
+            "TEST_REPUBLISH_AFTER": str(self.tier.republish_after),
             "TEST_MAX_LOST_LEASES": "8",
             "TEST_CLOCK_SKEW_BUDGET": "1.0",
         }
