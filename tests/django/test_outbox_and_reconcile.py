@@ -189,6 +189,28 @@ def test_reconcile_requeues_a_lapsed_run_and_publishes_its_recorded_message_agai
     assert status(store, "lapsed") == (Status.QUEUED, "")
 
 
+def test_a_caller_is_told_of_a_swept_expiry_even_if_the_database_goes_away_right_after(
+    store: Store, app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Regression, nemesis soak seed 202: the sweep's expiry committed, reading the
+    # database clock for the refusal failed (a cut), and the caller stayed PENDING.
+    from django.db import OperationalError
+
+    record(store, "swept", deadline_in=600)
+    Run.objects.using(store.using).filter(task_id="swept").update(
+        deadline=store.database_now() - timedelta(seconds=1), op="age"
+    )
+
+    def cut() -> Any:
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(store, "database_now", cut)
+    assert reconcile_once(app, store).expired == ["swept"]
+    with pytest.raises(DeadlineRefused) as refused:
+        app.AsyncResult("swept").get(timeout=1)
+    assert refused.value.reason == "deadline_passed"
+
+
 def test_reconcile_never_resurrects_a_run_past_its_deadline(store: Store, app: Celery) -> None:
     record(store, "late", deadline_in=600)
     claim(store, "late")
