@@ -944,6 +944,8 @@ def main() -> int:
     folder = Path(options.folder or tempfile.mkdtemp(prefix=f"chaos-{seed}-"))
     folder.mkdir(parents=True, exist_ok=True)
     soak = Soak(options.tier, int(seed), folder)
+    # a CI timeout's SIGTERM (or SIGINT, ignored in background jobs) stops what it started
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         return soak.run()
     finally:
