@@ -244,9 +244,11 @@ class DeadlineRequest(Request):
         self._time_limit_written = written
         if not self._with_ledger():
             return None
+        # judged by the ledger's clock when a skew budget is set (the nemesis soak, seed
+        # 6161: a wall clock stepped back 10.8 s made the deadline's cap FAILED time_limit)
         status, reason = outcomes.after_time_limit(
             self._carried().deadline,
-            get_clock().now(),
+            self._judging_now() or get_clock().now(),
             delivery_task=getattr(self.task, "deadline_kind", None) == "delivery",
         )
         detail = f"hard time limit ({timeout} s) exceeded"

@@ -109,3 +109,26 @@ def test_an_earlier_expires_of_the_callers_own_is_still_celerys_to_enforce(
     request, _ = claim(app, task, headers)
     assert request.revoked() is True
     assert revoked.call_args.args[:2] == ("m-1", "expired")
+
+
+def test_the_deadlines_cap_is_judged_by_the_ledgers_clock_not_a_wall_clock_stepped_back(
+    app: Celery, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Regression, nemesis soak seed 6161: the pool process killed at the deadline's cap
+    # on a worker whose wall clock had been stepped back 10.8 s ended FAILED time_limit.
+    from celery_deadlines import ledger
+    from celery_deadlines.request import DeadlineRequest
+
+    deadline = clock.now() + timedelta(seconds=3)
+    watch = Mock(budget=timedelta(seconds=1))
+    watch.authority_now.return_value = deadline  # the ledger's clock: at the deadline
+    monkeypatch.setattr(ledger, "clock_watch", lambda app: watch)
+    written: list[tuple[str, str]] = []
+    api = Mock()
+    api.end_owned.side_effect = lambda app, **kw: written.append((kw["status"], kw["reason"]))
+    monkeypatch.setattr(ledger, "api_for", lambda app: api)
+    monkeypatch.setattr(DeadlineRequest, "_with_ledger", lambda self: True)
+    request, _ = claim(app, make_task(app), {DEADLINE_HEADER: encode(deadline)})
+    clock.jump_wall(-10.8)  # the worker's wall clock, stepped back
+    request._time_limit_outcome(2.9)
+    assert written == [("EXPIRED", "deadline_passed")]
