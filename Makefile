@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test test-unit test-integration lint dist bench bench-ledger matrix matrix-unit celery-compat clean screenshots
+.PHONY: demo test test-unit test-integration lint dist bench bench-ledger matrix matrix-unit celery-compat clean screenshots chaos chaos-soak chaos-rabbitmq
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -73,3 +73,18 @@ matrix-unit:
 
 clean:
 	rm -rf $(VENV) .venv-* dist demo_project/var .mypy_cache .ruff_cache .pytest_cache .celery-compat
+
+## The nemesis soak's CI tier (tests/chaos/soak.py): >= 300 runs, >= 100 faults, its own
+## Redis servers (ports 6390-6399) and database (chaos_ci_*). The last line is the summary.
+## CHAOS_SEED=n replays a seed.
+chaos: $(INSTALLED)
+	$(BIN)/python -m tests.chaos.soak --tier ci
+
+## The soak tier: >= 4,000 runs and >= 1,000 faults, each kind >= 100 times (~40 min).
+chaos-soak: $(INSTALLED)
+	$(BIN)/python -m tests.chaos.soak --tier soak
+
+## The same workload on RabbitMQ: a node of its own (ports 5680-5689, never the shared
+## one on 5672), restarted with its data kept and lost (~6 min; not in CI).
+chaos-rabbitmq: $(INSTALLED)
+	$(BIN)/python -m tests.chaos.soak --tier rabbitmq

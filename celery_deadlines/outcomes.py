@@ -37,13 +37,23 @@ class NotFound(NamedTuple):
 
 
 class PendingEffect(NamedTuple):
-    """What a reconciler is asked about."""
+    """What a reconciler is asked about.
+
+    ``fence`` is the dispatch number asked about (``fx.fence`` of that dispatch). A
+    reconciler that answers ``NotFound`` says the call *will never* arrive, and a call
+    delayed between the dispatch guard and the provider may still be on its way: pass
+    ``fence`` to the provider's lookup so that it refuses that fence from then on, and
+    ``NotFound`` is certain (the nemesis soak, RabbitMQ seed 7: a worker stopped after
+    the guard called after the lookup had found nothing, and the next dispatch paid
+    again; a provider that only refuses fences *lower* than one it has seen took both).
+    """
 
     key: str
     name: str
     fingerprint: str
     token: int
     task_id: str
+    fence: int = 1
 
 
 # -- a run's end after an attempt ------------------------------------------------------------

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta, tzinfo
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from billiard.einfo import ExceptionWithTraceback  # type: ignore[attr-defined]
 from billiard.exceptions import TimeLimitExceeded, WorkerLostError
@@ -82,6 +82,30 @@ class DeadlineRequest(Request):
             self._refuse(refusal)
             return True
         return bool(super().revoked())
+
+    def maybe_expire(self) -> Literal[True] | None:
+        """Celery's ``expires`` check (on the local wall clock), unless ``expires`` is only
+        the cap the run's deadline put there: then the claim gate above judges it, by
+        the ledger's clock with a skew budget, and while that clock is in doubt the pool
+        process's claim does. Celery's check would store ``REVOKED`` over the run's own
+        outcome (the nemesis soak, seed 101: the sweeper had expired the run and told the
+        caller ``DeadlineRefused``; a worker whose clock was in doubt then revoked the
+        late message, and the caller saw ``REVOKED``). An earlier ``expires`` of the
+        caller's own is still Celery's to enforce."""
+        expires = self.expires
+        try:
+            deadline = self._carried(get_clock().now()).deadline
+        except Exception:  # noqa: BLE001 - an unreadable header is the claim gate's to refuse
+            deadline = None
+        if (
+            isinstance(expires, datetime)
+            and expires.tzinfo is not None
+            and deadline is not None
+            and expires >= deadline
+        ):
+            return None
+        expired: Literal[True] | None = super().maybe_expire()
+        return expired
 
     @property
     def time_limits(self) -> tuple[float | None, float | None]:
@@ -238,9 +262,12 @@ class DeadlineRequest(Request):
         self._time_limit_written = written
         if not self._with_ledger():
             return None
+        # judged by the ledger's clock when a skew budget is set (the nemesis soak, seed
+        # 6161: a wall clock stepped back 10.8 s made the deadline's cap FAILED time_limit)
+        local = get_clock().now()
         status, reason = outcomes.after_time_limit(
-            self._carried(get_clock().now()).deadline,
-            get_clock().now(),
+            self._carried(local).deadline,
+            self._judging_now(local) or local,
             delivery_task=getattr(self.task, "deadline_kind", None) == "delivery",
         )
         detail = f"hard time limit ({timeout} s) exceeded"

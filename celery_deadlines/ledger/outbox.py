@@ -88,13 +88,6 @@ def check_repeat(existing: ExistingRun | None, run: NewRun) -> None:
             )
     if why:
         raise RunConflict(run.task_id, existing.task_name, existing.status, why)
-    logger.info(
-        "%s[%s] published again under the same id and arguments: the existing run (%s) "
-        "stands, nothing is sent",
-        run.task_name,
-        run.task_id,
-        existing.status,
-    )
 
 
 def record(store: Store, run: NewRun, publish: Callable[[], Any]) -> Any:
@@ -104,12 +97,26 @@ def record(store: Store, run: NewRun, publish: Callable[[], Any]) -> Any:
     and the error reaches the caller, who knows nothing was sent. Inside one, the
     publish happens after the commit, when the caller can no longer be told: a failure
     is logged and the sweeper publishes the run again. A run id the ledger already has
-    is checked by :func:`check_repeat` and nothing is published (``None``).
+    is checked by :func:`check_repeat` and nothing is published (``None``), unless its
+    run ended ``publish_failed``: the caller was told and tries again, and the run is
+    recorded and published again.
     """
     connection = connections[store.using]
     if not store.outbox.enqueue(run):
-        check_repeat(store.outbox.existing(run.task_id), run)
-        return None  # the same run published again: its result, nothing sent twice
+        existing = store.outbox.existing(run.task_id)
+        check_repeat(existing, run)
+        # The caller tries again after a publish that raised (it was told nothing was
+        # sent): the run is recorded again and published (the nemesis soak, RabbitMQ
+        # seed 7: the repeat returned as if sent, and the run stayed FAILED unsent).
+        if not store.outbox.reopen_unpublished(run):
+            logger.info(
+                "%s[%s] published again under the same id and arguments: the existing run "
+                "(%s) stands, nothing is sent",
+                run.task_name,
+                run.task_id,
+                existing.status if existing is not None else "purged",
+            )
+            return None  # the same run published again: its result, nothing sent twice
     if not connection.in_atomic_block:
         hit("outbox.recorded", run.task_id)
         try:

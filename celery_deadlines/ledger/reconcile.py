@@ -32,10 +32,11 @@ from functools import partial
 from typing import Any, Final
 
 from billiard.exceptions import WorkerLostError
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from .. import conf, outcomes
 from .._crashpoints import hit
+from ..clock import get_clock
 from ..conf import settings_for
 from ..gates import expiry_reason
 from ..outcomes import Found, NotFound, PendingEffect, Settle
@@ -127,7 +128,13 @@ def reconcile_once(app: Any, store: Store, *, clock_certain: bool = True) -> Rep
     report = Report()
     expired_runs = store.sweeps.expire_unclaimed()
     if expired_runs:
-        now = store.database_now()  # one reading for the whole batch
+        try:
+            now = store.database_now()  # one reading for the whole batch
+        except DatabaseError:
+            # The expiries are committed and no later pass finds these runs again: the
+            # callers are told now, with the local clock's reading (the nemesis soak,
+            # seed 202: a database cut right after the sweep left a caller PENDING).
+            now = get_clock().now()
         for expired in expired_runs:
             report.expired.append(expired.task_id)
             store_refusal(app, expired, now)
@@ -203,8 +210,9 @@ def _reconcile_effect(app: Any, store: Store, pending: Pending, report: Report) 
     if reconciler is None:
         return  # an operator resolves it (admin); the run stays UNKNOWN meanwhile
     question = PendingEffect(
-        pending.key, pending.name, pending.fingerprint, pending.lease_token, pending.task_id
-    )
+        pending.key, pending.name, pending.fingerprint, pending.lease_token, pending.task_id,
+        pending.dispatches,
+    )  # fmt: skip
     try:
         answer = reconciler(question)
     except Exception:  # the effect stays UNKNOWN: never guessed

@@ -136,6 +136,26 @@ def test_a_publish_that_fails_outside_a_transaction_ends_the_run_and_reaches_the
     assert status(store, "p-1") == (Status.FAILED, "publish_failed")
 
 
+def test_a_caller_that_tries_again_after_a_failed_publish_publishes_the_run(
+    store: Store,
+) -> None:
+    # Regression, nemesis soak (RabbitMQ seed 7): the second try returned as if sent,
+    # and the run stayed FAILED publish_failed, never published.
+    run = undated_run("p-3")
+    sent: list[str] = []
+
+    def broken() -> None:
+        raise ConnectionError("broker down")
+
+    with pytest.raises(ConnectionError):
+        outbox.record(store, run, broken)
+    outbox.record(store, run, lambda: sent.append("publish"))
+    assert sent == ["publish"]
+    assert status(store, "p-3") == (Status.QUEUED, "")
+    outbox.record(store, run, lambda: sent.append("again"))  # now the same run: not sent
+    assert sent == ["publish"]
+
+
 def test_a_publish_that_fails_after_commit_leaves_the_run_queued_for_the_sweeper(
     store: Store,
 ) -> None:
@@ -167,6 +187,28 @@ def test_reconcile_requeues_a_lapsed_run_and_publishes_its_recorded_message_agai
     assert message["headers"]["x_deadline"] == 1.0
     assert message["body"][0] == [7]
     assert status(store, "lapsed") == (Status.QUEUED, "")
+
+
+def test_a_caller_is_told_of_a_swept_expiry_even_if_the_database_goes_away_right_after(
+    store: Store, app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Regression, nemesis soak seed 202: the sweep's expiry committed, reading the
+    # database clock for the refusal failed (a cut), and the caller stayed PENDING.
+    from django.db import OperationalError
+
+    record(store, "swept", deadline_in=600)
+    Run.objects.using(store.using).filter(task_id="swept").update(
+        deadline=store.database_now() - timedelta(seconds=1), op="age"
+    )
+
+    def cut() -> Any:
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(store, "database_now", cut)
+    assert reconcile_once(app, store).expired == ["swept"]
+    with pytest.raises(DeadlineRefused) as refused:
+        app.AsyncResult("swept").get(timeout=1)
+    assert refused.value.reason == "deadline_passed"
 
 
 def test_reconcile_never_resurrects_a_run_past_its_deadline(store: Store, app: Celery) -> None:

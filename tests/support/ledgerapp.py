@@ -216,7 +216,8 @@ def remote_pay(self: DeadlineTask, key: str) -> Any:
 def find_remote_payment(pending: Any) -> Any:
     from celery_deadlines.effects import Found, NotFound
 
-    status, answer = _provider("GET", pending.key)
+    # the lookup is fenced: the dispatch asked about can no longer land after it
+    status, answer = _provider("GET", f"{pending.key}?fence={pending.fence}")
     if status == 200:
         return Found(
             answer["calls"][-1], evidence=f"provider lookup: {len(answer['calls'])} call(s)"

@@ -4,6 +4,12 @@ It compares three records that no single component writes: what the driver plann
 was acknowledged, what the ledger says about each run, and what the provider's own
 append-only log says happened. Effects are counted **only** from the provider's log;
 the ledger is compared with it, never trusted for the count.
+
+The nemesis soak (``tests/chaos``) adds what a caller sees (``callers``: the state of
+each run's ``AsyncResult``), each run's deadline and the instants its claims were
+committed: a provider call after the deadline's cap *overran*, a call under a token the
+ledger had already superseded was a *stale write accepted*, and a caller told otherwise
+than the ledger *disagrees*.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ class Planned:
     key: str
     point: str | None = None
     acknowledged: bool = True
+    #: the terminal (status, reason) pairs this run may end in (None: the scenario's)
+    allowed: frozenset[tuple[str, str]] | None = None
 
 
 @dataclass(frozen=True)
@@ -33,6 +41,10 @@ class Ledgered:
     terminal: bool
     effect_state: str | None = None
     effect_token: int | None = None
+    #: the run's deadline (POSIX seconds), if it has one
+    deadline: float | None = None
+    #: (token, POSIX seconds by the database clock) of every claim the ledger applied
+    claims: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass
@@ -46,6 +58,9 @@ class Verdict:
     unexplained: list[str] = field(default_factory=list)
     mismatched: list[str] = field(default_factory=list)
     unfired: list[str] = field(default_factory=list)
+    overran: list[str] = field(default_factory=list)
+    stale_accepted: list[str] = field(default_factory=list)
+    disagreeing: list[str] = field(default_factory=list)
 
     def violations(self) -> dict[str, list[str]]:
         return {name: found for name, found in vars(self).items() if found}
@@ -57,10 +72,21 @@ def check(
     calls: Iterable[Mapping[str, Any]],
     fired: Iterable[Mapping[str, Any]],
     allowed: frozenset[tuple[str, str]],
+    *,
+    callers: Mapping[str, str] | None = None,
+    cap_slack: float = 1.5,
+    stale_grace: float = 0.25,
 ) -> Verdict:
     """Judge a quiesced system. ``calls`` are the provider's log lines (accepted ones
     count), ``fired`` the crash points that really fired, ``allowed`` the terminal
-    (status, reason) pairs this scenario may end in."""
+    (status, reason) pairs this scenario may end in (a run's own ``allowed`` wins; an
+    allowed ``UNKNOWN`` is not stuck: it waits for a person, with its reason).
+
+    ``callers`` maps task ids to the state their caller's ``AsyncResult`` shows
+    (``SUCCESS``, ``FAILURE``, ``UNKNOWN``...): it must say what the ledger says. A call
+    later than ``cap_slack`` seconds after its run's deadline overran the deadline's
+    cap; a call under a token whose successor's claim was committed ``stale_grace``
+    seconds before it arrived was a stale write the provider accepted."""
     planned = list(planned)
     accepted = [call for call in calls if call.get("outcome", "accepted") == "accepted"]
     per_key = Counter(call["key"] for call in accepted)
@@ -69,13 +95,30 @@ def check(
     verdict = Verdict()
     for run in planned:
         record = ledger.get(run.task_id)
+        explained = run.allowed if run.allowed is not None else allowed
         if record is None:
             if run.acknowledged:
                 verdict.lost.append(run.task_id)
-        elif not record.terminal:
+        elif not record.terminal and (record.status, record.reason) not in explained:
             verdict.stuck.append(run.task_id)
-        elif (record.status, record.reason) not in allowed:
+        elif (record.status, record.reason) not in explained:
             verdict.unexplained.append(f"{run.task_id}: {record.status} {record.reason!r}")
+        if record is not None:
+            judge_history(
+                run,
+                record,
+                [c for c in accepted if c["key"] == run.key],
+                verdict,
+                cap_slack,
+                stale_grace,
+            )
+            if callers is not None and (record.terminal or record.status == "UNKNOWN"):
+                told = callers.get(run.task_id, "PENDING")
+                expected = CALLER_SEES.get(record.reason) or CALLER_SEES.get(record.status)
+                if told != (expected or record.status):
+                    verdict.disagreeing.append(
+                        f"{run.task_id}: the ledger says {record.status}, the caller {told}"
+                    )
         count = per_key[run.key]
         if count > 1:
             verdict.duplicated.append(f"{run.key}: {count} calls")
@@ -99,3 +142,42 @@ def check(
     keys = {run.key for run in planned}
     verdict.unexpected = sorted(key for key in per_key if key not in keys)
     return verdict
+
+
+#: What a caller's ``AsyncResult.state`` must be for each state the ledger ends a run in.
+#: (``publish_failed``: ``apply_async`` raised, nothing was stored: ``PENDING``.)
+CALLER_SEES = {
+    "SUCCEEDED": "SUCCESS", "FAILED": "FAILURE", "EXPIRED": "FAILURE",
+    "publish_failed": "PENDING",
+}  # fmt: skip
+
+
+def judge_history(
+    run: Planned,
+    record: Ledgered,
+    accepted: list[Mapping[str, Any]],
+    verdict: Verdict,
+    cap_slack: float,
+    stale_grace: float,
+) -> None:
+    """The provider's accepted calls for one run against its deadline and its claims."""
+    for call in accepted:
+        at = call.get("t")
+        if at is None:
+            continue
+        if record.deadline is not None and at > record.deadline + cap_slack:
+            late = at - record.deadline
+            verdict.overran.append(
+                f"{run.task_id}: {run.key} called {late:.2f} s past the deadline"
+            )
+        superseded = [
+            (token, claimed)
+            for token, claimed in record.claims
+            if token > call["token"] and claimed + stale_grace < at
+        ]
+        if superseded:
+            token, claimed = min(superseded)
+            verdict.stale_accepted.append(
+                f"{run.task_id}: {run.key} accepted under token {call['token']} "
+                f"{at - claimed:.2f} s after token {token} was claimed"
+            )

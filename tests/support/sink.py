@@ -7,11 +7,14 @@
   call is appended to LOG (JSONL, O_APPEND + fsync) *before* anything else, so nothing
   the system under test does can hide a duplicate. Keys starting ``fenced-`` are
   checked like a fencing-aware provider would: a fence lower than the highest one seen
-  for the key is refused (409) and logged as refused. Keys starting ``ackloss-`` are
+  for the key is refused (409) and logged as refused. Keys starting ``ackloss-`` (or
+  ``fenced-ackloss-``: both at once) are
   *ack-loss* calls: accepted and logged, then the connection is closed before any reply
   (the provider did it; the caller cannot know).
 * ``GET /effects/<key>``: the provider's lookup, for reconcilers: 200 with the calls
-  accepted for the key, or 404.
+  accepted for the key, or 404. ``GET /effects/<key>?fence=f`` fences the lookup (for
+  ``fenced-`` keys): from then on a call with fence ``f`` or lower is refused, so that a
+  "not found" stays true (a call delayed past the lookup cannot land later).
 
 It is deliberately not idempotent: two calls are two lines.
 """
@@ -79,7 +82,7 @@ class Handler(BaseHTTPRequestHandler):
                 "outcome": "refused" if refused else "accepted",
             }  # fmt: skip
             _append(self.log_path, entry)
-        if key.startswith("ackloss-"):
+        if key.startswith(("ackloss-", "fenced-ackloss-")):
             self.close_connection = True  # the effect happened; the reply is lost
             return
         if refused:
@@ -88,8 +91,14 @@ class Handler(BaseHTTPRequestHandler):
             self._reply(200, {"id": f"{key}#{token}"})
 
     def do_GET(self) -> None:
-        calls = _accepted(self.log_path, self._key())
-        if calls:
+        key, _, query = self._key().partition("?")
+        fence = int(query.removeprefix("fence=")) if query.startswith("fence=") else 0
+        with _lock:
+            if key.startswith("fenced-") and fence:
+                _highest[key] = max(fence + 1, _highest.get(key, 0))
+            calls = _accepted(self.log_path, key)
+            found = bool(calls)
+        if found:
             self._reply(200, {"found": True, "calls": calls})
         else:
             self._reply(404, {"found": False})

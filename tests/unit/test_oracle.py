@@ -75,3 +75,59 @@ def test_a_call_for_a_key_nobody_planned_is_unexpected() -> None:
 
 def test_a_planned_crash_that_never_fired_is_reported() -> None:
     assert judge(fired=[]) == {"unfired": ["run-1@effect.dispatched"]}
+
+
+# -- the nemesis soak's invariants (tests/chaos) ------------------------------------------
+
+DEADLINE = 1000.0
+CLAIMED = Ledgered("SUCCEEDED", "", True, "SUCCEEDED", 3, DEADLINE, ((1, 900.0), (3, 950.0)))
+
+
+def timed(token: int, at: float) -> dict[str, Any]:
+    return {**call(token=token), "t": at}
+
+
+def soak_judge(
+    ledger: dict[str, Ledgered], calls: list[dict[str, Any]], callers: dict[str, str]
+) -> dict[str, list[str]]:
+    planned = [Planned("run-1", "key-1")]
+    return check(planned, ledger, calls, [], ALLOWED, callers=callers).violations()
+
+
+def test_a_call_under_the_current_token_before_the_deadline_is_clean() -> None:
+    assert soak_judge({"run-1": CLAIMED}, [timed(3, 960.0)], {"run-1": "SUCCESS"}) == {}
+
+
+def test_a_call_past_the_deadlines_cap_overran() -> None:
+    found = soak_judge({"run-1": CLAIMED}, [timed(3, DEADLINE + 2)], {"run-1": "SUCCESS"})
+    assert list(found) == ["overran"]
+
+
+def test_a_call_under_a_token_already_superseded_is_a_stale_write_accepted() -> None:
+    record = Ledgered("SUCCEEDED", "", True, "SUCCEEDED", 1, DEADLINE, ((1, 900.0), (3, 950.0)))
+    found = soak_judge({"run-1": record}, [timed(1, 951.0)], {"run-1": "SUCCESS"})
+    assert list(found) == ["stale_accepted"]
+    # before the successor's claim it was still the holder's call
+    assert soak_judge({"run-1": record}, [timed(1, 940.0)], {"run-1": "SUCCESS"}) == {}
+
+
+def test_a_caller_told_otherwise_than_the_ledger_disagrees() -> None:
+    for told in ("PENDING", "FAILURE", "UNKNOWN"):
+        found = soak_judge({"run-1": CLAIMED}, [timed(3, 960.0)], {"run-1": told})
+        assert list(found) == ["disagreeing"], told
+    expired = Ledgered("EXPIRED", "deadline_passed", True)
+    allowed = frozenset({("EXPIRED", "deadline_passed")})
+    planned = [Planned("run-1", "key-1", allowed=allowed)]
+    assert check(planned, {"run-1": expired}, [], [], ALLOWED, callers={"run-1": "FAILURE"}) == (
+        Verdict()
+    )
+
+
+def test_a_runs_own_allowed_ends_win_and_an_allowed_unknown_is_not_stuck() -> None:
+    waiting = Ledgered("UNKNOWN", "no_reconciler", False)
+    planned = [Planned("run-1", "key-1", allowed=frozenset({("UNKNOWN", "no_reconciler")}))]
+    assert check(planned, {"run-1": waiting}, [], [], ALLOWED).violations() == {}
+    assert (
+        "stuck"
+        in check([Planned("run-1", "key-1")], {"run-1": waiting}, [], [], ALLOWED).violations()
+    )

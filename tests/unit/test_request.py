@@ -3,7 +3,8 @@ time-limit cap, before a message reaches the pool."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from unittest.mock import Mock
 
 import pytest
 from celery import Celery
@@ -76,3 +77,58 @@ def test_time_limits_from_the_message_are_kept_when_shorter(app: Celery, clock: 
 def test_time_limits_are_untouched_without_a_deadline(app: Celery, clock: FakeClock) -> None:
     request, _ = claim(app, make_task(app), {"timelimit": (8, 6)})
     assert request.time_limits == (8, 6)
+
+
+def test_a_late_message_is_left_to_the_pools_claim_while_the_clock_is_in_doubt_never_revoked(
+    app: Celery, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Regression, nemesis soak seed 101: the sweeper had expired the run and stored
+    # DeadlineRefused for the caller; a worker whose clock watch was in doubt let Celery's
+    # own ``expires`` check (on the local wall clock) store REVOKED over it.
+    from celery_deadlines import ledger
+
+    in_doubt = Mock(budget=timedelta(seconds=1))
+    in_doubt.authority_now.return_value = None
+    monkeypatch.setattr(ledger, "clock_watch", lambda app: in_doubt)
+    task = make_task(app)
+    monkeypatch.setattr(task.backend, "mark_as_revoked", revoked := Mock())
+    deadline = datetime.now(UTC) - timedelta(seconds=1)  # past by every clock
+    request, on_ack = claim(app, task, {DEADLINE_HEADER: encode(deadline), "expires": deadline})
+    assert request.revoked() is False  # the pool process's claim judges it
+    on_ack.assert_not_called()
+    revoked.assert_not_called()  # nothing stored over the run's outcome
+
+
+def test_an_earlier_expires_of_the_callers_own_is_still_celerys_to_enforce(
+    app: Celery, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    task = make_task(app)
+    monkeypatch.setattr(task.backend, "mark_as_revoked", revoked := Mock())
+    expires = datetime.now(UTC) - timedelta(seconds=1)
+    headers = {DEADLINE_HEADER: encode(clock.now() + timedelta(seconds=60)), "expires": expires}
+    request, _ = claim(app, task, headers)
+    assert request.revoked() is True
+    assert revoked.call_args.args[:2] == ("m-1", "expired")
+
+
+def test_the_deadlines_cap_is_judged_by_the_ledgers_clock_not_a_wall_clock_stepped_back(
+    app: Celery, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Regression, nemesis soak seed 6161: the pool process killed at the deadline's cap
+    # on a worker whose wall clock had been stepped back 10.8 s ended FAILED time_limit.
+    from celery_deadlines import ledger
+    from celery_deadlines.request import DeadlineRequest
+
+    deadline = clock.now() + timedelta(seconds=3)
+    watch = Mock(budget=timedelta(seconds=1))
+    watch.authority_now.return_value = deadline  # the ledger's clock: at the deadline
+    monkeypatch.setattr(ledger, "clock_watch", lambda app: watch)
+    written: list[tuple[str, str]] = []
+    api = Mock()
+    api.end_owned.side_effect = lambda app, **kw: written.append((kw["status"], kw["reason"]))
+    monkeypatch.setattr(ledger, "api_for", lambda app: api)
+    monkeypatch.setattr(DeadlineRequest, "_with_ledger", lambda self: True)
+    request, _ = claim(app, make_task(app), {DEADLINE_HEADER: encode(deadline)})
+    clock.jump_wall(-10.8)  # the worker's wall clock, stepped back
+    request._time_limit_outcome(2.9)
+    assert written == [("EXPIRED", "deadline_passed")]

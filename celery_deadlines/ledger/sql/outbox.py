@@ -71,6 +71,34 @@ class Outbox(Statements):
         )
         return count == 1
 
+    def reopen_unpublished(self, run: NewRun) -> bool:
+        """Record ``run`` again over a run of its id whose publish raised (the caller was
+        told nothing was sent, and tries again): QUEUED with the new message and
+        deadlines. ``False`` if the run is anything else (it stands as it is)."""
+        d = self.dialect
+        count, _ = self.execute(
+            f"""
+            UPDATE {RUN} SET status = 'QUEUED', reason = '', detail = '',
+                deadline = %s, delivery_deadline = %s, message_body = %s,
+                content_type = %s, content_encoding = %s, available_at = %s,
+                published_at = {d.now}, version = version + 1, op = 'enqueue',
+                op_detail = 'published again after a failed publish', updated_at = {d.now}
+            WHERE task_id = %s AND task_name = %s AND status = 'FAILED'
+              AND reason = 'publish_failed' AND attempt = 0
+            """,
+            [
+                d.param(run.deadline),
+                d.param(run.delivery_deadline),
+                run.message_body,
+                run.content_type,
+                run.content_encoding,
+                d.param(run.available_at),
+                run.task_id,
+                run.task_name,
+            ],
+        )
+        return count == 1
+
     def record_ended(
         self,
         run: NewRun,

@@ -180,6 +180,17 @@ class Runs(Statements):
             owner,
         )
 
+    def last_write(self, lease: Lease) -> tuple[str, int, str] | None:
+        """The run's status, token and last write (``op``), to settle a write whose
+        answer the database connection lost: did it commit?"""
+        _, rows = self.execute(
+            f"SELECT status, lease_token, op FROM {RUN} WHERE id = %s", [lease.run_id]
+        )
+        if not rows:
+            return None
+        status, token, op = rows[0]
+        return str(status), int(token), str(op)
+
     def retry(
         self,
         lease: Lease,
