@@ -15,7 +15,8 @@ ended runs stay).
 ``options`` (a task's durations), ``propagation`` (inheritance, scopes, the publish hook),
 ``task`` (DeadlineTask: Celery's hooks), ``body`` (what a task body calls), ``claiming``,
 ``recording``, ``effects``, ``request`` (the worker's main process), ``signals``,
-``beat``, ``metrics``, ``exporter`` (a worker serves the metrics), ``testing``.
+``beat``, ``metrics``, ``exporter`` (a worker serves the metrics), ``tracing``
+(deadlines on OpenTelemetry spans), ``testing``.
 
 **The ledger** (``ledger/``: Django's database, by raw conditional statements on the
 database clock; never reaches back into the Celery tier's task side): ``api`` (the entry

@@ -128,7 +128,9 @@ def test_an_attempt_refused_at_its_gate_is_an_event_on_the_task_span(
     work.apply_async(budget=10, task_id="late-1")
     clock.advance(11)
     assert execute_next(traced, QUEUE)[0] == "IGNORED"
-    event = refusal_event(span_named(spans, "run/traced.work"))
+    run = span_named(spans, "run/traced.work")
+    assert run.status.status_code is trace.StatusCode.UNSET  # as docs/howto.md says
+    event = refusal_event(run)
     assert (event["celery_deadlines.gate"], event["celery_deadlines.reason"]) == (
         "attempt",
         "deadline_passed",
@@ -147,7 +149,8 @@ def test_a_refused_retry_is_an_event_on_the_task_span_with_the_last_error(
     state, raised = execute_next(traced, QUEUE)
     assert state == "FAILURE"
     assert isinstance(raised, DeadlineRefused)
-    event = refusal_event(span_named(spans, "run/traced.flaky"))
+    run = span_named(spans, "run/traced.flaky")
+    event = refusal_event(run)
     assert (event["celery_deadlines.gate"], event["celery_deadlines.reason"]) == (
         "retry",
         "retry_budget_exhausted",
