@@ -65,6 +65,8 @@ EFFECT_KEY: Final = PREFIX + "effect_key"
 
 def annotate_ingress(*, deadline: datetime, source: str, remaining: timedelta) -> None:
     """Set the request's deadline, its source and the time left on the current span."""
+    if _API not in sys.modules:  # every request: one lookup when nobody traces
+        return
     span = _recording_span()
     if span is not None:
         _annotate(span, deadline, source, remaining, None)
@@ -85,8 +87,14 @@ def annotate_attempt(
     span = _recording_span()
     if span is None:
         return
-    source = headers.get(wire.SOURCE_HEADER) if deadline is not None else None
-    remaining = deadline - now if deadline is not None else None
+    source: object = None
+    remaining = None
+    if deadline is not None:
+        try:
+            source = headers.get(wire.SOURCE_HEADER)
+            remaining = deadline - now
+        except Exception:  # tracing must never change a decision
+            logger.debug("reading the attempt's deadline for its span failed", exc_info=True)
     _annotate(span, deadline, source if isinstance(source, str) else None, remaining, lease_token)
 
 
