@@ -47,7 +47,7 @@ def spans() -> Iterator[InMemorySpanExporter]:
 def app_for(alias: str) -> Celery:
     if alias not in _apps:
         app = _apps[alias] = Celery(
-            f"traced-{alias}", broker="memory://", backend="cache+memory://"
+            f"traced-{alias}", broker="memory://", backend="cache+memory://", set_as_current=False
         )
         app.conf.update(task_default_queue=QUEUE, deadlines_ledger=True, deadlines_database=alias)
         app.task(base=DeadlineTask, bind=True, name="traced.leased", budget=600)(leased)

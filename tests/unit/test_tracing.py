@@ -215,7 +215,14 @@ def test_a_claim_gate_refusal_without_a_trace_context_starts_a_new_trace(
 def test_a_ledger_attempt_span_carries_its_lease_token(
     clock: FakeClock, spans: InMemorySpanExporter
 ) -> None:
-    app = Celery(f"traced-{uuid.uuid4().hex[:6]}", broker="memory://", backend="cache+memory://")
+    # not the current app: once closed, it would stay current without the shared tasks
+    # imported after it (Celery's close() forgets the app), for the tests that follow
+    app = Celery(
+        f"traced-{uuid.uuid4().hex[:6]}",
+        broker="memory://",
+        backend="cache+memory://",
+        set_as_current=False,
+    )
     app.conf.task_default_queue = QUEUE
     drain(app, QUEUE)
     with use_ledger(FakeLedger()) as ledger:
