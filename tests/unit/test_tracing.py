@@ -58,11 +58,27 @@ def spans() -> Iterator[InMemorySpanExporter]:
         exporter.clear()
 
 
-@pytest.fixture
-def traced(app: Celery) -> Celery:
+def own_app() -> Celery:
+    """An app on the memory broker that is never Celery's current app: closed, a current
+    app would keep none of the shared tasks imported after it (close() forgets the app),
+    and a later test reading one through ``current_app`` would find it missing."""
+    app = Celery(
+        f"traced-{uuid.uuid4().hex[:6]}",
+        broker="memory://",
+        backend="cache+memory://",
+        set_as_current=False,
+    )
     app.conf.task_default_queue = QUEUE
     drain(app, QUEUE)
     return app
+
+
+@pytest.fixture
+def traced() -> Iterator[Celery]:
+    app = own_app()
+    app.conf.deadlines_ledger = False  # the header tier
+    yield app
+    app.close()
 
 
 def span_named(spans: InMemorySpanExporter, name: str) -> ReadableSpan:
@@ -215,16 +231,7 @@ def test_a_claim_gate_refusal_without_a_trace_context_starts_a_new_trace(
 def test_a_ledger_attempt_span_carries_its_lease_token(
     clock: FakeClock, spans: InMemorySpanExporter
 ) -> None:
-    # not the current app: once closed, it would stay current without the shared tasks
-    # imported after it (Celery's close() forgets the app), for the tests that follow
-    app = Celery(
-        f"traced-{uuid.uuid4().hex[:6]}",
-        broker="memory://",
-        backend="cache+memory://",
-        set_as_current=False,
-    )
-    app.conf.task_default_queue = QUEUE
-    drain(app, QUEUE)
+    app = own_app()
     with use_ledger(FakeLedger()) as ledger:
         work, _ = tasks(app)
         work.apply_async(budget=60, task_id="leased-1")
