@@ -22,7 +22,7 @@ from celery_deadlines.models import Run
 from celery_deadlines.tracing import LEASE_TOKEN, REFUSED, REMAINING
 from tests.django.test_effects import attempt, charge, lapse, record
 from tests.support.memory_queue import drain
-from tests.support.otel import memory_exporter
+from tests.support.otel import current, memory_exporter
 from tests.support.trace import execute_next
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
@@ -63,8 +63,9 @@ def test_a_ledger_run_span_carries_the_claims_fencing_token(
 ) -> None:
     app = app_for(alias)
     drain(app, QUEUE)
-    app.tasks["traced.leased"].apply_async(task_id="traced-1")
-    state, token = execute_next(app, QUEUE)
+    with current(app):
+        app.tasks["traced.leased"].apply_async(task_id="traced-1")
+        state, token = execute_next(app, QUEUE)
     assert (state, token) == ("SUCCESS", 1)
     [run] = [span for span in spans.get_finished_spans() if span.name == "run/traced.leased"]
     attributes = run.attributes or {}

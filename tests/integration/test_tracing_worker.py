@@ -18,21 +18,23 @@ from opentelemetry.instrumentation.celery import CeleryInstrumentor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from celery_deadlines import DEADLINE_HEADER, DeadlineRefused
-from tests.support.otel import memory_exporter, read_spans
+from tests.support.otel import current, memory_exporter, read_spans
 from tests.support.processes import Transport, wait_for
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def published() -> Iterator[InMemorySpanExporter]:
-    """This process's publish spans (Celery instrumented as a traced caller's would be)."""
+def published(redis_client: Any) -> Iterator[InMemorySpanExporter]:
+    """This process's publish spans (Celery instrumented as a traced caller's would be;
+    the client app current meanwhile, where the instrumentation looks tasks up)."""
     exporter = memory_exporter()
     exporter.clear()
     instrumentor = CeleryInstrumentor()  # type: ignore[no-untyped-call]
     instrumentor.instrument()
     try:
-        yield exporter
+        with current(redis_client):
+            yield exporter
     finally:
         instrumentor.uninstrument()
         exporter.clear()

@@ -9,10 +9,12 @@ integration tests (``tests.support.tracedapp``), whose spans the test reads back
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from celery import Celery, _state
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import (
@@ -36,6 +38,23 @@ def memory_exporter() -> InMemorySpanExporter:
         if trace.get_tracer_provider() is not provider:
             raise RuntimeError("another tracer provider was set in this process")
     return _memory
+
+
+@contextmanager
+def current(app: Celery) -> Iterator[Celery]:
+    """``app`` as Celery's current app meanwhile, then the one before it again.
+
+    The instrumentation looks a published task up by name in ``celery.registry`` (the
+    current app's tasks), which finalizes the current app: left to whatever app an earlier
+    test left current (closed), it would be finalized without the shared tasks imported
+    later, and a later test reading one through ``current_app`` would not find it."""
+    state: Any = _state  # its thread-local is not in the type stubs
+    previous = state._tls.current_app
+    app.set_current()
+    try:
+        yield app
+    finally:
+        state._tls.current_app = previous
 
 
 class JsonLinesExporter(SpanExporter):

@@ -36,7 +36,7 @@ from celery_deadlines.tracing import (
 )
 from celery_deadlines.wire import encode
 from tests.support.memory_queue import drain
-from tests.support.otel import memory_exporter
+from tests.support.otel import current, memory_exporter
 from tests.support.processes import REPO
 from tests.support.trace import execute_next
 from tests.support.unit_tasks import claim
@@ -59,9 +59,7 @@ def spans() -> Iterator[InMemorySpanExporter]:
 
 
 def own_app() -> Celery:
-    """An app on the memory broker that is never Celery's current app: closed, a current
-    app would keep none of the shared tasks imported after it (close() forgets the app),
-    and a later test reading one through ``current_app`` would find it missing."""
+    """An app on the memory broker, current only while a test runs (``current``)."""
     app = Celery(
         f"traced-{uuid.uuid4().hex[:6]}",
         broker="memory://",
@@ -77,7 +75,8 @@ def own_app() -> Celery:
 def traced() -> Iterator[Celery]:
     app = own_app()
     app.conf.deadlines_ledger = False  # the header tier
-    yield app
+    with current(app):
+        yield app
     app.close()
 
 
@@ -232,7 +231,7 @@ def test_a_ledger_attempt_span_carries_its_lease_token(
     clock: FakeClock, spans: InMemorySpanExporter
 ) -> None:
     app = own_app()
-    with use_ledger(FakeLedger()) as ledger:
+    with current(app), use_ledger(FakeLedger()) as ledger:
         work, _ = tasks(app)
         work.apply_async(budget=60, task_id="leased-1")
         ledger.runs["leased-1"].token = 6  # five leases before this one
