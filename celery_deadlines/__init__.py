@@ -18,7 +18,7 @@ ended runs stay), ``incoming`` (a request's deadline headers and trust),
 hooks), ``canvas`` (the workflow gate), ``body`` (what a task body calls),
 ``claiming``, ``recording``, ``effects``, ``request`` (the worker's main process),
 ``signals``, ``beat``, ``metrics``, ``exporter`` (a worker serves the metrics),
-``testing``.
+``tracing`` (deadlines on OpenTelemetry spans), ``testing``.
 
 **The ledger** (``ledger/``: Django's database, by raw conditional statements on the
 database clock; never reaches back into the Celery tier's task side): ``api`` (the entry

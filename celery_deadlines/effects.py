@@ -37,6 +37,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 from uuid import UUID
 
+from . import tracing
 from ._crashpoints import hit
 from .clock import get_clock
 from .errors import DispatchRefused, EffectConflict, InvalidEffect, StaleLease
@@ -167,6 +168,7 @@ class EffectScope:
         task_id = self.attempt.lease.task_id
         refused = DispatchRefused(self.key, reason, detail)
         logger.warning("run %s: %s", task_id, refused)
+        tracing.record_dispatch_refusal(task_id=task_id, key=self.key, reason=reason, detail=detail)
         dispatch_refused.send(sender=self, task_id=task_id, key=self.key, reason=reason)
         if reason == "stale_lease":
             write_refused.send(sender=self, task_id=task_id, write="dispatch")

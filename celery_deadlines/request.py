@@ -197,7 +197,7 @@ class DeadlineRequest(Request):
         if isinstance(self.task, DeadlineTask):
             decision = self.task.kind_of(decision)
         exc = decision.refusal()
-        report_refusal(self.task, self.id, self.name, decision)
+        report_refusal(self.task, self.id, self.name, decision, carrier=self._request_dict)
         task_ready(self)
         if self._ended_run_in_ledger(decision, exc):
             self.send_event("task-failed", exception=repr(exc), traceback="")

@@ -18,9 +18,12 @@ exception in a receiver is logged by Celery and never changes the decision.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from typing import Any
 
 from celery.utils.dispatch import Signal
 
+from . import tracing
 from .gates import Decision
 
 logger = logging.getLogger("celery_deadlines")
@@ -63,8 +66,17 @@ plan_resumed = Signal(
 )
 
 
-def report_refusal(sender: object, task_id: str | None, task_name: str, decision: Decision) -> None:
-    """Log a refusal and send :data:`deadline_refused`."""
+def report_refusal(
+    sender: object,
+    task_id: str | None,
+    task_name: str,
+    decision: Decision,
+    *,
+    carrier: Mapping[str, Any] | None = None,
+) -> None:
+    """Log a refusal, record it on the current span (:mod:`celery_deadlines.tracing`;
+    ``carrier``: the message's headers, where no span is current) and send
+    :data:`deadline_refused`."""
     logger.warning(
         "%s[%s] refused at %s gate: %s; deadline %s, clock read %s%s",
         task_name,
@@ -75,4 +87,5 @@ def report_refusal(sender: object, task_id: str | None, task_name: str, decision
         decision.clock_reading.isoformat(),
         f"; {decision.detail}" if decision.detail else "",
     )
+    tracing.record_refusal(decision, task_name=task_name, task_id=task_id, carrier=carrier)
     deadline_refused.send(sender=sender, task_id=task_id, task_name=task_name, decision=decision)

@@ -41,6 +41,7 @@ from . import (
     propagation,
     recording,
     stamping,
+    tracing,
 )
 from ._crashpoints import hit
 from .body import AttemptAPI, Paused, Unresolved, end_unresolved
@@ -314,6 +315,12 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
             attempt.start()
         if deadline is not None:
             state.anchor = Anchor.at(deadline, now, started)
+        tracing.annotate_attempt(
+            deadline=deadline,
+            now=now,
+            headers=headers,
+            lease_token=state.attempt.lease.token if state.attempt is not None else None,
+        )
 
     def refuse_attempt(self, decision: gates.Decision, task_id: str) -> NoReturn:
         """Refuse to run this delivery: record it, store the typed refusal as the task's

@@ -73,9 +73,17 @@ def test_the_extras_are_the_packages_optional_parts_and_the_demo_is_not_one() ->
     assert not any("[demo" in r or ",demo" in r for rs in EXTRAS.values() for r in rs)
     assert EXTRAS["postgres"] == ["psycopg>=3.1"]
     assert EXTRAS["prometheus"] == ["prometheus_client>=0.20"]
+    assert EXTRAS["otel"] == ["opentelemetry-api>=1.20"]
     # the tests and the demo project still get what they import
     test = " ".join(EXTRAS["test"])
-    for needed in ("django-celery-results", "redis", "psycopg[binary]", "dj-database-url"):
+    for needed in (
+        "django-celery-results",
+        "redis",
+        "psycopg[binary]",
+        "dj-database-url",
+        "opentelemetry-sdk",
+        "opentelemetry-instrumentation-celery",
+    ):
         assert needed in test
 
 
