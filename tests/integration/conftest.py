@@ -161,9 +161,11 @@ def _reset_connections(app: Any) -> None:
         consumer = getattr(backend, "result_consumer", None)
         if consumer is not None and getattr(consumer, "_pubsub", None) is not None:
             consumer.stop()
-        client = backend.__dict__.get("client")
-        if client is not None:
-            client.connection_pool.disconnect()
+        # a Redis backend's client (the cache backend's in-memory one, left by a test
+        # that used the app as configured at import, has no pool)
+        pool = getattr(backend.__dict__.get("client"), "connection_pool", None)
+        if pool is not None:
+            pool.disconnect()
     kombu.pools.reset()
     app._pool = None
     app.__dict__.pop("amqp", None)

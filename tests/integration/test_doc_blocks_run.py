@@ -19,12 +19,15 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 from unittest import mock
 
 import pytest
+from celery import Celery
+from celery import _state as celery_state
 from celery.result import AsyncResult
 from celery.signals import before_task_publish
 
@@ -54,13 +57,29 @@ def runs_something(block: Block) -> bool:
 
 #: The quick start's blocks belong to its project: test_quickstart.py runs them there.
 RUN_HERE = [b for b in BLOCKS if runs_something(b) and b.page != "quickstart.md"]
-#: A block that serves metrics runs in a process of its own (the server outlives it).
-METRICS_BLOCKS = [b for b in RUN_HERE if "metrics.serve" in b.code]
+#: A block that sets up something for the whole process (a metrics server that outlives
+#: it, the tracer provider OpenTelemetry lets a process set once) runs in a process of its
+#: own, followed by code that checks it did: the scrape of the metrics, a span exported.
+OWN_PROCESS = {
+    "metrics.serve": (
+        "\nimport urllib.request\n"
+        "print(urllib.request.urlopen('http://127.0.0.1:{port}/metrics').read().decode())\n",
+        "celery_deadlines_refusals",
+    ),
+    "set_tracer_provider": (
+        "\ninstrument()\n"
+        "with trace.get_tracer('docs').start_as_current_span('docs-probe'):\n"
+        "    pass\n"
+        "tracer_provider.force_flush()\n",
+        '"name": "docs-probe"',
+    ),
+}
+PROCESS_BLOCKS = [b for b in RUN_HERE if any(marker in b.code for marker in OWN_PROCESS)]
 #: A block that writes in a transaction needs the database.
 PARAMS = [
     pytest.param(b, id=str(b), marks=[pytest.mark.django_db] if "transaction" in b.code else [])
     for b in RUN_HERE
-    if b not in METRICS_BLOCKS
+    if b not in PROCESS_BLOCKS
 ]
 
 
@@ -92,6 +111,43 @@ def refused(docs_app: tuple[Any, WorkerProcess]) -> AsyncResult[Any]:
     return late
 
 
+def scratch_app(block: Block, app: Any) -> Celery:
+    """The reader's app for one block: a new app (the tasks a block defines are its own,
+    as in the reader's project) that publishes where ``app`` does."""
+    scratch = Celery(re.sub(r"\W", "_", f"docs_{block}"), set_as_current=False)
+    scratch.conf.update({key: app.conf[key] for key in SHARED_CONFIGURATION})
+    return scratch
+
+
+@contextmanager
+def only_its_own_tasks(app: Celery) -> Iterator[None]:
+    """``app.task`` and ``shared_task`` add a task to every app finalized later (and
+    ``shared_task`` to every live one): while a block runs, its app gets the block's
+    tasks and no others, and no other app gets them."""
+    registered: set[Any] = celery_state._on_app_finalizers  # type: ignore[attr-defined]
+    before = set(registered)
+    registered.clear()
+    try:
+        with mock.patch.object(celery_state, "_get_active_apps", return_value=[app]):
+            yield
+    finally:
+        registered.clear()
+        registered.update(before)
+
+
+#: What a block's app takes from the tests' app: where and how it publishes.
+SHARED_CONFIGURATION = (
+    "broker_url",
+    "result_backend",
+    "task_default_queue",
+    "task_serializer",
+    "result_serializer",
+    "accept_content",
+    "result_extended",
+    "deadlines_ledger",
+)
+
+
 def namespace_for(block: Block, app: Any, refused: AsyncResult[Any]) -> dict[str, Any]:
     from tests.support.workerapp import docs_charge, docs_fetch, docs_merge, docs_ship
 
@@ -99,7 +155,7 @@ def namespace_for(block: Block, app: Any, refused: AsyncResult[Any]) -> dict[str
     namespace: dict[str, Any] = {name: mock.MagicMock(name=name) for name in STAND_INS}
     namespace.update(
         __name__=re.sub(r"\W", "_", f"docs_{block}"),  # the module of the tasks it defines
-        app=app,
+        app=scratch_app(block, app),
         result=refused,
         request_deadline=datetime.now(UTC) + timedelta(minutes=1),
         ProviderDown=type("ProviderDown", (Exception,), {}),
@@ -125,9 +181,11 @@ def test_a_doc_block_that_calls_things_runs_against_a_real_broker_and_worker(
     def watch(sender: str, headers: dict[str, Any], **_: Any) -> None:
         published.append((sender, headers.get(DEADLINE_HEADER)))
 
+    namespace = namespace_for(block, app, refused)
     before_task_publish.connect(watch, weak=False)
     try:
-        exec(compile(block.code, str(block), "exec"), namespace_for(block, app, refused))
+        with only_its_own_tasks(namespace["app"]):
+            exec(compile(block.code, str(block), "exec"), namespace)
     except BaseException:
         print(worker.log())
         raise
@@ -139,23 +197,19 @@ def test_a_doc_block_that_calls_things_runs_against_a_real_broker_and_worker(
         assert len({deadline for _, deadline in published}) == 1, published
 
 
-def test_every_doc_block_that_calls_things_publishes_or_reads_a_result() -> None:
-    """What the runner above can judge: a block it runs publishes (and is watched), reads
-    a result, or serves metrics; a new kind of block needs a new check here."""
-    kinds = re.compile(r"\.delay\(|\.apply_async\(|send_task\(|chord\(|result\.|metrics\.serve")
-    assert [str(b) for b in RUN_HERE if not kinds.search(b.code)] == []
+def test_every_doc_block_that_calls_things_is_judged_by_a_runner() -> None:
+    """What the runners here can judge: a block publishes (and is watched), reads a
+    result, or is one of ``OWN_PROCESS``; a new kind of block needs a new check here."""
+    kinds = re.compile(r"\.delay\(|\.apply_async\(|send_task\(|chord\(|result\.")
+    judged = [b for b in RUN_HERE if kinds.search(b.code) or b in PROCESS_BLOCKS]
+    assert [str(b) for b in RUN_HERE if b not in judged] == []
 
 
-@pytest.mark.parametrize("block", METRICS_BLOCKS, ids=str)
-def test_the_metrics_block_serves_the_metrics(block: Block) -> None:
+@pytest.mark.parametrize("block", PROCESS_BLOCKS, ids=str)
+def test_a_block_that_sets_up_its_process_does_what_it_says(block: Block) -> None:
+    [(check, expected)] = [check for marker, check in OWN_PROCESS.items() if marker in block.code]
     port = re.search(r"serve\((\d+)\)", block.code)
-    assert port is not None
-    scrape = (
-        "\nimport urllib.request\n"
-        f"print(urllib.request.urlopen('http://127.0.0.1:{port[1]}/metrics').read().decode())\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", block.code + scrape], capture_output=True, text=True, timeout=60
-    )
+    code = block.code + check.replace("{port}", port[1] if port else "")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert "celery_deadlines_refusals" in done.stdout
+    assert expected in done.stdout
