@@ -236,3 +236,23 @@ def test_deadline_headers_without_a_trusted_proxy_are_a_warning() -> None:
         found = check_ingress(None)
     assert [message.id for message in found] == ["celery_deadlines.W005"]
     assert "grpc-timeout, x-request-timeout-ms, x-request-deadline" in found[0].msg
+
+
+def test_the_request_span_carries_the_requests_deadline_and_its_source(clock: FakeClock) -> None:
+    # the span opentelemetry-instrumentation-django makes current around the middleware
+    from opentelemetry import trace
+
+    from celery_deadlines.tracing import DEADLINE, DEADLINE_SOURCE, REMAINING
+    from tests.support.otel import memory_exporter
+
+    spans = memory_exporter()
+    spans.clear()
+    with trace.get_tracer("test").start_as_current_span("GET /async/"):
+        response = get("/async/", **{"grpc-timeout": "1500m"})
+    assert response.status_code == 200
+    (span,) = [s for s in spans.get_finished_spans() if s.name == "GET /async/"]
+    attributes = span.attributes or {}
+    assert attributes[DEADLINE] == (clock.now() + timedelta(milliseconds=1500)).isoformat()
+    assert attributes[DEADLINE_SOURCE] == "header grpc-timeout"  # it shortened the view's 60 s
+    assert attributes[REMAINING] == 1.5
+    spans.clear()
