@@ -2,7 +2,10 @@
 
 1. start the shop worker (prefork) on the configured broker (default: the embedded
    SQLite + kombu filesystem transport, no server);
-2. place order 42 with an 8 second budget; the warehouse worker is "down" for 5 s;
+2. place order 42 through the shop's checkout view (Django's test client): the view's
+   8 s budget is the request's deadline, and the order's tasks inherit it; a gift-wrap
+   chain that cannot fit in the same budget is refused whole at enqueue, with its
+   arithmetic; the warehouse worker is "down" for 5 s;
 3. try to place order 43 with a deadline already past: refused at enqueue;
 4. start the warehouse worker, wait for every task to finish, print what happened
    to each and why (deadline, time left, gate decision), and stop the workers;
@@ -33,6 +36,7 @@ django.setup()
 
 from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
+from django.test import Client  # noqa: E402
 from kombu.utils.url import maybe_sanitize_url  # noqa: E402
 
 from celery_deadlines import DeadlineRefused, PlanRefused  # noqa: E402
@@ -40,10 +44,9 @@ from celery_deadlines.models import Run, RunPlan  # noqa: E402
 from demo_project.celery import app  # noqa: E402
 from demo_project.shop import fulfillment, provider  # noqa: E402
 from demo_project.shop.tasks import ADDRESS_RETRY_IN, change_address, place_order  # noqa: E402
+from demo_project.shop.views import CHECKOUT_BUDGET  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-ORDER_BUDGET = 8.0
-DELIVERY_BUDGET = 60.0
 WAREHOUSE_DOWN_FOR = 5.0
 
 
@@ -177,6 +180,7 @@ def main() -> None:
         stream=sys.stdout, level=logging.WARNING, format="  [log] %(name)s: %(message)s"
     )
     logging.getLogger("kombu").setLevel(logging.ERROR)  # "No hostname was supplied" on fs://
+    logging.getLogger("django.request").setLevel(logging.ERROR)  # the gift wrap's 503 is told
     var = Path(settings.VAR_DIR)
     shutil.rmtree(var / "broker", ignore_errors=True)
     for folder in ("queue", "processed", "control"):
@@ -196,11 +200,21 @@ def main() -> None:
     shop = start_worker("celery", var / "shop-worker.log")
     warehouse = None
     try:
-        order = place_order.apply_async((42,), budget=ORDER_BUDGET, delivery_budget=DELIVERY_BUDGET)
+        browser = Client()
+        response = browser.post("/orders/42/checkout/")
+        order = place_order.AsyncResult(response.json()["order"])
         print(
-            f"\norder 42 placed with an {ORDER_BUDGET:.0f} s budget -> deadline "
-            f"{clock(order_deadline(order.id))}; print_label has its own 3 s budget "
-            "(CELERY_DEADLINES_BUDGETS)"
+            f"\nPOST /orders/42/checkout/ -> {response.status_code}: the view's "
+            f"{CHECKOUT_BUDGET:.0f} s budget (@deadline_budget) is the request's deadline, "
+            f"{clock(order_deadline(order.id))}; place_order, published by the view, inherits "
+            f"it ({response['X-Deadline-Remaining-Ms']} ms were left when the page was ready); "
+            "print_label has its own 3 s budget (CELERY_DEADLINES_BUDGETS)"
+        )
+        wrapped = browser.post("/orders/42/gift-wrap/")
+        print(
+            f"POST /orders/42/gift-wrap/ -> {wrapped.status_code}: the chain "
+            f"wrap_gift -> engrave_card is refused at enqueue, nothing published: "
+            f"{wrapped.json()['refused']}: {wrapped.json()['detail']}"
         )
         try:
             place_order.apply_async(

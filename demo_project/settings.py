@@ -41,6 +41,9 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    # every request under its view's budget (@deadline_budget): the tasks it publishes
+    # inherit that deadline
+    "celery_deadlines.middleware.DeadlineMiddleware",
 ]
 
 ROOT_URLCONF = "demo_project.urls"
@@ -104,6 +107,8 @@ CELERY_DEADLINES_BUDGETS = {"demo_project.shop.tasks.print_label": 3}
 # The run ledger (this app is in INSTALLED_APPS): reconcile every second, so a message
 # left in a queue past its deadline is expired by the sweeper within a second.
 CELERY_DEADLINES_RECONCILE_INTERVAL = 1
+# Say in each response how much of the request's budget was left (off by default).
+CELERY_DEADLINES_REMAINING_HEADER = "X-Deadline-Remaining-Ms"
 # The address change's time contract (docs/concepts.md): one reviewable block. A resumed plan
 # whose assumptions no longer hold is refused, with the reason, rather than executed.
 CELERY_DEADLINES_CONTRACTS = {

@@ -231,7 +231,9 @@ def hints_of_every_check() -> dict[str, str]:
         found += check_retention(None)
     with override_settings(CELERY_DEADLINES_DATABASE="ledger", USE_TZ=False):
         found += check_ledger_database(None)
-    with override_settings(CELERY_DEADLINES_REQUEST_HEADERS={"grpc-timeout": "grpc-timeout"}):
+    with override_settings(
+        CELERY_DEADLINES_REQUEST_HEADERS={"grpc-timeout": "grpc-timeout"}, MIDDLEWARE=[]
+    ):
         found += check_ingress(None)
     return {f"{m.id}:{i}": m.hint or "" for i, m in enumerate(found)}
 

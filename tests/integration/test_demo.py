@@ -8,6 +8,7 @@ the three runs are independent (brokers, databases, folders) and run side by sid
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -36,6 +37,14 @@ def assert_story_explained(output: str) -> None:
         assert matches, f"no line starts with {prefix!r}:\n{output}"
         return matches[0]
 
+    # the order starts at the customer's request: the view's budget is its deadline
+    checkout = line_of("POST /orders/42/checkout/ -> 200: the view's 8 s budget")
+    assert "place_order, published by the view, inherits it" in checkout
+    assert "(from the scope)" in output  # place_order's deadline: the request's scope
+    # a chain that cannot fit the request's budget is refused whole, with its arithmetic
+    wrap = line_of("POST /orders/42/gift-wrap/ -> 503: the chain wrap_gift -> engrave_card")
+    assert "workflow_cannot_fit: the workflow needs 11.000 s" in wrap
+    assert re.search(r"but [78]\.\d{3} s left$", wrap), wrap  # the request's 8 s, less its time
     assert "SUCCEEDED, started with" in line_of("place_order ")
     assert "SUCCEEDED, started with" in line_of("reserve_stock ")
     assert "(from the parent)" in output
