@@ -67,7 +67,7 @@ def test_exactly_one_of_eight_racing_claims_wins_in_each_of_500_rounds() -> None
                 task_id,
                 0,
                 owner="old",
-                ttl=timedelta(seconds=60),
+                ttl=timedelta(hours=1),  # still held after the race, however slow it runs
                 reserve=timedelta(0),
                 max_lost_leases=1000,
             )
