@@ -20,8 +20,9 @@ demo: $(INSTALLED)
 test: $(INSTALLED)
 	$(BIN)/python -m pytest
 
+# The unit tests keep to one process (-n 0): they use the CPU, not waits, and take seconds.
 test-unit: $(INSTALLED)
-	$(BIN)/python -m pytest tests/unit
+	$(BIN)/python -m pytest -n 0 tests/unit
 
 test-integration: $(INSTALLED)
 	$(BIN)/python -m pytest tests/integration
@@ -69,7 +70,7 @@ celery-compat: $(INSTALLED)
 ## Python version the package claims is tested; the matrix above runs the newest).
 matrix-unit:
 	$(MAKE) --no-print-directory VENV=$(MATRIX_VENV) PYTHON=$(PYTHON) $(MATRIX_VENV)/.installed
-	$(MATRIX_VENV)/bin/python -m pytest tests/unit
+	$(MATRIX_VENV)/bin/python -m pytest -n 0 tests/unit
 
 clean:
 	rm -rf $(VENV) .venv-* dist demo_project/var .mypy_cache .ruff_cache .pytest_cache .celery-compat

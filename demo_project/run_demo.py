@@ -188,16 +188,19 @@ def main() -> None:
     call_command("migrate", verbosity=0)
     forget_the_last_story()
     (var / "provider.jsonl").unlink(missing_ok=True)  # a rerun starts with no charges
+    # a rerun must not meet the last run's messages
     purge_queues(
-        "celery", "warehouse", "addresses"
-    )  # a rerun must not meet the last run's messages
+        settings.CELERY_TASK_DEFAULT_QUEUE,
+        settings.DEMO_WAREHOUSE_QUEUE,
+        settings.DEMO_ADDRESS_QUEUE,
+    )
     database = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
     broker = settings.CELERY_BROKER_URL
     if "@" in broker:  # credentials: print the URL with its password masked
         broker = maybe_sanitize_url(broker)
     print(f"celery-deadlines demo: broker {broker}, database {database}")
 
-    shop = start_worker("celery", var / "shop-worker.log")
+    shop = start_worker(settings.CELERY_TASK_DEFAULT_QUEUE, var / "shop-worker.log")
     warehouse = None
     try:
         browser = Client()
@@ -226,7 +229,7 @@ def main() -> None:
         print(f"the warehouse worker is down for {WAREHOUSE_DOWN_FOR:.0f} s ...", flush=True)
         children = wait_until(lambda: finished(order.id) and order.get()["children"], 30, "order")
         time.sleep(WAREHOUSE_DOWN_FOR)
-        warehouse = start_worker("warehouse", var / "warehouse-worker.log")
+        warehouse = start_worker(settings.DEMO_WAREHOUSE_QUEUE, var / "warehouse-worker.log")
         ids = {"place_order": order.id, **children}
         wait_until(lambda: all(finished(i) for i in ids.values()), 60, "all tasks")
         print("\nwhat happened, and why:")
@@ -248,10 +251,10 @@ def address_change_story(var: Path) -> None:
     print("\nthe address change:")
     fulfillment.reset(42, available=False)
     log = var / "address-worker.log"
-    worker = start_worker("addresses", log)
+    worker = start_worker(settings.DEMO_ADDRESS_QUEUE, log)
     try:
         change_address.apply_async(
-            (42, "Hauptstr. 5, Berlin"), queue="addresses", task_id="address-42"
+            (42, "Hauptstr. 5, Berlin"), queue=settings.DEMO_ADDRESS_QUEUE, task_id="address-42"
         )
         wait_until(lambda: app.AsyncResult("address-42").state == "RETRY", 30, "the first attempt")
         print(
@@ -261,7 +264,7 @@ def address_change_story(var: Path) -> None:
         stop_worker(worker)
         fulfillment.move_to_warehouse(42)
         print("the worker is down; meanwhile order 42 moves to the locked warehouse queue")
-        worker = start_worker("addresses", var / "address-worker-2.log")
+        worker = start_worker(settings.DEMO_ADDRESS_QUEUE, var / "address-worker-2.log")
         wait_until(
             lambda: (
                 run_status("address-42") in ("SUCCEEDED", "FAILED", "EXPIRED")

@@ -3,7 +3,7 @@
 Embedded default: SQLite and kombu's filesystem transport under ``demo_project/var/``,
 no server needed. ``DATABASE_URL`` (e.g. ``postgres://postgres@127.0.0.1/test``) and
 ``CELERY_BROKER_URL`` (``redis://127.0.0.1:6379/0``, ``amqp://guest:guest@127.0.0.1//``)
-switch to real services.
+switch to real services; ``DEMO_QUEUE_PREFIX`` names its queues apart from another run's.
 """
 
 from __future__ import annotations
@@ -99,6 +99,12 @@ CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# The demo's queues: DEMO_QUEUE_PREFIX (default none) goes before each name, so that two
+# demo runs on one broker (two test sessions on one machine) never take each other's work.
+DEMO_QUEUE_PREFIX = os.environ.get("DEMO_QUEUE_PREFIX", "")
+CELERY_TASK_DEFAULT_QUEUE = f"{DEMO_QUEUE_PREFIX}celery"
+DEMO_WAREHOUSE_QUEUE = f"{DEMO_QUEUE_PREFIX}warehouse"
+DEMO_ADDRESS_QUEUE = f"{DEMO_QUEUE_PREFIX}addresses"
 
 # -- celery-deadlines ----------------------------------------------------------------------
 CELERY_DEADLINES_DEFAULT_RESERVE = 0.5

@@ -13,6 +13,7 @@ from celery.signals import after_task_publish
 from hypothesis import settings
 
 from celery_deadlines.testing import FakeClock, use_clock
+from tests.support import demos
 
 for _name in list(os.environ):
     if _name.startswith("CELERY_DEADLINES_") and _name != "CELERY_DEADLINES_SOAK":
@@ -35,6 +36,21 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_report_header(config: pytest.Config) -> str:
     seed = config.getoption("hypothesis_seed")
     return f"hypothesis seed: {seed} (replay with --hypothesis-seed={seed})"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the demo runs the selected tests read, at once, to run beside every other
+    test (tests/support/demos.py; under xdist, the first xdist worker starts them)."""
+    wanted = demos.selected_demos(session)
+    if wanted and demos.starts_the_demos() and not session.config.option.collectonly:
+        factory: pytest.TempPathFactory = getattr(session.config, "_tmp_path_factory")  # noqa: B009
+        demos.DEMOS.start(wanted, demos.shared_folder(factory))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or bool(session.shouldstop)
+    demos.DEMOS.stop(wait=not interrupted)
 
 
 @pytest.fixture

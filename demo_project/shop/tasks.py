@@ -16,6 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 from celery import shared_task
+from django.conf import settings
 
 from celery_deadlines import SOURCE_HEADER, Assumption, DeadlineTask, Plan
 from celery_deadlines.effects import Found, NotFound, PendingEffect
@@ -49,7 +50,7 @@ def place_order(self: DeadlineTask, order_id: int) -> dict[str, Any]:
     children = {
         "reserve_stock": reserve_stock.delay(order_id).id,
         "charge_card": charge_card.delay(order_id, 4200).id,
-        "print_label": print_label.apply_async((order_id,), queue="warehouse").id,
+        "print_label": print_label.apply_async((order_id,), queue=settings.DEMO_WAREHOUSE_QUEUE).id,
         "capture_payment": capture_payment.delay(order_id, 4200).id,
         "send_confirmation": send_confirmation.delay(order_id).id,
     }

@@ -8,22 +8,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import service_unavailable
-from tests.support.demos import DEMOS, selected_demos
 from tests.support.processes import reachable
-
-
-@pytest.fixture(scope="session", autouse=True)
-def demos_beside_the_django_tier(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[None]:
-    """Start the session's demo runs (if it has demo tests) with its first Django test:
-    they run beside this tier, which needs no broker, no real worker and no wall-clock
-    margin, and their tests (later in the session) read what they printed."""
-    wanted = selected_demos(request.session)
-    if wanted:
-        DEMOS.start(wanted, tmp_path_factory.mktemp("demos"))
-    yield
-    DEMOS.stop()
 
 
 def one_database(alias: str, name: str) -> Any:

@@ -7,7 +7,6 @@ that lacks them. Each test gets its own queue, so leftovers never leak between t
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import pytest
 from django.db import connections
 
 from tests.conftest import service_unavailable
+from tests.support import isolation
 from tests.support.processes import REPO, Transport, WorkerProcess, reachable
 
 pytestmark = pytest.mark.integration
@@ -31,11 +31,11 @@ REDIS = ("127.0.0.1", 6379)
 RABBITMQ = ("127.0.0.1", 5672)
 
 
-#: The Redis databases of the broker and the result backend; two suites on one machine
-#: (or a suite and a benchmark) set their own, so that neither restores or flushes the
-#: other's messages.
-REDIS_BROKER = f"redis://127.0.0.1:6379/{os.environ.get('TEST_REDIS_BROKER_DB', '10')}"
-REDIS_RESULTS = f"redis://127.0.0.1:6379/{os.environ.get('TEST_REDIS_RESULT_DB', '11')}"
+#: The Redis databases of the broker (this xdist worker's) and the result backend; two
+#: suites on one machine (or a suite and a benchmark) set their own, so that neither
+#: restores or flushes the other's messages (tests/support/isolation.py).
+REDIS_BROKER = isolation.REDIS_BROKER
+REDIS_RESULTS = isolation.REDIS_RESULTS
 
 
 def redis_transport() -> Transport:
@@ -92,7 +92,7 @@ def redis() -> Transport:
 
 @pytest.fixture
 def queue() -> str:
-    return f"it-{uuid.uuid4().hex[:10]}"
+    return isolation.queue_name(f"it-{uuid.uuid4().hex[:10]}")
 
 
 @pytest.fixture
@@ -223,7 +223,7 @@ class SharedWorkers:
         if name not in self.started:
             folder = self.folder / name
             folder.mkdir()
-            queue = f"shared-{uuid.uuid4().hex[:10]}"
+            queue = isolation.queue_name(f"shared-{uuid.uuid4().hex[:10]}")
             transport, worker = start(folder, queue)
             self.started[name] = Shared(transport, queue, worker.start(), folder)
         return self.started[name]

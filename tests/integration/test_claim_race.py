@@ -67,9 +67,7 @@ def test_exactly_one_of_eight_racing_claims_wins_in_each_of_500_rounds() -> None
                 task_id,
                 0,
                 owner="old",
-                # long enough to outlast the race on a loaded machine (4000 claims took
-                # 60 s once, and the held rounds' leases lapsed before the check below)
-                ttl=timedelta(minutes=10),
+                ttl=timedelta(hours=1),  # still held after the race, however slow it runs
                 reserve=timedelta(0),
                 max_lost_leases=1000,
             )

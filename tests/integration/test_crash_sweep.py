@@ -41,10 +41,15 @@ from tests.integration.conftest import LEDGER_DB, ledger_database_url
 from tests.support import oracle
 from tests.support.processes import REPO, Transport, WorkerProcess, wait_for
 
+#: One xdist worker runs the sweep, one case after another, as a single process did: with
+#: two sweeps at once (a pool-kill sweep beside the whole-worker-kill sweep), a
+#: redelivered run's pool process hung from its claim to the hard time limit, twice in
+#: four runs (not yet explained; never seen with one process).
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.usefixtures("postgres"),
     pytest.mark.django_db(transaction=True, databases=[LEDGER_DB]),
+    pytest.mark.xdist_group("crash-sweep"),
 ]
 DB = LEDGER_DB
 

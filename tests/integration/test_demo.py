@@ -3,30 +3,27 @@
 Run as a user runs it (a subprocess of ``python -m demo_project.run_demo``), on the
 embedded default (SQLite + filesystem transport), on Redis + PostgreSQL and on RabbitMQ;
 the three runs are independent (brokers, databases, folders) and run side by side
-(tests/support/demos.py), beside the Django tier when the session runs it.
+(tests/support/demos.py), beside every other test of the session.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
 import pytest
 
 from tests.conftest import service_unavailable
-from tests.support.demos import DEMOS, Demo, selected_demos
+from tests.support import isolation
+from tests.support.demos import Demo, running_demos, shared_folder
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def demos(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, Demo]]:
-    """The selected demos whose services are reachable, all running (tests/support/demos.py:
-    started with the Django tier if the session has one, else now)."""
-    yield DEMOS.start(selected_demos(request.session), tmp_path_factory.mktemp("demos"))
-    DEMOS.stop()
+def demos(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Demo]:
+    """The selected demos whose services are reachable, started when the session had
+    collected its tests (tests/support/demos.py), whichever xdist worker started them."""
+    return running_demos(shared_folder(tmp_path_factory))
 
 
 def assert_story_explained(output: str) -> None:
@@ -84,7 +81,7 @@ def test_the_demo_runs_on_redis_and_postgresql(demos: dict[str, Demo]) -> None:
     if "redis-postgresql" not in demos:
         service_unavailable("Redis 127.0.0.1:6379 or PostgreSQL 127.0.0.1:5432")
     output = demos["redis-postgresql"].output()
-    assert "broker redis://127.0.0.1:6379/9, database postgresql" in output
+    assert f"broker {isolation.REDIS_DEMO}, database postgresql" in output
     assert_story_explained(output)
 
 

@@ -18,11 +18,13 @@ from celery import Celery
 from celery_deadlines import DeadlineRefused, deadline_refused
 from celery_deadlines.gates import Decision
 from tests.conftest import service_unavailable
+from tests.support import isolation
 from tests.support.processes import reachable
 
-pytestmark = pytest.mark.integration
+#: One xdist worker runs this module: its worker is the session's (pytest-celery).
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("inprocess")]
 
-QUEUE = f"inproc-{uuid.uuid4().hex[:8]}"
+QUEUE = isolation.queue_name(f"inproc-{uuid.uuid4().hex[:8]}")
 
 
 @pytest.fixture(scope="session")
@@ -30,8 +32,8 @@ def celery_config() -> dict[str, Any]:
     if not reachable("127.0.0.1", 6379):
         service_unavailable("Redis 127.0.0.1:6379")
     return {
-        "broker_url": "redis://127.0.0.1:6379/8",
-        "result_backend": "redis://127.0.0.1:6379/8",
+        "broker_url": isolation.REDIS_INPROCESS,  # TEST_REDIS_INPROCESS_DB
+        "result_backend": isolation.REDIS_INPROCESS,
         "task_default_queue": QUEUE,
         "broker_connection_retry_on_startup": True,
         "deadlines_ledger": False,  # the header tier (the ledger has real-worker tests)

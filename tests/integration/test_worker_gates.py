@@ -146,8 +146,10 @@ def test_claim_refuses_a_message_whose_remaining_budget_is_below_the_reserve(
     # a pure rule (tests/unit/test_task.py proves it on a fake clock): one transport
     from tests.support.workerapp import reserved
 
-    result = reserved.apply_async(budget=11.5)  # reserve=10: allowed at enqueue
-    time.sleep(1.5)  # then the worker starts: less than 10 s is left, but some is
+    # reserve=60: allowed at enqueue; the worker starts 1.5 s later: less than the reserve
+    # is left, but some is for a minute (a worker slow to start on a loaded machine)
+    result = reserved.apply_async(budget=61.5)
+    time.sleep(1.5)
     start_worker(redis)
     refusal = refusal_of(result)
     assert (refusal.gate, refusal.reason) == ("claim", "insufficient_budget")
@@ -403,9 +405,9 @@ def test_a_refused_chord_member_fails_the_chord_instead_of_hanging(
 
     from tests.support.workerapp import collect, probe, reserved
 
-    # Given a chord whose second member needs 10 s of reserve, and a worker 1.5 s late
+    # Given a chord whose second member needs 60 s of reserve, and a worker 1.5 s late
     member: Any = reserved.si()
-    result = chord([probe.s("fine"), member.set(budget=11.5)])(collect.s())
+    result = chord([probe.s("fine"), member.set(budget=61.5)])(collect.s())
     time.sleep(1.5)
     start_worker(redis)
     # When the worker refuses that member, the caller learns why, at once

@@ -147,7 +147,7 @@ def cleanup(self: DeadlineTask, seconds: float) -> dict[str, Any]:
 
 # a reserve much longer than a worker takes to start: a message published with a
 # budget just above it is refused for insufficient budget however fast the worker is
-@app.task(base=DeadlineTask, bind=True, name="t.reserved", reserve=10)
+@app.task(base=DeadlineTask, bind=True, name="t.reserved", reserve=60)
 def reserved(self: DeadlineTask) -> dict[str, Any]:
     return _seen(self)
 
