@@ -43,6 +43,7 @@ from ..outcomes import Found, NotFound, PendingEffect, Settle
 from ..states import Status
 from . import outbox
 from .clockwatch import ClockWatch
+from .forks import no_fork_meanwhile
 from .operations import (
     release_settled,
     republish,
@@ -150,7 +151,8 @@ def reconcile_once(app: Any, store: Store, *, clock_certain: bool = True) -> Rep
         _count_release(report, task_id, release_settled(app, store, run_id, task_id, task_name))
     for unclaimed in store.sweeps.unclaimed(settings.get(conf.REPUBLISH_AFTER), held=clock_certain):
         if store.sweeps.mark_republished(unclaimed.run_id, unclaimed.version):
-            republish(app, unclaimed.task_id, partial(outbox.republish, app, unclaimed))
+            with no_fork_meanwhile():
+                republish(app, unclaimed.task_id, partial(outbox.republish, app, unclaimed))
             report.republished.append(unclaimed.task_id)
     if report:
         logger.info("reconciled the run ledger: %s", report)
@@ -198,7 +200,8 @@ def _settle(app: Any, store: Store, lapsed: LapsedLease, max_lost: int, report: 
             report.failed.append(lapsed.task_id)
             app.backend.mark_as_failure(lapsed.task_id, WorkerLostError(detail))
     elif store.sweeps.requeue_lapsed(lapsed):
-        republish(app, lapsed.task_id, partial(outbox.republish_run, app, store, lapsed.run_id))
+        with no_fork_meanwhile():
+            republish(app, lapsed.task_id, partial(outbox.republish_run, app, store, lapsed.run_id))
         report.requeued.append(lapsed.task_id)
 
 
@@ -214,7 +217,8 @@ def _reconcile_effect(app: Any, store: Store, pending: Pending, report: Report) 
         pending.dispatches,
     )  # fmt: skip
     try:
-        answer = reconciler(question)
+        with no_fork_meanwhile():  # the reader's code: its imports, its client's locks
+            answer = reconciler(question)
     except Exception:  # the effect stays UNKNOWN: never guessed
         logger.exception("the reconciler of effect %s failed; it stays UNKNOWN", pending.key)
         return
