@@ -6,7 +6,7 @@ steps, each step's durations come from :mod:`celery_deadlines.options` (the task
 ``attempt_timeout`` or ``time_limit``, its ``reserve``, the contracts and settings, as
 the retry and enqueue gates read them; a signature's ``time_limit`` can only shorten the
 attempt, its ``countdown``/``eta`` delays the step), and the governing deadline is the
-one the first step would be published with (:meth:`DeadlineTask.publish_stamp`: the call
+one the first step would be published with (:func:`publish_stamp`: the call
 options, a ``deadline_scope``, the running task's deadline, the task's budget).
 
 Where it acts. A group publishes its members one by one and a chord its header's (and,
@@ -179,15 +179,13 @@ def _step(
     given: dict[str, Any],
     built: _Built,
 ) -> workflows.Step:
-    from .task import DeadlineTask, start_of
-
     name = str(sig.task)
     task = app.tasks.get(name)
     if built.first is None:
         built.first = (task, given)
-    starts_at = start_of(given, now)
+    starts_at = options.start_of(given, now)
     countdown = max(starts_at - now, workflows.ZERO) if starts_at is not None else workflows.ZERO
-    if not isinstance(task, DeadlineTask):
+    if not options.is_deadline_task(task):
         return workflows.Step(name, None, workflows.ZERO, countdown)
     built.any_deadline_task = True
     contract = settings.contract_of(name)
@@ -218,17 +216,35 @@ def _governing(
 ) -> datetime | None:
     """The deadline the first step would be published with (``None``: no deadline, or
     its parent's is unreadable: the step's own enqueue gate refuses that)."""
-    from .task import DeadlineTask
-
     call = dict(given)  # publish_stamp takes its options out of the call
-    if isinstance(task, DeadlineTask):
-        stamp = task.publish_stamp(call, now, settings)
+    if options.is_deadline_task(task):
+        stamp = publish_stamp(task, call, now, settings)
         return None if stamp is None else stamp.governed.deadline
     # a plain first step: what the publish hook would stamp on it
     headers = dict(call.get("headers") or {})
     own = stamping.own_deadlines(call, headers, now, settings.max_budget)
     parent = inherited()
     return stamping.stamp_for(own, parent, now=now, expires=None, task_id=None).governed.deadline
+
+
+def publish_stamp(
+    task: Any, call: dict[str, Any], now: datetime, settings: conf.Settings
+) -> stamping.Stamp | None:
+    """The deadlines a publish of the DeadlineTask ``task`` with the call options
+    ``call`` would carry (its own, combined with what it inherits), or ``None`` when the
+    parent's deadline is unreadable (``apply_async`` refuses that). Takes this package's
+    options out of ``call``; logs nothing. The same steps as ``DeadlineTask.apply_async``,
+    which keeps them inline for speed (tests/unit/test_canvas.py holds the two equal)."""
+    parent = inherited()
+    if task.deadline_kind == "delivery":
+        parent = parent._replace(deadline=parent.delivery)
+    if parent.unreadable is not None:
+        return None
+    given = call.get("headers")
+    headers = dict(given) if given else {}
+    contract = settings.contract_of(task.name)
+    own = options.own_deadlines(task, call, headers, now, settings, contract)
+    return stamping.stamp_for(own, parent, now=now, expires=call.get("expires"), task_id=None)
 
 
 @contextmanager

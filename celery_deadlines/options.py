@@ -14,10 +14,12 @@ value (attributes rarely change, and this runs at every publish and claim).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
+
+from celery.utils.time import maybe_make_aware
 
 from . import conf, stamping, wire
 from .budgets import UNSET, Source, parse_budget, parse_duration
@@ -151,3 +153,22 @@ def own_deadlines(
     if deadline is None and delivery is None:
         return stamping.NO_OWN  # one object: the caller recognises "nothing" by identity
     return stamping.Own(deadline, source if deadline is not None else None, delivery)
+
+
+def start_of(call: Mapping[str, Any], now: datetime) -> datetime | None:
+    """When a message may first start: its ``eta`` or ``countdown``, else ``None``."""
+    eta = call.get("eta")
+    if isinstance(eta, datetime):
+        aware: datetime = maybe_make_aware(eta)  # as Celery reads a naive eta
+        return aware
+    countdown = call.get("countdown")
+    if isinstance(countdown, (int, float)) and not isinstance(countdown, bool):
+        return now + timedelta(seconds=countdown)
+    return None
+
+
+def is_deadline_task(task: object) -> bool:
+    """Whether ``task`` is a DeadlineTask (or a subclass): its class says which deadline
+    it lives by. Read without importing :mod:`celery_deadlines.task`, which sits above
+    the modules that ask (the workflow gate)."""
+    return isinstance(getattr(type(task), "deadline_kind", None), str)

@@ -22,14 +22,12 @@ becomes ``Ignore``: it must not store a result over the current owner's.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
 from celery.utils import uuid
-from celery.utils.time import maybe_make_aware
 
 from . import (
     claiming,
@@ -178,7 +176,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         given = call.get("headers")
         headers = dict(given) if given else {}
         # inline on purpose (a call costs ~1.5 % of this path's instructions,
-        # bench/publish_instructions.py): the same steps as publish_stamp(), which the
+        # bench/publish_instructions.py): the same steps as canvas.publish_stamp(), which the
         # workflow gate uses; tests/unit/test_canvas.py holds the two equal
         parent = propagation.inherited()
         if self.deadline_kind == "delivery" and parent is not stamping.NOTHING:
@@ -201,7 +199,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         governed = stamp.governed
         if governed.clamped_from is not None and own.source == "call":
             propagation.log_clamp(self.name, task_id, governed)
-        starts_at = start_of(call, now)
+        starts_at = options.start_of(call, now)
         if governed.deadline is not None:
             reserve = self.reserve_duration(settings, contract=contract)
             start = now if starts_at is None or starts_at < now else starts_at
@@ -236,26 +234,6 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
             available_at=starts_at,
             send=send,
         )
-
-    def publish_stamp(
-        self, call: dict[str, Any], now: datetime, settings: conf.Settings
-    ) -> stamping.Stamp | None:
-        """The deadlines a publish of this task with the call options ``call`` would
-        carry (its own, combined with what it inherits), or ``None`` when the parent's
-        deadline is unreadable (``apply_async`` refuses that). Takes this package's
-        options out of ``call``; logs nothing. The workflow gate's governing deadline
-        (:mod:`celery_deadlines.canvas`): the same steps as ``apply_async``, which keeps
-        them inline (tests/unit/test_canvas.py holds the two equal)."""
-        parent = propagation.inherited()
-        if self.deadline_kind == "delivery":
-            parent = parent._replace(deadline=parent.delivery)
-        if parent.unreadable is not None:
-            return None
-        given = call.get("headers")
-        headers = dict(given) if given else {}
-        contract = settings.contract_of(self.name)
-        own = options.own_deadlines(self, call, headers, now, settings, contract)
-        return stamping.stamp_for(own, parent, now=now, expires=call.get("expires"), task_id=None)
 
     def _refuse_enqueue(self, decision: gates.Decision, task_id: str | None) -> NoReturn:
         decision = self.kind_of(decision)
@@ -489,18 +467,6 @@ def end_after_body(attempt: Attempt, exc: BaseException, *, task: Any = None) ->
         attempt.release(outcome.detail)
     elif outcome.status is not None:
         attempt.end(outcome.status, outcome.reason, outcome.detail)
-
-
-def start_of(call: Mapping[str, Any], now: datetime) -> datetime | None:
-    """When a message may first start: its ``eta`` or ``countdown``, else ``None``."""
-    eta = call.get("eta")
-    if isinstance(eta, datetime):
-        aware: datetime = maybe_make_aware(eta)  # as Celery reads a naive eta
-        return aware
-    countdown = call.get("countdown")
-    if isinstance(countdown, (int, float)) and not isinstance(countdown, bool):
-        return now + timedelta(seconds=countdown)
-    return None
 
 
 __all__ = ["DeadlineTask", "end_after_body"]

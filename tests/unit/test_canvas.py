@@ -360,7 +360,7 @@ def test_the_workflow_gates_deadline_is_the_one_apply_async_stamps(
         _task_stack.push(parent_task)
     try:
         with deadline_scope(budget=scope) if scope is not None else nullcontext():
-            stamp = task.publish_stamp(dict(call), clock.now(), settings_for(app))
+            stamp = gate.publish_stamp(task, dict(call), clock.now(), settings_for(app))
             task.apply_async(**call)
     finally:
         if parent is not None:
