@@ -56,6 +56,9 @@ class DeadlineRequest(Request):
     _raw_time_limits: tuple[float | None, float | None] = (None, None)
     #: what the ledger wrote after a hard time limit (a status, or None), once decided
     _time_limit_written: str | object | None = _UNDECIDED
+    #: whether the hard time limit handed to the pool is the deadline's cap (shorter than
+    #: the task's own, or the task has none): then a kill by it is the deadline's
+    _capped_by_deadline: bool = False
 
     def __init__(self, message: Any, *args: Any, **kwargs: Any) -> None:
         # Every message we stamp carries an ISO ``expires``; Celery parses it with
@@ -117,12 +120,12 @@ class DeadlineRequest(Request):
         now = self._judging_now(local)
         if now is None:
             return hard, soft
-        return gates.cap_time_limits(
-            deadline - now,
-            hard or self.task.time_limit,
-            soft or self.task.soft_time_limit,
-            MIN_TIME_LIMIT,
+        own_hard = hard or self.task.time_limit
+        capped = gates.cap_time_limits(
+            deadline - now, own_hard, soft or self.task.soft_time_limit, MIN_TIME_LIMIT
         )
+        self._capped_by_deadline = not own_hard or capped[0] < own_hard
+        return capped
 
     @time_limits.setter
     def time_limits(self, value: Any) -> None:
@@ -265,9 +268,16 @@ class DeadlineRequest(Request):
         # judged by the ledger's clock when a skew budget is set (the nemesis soak, seed
         # 6161: a wall clock stepped back 10.8 s made the deadline's cap FAILED time_limit)
         local = get_clock().now()
+        deadline = self._carried(local).deadline
+        now = self._judging_now(local) or local
+        if self._capped_by_deadline and deadline is not None:
+            # the limit that fired was the deadline's cap: a clock read a little early
+            # (or stepped back) does not make it the task's own (the nemesis soak, seeds
+            # 8181 and 438993: FAILED time_limit for runs killed at their deadline)
+            now = max(now, deadline)
         status, reason = outcomes.after_time_limit(
-            self._carried(local).deadline,
-            self._judging_now(local) or local,
+            deadline,
+            now,
             delivery_task=getattr(self.task, "deadline_kind", None) == "delivery",
         )
         detail = f"hard time limit ({timeout} s) exceeded"

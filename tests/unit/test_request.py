@@ -132,3 +132,30 @@ def test_the_deadlines_cap_is_judged_by_the_ledgers_clock_not_a_wall_clock_stepp
     clock.jump_wall(-10.8)  # the worker's wall clock, stepped back
     request._time_limit_outcome(2.9)
     assert written == [("EXPIRED", "deadline_passed")]
+
+
+def test_a_kill_by_the_deadlines_cap_expires_the_run_whatever_the_clock_reads_then(
+    app: Celery, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Regression, nemesis soak seeds 8181 and 438993: runs killed by the hard limit the
+    # deadline put there ended FAILED time_limit, the clock that judged them reading an
+    # instant before the deadline (its estimate of the ledger's clock not yet corrected
+    # after a step). The limit handed to the pool says whose it was.
+    from celery_deadlines import ledger
+    from celery_deadlines.request import DeadlineRequest
+
+    deadline = clock.now() + timedelta(seconds=3)
+    written: list[tuple[str, str]] = []
+    api = Mock()
+    api.end_owned.side_effect = lambda app, **kw: written.append((kw["status"], kw["reason"]))
+    monkeypatch.setattr(ledger, "api_for", lambda app: api)
+    monkeypatch.setattr(DeadlineRequest, "_with_ledger", lambda self: True)
+    capped, _ = claim(app, make_task(app), {DEADLINE_HEADER: encode(deadline)})
+    assert capped.time_limits[0] == pytest.approx(3)  # handed to the pool: the cap
+    clock.jump_wall(-5)  # the kill, judged by a clock that reads 5 s early
+    capped._time_limit_outcome(3.0)
+    limited = make_task(app, name="unit.limited", time_limit=1)
+    own, _ = claim(app, limited, {DEADLINE_HEADER: encode(deadline)})
+    assert own.time_limits[0] == 1  # the task's own limit, shorter than the deadline's
+    own._time_limit_outcome(1.0)
+    assert written == [("EXPIRED", "deadline_passed"), ("FAILED", "time_limit")]
