@@ -272,8 +272,22 @@ def _later_hop(canvas: Signature, call: Mapping[str, Any]) -> bool:
     body = getattr(task.request, "chord", None)
     if not isinstance(body, Mapping):
         return False
-    own = canvas.options.get("task_id") if canvas.options else None
-    return own is not None and own == (body.get("options") or {}).get("task_id")
+    # the ids frozen into the body (Celery 5.5 freezes a chain's tasks, not the chain)
+    return bool(_frozen_ids(canvas) & _frozen_ids(body))
+
+
+def _frozen_ids(sig: Mapping[str, Any]) -> set[str]:
+    """The task ids frozen into a signature and the signatures it holds."""
+    found: set[str] = set()
+    own = (sig.get("options") or {}).get("task_id")
+    if isinstance(own, str):
+        found.add(own)
+    kwargs = sig.get("kwargs") or {}
+    members = kwargs.get("tasks") if isinstance(kwargs, Mapping) else None
+    for member in members if isinstance(members, (list, tuple)) else ():
+        if isinstance(member, Mapping):
+            found |= _frozen_ids(member)
+    return found
 
 
 def _gated(original: Callable[..., Any]) -> Callable[..., Any]:
