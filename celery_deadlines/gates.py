@@ -101,8 +101,8 @@ def retry_wait(
     ``eta``, else ``countdown``, else the task's ``default_retry_delay`` (never negative)."""
     if eta is not None:
         return max(eta - now, timedelta(0))
-    seconds = default_delay if countdown is None else countdown
-    return timedelta(seconds=max(float(seconds or 0), 0.0))
+    delay = default_delay if countdown is None else countdown
+    return timedelta(seconds=max(float(delay or 0), 0.0))
 
 
 def claim_refusal(why: str) -> Reason | None:
@@ -140,7 +140,7 @@ def admit(
             deadline=deadline,
             clock_reading=now,
             remaining=remaining,
-            detail=f"deadline passed {_seconds(-remaining)} ago{waited}",
+            detail=f"deadline passed {seconds(-remaining)} ago{waited}",
         )
     if remaining < reserve:
         return Decision(
@@ -149,7 +149,7 @@ def admit(
             deadline=deadline,
             clock_reading=now,
             remaining=remaining,
-            detail=f"{_seconds(remaining)} left, below the reserve of {_seconds(reserve)}",
+            detail=f"{seconds(remaining)} left, below the reserve of {seconds(reserve)}",
         )
     return Decision(gate, None, deadline, now, remaining)
 
@@ -202,10 +202,9 @@ def allow_retry(
     needed = countdown + max(run, reserve)
     if needed > remaining:
         after = (
-            f"attempt timeout {_seconds(attempt_timeout)} + skew allowance "
-            f"{_seconds(skew_allowance)}"
+            f"attempt timeout {seconds(attempt_timeout)} + skew allowance {seconds(skew_allowance)}"
             if run >= reserve
-            else f"reserve {_seconds(reserve)}"
+            else f"reserve {seconds(reserve)}"
         )
         return Decision(
             gate=Gate.RETRY,
@@ -213,8 +212,8 @@ def allow_retry(
             deadline=deadline,
             clock_reading=now,
             remaining=remaining,
-            detail=f"a retry needs {_seconds(needed)} (countdown {_seconds(countdown)} + {after}) "
-            f"but {_seconds(remaining)} left",
+            detail=f"a retry needs {seconds(needed)} (countdown {seconds(countdown)} + {after}) "
+            f"but {seconds(remaining)} left",
         )
     return Decision(Gate.RETRY, None, deadline, now, remaining)
 
@@ -244,7 +243,8 @@ def cap_time_limits(
     return capped_hard, min(soft, capped_hard)
 
 
-def _seconds(duration: timedelta) -> str:
+def seconds(duration: timedelta) -> str:
+    """A duration in a refusal's detail: seconds to the millisecond (``2.500 s``)."""
     return f"{duration.total_seconds():.3f} s"
 
 

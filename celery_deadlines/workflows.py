@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import NamedTuple, TypeAlias
 
-from .gates import Decision, Gate, Reason
+from .gates import Decision, Gate, Reason, seconds
 
 ZERO = timedelta(0)
 
@@ -82,14 +82,14 @@ def need(node: Node, then: Need = NOTHING) -> Need:
     if isinstance(node, Step):
         timeout = node.attempt_timeout or ZERO
         if node.reserve > timeout + then.total:
-            after = Need(node.reserve, (f"{node.name}: reserve {_seconds(node.reserve)}",))
+            after = Need(node.reserve, (f"{node.name}: reserve {seconds(node.reserve)}",))
         elif timeout > ZERO:
-            term = f"{node.name}: attempt timeout {_seconds(timeout)}"
+            term = f"{node.name}: attempt timeout {seconds(timeout)}"
             after = Need(timeout + then.total, (term, *then.terms))
         else:
             after = then
         if node.countdown > ZERO:
-            term = f"{node.name}: countdown {_seconds(node.countdown)}"
+            term = f"{node.name}: countdown {seconds(node.countdown)}"
             return Need(node.countdown + after.total, (term, *after.terms))
         return after
     if isinstance(node, Chain):
@@ -133,11 +133,11 @@ def fit(node: Node, deadline: datetime, now: datetime) -> Decision:
         return Decision(Gate.ENQUEUE, None, deadline, now, remaining)
     path = " + ".join(needed.terms) or "no step declares a duration"
     left = (
-        f"{_seconds(remaining)} left"
+        f"{seconds(remaining)} left"
         if remaining > ZERO
-        else f"the deadline passed {_seconds(-remaining)} ago"
+        else f"the deadline passed {seconds(-remaining)} ago"
     )
-    detail = f"the workflow needs {_seconds(needed.total)} ({path}) but {left}"
+    detail = f"the workflow needs {seconds(needed.total)} ({path}) but {left}"
     zero = undeclared(node)
     if zero:
         detail += f"; no attempt timeout declared, counted as zero: {', '.join(zero)}"
@@ -149,10 +149,6 @@ def fit(node: Node, deadline: datetime, now: datetime) -> Decision:
         remaining=remaining,
         detail=detail,
     )
-
-
-def _seconds(duration: timedelta) -> str:
-    return f"{duration.total_seconds():.3f} s"
 
 
 __all__ = ["Chain", "Chord", "Group", "Need", "Node", "Step", "fit", "need", "steps", "undeclared"]

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 import pytest
 from celery import Celery
 from opentelemetry import trace
-from opentelemetry.instrumentation.celery import CeleryInstrumentor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from celery_deadlines import DeadlineTask
@@ -22,7 +21,7 @@ from celery_deadlines.models import Run
 from celery_deadlines.tracing import LEASE_TOKEN, REFUSED, REMAINING
 from tests.django.test_effects import attempt, charge, lapse, record
 from tests.support.memory_queue import drain
-from tests.support.otel import current, memory_exporter
+from tests.support.otel import current, instrumented
 from tests.support.trace import execute_next
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
@@ -33,15 +32,8 @@ _apps: dict[str, Celery] = {}
 
 @pytest.fixture
 def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = memory_exporter()
-    exporter.clear()
-    instrumentor = CeleryInstrumentor()  # type: ignore[no-untyped-call]
-    instrumentor.instrument()
-    try:
+    with instrumented() as exporter:
         yield exporter
-    finally:
-        instrumentor.uninstrument()
-        exporter.clear()
 
 
 def app_for(alias: str) -> Celery:

@@ -41,6 +41,23 @@ def memory_exporter() -> InMemorySpanExporter:
 
 
 @contextmanager
+def instrumented() -> Iterator[InMemorySpanExporter]:
+    """Celery instrumented as a traced worker and caller are, meanwhile; the finished
+    spans in the process's in-memory exporter (cleared before and after)."""
+    from opentelemetry.instrumentation.celery import CeleryInstrumentor
+
+    exporter = memory_exporter()
+    exporter.clear()
+    instrumentor = CeleryInstrumentor()  # type: ignore[no-untyped-call]
+    instrumentor.instrument()
+    try:
+        yield exporter
+    finally:
+        instrumentor.uninstrument()
+        exporter.clear()
+
+
+@contextmanager
 def current(app: Celery) -> Iterator[Celery]:
     """``app`` as Celery's current app meanwhile, then the one before it again.
 

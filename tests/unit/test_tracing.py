@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 from celery import Celery
 from opentelemetry import propagate, trace
-from opentelemetry.instrumentation.celery import CeleryInstrumentor
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -36,7 +35,7 @@ from celery_deadlines.tracing import (
 )
 from celery_deadlines.wire import encode
 from tests.support.memory_queue import drain
-from tests.support.otel import current, memory_exporter
+from tests.support.otel import current, instrumented
 from tests.support.processes import REPO
 from tests.support.trace import execute_next
 from tests.support.unit_tasks import claim
@@ -47,15 +46,8 @@ QUEUE = f"traced-{uuid.uuid4().hex[:6]}"
 @pytest.fixture
 def spans() -> Iterator[InMemorySpanExporter]:
     """Finished spans, with Celery instrumented as a traced worker and caller would be."""
-    exporter = memory_exporter()
-    exporter.clear()
-    instrumentor = CeleryInstrumentor()  # type: ignore[no-untyped-call]
-    instrumentor.instrument()
-    try:
+    with instrumented() as exporter:
         yield exporter
-    finally:
-        instrumentor.uninstrument()
-        exporter.clear()
 
 
 def own_app() -> Celery:
