@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -13,6 +14,21 @@ from django.test import override_settings
 from celery_deadlines import ConfigurationError
 from celery_deadlines.checks import check_contracts, check_ingress, check_settings
 from celery_deadlines.conf import DEFAULT_BUDGET, settings_for
+
+
+@pytest.fixture(autouse=True)
+def the_projects_app_is_current() -> Iterator[None]:
+    """The checks read Celery's current app, which a project makes its own at start (its
+    package imports its Celery app); a test run earlier in this process may have made
+    another app current since."""
+    from celery import _state
+
+    from demo_project.celery import app
+
+    previous = _state.get_current_app()
+    app.set_current()
+    yield
+    previous.set_current()
 
 
 def errors() -> list[checks.CheckMessage]:
