@@ -16,13 +16,14 @@ Needs valgrind (Debian package ``valgrind``).
 from __future__ import annotations
 
 import argparse
-import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench.callgrind import collected  # noqa: E402
 
 #: The measured loop, run in a fresh interpreter with the source tree first on the path.
 LOOP = """
@@ -54,26 +55,7 @@ for i in range(200 + int(sys.argv[2])):  # 200 warm-up calls in both counts
 
 def instructions(tree: Path, calls: int, app_state: str) -> int:
     """Instructions executed by the loop with ``calls`` iterations (and start-up)."""
-    out = subprocess.run(
-        [
-            "valgrind",
-            "--tool=callgrind",
-            "--callgrind-out-file=/dev/null",
-            sys.executable,
-            "-c",
-            LOOP,
-            str(tree),
-            str(calls),
-            app_state,
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    match = re.search(r"Collected : (\d+)", out.stderr)
-    if match is None:
-        raise SystemExit(f"callgrind printed no count:\n{out.stderr[-2000:]}")
-    return int(match.group(1))
+    return collected(LOOP, str(tree), str(calls), app_state)
 
 
 def per_publish(tree: Path, calls: int, app_state: str) -> float:

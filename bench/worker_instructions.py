@@ -30,14 +30,14 @@ Needs valgrind (Debian package ``valgrind``).
 from __future__ import annotations
 
 import argparse
-import os
-import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench.callgrind import collected  # noqa: E402
 
 #: The measured loop, run in a fresh interpreter with the source tree first on the path.
 LOOP = """
@@ -146,30 +146,7 @@ SIDES = ("publish", "main", "child")
 
 def instructions(tree: Path, variant: str, side: str, count: int) -> int:
     """Instructions executed while ``count`` messages are run (nothing else is counted)."""
-    out = subprocess.run(
-        [
-            "valgrind",
-            "--tool=callgrind",
-            "--callgrind-out-file=/dev/null",
-            "--collect-atstart=no",
-            "--toggle-collect=functools_reduce",
-            sys.executable,
-            "-c",
-            LOOP,
-            str(tree),
-            str(count),
-            variant,
-            side,
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        env={**os.environ, "PYTHONHASHSEED": "0"},
-    )
-    match = re.search(r"Collected : (\d+)", out.stderr)
-    if out.returncode != 0 or match is None:
-        raise SystemExit(f"the loop failed:\n{out.stderr[-3000:]}")
-    return int(match.group(1))
+    return collected(LOOP, str(tree), str(count), variant, side, toggle="functools_reduce")
 
 
 def per_message(tree: Path, variant: str, side: str, count: int) -> float:
