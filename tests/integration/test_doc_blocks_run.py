@@ -93,6 +93,10 @@ def docs_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Wo
     worker = WorkerProcess(transport, queue, folder / "worker.log", pool="solo").start()
     try:
         with client_for(transport, queue) as app:
+            # finalized now, with Celery's built-in tasks: finalized inside a block's run,
+            # while only the block's tasks may be added to an app, it would lack them
+            # (celery.chord_unlock: a later chord test on this process failed)
+            app.finalize(auto=True)
             yield app, worker
     finally:
         worker.kill()
