@@ -14,8 +14,10 @@ in the table). Hints name no repository path: the docs are read on the web too.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Sequence
-from typing import Any
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 from django.apps import AppConfig
 from django.conf import settings as django_settings
@@ -36,6 +38,9 @@ from .conf import (
 from .contracts import review
 from .errors import ConfigurationError
 from .retention import describe_age
+
+if TYPE_CHECKING:
+    from celery import Celery, Task
 
 PREFIX = "CELERY_DEADLINES_"
 SETTINGS_REFERENCE = "Settings reference"
@@ -164,8 +169,7 @@ def check_contracts(
     from celery import current_app as app  # the project's app, once it was imported
 
     try:
-        app.loader.import_default_modules()  # the worker does this too: autodiscovery
-        tasks = dict(app.tasks)
+        tasks = _loaded_tasks(app)
     except Exception as exc:  # noqa: BLE001 (a check must report a failure, not crash)
         return [_cannot_check(f"its tasks did not load: {exc!r}")]
     if not any(hasattr(task, "lease_duration") for task in tasks.values()):
@@ -189,6 +193,37 @@ def check_contracts(
         )
         for problem in problems
     ]
+
+
+#: Celery's own switch: its Django fixup skips the system checks while it is set.
+SKIP_CHECKS = "CELERY_SKIP_CHECKS"
+
+
+def _loaded_tasks(app: Celery) -> Mapping[str, Task[Any, Any]]:
+    """The app's tasks once its modules are imported (autodiscovery), as a worker has them.
+
+    Importing them sends Celery's ``import_modules`` signal, and Celery's Django fixup
+    answers that signal by running every system check, this one included, which would
+    import again: a recursion some 160 checks deep, ended by a ``RecursionError`` that
+    left task modules half-imported (a worker started with 2 of the demo's 9 tasks) and
+    this check reporting W001. The checks are running already, so the nested run is
+    skipped with the fixup's own switch."""
+    with _checks_skipped():
+        app.loader.import_default_modules()
+    return dict(app.tasks)
+
+
+@contextmanager
+def _checks_skipped() -> Iterator[None]:
+    before = os.environ.get(SKIP_CHECKS)
+    os.environ[SKIP_CHECKS] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[SKIP_CHECKS]
+        else:
+            os.environ[SKIP_CHECKS] = before
 
 
 @checks.register()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -223,6 +224,30 @@ def test_a_contract_that_does_not_fit_its_task_is_an_error_and_an_unknown_task_a
     assert "names no registered task" in found[1].msg
     with override_settings(CELERY_DEADLINES_CONTRACTS={shop.print_label.name: {"budget": 30}}):
         assert check_contracts(None) == []
+
+
+def test_checking_the_contracts_loads_the_tasks_without_running_every_check_again() -> None:
+    """Loading the tasks sends Celery's ``import_modules`` signal, which Celery's Django
+    fixup answers by running every system check: this check included, so it loaded again,
+    some 160 levels deep until a RecursionError (a prefork worker then started with 2 of
+    the demo's 9 tasks)."""
+    from celery import signals
+
+    import demo_project.shop.tasks as shop
+
+    sent: list[object] = []
+
+    def count(sender: object = None, **kwargs: object) -> None:
+        sent.append(sender)
+
+    signals.import_modules.connect(count, weak=False)
+    try:
+        with override_settings(CELERY_DEADLINES_CONTRACTS={shop.print_label.name: {"budget": 30}}):
+            assert check_contracts(None) == []
+    finally:
+        signals.import_modules.disconnect(count)
+    assert len(sent) == 1
+    assert "CELERY_SKIP_CHECKS" not in os.environ  # the fixup's switch is put back
 
 
 def hints_of_every_check() -> dict[str, str]:
