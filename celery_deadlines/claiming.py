@@ -5,7 +5,9 @@ delivery without running the body (Celery's ``Ignore``): refused for the deadlin
 the database's clock (the refusal is stored as the task's result); failed for good
 when the run lost too many leases; held unstarted as CLOCK_UNCERTAIN when this
 worker's clock is beyond the skew budget; otherwise simply not run (a duplicate
-delivery, another worker's live lease, an ended run).
+delivery, another worker's live lease, an ended run). A claim that could not reach the
+ledger for a whole lease hands a late-acked message back to the broker (``Reject``
+with requeue: nothing stored for the caller, nothing lost).
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ import logging
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, NoReturn, cast
 
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, Reject
 
 from . import gates, ledger, recording
 from .clock import get_clock
+from .errors import LedgerUnreachable
 from .signals import run_claimed, run_held
 from .states import Status
 
@@ -35,15 +38,18 @@ def claim(
     """Claim the run in the ledger, or end this delivery without running the body."""
     api = ledger.api_for(task.app)
     request = task.request
-    outcome = api.claim_run(
-        task.app,
-        task_id=task_id,
-        retries=int(request.retries or 0),
-        hostname=request.hostname,
-        ttl=task.lease_duration(),
-        reserve=reserve,
-        unrecorded=lambda: recording.run_of_request(task, request, deadline),
-    )
+    try:
+        outcome = api.claim_run(
+            task.app,
+            task_id=task_id,
+            retries=int(request.retries or 0),
+            hostname=request.hostname,
+            ttl=task.lease_duration(),
+            reserve=reserve,
+            unrecorded=lambda: recording.run_of_request(task, request, deadline),
+        )
+    except LedgerUnreachable as unreachable:
+        _hand_back(task, unreachable)
     if isinstance(outcome, api.Held):
         _hold(task, task_id, outcome)
     if not isinstance(outcome, api.ClaimRefused):
@@ -82,6 +88,22 @@ def claim(
         outcome.owner or "none",
     )
     raise Ignore(f"claim refused: {outcome.why}")
+
+
+def _hand_back(task: DeadlineTask, unreachable: LedgerUnreachable) -> NoReturn:
+    """The ledger could not be reached to claim: the body does not run. A late-acked
+    message goes back to the broker and is delivered again (no result is stored: the
+    caller is not told a failure of a run that has not run); an early-acked one is gone,
+    and the error is the task's failure, as Celery stores any."""
+    if task.acks_late and not task.request.is_eager:
+        logger.warning(
+            "%s[%s]: %s; the message goes back to the broker",
+            task.name,
+            unreachable.task_id,
+            unreachable,
+        )
+        raise Reject(str(unreachable), requeue=True) from unreachable
+    raise unreachable
 
 
 def _lost_too_many_leases(task: DeadlineTask, task_id: str, deadline: datetime | None) -> NoReturn:

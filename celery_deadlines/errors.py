@@ -8,6 +8,7 @@
     ├── InvalidDeadline (ValueError)   a caller passed a deadline or budget that cannot work
     ├── ConfigurationError             a setting has a bad value; the message names the setting
     ├── StaleLease                     a write by an attempt that no longer owns its run
+    ├── LedgerUnreachable              the ledger's database could not be reached to claim
     ├── DispatchRefused                the dispatch guard refused a side effect
     ├── PlanRefused                    a resumed plan may not go on, and its contract refuses
     ├── RunConflict (ValueError)       a task id reused for another task or other arguments
@@ -111,6 +112,29 @@ class StaleLease(DeadlineError):
     def __str__(self) -> str:
         why = self.why or f"lease token {self.token} is no longer current"
         return f"{self.write} of run {self.task_id} refused: {why}"
+
+
+class LedgerUnreachable(DeadlineError):
+    """A claim could not reach the ledger's database for a whole lease.
+
+    The body did not run; the run is still QUEUED, or was claimed with the answer lost
+    (its lease lapses and the reconciler requeues it). A message Celery acknowledges
+    late is handed back to the broker instead, and nothing is stored; an early-acked
+    one is gone, and this is stored as the task's failure (a run the outbox recorded is
+    published again by its sweeper).
+    """
+
+    def __init__(self, task_id: str, waited: float, cause: str) -> None:
+        super().__init__(task_id, waited, cause)
+        self.task_id = task_id
+        self.waited = waited
+        self.cause = cause
+
+    def __str__(self) -> str:
+        return (
+            f"run {self.task_id} could not be claimed: the ledger's database was "
+            f"unreachable for {self.waited:.1f} s ({self.cause})"
+        )
 
 
 class DispatchRefused(DeadlineError):

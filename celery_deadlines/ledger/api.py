@@ -9,14 +9,19 @@ outcomes into Celery's ``Ignore``/``Retry`` stays with the caller.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
+
+from django.db import InterfaceError, OperationalError
 
 from .. import conf
 from .._crashpoints import hit
+from ..clock import get_clock
 from ..conf import settings_for
+from ..errors import LedgerUnreachable
 from ..skew import ClockReading, Readiness, gate
 from ..states import Status
 from . import operations, outbox
@@ -108,6 +113,38 @@ class Held:
         )
 
 
+#: Seconds between two tries at an unreachable database, for a claim.
+CLAIM_RETRY_INTERVAL = 0.2
+
+_T = TypeVar("_T")
+
+
+class _Patience:
+    """A claim's statements, tried again while the database cannot be reached, for up to
+    one lease (``ttl``) in all; then :class:`LedgerUnreachable`.
+
+    A claim that meets a database blip must not fail the run: Celery would store the
+    connection's error as the task's result while the run is still QUEUED, and a caller
+    waiting in ``get()`` would be told FAILURE of a run that later succeeds (the nemesis
+    soak, seed 6161). A claim that committed with its answer lost is refused when tried
+    again (the lease is held): its lease lapses and the reconciler requeues the run."""
+
+    def __init__(self, task_id: str, ttl: timedelta) -> None:
+        self.task_id = task_id
+        self.started = get_clock().monotonic()
+        self.give_up = self.started + ttl.total_seconds()
+
+    def reach(self, statement: Callable[[], _T]) -> _T:
+        while True:
+            try:
+                return statement()
+            except (OperationalError, InterfaceError) as exc:  # the connection, not the SQL
+                now = get_clock().monotonic()
+                if now >= self.give_up:
+                    raise LedgerUnreachable(self.task_id, now - self.started, repr(exc)) from exc
+            threading.Event().wait(CLAIM_RETRY_INTERVAL)
+
+
 def claim_run(
     app: Any,
     *,
@@ -121,6 +158,9 @@ def claim_run(
     """Claim the run of the message being executed (recording it first, from
     ``unrecorded()``, if it has no row: published by name, or before the app was
     installed).
+
+    A database that cannot be reached is tried again for up to one lease (``ttl``),
+    then :class:`~celery_deadlines.errors.LedgerUnreachable` is raised.
 
     The claim's round trip is also a clock reading (the database's clock between two
     local ones): with ``deadlines_clock_skew_budget`` set and the reading beyond it, the
@@ -136,10 +176,11 @@ def claim_run(
             task_id, retries, owner=owner, ttl=ttl, reserve=reserve, max_lost_leases=max_lost
         )
 
-    outcome = claim()
+    patience = _Patience(task_id, ttl)
+    outcome = patience.reach(claim)
     if isinstance(outcome, ClaimRefused) and outcome.why == ClaimRefused.MISSING:
-        store.outbox.enqueue(unrecorded())
-        outcome = claim()
+        patience.reach(lambda: store.outbox.enqueue(unrecorded()))
+        outcome = patience.reach(claim)
     if isinstance(outcome, ClaimRefused):
         return outcome
     budget = settings.get(conf.CLOCK_SKEW_BUDGET)

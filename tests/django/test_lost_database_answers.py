@@ -1,21 +1,30 @@
-"""An attempt's last write through a database connection that is lost meanwhile (the
-nemesis soak, seed 101): the body's outcome is not the connection's error."""
+"""An attempt's claim and last write through a database connection that is lost
+meanwhile (the nemesis soak, seeds 101 and 6161): the body's outcome is not the
+connection's error, and a caller is not told a failure of a run that has not run."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import OperationalError
+from celery import Celery
+from celery.exceptions import Reject
+from django.db import InterfaceError, OperationalError, ProgrammingError
 
+from celery_deadlines import DeadlineTask, LedgerUnreachable
 from celery_deadlines.errors import StaleLease
+from celery_deadlines.ledger import api
 from celery_deadlines.ledger import attempt as attempts
 from celery_deadlines.ledger.attempt import Attempt
 from celery_deadlines.ledger.sql.connection import Store
+from celery_deadlines.ledger.sql.runs import Runs
 from celery_deadlines.models import Run, RunEvent, Status
+from celery_deadlines.testing import FakeClock
 from tests.django.test_ledger_store import claim, new_run, won
+from tests.support.memory_queue import drain
+from tests.support.trace import execute_next
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default"])
 
@@ -79,3 +88,101 @@ def test_a_run_taken_over_while_the_database_was_away_is_left_to_its_new_holder(
     with pytest.raises(StaleLease):
         attempt.succeed()
     assert Run.objects.get(task_id="run-1").status == "RUNNING"
+
+
+# -- the claim: a blip is waited out; a longer outage hands the message back ---------------
+
+QUEUE = "lost-answers"
+
+
+@pytest.fixture
+def claims(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Celery, list[str]]]:
+    """An app on the ``default`` ledger whose task records what its body ran."""
+    monkeypatch.setattr(api, "CLAIM_RETRY_INTERVAL", 0)
+    app = Celery("lost-claims", broker="memory://", backend="cache+memory://")
+    app.conf.update(
+        task_default_queue=QUEUE, deadlines_ledger=True, deadlines_lease_ttl=30, task_acks_late=True
+    )
+    ran: list[str] = []
+
+    @app.task(base=DeadlineTask, bind=True, name="lost.claim", budget=600, shared=False)
+    def work(self: DeadlineTask) -> str:
+        ran.append(self.request.id)
+        return "done"
+
+    drain(app, QUEUE)
+    yield app, ran
+    drain(app, QUEUE)
+    app.close()
+
+
+def claim_unreachable(
+    monkeypatch: pytest.MonkeyPatch, clock: FakeClock, times: int, error: type[Exception]
+) -> list[int]:
+    """The claim statement meets ``error`` ``times`` times, each after 10 s on ``clock``."""
+    real = Runs.claim
+    calls: list[int] = []
+
+    def claim(self: Runs, *args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) <= times:
+            clock.advance(10)
+            raise error("connection to server at 127.0.0.1 failed: Connection refused")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Runs, "claim", claim)
+    return calls
+
+
+def test_a_claim_that_meets_a_database_blip_waits_it_out_and_runs_the_body_once(
+    claims: tuple[Celery, list[str]], monkeypatch: pytest.MonkeyPatch, clock: FakeClock
+) -> None:
+    app, ran = claims
+    app.tasks["lost.claim"].apply_async(task_id="blip-1")
+    calls = claim_unreachable(monkeypatch, clock, 2, OperationalError)  # 20 s of a 30 s lease
+    assert execute_next(app, QUEUE) == ("SUCCESS", "done")
+    assert (len(calls), ran) == (3, ["blip-1"])
+    assert Run.objects.get(task_id="blip-1").status == "SUCCEEDED"
+
+
+def test_a_claim_that_cannot_reach_the_database_for_a_lease_hands_the_message_back_untold(
+    claims: tuple[Celery, list[str]], monkeypatch: pytest.MonkeyPatch, clock: FakeClock
+) -> None:
+    """Seed 6161 of the nemesis soak: the claim's error was stored as the task's FAILURE
+    while the run was still QUEUED, and the caller in ``get()`` was told a failure of a
+    run that later succeeded."""
+    app, ran = claims
+    app.tasks["lost.claim"].apply_async(task_id="outage-1")
+    calls = claim_unreachable(monkeypatch, clock, 99, InterfaceError)
+    state, wrapped = execute_next(app, QUEUE)
+    raised = wrapped.exc  # as the pool hands it to the worker (ExceptionWithTraceback)
+    assert (state, type(raised), raised.requeue) == ("REJECTED", Reject, True)
+    assert "unreachable for 30.0 s" in str(raised)
+    assert len(calls) == 3  # 0, 10, 20 s: tried again; at 30 s a whole lease has passed
+    assert ran == []
+    assert app.AsyncResult("outage-1").state == "PENDING"  # the caller is told nothing
+    assert Run.objects.get(task_id="outage-1").status == "QUEUED"
+
+
+def test_an_early_acked_message_whose_claim_cannot_reach_the_database_fails_with_why(
+    claims: tuple[Celery, list[str]], monkeypatch: pytest.MonkeyPatch, clock: FakeClock
+) -> None:
+    app, ran = claims
+    app.conf.task_acks_late = False
+    task = app.tasks["lost.claim"]
+    monkeypatch.setattr(task, "acks_late", False)
+    task.apply_async(task_id="outage-2")
+    claim_unreachable(monkeypatch, clock, 99, OperationalError)
+    state, raised = execute_next(app, QUEUE)  # the message is gone: the error is stored
+    assert (state, type(raised), ran) == ("FAILURE", LedgerUnreachable, [])
+    assert isinstance(app.AsyncResult("outage-2").result, LedgerUnreachable)
+
+
+def test_a_claim_whose_statement_is_wrong_is_not_tried_again(
+    claims: tuple[Celery, list[str]], monkeypatch: pytest.MonkeyPatch, clock: FakeClock
+) -> None:
+    app, _ran = claims
+    app.tasks["lost.claim"].apply_async(task_id="wrong-1")
+    calls = claim_unreachable(monkeypatch, clock, 99, ProgrammingError)
+    state, raised = execute_next(app, QUEUE)
+    assert (state, type(raised), len(calls)) == ("FAILURE", ProgrammingError, 1)

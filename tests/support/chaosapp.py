@@ -7,7 +7,10 @@ the soak's tasks added. ``c.order`` is published by the soak's producer processe
 
 * ``plain``: work ``work`` seconds, pay once (key ``fenced-<order>:pay``, a
   fencing-aware provider), then publish ``c.notice`` (task id ``<order>.notice``), a
-  delivery task that calls a second provider key (``fenced-<order>:notice``);
+  delivery task that calls a second provider key (``fenced-<order>:notice``). The
+  notice must not be lost, so it is published as the docs say for such a child: inside
+  a transaction, through the outbox (a broker down then delays it until the sweeper
+  publishes it; outside one, the broker's error would fail the paid order);
 * ``retry``: the same, after one retry;
 * ``ackloss``: the provider takes the payment and the reply is lost (the reconciler
   asks the provider);
@@ -19,6 +22,8 @@ from __future__ import annotations
 
 import time
 from typing import Any
+
+from django.db import transaction
 
 from celery_deadlines import DeadlineTask
 from tests.support.ledgerapp import _pay_once, app, find_remote_payment
@@ -54,7 +59,8 @@ def order(self: DeadlineTask, order_id: str, flavour: str, work: float) -> Any:
         raise self.retry(countdown=0.2)
     _work(self, DAWDLE if flavour == "expire" else work)
     paid = _pay_once(self, "pay", pay_key(order_id, flavour))
-    notice.apply_async((order_id,), task_id=notice_id(order_id))
+    with transaction.atomic(using=app.conf.deadlines_database):
+        notice.apply_async((order_id,), task_id=notice_id(order_id))
     return paid
 
 
