@@ -126,13 +126,15 @@ TIERS = {
     "smoke": Tier(
         runs=30, faults=dict.fromkeys(SHARED_CLUSTER_KINDS, 1), seconds=15.0, quiesce=60.0
     ),
+    # every kind of fault 150 times, PostgreSQL's crash included: a cluster of its own
     "soak": Tier(
         runs=4000,
-        faults=dict.fromkeys(SHARED_CLUSTER_KINDS, 150),
+        faults=dict.fromkeys(KINDS, 150),
         producers=6,
         seconds=2100.0,
         budget=300.0,
         quiesce=300.0,
+        own_postgres=True,
     ),
 }
 
@@ -617,8 +619,15 @@ class Soak:
         if kind == "db_restart":
             if self.postgres is None:
                 raise ValueError("db_restart needs a cluster of the soak's own (own_postgres)")
+            began = time.time()
             self.postgres.restart()
-            self.record(at, kind, f"postgres:{self.postgres.port}", "stop -m immediate, start")
+            took = time.time() - began  # recorded after it: the window is [wall - took, wall]
+            self.record(
+                at,
+                kind,
+                f"postgres:{self.postgres.port}",
+                f"{took:.2f} s: stop -m immediate, start",
+            )
             return None
         if kind == "clock_step":
             _, worker = self.pick_worker()
@@ -807,16 +816,19 @@ class Soak:
 
     def explain_outage_failures(self, verdict: Any, rows: dict[str, Any]) -> list[str]:
         """Take out of ``unexplained`` each run that ended FAILED because its body's own
-        database write failed *while the nemesis had the database cut* (the detail is
-        the connection's error): Celery's semantics, a body that raised. Anything
-        else stays a violation."""
+        database write failed *while the nemesis had the database cut, or crashed and
+        restarting* (the detail is the connection's error): Celery's semantics, a body
+        that raised. Anything else stays a violation."""
         from celery_deadlines.models import RunEvent
 
         cuts = []
         for fault in self.schedule:
-            if fault["kind"] == "db_cut":
+            if fault["kind"] == "db_cut":  # recorded as it began
                 seconds = float(fault["detail"].split()[0])
                 cuts.append((fault["wall"] - 0.5, fault["wall"] + seconds + 1.0, fault))
+            elif fault["kind"] == "db_restart":  # recorded once the server was back
+                took = float(fault["detail"].split()[0])
+                cuts.append((fault["wall"] - took - 0.5, fault["wall"] + 1.0, fault))
         explained, kept = [], []
         for entry in verdict.unexplained:
             task_id = entry.split(":")[0]
