@@ -296,6 +296,8 @@ class Postgres:
         self.folder, self.port = folder, port
         folder.mkdir(parents=True, exist_ok=True)
         shutil.chown(folder, "postgres", "postgres")
+        # the soak's folder is mkdtemp's (0700, root's): the server's user must get through
+        folder.parent.chmod(folder.parent.stat().st_mode | 0o111)
         bin_dir = PG_BIN if PG_BIN.exists() else Path(shutil.which("pg_ctl") or "pg_ctl").parent
         self.pg_ctl, self.initdb = str(bin_dir / "pg_ctl"), str(bin_dir / "initdb")
         self.as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
