@@ -4,22 +4,25 @@ times, and the external checker of :mod:`tests.support.oracle`.
 ``python -m tests.chaos.soak [--tier ci|soak] [--seed N]`` (``make chaos``, ``make
 chaos-soak``; ``CHAOS_TIER`` and ``CHAOS_SEED`` do the same). Everything it uses is its
 own: a Redis broker it starts on a port of its own (6390-6399), a second Redis for the
-results, a PostgreSQL database ``chaos_<tier>_<seed>_<pid>`` on the shared server reached through a
-TCP proxy it can cut, the provider process (``tests/support/sink.py``), real ``celery
+results, a PostgreSQL database ``chaos_<tier>_<seed>_<pid>`` reached through a TCP proxy
+it can cut (on the shared server, or for the ``soak`` and ``postgres`` tiers on a cluster
+of its own that it can crash), the provider process (``tests/support/sink.py``), real ``celery
 worker`` processes (prefork, acks_late, short visibility timeout and lease) and
 producer processes (``tests/chaos/producer.py``).
 
 The **workload** (``tests/support/chaosapp.py``): orders that pay once through the
 provider, some after a retry, some losing the provider's reply, some dawdling past a
 short deadline on purpose; each paid order publishes its completion notice as a child
-run (a delivery task with a provider key of its own).
+run (a delivery task with a provider key of its own), through the outbox.
 
 The **nemesis** deals a seeded, shuffled deck of faults at seeded random intervals:
 SIGKILL a pool process; SIGKILL a whole worker (a supervisor starts another); SIGSTOP a
 worker past its lease and SIGCONT it later; restart the broker with its data lost
 (SIGKILL, its append-only file removed: what a Redis without persistence does) or kept
 (SIGKILL, restarted from its ``appendfsync always`` file); cut the database for a few
-seconds; step a worker's wall clock (the testing seam) and step it back later.
+seconds; crash PostgreSQL (``pg_ctl stop -m immediate``) and start it again, on a
+cluster of the soak's own; step a worker's wall clock (the testing seam) and step it
+back later.
 
 The **checker** reads only what users see: the provider's log, the callers'
 ``AsyncResult`` states and the ledger after quiescence. A failure prints the seed, the
