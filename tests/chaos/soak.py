@@ -223,6 +223,12 @@ class Redis:
         self.start()
 
 
+def traversable(folder: Path) -> None:
+    """Let a server that drops to a user of its own (postgres, rabbitmq) reach its folder
+    in the soak's: ``mkdtemp`` made that one root's own (mode 0700)."""
+    folder.chmod(folder.stat().st_mode | 0o111)
+
+
 class Rabbit:
     """A ``rabbitmq-server`` node of the soak's own (never the shared one on 5672): its
     own node name, ports, configuration, database and logs, in ``folder`` (owned by
@@ -234,6 +240,7 @@ class Rabbit:
         self.folder, self.port = folder, port
         self.process: subprocess.Popen[bytes] | None = None
         folder.mkdir(parents=True, exist_ok=True)
+        traversable(folder.parent)
         (folder / "enabled_plugins").write_text("[].\n")
         (folder / "chaos.conf").write_text(
             f"listeners.tcp.local = 127.0.0.1:{port}\nloopback_users = none\n"
@@ -299,8 +306,7 @@ class Postgres:
         self.folder, self.port = folder, port
         folder.mkdir(parents=True, exist_ok=True)
         shutil.chown(folder, "postgres", "postgres")
-        # the soak's folder is mkdtemp's (0700, root's): the server's user must get through
-        folder.parent.chmod(folder.parent.stat().st_mode | 0o111)
+        traversable(folder.parent)
         bin_dir = PG_BIN if PG_BIN.exists() else Path(shutil.which("pg_ctl") or "pg_ctl").parent
         self.pg_ctl, self.initdb = str(bin_dir / "pg_ctl"), str(bin_dir / "initdb")
         self.as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
