@@ -213,9 +213,13 @@ def _reconcile_effect(app: Any, store: Store, pending: Pending, report: Report) 
     if reconciler is None:
         return  # an operator resolves it (admin); the run stays UNKNOWN meanwhile
     question = PendingEffect(
-        pending.key, pending.name, pending.fingerprint, pending.lease_token, pending.task_id,
+        pending.key,
+        pending.name,
+        pending.fingerprint,
+        pending.lease_token,
+        pending.task_id,
         pending.dispatches,
-    )  # fmt: skip
+    )
     try:
         with no_fork_meanwhile():  # the reader's code: its imports, its client's locks
             answer = reconciler(question)
