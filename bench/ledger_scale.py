@@ -16,6 +16,7 @@ execution, the audit trigger), and the plans of the sweeper's statements on the 
 
 from __future__ import annotations
 
+import functools
 import re
 import statistics
 import time
@@ -24,6 +25,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from unittest import mock
+
+from bench import ledger_fill
 
 #: the live set, the same at both sizes: (prefix, count, status)
 LIVE = (("waiting", 200, "QUEUED"), ("running", 100, "RUNNING"), ("unknown", 10, "UNKNOWN"))
@@ -63,42 +66,22 @@ def insert_runs(alias: str, prefix: str, first: int, count: int, status: str) ->
 def fill(alias: str, history: int, already: int = 0) -> None:
     """``history`` ended runs (numbered after ``already``), their events and effects;
     the live set when ``already`` is 0."""
-    sql(alias, "ALTER TABLE celery_deadlines_run DISABLE TRIGGER USER")
-    sql(alias, "ALTER TABLE celery_deadlines_effect DISABLE TRIGGER USER")
-    status = "(ARRAY['SUCCEEDED', 'SUCCEEDED', 'FAILED', 'EXPIRED'])[1 + n % 4]"
-    insert_runs(alias, "ended", already + 1, history, status)
-    if not already:
-        for prefix, count, live in LIVE:
-            insert_runs(alias, prefix, 1, count, live)
-    sql(
-        alias,
-        f"""
-        INSERT INTO celery_deadlines_runevent (run_id, at, kind, outcome, status, reason,
-            version, lease_token, owner, detail)
-        SELECT r.id, r.updated_at, k.kind, 'applied', r.status, '', k.v, 1, '', ''
-        FROM celery_deadlines_run r
-        CROSS JOIN (VALUES ('enqueue', 1), ('claim', 2), ('succeed', 3)) AS k(kind, v)
-        WHERE r.task_id LIKE 'ended-%%'
-          AND substr(r.task_id, 7)::int BETWEEN {already + 1} AND {already + history}
-        """,
-    )
-    effect = """
-        INSERT INTO celery_deadlines_effect (key, run_id, name, kind, state, lease_token,
-            fingerprint, dispatches, error, created_at, updated_at)
-        SELECT 'key-' || r.task_id, r.id, 'charge', 'execution', %s, 1, 'f', 1, '',
-            r.updated_at, r.updated_at
-        FROM celery_deadlines_run r WHERE {which}
-    """
-    which = (
-        "r.task_id LIKE 'ended-%%' AND substr(r.task_id, 7)::int %% 10 = 0 "
-        f"AND substr(r.task_id, 7)::int BETWEEN {already + 1} AND {already + history}"
-    )
-    sql(alias, effect.format(which=which), ["SUCCEEDED"])
-    if not already:
-        sql(alias, effect.format(which="r.task_id LIKE 'unknown-%%'"), ["UNKNOWN"])
-    sql(alias, "ALTER TABLE celery_deadlines_run ENABLE TRIGGER USER")
-    sql(alias, "ALTER TABLE celery_deadlines_effect ENABLE TRIGGER USER")
-    sql(alias, "ANALYZE")
+    execute = functools.partial(sql, alias)
+    numbered = f"substr(r.task_id, 7)::int BETWEEN {already + 1} AND {already + history}"
+    with ledger_fill.triggers_off(execute):
+        status = "(ARRAY['SUCCEEDED', 'SUCCEEDED', 'FAILED', 'EXPIRED'])[1 + n % 4]"
+        insert_runs(alias, "ended", already + 1, history, status)
+        if not already:
+            for prefix, count, live in LIVE:
+                insert_runs(alias, prefix, 1, count, live)
+        ledger_fill.events(execute, f"r.task_id LIKE 'ended-%%' AND {numbered}")
+        ledger_fill.effects(
+            execute,
+            f"r.task_id LIKE 'ended-%%' AND substr(r.task_id, 7)::int %% 10 = 0 AND {numbered}",
+            "SUCCEEDED",
+        )
+        if not already:
+            ledger_fill.effects(execute, "r.task_id LIKE 'unknown-%%'", "UNKNOWN")
 
 
 def runs_in(alias: str) -> int:

@@ -90,41 +90,26 @@ def insert_runs(prefix: str, count: int, status: str, ended: str) -> None:
 
 
 def fill(runs: int) -> None:
+    from bench import ledger_fill
+
     started = time.perf_counter()
-    sql("ALTER TABLE celery_deadlines_run DISABLE TRIGGER USER")
-    sql("ALTER TABLE celery_deadlines_effect DISABLE TRIGGER USER")
-    ended_status = "(ARRAY['SUCCEEDED', 'FAILED', 'EXPIRED'])[1 + n % 3]"
-    # one second apart, from 30 days ago backwards (a million runs span 11.6 days)
-    insert_runs("old", runs, ended_status, "now() - interval '30 days' - n * interval '1 second'")
-    insert_runs("young", runs // 10, ended_status, "now() - interval '1 day'")
-    insert_runs(
-        "live",
-        runs // 20,
-        "(ARRAY['QUEUED', 'RUNNING', 'UNKNOWN', 'PAUSED'])[1 + n % 4]",
-        "now() - interval '60 days'",
-    )
-    insert_runs("kept", 1000, "'EXPIRED'", "now() - interval '45 days'")
-    sql(
-        """
-        INSERT INTO celery_deadlines_runevent (run_id, at, kind, outcome, status, reason,
-            version, lease_token, owner, detail)
-        SELECT r.id, r.updated_at, k.kind, 'applied', r.status, '', k.v, 1, '', ''
-        FROM celery_deadlines_run r
-        CROSS JOIN (VALUES ('enqueue', 1), ('claim', 2), ('succeed', 3)) AS k(kind, v)
-        """
-    )
-    effect = """
-        INSERT INTO celery_deadlines_effect (key, run_id, name, kind, state, lease_token,
-            fingerprint, dispatches, error, created_at, updated_at)
-        SELECT 'key-' || r.task_id, r.id, 'charge', 'execution', %s, 1, 'f', 1, '',
-            r.updated_at, r.updated_at
-        FROM celery_deadlines_run r WHERE {which}
-    """
-    sql(effect.format(which="r.task_id LIKE 'old-%%' AND r.id %% 10 = 0"), ["SUCCEEDED"])
-    sql(effect.format(which="r.task_id LIKE 'kept-%%'"), ["UNKNOWN"])
-    sql("ALTER TABLE celery_deadlines_run ENABLE TRIGGER USER")
-    sql("ALTER TABLE celery_deadlines_effect ENABLE TRIGGER USER")
-    sql("ANALYZE")
+    with ledger_fill.triggers_off(sql):
+        ended_status = "(ARRAY['SUCCEEDED', 'FAILED', 'EXPIRED'])[1 + n % 3]"
+        # one second apart, from 30 days ago backwards (a million runs span 11.6 days)
+        insert_runs(
+            "old", runs, ended_status, "now() - interval '30 days' - n * interval '1 second'"
+        )
+        insert_runs("young", runs // 10, ended_status, "now() - interval '1 day'")
+        insert_runs(
+            "live",
+            runs // 20,
+            "(ARRAY['QUEUED', 'RUNNING', 'UNKNOWN', 'PAUSED'])[1 + n % 4]",
+            "now() - interval '60 days'",
+        )
+        insert_runs("kept", 1000, "'EXPIRED'", "now() - interval '45 days'")
+        ledger_fill.events(sql, "true")
+        ledger_fill.effects(sql, "r.task_id LIKE 'old-%%' AND r.id %% 10 = 0", "SUCCEEDED")
+        ledger_fill.effects(sql, "r.task_id LIKE 'kept-%%'", "UNKNOWN")
     print(f"filled in {time.perf_counter() - started:.1f} s: {counts()}")
 
 

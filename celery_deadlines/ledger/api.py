@@ -9,17 +9,13 @@ outcomes into Celery's ``Ignore``/``Retry`` stays with the caller.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
-
-from django.db import InterfaceError, OperationalError
+from typing import Any
 
 from .. import conf
 from .._crashpoints import hit
-from ..clock import get_clock
 from ..conf import settings_for
 from ..errors import LedgerUnreachable
 from ..skew import ClockReading, Readiness, gate
@@ -28,6 +24,7 @@ from . import operations, outbox
 from .attempt import Attempt, owner_name, owner_name_of
 from .clockwatch import describe, measure
 from .outbox import check_repeat, encode_message
+from .patience import CONNECTION_ERRORS, Patience
 from .reconcile import running
 from .sql.connection import Store
 from .sql.rows import ClaimRefused, ExistingRun, Lease, NewRun
@@ -113,38 +110,6 @@ class Held:
         )
 
 
-#: Seconds between two tries at an unreachable database, for a claim.
-CLAIM_RETRY_INTERVAL = 0.2
-
-_T = TypeVar("_T")
-
-
-class _Patience:
-    """A claim's statements, tried again while the database cannot be reached, for up to
-    one lease (``ttl``) in all; then :class:`LedgerUnreachable`.
-
-    A claim that meets a database blip must not fail the run: Celery would store the
-    connection's error as the task's result while the run is still QUEUED, and a caller
-    waiting in ``get()`` would be told FAILURE of a run that later succeeds (the nemesis
-    soak, seed 6161). A claim that committed with its answer lost is refused when tried
-    again (the lease is held): its lease lapses and the reconciler requeues the run."""
-
-    def __init__(self, task_id: str, ttl: timedelta) -> None:
-        self.task_id = task_id
-        self.started = get_clock().monotonic()
-        self.give_up = self.started + ttl.total_seconds()
-
-    def reach(self, statement: Callable[[], _T]) -> _T:
-        while True:
-            try:
-                return statement()
-            except (OperationalError, InterfaceError) as exc:  # the connection, not the SQL
-                now = get_clock().monotonic()
-                if now >= self.give_up:
-                    raise LedgerUnreachable(self.task_id, now - self.started, repr(exc)) from exc
-            threading.Event().wait(CLAIM_RETRY_INTERVAL)
-
-
 def claim_run(
     app: Any,
     *,
@@ -176,11 +141,19 @@ def claim_run(
             task_id, retries, owner=owner, ttl=ttl, reserve=reserve, max_lost_leases=max_lost
         )
 
-    patience = _Patience(task_id, ttl)
-    outcome = patience.reach(claim)
-    if isinstance(outcome, ClaimRefused) and outcome.why == ClaimRefused.MISSING:
-        patience.reach(lambda: store.outbox.enqueue(unrecorded()))
+    # A claim that meets a database blip must not fail the run: Celery would store the
+    # connection's error as the task's result while the run is still QUEUED, and a caller
+    # in get() would be told FAILURE of a run that later succeeds (the nemesis soak, seed
+    # 6161). A claim that committed with its answer lost is refused when tried again (the
+    # lease is held): its lease lapses and the reconciler requeues the run.
+    patience = Patience(ttl)
+    try:
         outcome = patience.reach(claim)
+        if isinstance(outcome, ClaimRefused) and outcome.why == ClaimRefused.MISSING:
+            patience.reach(lambda: store.outbox.enqueue(unrecorded()))
+            outcome = patience.reach(claim)
+    except CONNECTION_ERRORS as exc:
+        raise LedgerUnreachable(task_id, patience.waited(), repr(exc)) from exc
     if isinstance(outcome, ClaimRefused):
         return outcome
     budget = settings.get(conf.CLOCK_SKEW_BUDGET)

@@ -9,27 +9,24 @@ body may poll to stop early (its next write would be refused anyway).
 from __future__ import annotations
 
 import os
-import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import DatabaseError
 
-from ..clock import get_clock
 from ..errors import StaleLease
 from ..signals import write_refused
 from ..skew import ClockReading
 from ..states import Status
 from .heartbeat import heartbeat
+from .patience import Patience
 from .sql.connection import Store
 from .sql.effects import Effects
 from .sql.rows import Lease
 
 #: How many lease TTLs an attempt keeps writing its end while the database is away.
 FINISH_PATIENCE = 4
-#: Seconds between two tries at the database, then.
-FINISH_RETRY_INTERVAL = 0.2
 
 
 def owner_name(hostname: str | None) -> str:
@@ -105,21 +102,18 @@ class Attempt:
         lapsed by then; the reconciler requeues the run and its effects are replayed).
         """
         runs = self.store.runs
-        give_up = get_clock().monotonic() + FINISH_PATIENCE * self.ttl.total_seconds()
+        patience = Patience(FINISH_PATIENCE * self.ttl)
         while True:
             try:
                 return runs.finish(self.lease, self.owner, status, reason, detail)
             except DatabaseError:
-                if get_clock().monotonic() > give_up:
+                if patience.spent():
                     return False
-            while True:
-                threading.Event().wait(FINISH_RETRY_INTERVAL)
-                try:
-                    found = runs.last_write(self.lease)
-                    break
-                except DatabaseError:
-                    if get_clock().monotonic() > give_up:
-                        return False
+            patience.pause()
+            try:
+                found = patience.reach(lambda: runs.last_write(self.lease), (DatabaseError,))
+            except DatabaseError:
+                return False
             if found is None:
                 return False
             now_status, token, op = found

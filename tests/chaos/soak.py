@@ -49,6 +49,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -796,33 +797,23 @@ class Soak:
         PENDING *because the nemesis killed the process that completed it*, after it did:
         the documented window between ``succeed()`` and Celery storing the result
         (docs/failure-semantics.md). Anything else stays a violation."""
-        from celery_deadlines.models import RunEvent
 
-        explained, kept = [], []
-        for entry in verdict.disagreeing:
-            task_id = entry.split(":")[0]
-            event = (
-                RunEvent.objects.filter(run__task_id=task_id, kind="succeeded", outcome="applied")
-                .order_by("id")
-                .last()
-            )
-            evidence = None
-            if entry.endswith("SUCCEEDED, the caller PENDING") and event is not None:
-                node, _, pid = event.owner.rpartition(":")
-                node = node.split("@")[0]
-                for fault in self.schedule:
-                    after = fault["wall"] >= event.at.timestamp() - 0.05
-                    killed = (
-                        fault["kind"] == "pool_kill" and fault.get("detail") == f"pool pid {pid}"
-                    ) or (fault["kind"] == "worker_kill" and fault["target"] == node)
-                    if after and killed:
-                        evidence = fault
-                        break
-            if evidence is None or event is None:
-                kept.append(entry)
-            else:
-                explained.append(f"{entry}: completed by {event.owner}, then fault {evidence}")
-        verdict.disagreeing = kept
+        def evidence(entry: str) -> str | None:
+            event = last_applied(entry.split(":")[0], "succeeded")
+            if not entry.endswith("SUCCEEDED, the caller PENDING") or event is None:
+                return None
+            node, _, pid = event.owner.rpartition(":")
+            node = node.split("@")[0]
+            for fault in self.schedule:
+                after = fault["wall"] >= event.at.timestamp() - 0.05
+                killed = (
+                    fault["kind"] == "pool_kill" and fault.get("detail") == f"pool pid {pid}"
+                ) or (fault["kind"] == "worker_kill" and fault["target"] == node)
+                if after and killed:
+                    return f"completed by {event.owner}, then fault {fault}"
+            return None
+
+        verdict.disagreeing, explained = take_out(verdict.disagreeing, evidence)
         return explained
 
     def explain_outage_failures(self, verdict: Any, rows: dict[str, Any]) -> list[str]:
@@ -830,40 +821,31 @@ class Soak:
         database write failed *while the nemesis had the database cut, or crashed and
         restarting* (the detail is the connection's error): Celery's semantics, a body
         that raised. Anything else stays a violation."""
-        from celery_deadlines.models import RunEvent
-
-        cuts = []
+        outages = []
         for fault in self.schedule:
             if fault["kind"] == "db_cut":  # recorded as it began
                 seconds = float(fault["detail"].split()[0])
-                cuts.append((fault["wall"] - 0.5, fault["wall"] + seconds + 1.0, fault))
+                outages.append((fault["wall"] - 0.5, fault["wall"] + seconds + 1.0, fault))
             elif fault["kind"] == "db_restart":  # recorded once the server was back
                 took = float(fault["detail"].split()[0])
-                cuts.append((fault["wall"] - took - 0.5, fault["wall"] + 1.0, fault))
-        explained, kept = [], []
-        for entry in verdict.unexplained:
-            task_id = entry.split(":")[0]
-            run = rows.get(task_id)
-            evidence = None
-            connection_error = run is not None and run.detail.startswith(
-                ("OperationalError(", "InterfaceError(")
-            )
-            if run is not None and run.status == "FAILED" and connection_error:
-                event = (
-                    RunEvent.objects.filter(run=run, kind="failed", outcome="applied")
-                    .order_by("id")
-                    .last()
-                )
-                at = event.at.timestamp() if event is not None else None
-                for start, end, fault in cuts:
-                    if at is not None and start <= at <= end:
-                        evidence = fault
-                        break
-            if evidence is None or run is None:
-                kept.append(entry)
-            else:
-                explained.append(f"{entry}: {run.detail[:60]}..., during fault {evidence}")
-        verdict.unexplained = kept
+                outages.append((fault["wall"] - took - 0.5, fault["wall"] + 1.0, fault))
+
+        def evidence(entry: str) -> str | None:
+            run = rows.get(entry.split(":")[0])
+            if run is None or run.status != "FAILED":
+                return None
+            if not run.detail.startswith(("OperationalError(", "InterfaceError(")):
+                return None
+            event = last_applied(run.task_id, "failed")
+            if event is None:
+                return None
+            at = event.at.timestamp()
+            for start, end, fault in outages:
+                if start <= at <= end:
+                    return f"{run.detail[:60]}..., during fault {fault}"
+            return None
+
+        verdict.unexplained, explained = take_out(verdict.unexplained, evidence)
         return explained
 
     def teardown(self) -> None:
@@ -949,6 +931,32 @@ def ledgered(run: Any) -> Any:
         effect.state if effect else None, effect.lease_token if effect else None,
         deadline=run.deadline.timestamp() if run.deadline else None, claims=claims,
     )  # fmt: skip
+
+
+def take_out(
+    entries: list[str], evidence: Callable[[str], str | None]
+) -> tuple[list[str], list[str]]:
+    """``entries`` split into the violations kept and those ``evidence`` explains (each
+    with its explanation)."""
+    kept, explained = [], []
+    for entry in entries:
+        why = evidence(entry)
+        if why is None:
+            kept.append(entry)
+        else:
+            explained.append(f"{entry}: {why}")
+    return kept, explained
+
+
+def last_applied(task_id: str, kind: str) -> Any:
+    """The run's last applied event of ``kind``, or ``None``."""
+    from celery_deadlines.models import RunEvent
+
+    return (
+        RunEvent.objects.filter(run__task_id=task_id, kind=kind, outcome="applied")
+        .order_by("id")
+        .last()
+    )
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -15,8 +15,7 @@ from django.db import InterfaceError, OperationalError, ProgrammingError
 
 from celery_deadlines import DeadlineTask, LedgerUnreachable
 from celery_deadlines.errors import StaleLease
-from celery_deadlines.ledger import api
-from celery_deadlines.ledger import attempt as attempts
+from celery_deadlines.ledger import patience
 from celery_deadlines.ledger.attempt import Attempt
 from celery_deadlines.ledger.sql.connection import Store
 from celery_deadlines.ledger.sql.runs import Runs
@@ -33,7 +32,7 @@ TTL = timedelta(seconds=30)
 
 @pytest.fixture
 def attempt(monkeypatch: pytest.MonkeyPatch) -> Attempt:
-    monkeypatch.setattr(attempts, "FINISH_RETRY_INTERVAL", 0)
+    monkeypatch.setattr(patience, "RETRY_INTERVAL", 0)
     store = Store("default")
     assert store.outbox.enqueue(new_run())
     return Attempt(store, won(claim(store)), "w1:1", TTL)
@@ -98,7 +97,7 @@ QUEUE = "lost-answers"
 @pytest.fixture
 def claims(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Celery, list[str]]]:
     """An app on the ``default`` ledger whose task records what its body ran."""
-    monkeypatch.setattr(api, "CLAIM_RETRY_INTERVAL", 0)
+    monkeypatch.setattr(patience, "RETRY_INTERVAL", 0)
     app = Celery("lost-claims", broker="memory://", backend="cache+memory://")
     app.conf.update(
         task_default_queue=QUEUE, deadlines_ledger=True, deadlines_lease_ttl=30, task_acks_late=True

@@ -1,0 +1,57 @@
+"""Waiting out a database the ledger cannot reach: a statement tried again every
+:data:`RETRY_INTERVAL` until a span of (monotonic) time has passed.
+
+The claim waits up to one lease before it hands its message back; an attempt's last
+write waits longer, since its body has already run (``ledger.api``, ``ledger.attempt``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TypeVar
+
+from django.db import InterfaceError, OperationalError
+
+from ..clock import get_clock
+
+#: Seconds between two tries at an unreachable database.
+RETRY_INTERVAL = 0.2
+#: A lost or refused connection, not a wrong statement: the errors worth trying again.
+CONNECTION_ERRORS = (OperationalError, InterfaceError)
+
+_T = TypeVar("_T")
+
+
+class Patience:
+    """A span of time, from now, during which the database is tried again."""
+
+    def __init__(self, span: timedelta) -> None:
+        self.started = get_clock().monotonic()
+        self.give_up = self.started + span.total_seconds()
+
+    def waited(self) -> float:
+        """Seconds since the first try."""
+        return get_clock().monotonic() - self.started
+
+    def spent(self) -> bool:
+        return get_clock().monotonic() >= self.give_up
+
+    def pause(self) -> None:
+        threading.Event().wait(RETRY_INTERVAL)
+
+    def reach(
+        self,
+        statement: Callable[[], _T],
+        errors: tuple[type[Exception], ...] = CONNECTION_ERRORS,
+    ) -> _T:
+        """``statement()``, tried again while it raises one of ``errors``; once the span
+        has passed, that error is raised."""
+        while True:
+            try:
+                return statement()
+            except errors:
+                if self.spent():
+                    raise
+            self.pause()
