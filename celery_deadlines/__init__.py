@@ -44,6 +44,7 @@ from .errors import (
     LedgerUnreachable,
     PlanRefused,
     RunConflict,
+    RunFailed,
     StaleLease,
     WorkflowRefused,
 )
@@ -92,6 +93,7 @@ __all__ = [
     "PlanRefused",
     "Reason",
     "RunConflict",
+    "RunFailed",
     "StaleLease",
     "WorkflowRefused",
     "clock_certain",

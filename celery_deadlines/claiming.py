@@ -5,9 +5,11 @@ delivery without running the body (Celery's ``Ignore``): refused for the deadlin
 the database's clock (the refusal is stored as the task's result); failed for good
 when the run lost too many leases; held unstarted as CLOCK_UNCERTAIN when this
 worker's clock is beyond the skew budget; otherwise simply not run (a duplicate
-delivery, another worker's live lease, an ended run). A claim that could not reach the
-ledger for a whole lease hands a late-acked message back to the broker (``Reject``
-with requeue: nothing stored for the caller, nothing lost).
+delivery, another worker's live lease, an ended run). A delivery of an ended run whose
+caller is still waiting tells it the ledger's outcome: the worker that ended the run
+died before storing it. A claim that could not reach the ledger for a whole lease hands
+a late-acked message back to the broker (``Reject`` with requeue: nothing stored for
+the caller, nothing lost).
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ import logging
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, NoReturn, cast
 
+from celery import states as celery_states
 from celery.exceptions import Ignore, Reject
 
 from . import gates, ledger, recording
 from .clock import get_clock
-from .errors import LedgerUnreachable
+from .errors import DeadlineRefused, LedgerUnreachable, RunFailed
 from .signals import run_claimed, run_held
 from .states import Status
 
@@ -78,6 +81,8 @@ def claim(
         )
     if outcome.why == api.ClaimRefused.LOST_LEASES:
         _lost_too_many_leases(task, task_id, deadline)
+    if outcome.why == api.ClaimRefused.TERMINAL:
+        _answer_a_waiting_caller(task, task_id, outcome.database_now or get_clock().now())
     logger.info(
         "%s[%s]: delivery not run, claim refused (%s); run is %s, token %s, owner %s",
         task.name,
@@ -104,6 +109,67 @@ def _hand_back(task: DeadlineTask, unreachable: LedgerUnreachable) -> NoReturn:
         )
         raise Reject(str(unreachable), requeue=True) from unreachable
     raise unreachable
+
+
+def _answer_a_waiting_caller(task: DeadlineTask, task_id: str, now: datetime) -> None:
+    """A delivery of a run that has ended: usually a duplicate, but also what comes back
+    when the worker that ended the run died after the ledger's commit and before Celery
+    stored the outcome (a late-acked message is redelivered). If the caller's result is
+    still not an outcome, it is told what the ledger recorded: a failure as
+    :class:`~celery_deadlines.errors.RunFailed` (Celery's ``WorkerLostError`` for
+    ``worker_lost``), an expiry as the claim gate's
+    :class:`~celery_deadlines.errors.DeadlineRefused`, with the delivery's errbacks and
+    chord as Celery's own failure would. A success's return value is not in the ledger:
+    it is only logged (the caller's ``get()`` keeps waiting; ``explain`` shows the run)."""
+    if not task.stores_errors():
+        return
+    try:
+        told = task.backend.get_task_meta(task_id, cache=False).get("status")
+    except Exception:  # the result backend is away: the ledger stays the record
+        logger.exception("%s[%s]: reading the caller's result failed", task.name, task_id)
+        return
+    if told in celery_states.READY_STATES:
+        return
+    ended = ledger.api_for(task.app).ended_run(task.app, task_id)
+    if ended is None:
+        return
+    if ended.status == Status.SUCCEEDED:
+        logger.warning(
+            "%s[%s]: the run SUCCEEDED but its result was never stored (its worker died "
+            "after ending it); the caller's state is still %s",
+            task.name,
+            task_id,
+            told,
+        )
+        return
+    error: Exception
+    if ended.status == Status.EXPIRED:
+        error = DeadlineRefused(
+            gates.Gate.CLAIM.value,
+            ended.reason,
+            ended.deadline.isoformat() if ended.deadline else None,
+            now.isoformat(),
+            ended.detail or "the run had ended EXPIRED",
+        )
+    elif ended.reason == "worker_lost":
+        from billiard.exceptions import WorkerLostError
+
+        error = WorkerLostError(ended.detail)
+    else:
+        error = RunFailed(task_id, ended.reason, ended.detail)
+    logger.warning(
+        "%s[%s]: the run ended %s (%s) but its caller was never told (its worker died "
+        "after ending it); stored now: %r",
+        task.name,
+        task_id,
+        ended.status,
+        ended.reason,
+        error,
+    )
+    try:
+        task.backend.mark_as_failure(task_id, error, request=task.request)
+    except Exception:  # the ledger stays the record; the next delivery, if any, tries again
+        logger.exception("%s[%s]: storing the ledger's outcome failed", task.name, task_id)
 
 
 def _lost_too_many_leases(task: DeadlineTask, task_id: str, deadline: datetime | None) -> NoReturn:

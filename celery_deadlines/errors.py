@@ -9,6 +9,7 @@
     ├── ConfigurationError             a setting has a bad value; the message names the setting
     ├── StaleLease                     a write by an attempt that no longer owns its run
     ├── LedgerUnreachable              the ledger's database could not be reached to claim
+    ├── RunFailed                      a failed run's outcome, told by a later delivery
     ├── DispatchRefused                the dispatch guard refused a side effect
     ├── PlanRefused                    a resumed plan may not go on, and its contract refuses
     ├── RunConflict (ValueError)       a task id reused for another task or other arguments
@@ -135,6 +136,26 @@ class LedgerUnreachable(DeadlineError):
             f"run {self.task_id} could not be claimed: the ledger's database was "
             f"unreachable for {self.waited:.1f} s ({self.cause})"
         )
+
+
+class RunFailed(DeadlineError):
+    """The run failed, as its ledger recorded it (``reason``, ``detail``: the error's
+    repr, or what ended it); stored for the caller by a later delivery of its message.
+
+    The worker that ended the run died after the ledger's commit and before Celery
+    stored the body's own exception: the message came back, its claim found the run
+    ended, and the caller, still waiting, is told what the ledger knows. The original
+    exception's class is not kept; ``detail`` names it.
+    """
+
+    def __init__(self, task_id: str, reason: str, detail: str) -> None:
+        super().__init__(task_id, reason, detail)
+        self.task_id = task_id
+        self.reason = reason
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return f"run {self.task_id} failed ({self.reason}): {self.detail}"
 
 
 class DispatchRefused(DeadlineError):

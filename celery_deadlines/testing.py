@@ -244,6 +244,19 @@ class FakeLedger:
     def end_owned(self, app: Any, **_: Any) -> str | None:
         return None  # no pool processes here
 
+    def ended_run(self, app: Any, task_id: str) -> Any:
+        run = self.runs.get(task_id)
+        if run is None or run.status not in ("SUCCEEDED", "FAILED", "EXPIRED"):
+            return None
+        return self._api.Expired(
+            task_id=task_id,
+            task_name=run.task_name,
+            status=run.status,
+            reason=run.reason,
+            deadline=run.deadline,
+            detail=run.detail,
+        )
+
     def tell_caller_unknown(self, app: Any, task_id: str, error: str) -> None:
         pass  # no effects here: a run never ends UNKNOWN in the fake ledger
 

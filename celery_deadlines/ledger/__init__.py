@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from .api import Held as _Held
     from .attempt import Attempt
     from .sql.rows import ClaimRefused as _ClaimRefused
+    from .sql.rows import Expired as _Expired
     from .sql.rows import Lease as _Lease
     from .sql.rows import NewRun as _NewRun
 
@@ -89,6 +90,8 @@ class LedgerAPI(Protocol):
         reason: str,
         detail: str,
     ) -> str | None: ...
+
+    def ended_run(self, app: Any, task_id: str) -> _Expired | None: ...
 
     def tell_caller_unknown(self, app: Any, task_id: str, error: str) -> None: ...
 

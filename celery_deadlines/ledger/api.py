@@ -27,12 +27,13 @@ from .outbox import check_repeat, encode_message
 from .patience import CONNECTION_ERRORS, Patience
 from .reconcile import running
 from .sql.connection import Store
-from .sql.rows import ClaimRefused, ExistingRun, Lease, NewRun
+from .sql.rows import ClaimRefused, ExistingRun, Expired, Lease, NewRun
 
 __all__ = [
     "Attempt",
     "ClaimRefused",
     "ExistingRun",
+    "Expired",
     "Held",
     "Lease",
     "NewRun",
@@ -41,6 +42,7 @@ __all__ = [
     "describe",
     "encode_message",
     "end_owned",
+    "ended_run",
     "hand_to_retry",
     "lapse_owned",
     "measure",
@@ -218,6 +220,12 @@ def end_owned(
     return store.supervision.end_owned(
         task_id, owner_name_of(hostname, pid), status, reason, detail
     )
+
+
+def ended_run(app: Any, task_id: str) -> Expired | None:
+    """How the run of ``task_id`` ended (its status, reason, detail and deadline), or
+    ``None`` if it has not ended or is not recorded."""
+    return store_for(app, dedicated=True).runs.ended(task_id)
 
 
 def tell_caller_unknown(app: Any, task_id: str, error: str) -> None:

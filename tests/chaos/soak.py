@@ -706,12 +706,36 @@ class Soak:
                 continue
             seen = {task_id for task_id, _, _ in snapshot}
             done = ids <= seen and all(status in TERMINAL for _, status, _ in snapshot)
+            # a message still queued or held unacked may be the redelivery that tells a
+            # waiting caller its run's end (a worker killed after the ledger's end)
+            done = done and self.in_flight() == 0
             if snapshot != last or not done:
                 last, still_since = snapshot, time.monotonic()
             elif time.monotonic() - still_since >= 3 * TTL:
                 return
             time.sleep(0.5)
         log(f"no quiescence within {self.tier.quiesce} s: judging as it stands")
+
+    def in_flight(self) -> int | None:
+        """Messages of the soak's queue still in the broker: ready, or delivered and not
+        acknowledged (Redis keeps those until a worker acks them or restores them after
+        the visibility timeout; RabbitMQ requeues a dead consumer's at once). ``None``
+        if the broker could not be asked."""
+        from amqp.exceptions import AMQPError
+        from kombu import Connection
+        from kombu.exceptions import KombuError
+        from redis.exceptions import RedisError
+
+        try:
+            with Connection(os.environ["TEST_BROKER_URL"], connect_timeout=2) as conn:
+                channel: Any = conn.default_channel
+                if self.tier.broker != "redis":
+                    return int(channel.queue_declare(queue=self.queue, passive=True).message_count)
+                # Redis drops an empty list: a passive declare would say the queue is gone
+                ready = channel._size(self.queue)  # every priority's list
+                return int(ready) + int(channel.client.hlen(channel.unacked_key))
+        except (OSError, AMQPError, KombuError, RedisError):  # restarting, or not declared yet
+            return None
 
     def run(self) -> int:
         started = time.monotonic()

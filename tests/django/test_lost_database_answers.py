@@ -13,7 +13,7 @@ from celery import Celery
 from celery.exceptions import Reject
 from django.db import InterfaceError, OperationalError, ProgrammingError
 
-from celery_deadlines import DeadlineTask, LedgerUnreachable
+from celery_deadlines import DeadlineTask, LedgerUnreachable, RunFailed
 from celery_deadlines.errors import StaleLease
 from celery_deadlines.ledger import patience
 from celery_deadlines.ledger.attempt import Attempt
@@ -23,7 +23,7 @@ from celery_deadlines.models import Run, RunEvent, Status
 from celery_deadlines.testing import FakeClock
 from tests.django.test_ledger_store import claim, new_run, won
 from tests.support.memory_queue import drain
-from tests.support.trace import execute_next
+from tests.support.trace import execute, execute_next
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default"])
 
@@ -185,3 +185,36 @@ def test_a_claim_whose_statement_is_wrong_is_not_tried_again(
     calls = claim_unreachable(monkeypatch, clock, 99, ProgrammingError)
     state, raised = execute_next(app, QUEUE)
     assert (state, type(raised), len(calls)) == ("FAILURE", ProgrammingError, 1)
+
+
+# -- the end: committed in the ledger, never stored for the caller --------------------------
+
+
+def test_a_failed_run_whose_worker_died_before_storing_the_error_is_told_on_redelivery(
+    claims: tuple[Celery, list[str]],
+) -> None:
+    """Seed 8181 of the nemesis soak: a run ended ``FAILED error``, its worker was killed
+    35 ms later, before Celery stored the error, and the caller stayed ``PENDING``. Its
+    late-acked message comes back; the claim finds the run ended and tells the caller."""
+    app, _ran = claims
+
+    @app.task(base=DeadlineTask, bind=True, name="lost.fails", budget=600, shared=False)
+    def fails(self: DeadlineTask) -> None:
+        raise ValueError("the notice's record met a cut")
+
+    fails.apply_async(task_id="unstored-1")
+    [message] = drain(app, QUEUE)
+    assert execute(app, message)[0] == "FAILURE"
+    app.backend.forget("unstored-1")  # what the dead worker never stored
+    assert execute(app, message)[0] == "IGNORED"
+    told = app.AsyncResult("unstored-1")
+    assert told.state == "FAILURE"
+    assert isinstance(told.result, RunFailed)
+    assert (told.result.reason, told.result.detail) == (
+        "error",
+        "ValueError(\"the notice's record met a cut\")",
+    )
+    run = Run.objects.get(task_id="unstored-1")
+    assert (run.status, run.reason) == ("FAILED", "error")
+    claims_made = RunEvent.objects.filter(run=run, kind="claim").values_list("outcome", flat=True)
+    assert sorted(claims_made) == ["applied", "rejected"]

@@ -21,6 +21,7 @@ from celery_deadlines import (
     DeadlineTask,
     InvalidEffect,
     RunConflict,
+    RunFailed,
     StaleLease,
 )
 from celery_deadlines.testing import FakeClock, FakeLedger, use_ledger
@@ -92,6 +93,69 @@ def test_a_duplicate_delivery_of_a_finished_run_runs_nothing(
     state, _ = execute(app, message)  # redelivered
     assert (state, calls.count) == ("IGNORED", 1)
     assert ledger.run("r2").events[-1] == ("claim", "rejected", "terminal")
+
+
+def test_a_redelivery_of_a_failed_run_tells_a_caller_left_waiting_what_the_ledger_recorded(
+    app: Celery, ledger: FakeLedger
+) -> None:
+    # the worker that ended the run FAILED died before Celery stored the error: the
+    # result backend has nothing, and the late-acked message comes back
+    calls = Calls()
+    work = tasks(app, calls)["work"]
+    work.apply_async(task_id="r2f", kwargs={"fail": "error"})
+    [message] = drain(app, QUEUE)
+    assert execute(app, message)[0] == "FAILURE"
+    app.backend.forget("r2f")
+    assert app.AsyncResult("r2f").state == "PENDING"
+    assert execute(app, message)[0] == "IGNORED"
+    told = app.AsyncResult("r2f")
+    assert (told.state, calls.count) == ("FAILURE", 1)
+    assert isinstance(told.result, RunFailed)
+    assert (told.result.reason, told.result.detail) == ("error", "ValueError('boom')")
+
+
+def test_a_redelivery_of_an_expired_run_tells_a_caller_left_waiting_the_claim_gates_refusal(
+    app: Celery, ledger: FakeLedger
+) -> None:
+    work = tasks(app, Calls())["work"]
+    work.apply_async(task_id="r2e")
+    [message] = drain(app, QUEUE)
+    run = ledger.runs["r2e"]
+    run.status, run.reason, run.detail = "EXPIRED", "deadline_passed", "lease lapsed"
+    assert execute(app, message)[0] == "IGNORED"
+    refusal = app.AsyncResult("r2e").result
+    assert isinstance(refusal, DeadlineRefused)
+    assert (refusal.gate, refusal.reason, refusal.detail) == (
+        "claim",
+        "deadline_passed",
+        "lease lapsed",
+    )
+
+
+def test_a_redelivery_never_overwrites_an_outcome_the_caller_was_told(
+    app: Celery, ledger: FakeLedger
+) -> None:
+    work = tasks(app, Calls())["work"]
+    work.apply_async(task_id="r2k", kwargs={"fail": "error"})
+    [message] = drain(app, QUEUE)
+    assert execute(app, message)[0] == "FAILURE"
+    assert execute(app, message)[0] == "IGNORED"
+    assert isinstance(app.AsyncResult("r2k").result, ValueError)
+
+
+def test_a_redelivery_of_a_success_whose_result_was_lost_says_so_and_stores_nothing(
+    app: Celery, ledger: FakeLedger, caplog: pytest.LogCaptureFixture
+) -> None:
+    # the ledger does not keep return values: the caller keeps waiting, the log says why
+    work = tasks(app, Calls())["work"]
+    work.apply_async(task_id="r2s")
+    [message] = drain(app, QUEUE)
+    assert execute(app, message)[0] == "SUCCESS"
+    app.backend.forget("r2s")
+    with caplog.at_level("WARNING", logger="celery_deadlines"):
+        assert execute(app, message)[0] == "IGNORED"
+    assert app.AsyncResult("r2s").state == "PENDING"
+    assert "SUCCEEDED but its result was never stored" in caplog.text
 
 
 def test_a_delivery_while_another_worker_holds_a_live_lease_is_not_run(

@@ -98,7 +98,8 @@ class ExistingRun:
 
 @dataclass(frozen=True)
 class Expired:
-    """A run the ledger expired or failed on its own (the reconciler reports these)."""
+    """A run the ledger ended: expired or failed on its own (the reconciler reports
+    these), or read back as it ended (:meth:`~.runs.Runs.ended`)."""
 
     task_id: str
     task_name: str

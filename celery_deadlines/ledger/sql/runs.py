@@ -37,9 +37,10 @@ from .predicates import (
     HAS_UNRESOLVED,
     RUN,
     SUPERVISOR_GRACE,
+    TERMINAL_SQL,
     claim_checks,
 )
-from .rows import ClaimRefused, Lease, NewRun, from_json, required
+from .rows import ClaimRefused, Expired, Lease, NewRun, from_json, required
 from .statements import Statements
 
 
@@ -190,6 +191,29 @@ class Runs(Statements):
             return None
         status, token, op = rows[0]
         return str(status), int(token), str(op)
+
+    def ended(self, task_id: str) -> Expired | None:
+        """How the run of ``task_id`` ended (status, reason, detail, deadline), or ``None``
+        if it has not ended or is not recorded: what a later delivery of its message
+        tells a caller the ended attempt never told."""
+        _, rows = self.execute(
+            f"""
+            SELECT task_name, status, reason, detail, deadline FROM {RUN}
+            WHERE task_id = %s AND status IN {TERMINAL_SQL}
+            """,
+            [task_id],
+        )
+        if not rows:
+            return None
+        name, status, reason, detail, deadline = rows[0]
+        return Expired(
+            task_id=task_id,
+            task_name=str(name),
+            status=str(status),
+            reason=str(reason),
+            deadline=self.dialect.instant(deadline),
+            detail=str(detail),
+        )
 
     def retry(
         self,
