@@ -212,7 +212,7 @@ def test_a_failed_run_whose_worker_died_before_storing_the_error_is_told_on_rede
     assert isinstance(told.result, RunFailed)
     assert (told.result.reason, told.result.detail) == (
         "error",
-        "ValueError(\"the notice's record met a cut\")",
+        'ValueError("the notice\'s record met a cut")',
     )
     run = Run.objects.get(task_id="unstored-1")
     assert (run.status, run.reason) == ("FAILED", "error")
