@@ -28,7 +28,7 @@ from .signals import run_claimed, run_held
 from .states import Status
 
 if TYPE_CHECKING:
-    from .ledger.api import Held
+    from .ledger.api import Expired, Held
     from .ledger.attempt import Attempt
     from .task import DeadlineTask
 
@@ -118,58 +118,60 @@ def _answer_a_waiting_caller(task: DeadlineTask, task_id: str, now: datetime) ->
     still not an outcome, it is told what the ledger recorded: a failure as
     :class:`~celery_deadlines.errors.RunFailed` (Celery's ``WorkerLostError`` for
     ``worker_lost``), an expiry as the claim gate's
-    :class:`~celery_deadlines.errors.DeadlineRefused`, with the delivery's errbacks and
-    chord as Celery's own failure would. A success's return value is not in the ledger:
-    it is only logged (the caller's ``get()`` keeps waiting; ``explain`` shows the run)."""
+    :class:`~celery_deadlines.errors.DeadlineRefused`. Only the result is stored: the
+    message's errbacks and chord are not called, since the ended attempt may still be
+    calling them (a duplicate delivery racing its last milliseconds). A success's return
+    value is not in the ledger: it is only logged. Nothing here may fail the delivery:
+    an error reading or storing is logged, and the ledger stays the record."""
     if not task.stores_errors():
         return
     try:
         told = task.backend.get_task_meta(task_id, cache=False).get("status")
-    except Exception:  # the result backend is away: the ledger stays the record
-        logger.exception("%s[%s]: reading the caller's result failed", task.name, task_id)
-        return
-    if told in celery_states.READY_STATES:
-        return
-    ended = ledger.api_for(task.app).ended_run(task.app, task_id)
-    if ended is None:
-        return
-    if ended.status == Status.SUCCEEDED:
+        if told in celery_states.READY_STATES:
+            return
+        ended = ledger.api_for(task.app).ended_run(task.app, task_id)
+        if ended is None:
+            return
+        if ended.status == Status.SUCCEEDED:
+            if not task.ignores_result():
+                logger.warning(
+                    "%s[%s]: the run SUCCEEDED but its result was never stored (its "
+                    "worker died after ending it); the caller's state is still %s",
+                    task.name,
+                    task_id,
+                    told,
+                )
+            return
+        error = _ledgers_outcome(task_id, ended, now)
         logger.warning(
-            "%s[%s]: the run SUCCEEDED but its result was never stored (its worker died "
-            "after ending it); the caller's state is still %s",
+            "%s[%s]: the run ended %s (%s) but its caller was never told (its worker died "
+            "after ending it); stored now: %r",
             task.name,
             task_id,
-            told,
+            ended.status,
+            ended.reason,
+            error,
         )
-        return
-    error: Exception
+        task.backend.mark_as_failure(task_id, error)
+    except Exception:  # never the delivery's failure: the ledger has the outcome
+        logger.exception("%s[%s]: telling the caller the run's end failed", task.name, task_id)
+
+
+def _ledgers_outcome(task_id: str, ended: Expired, now: datetime) -> Exception:
+    """What the caller is told of a run the ledger ended FAILED or EXPIRED."""
     if ended.status == Status.EXPIRED:
-        error = DeadlineRefused(
+        return DeadlineRefused(
             gates.Gate.CLAIM.value,
             ended.reason,
             ended.deadline.isoformat() if ended.deadline else None,
             now.isoformat(),
             ended.detail or "the run had ended EXPIRED",
         )
-    elif ended.reason == "worker_lost":
+    if ended.reason == "worker_lost":
         from billiard.exceptions import WorkerLostError
 
-        error = WorkerLostError(ended.detail)
-    else:
-        error = RunFailed(task_id, ended.reason, ended.detail)
-    logger.warning(
-        "%s[%s]: the run ended %s (%s) but its caller was never told (its worker died "
-        "after ending it); stored now: %r",
-        task.name,
-        task_id,
-        ended.status,
-        ended.reason,
-        error,
-    )
-    try:
-        task.backend.mark_as_failure(task_id, error, request=task.request)
-    except Exception:  # the ledger stays the record; the next delivery, if any, tries again
-        logger.exception("%s[%s]: storing the ledger's outcome failed", task.name, task_id)
+        return WorkerLostError(ended.detail)
+    return RunFailed(task_id, ended.reason, ended.detail)
 
 
 def _lost_too_many_leases(task: DeadlineTask, task_id: str, deadline: datetime | None) -> NoReturn:

@@ -441,13 +441,18 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
             return False
         return not (self.app.conf.task_always_eager if eager is None else eager)
 
-    def stores_errors(self) -> bool:
-        # Celery's own rule (trace.py): errors are stored unless results are ignored,
-        # and then only with store_errors_even_if_ignored.
+    def ignores_result(self) -> bool:
+        """Whether this delivery's return value is not stored (the request's
+        ``ignore_result``, else the task's), as Celery's tracer decides."""
         ignore_result = self.request.ignore_result
         if ignore_result is None:
             ignore_result = self.ignore_result
-        return bool(self.store_errors_even_if_ignored or not ignore_result)
+        return bool(ignore_result)
+
+    def stores_errors(self) -> bool:
+        # Celery's own rule (trace.py): errors are stored unless results are ignored,
+        # and then only with store_errors_even_if_ignored.
+        return bool(self.store_errors_even_if_ignored or not self.ignores_result())
 
 
 def end_after_body(attempt: Attempt, exc: BaseException, *, task: Any = None) -> None:

@@ -132,6 +132,23 @@ def test_a_redelivery_of_an_expired_run_tells_a_caller_left_waiting_the_claim_ga
     )
 
 
+def test_a_ledger_that_cannot_say_how_a_run_ended_never_fails_the_redelivery(
+    app: Celery, ledger: FakeLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    work = tasks(app, Calls())["work"]
+    work.apply_async(task_id="r2x", kwargs={"fail": "error"})
+    [message] = drain(app, QUEUE)
+    assert execute(app, message)[0] == "FAILURE"
+    app.backend.forget("r2x")
+
+    def unreachable(*_: Any) -> None:
+        raise ConnectionError("the ledger's database went away")
+
+    monkeypatch.setattr(ledger, "ended_run", unreachable)
+    assert execute(app, message)[0] == "IGNORED"
+    assert app.AsyncResult("r2x").state == "PENDING"  # told nothing rather than a wrong thing
+
+
 def test_a_redelivery_never_overwrites_an_outcome_the_caller_was_told(
     app: Celery, ledger: FakeLedger
 ) -> None:
