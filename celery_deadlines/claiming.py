@@ -135,8 +135,9 @@ def _answer_a_waiting_caller(task: DeadlineTask, task_id: str, now: datetime) ->
         if ended.status == Status.SUCCEEDED:
             if not task.ignores_result():
                 logger.warning(
-                    "%s[%s]: the run SUCCEEDED but its result was never stored (its "
-                    "worker died after ending it); the caller's state is still %s",
+                    "%s[%s]: the run SUCCEEDED but its caller has no result (state %s): "
+                    "the worker that ended it died or stalled before storing it, and the "
+                    "ledger does not keep return values",
                     task.name,
                     task_id,
                     told,
@@ -144,8 +145,8 @@ def _answer_a_waiting_caller(task: DeadlineTask, task_id: str, now: datetime) ->
             return
         error = _ledgers_outcome(task_id, ended, now)
         logger.warning(
-            "%s[%s]: the run ended %s (%s) but its caller was never told (its worker died "
-            "after ending it); stored now: %r",
+            "%s[%s]: the run ended %s (%s) but its caller was not told (the worker that "
+            "ended it died or stalled before storing it); stored now: %r",
             task.name,
             task_id,
             ended.status,

@@ -172,7 +172,7 @@ def test_a_redelivery_of_a_success_whose_result_was_lost_says_so_and_stores_noth
     with caplog.at_level("WARNING", logger="celery_deadlines"):
         assert execute(app, message)[0] == "IGNORED"
     assert app.AsyncResult("r2s").state == "PENDING"
-    assert "SUCCEEDED but its result was never stored" in caplog.text
+    assert "SUCCEEDED but its caller has no result (state PENDING)" in caplog.text
 
 
 def test_a_delivery_while_another_worker_holds_a_live_lease_is_not_run(
