@@ -56,11 +56,17 @@ def settle_effect(
     pending list, the operator's form): if it has changed since (another reconciler or
     operator settled it, or a new attempt dispatched it again), nothing is written.
     """
-    settlement = store.effects.settle(seen, found, result, evidence, by=by)
+    # the settlement and the run's release commit together: another reconciler never
+    # sees the effect settled and the run still UNKNOWN, and releases it first (the
+    # operator was then told nothing was released; an integration test on a loaded
+    # machine saw it)
+    with store.transaction():
+        settlement = store.effects.settle(seen, found, result, evidence, by=by)
+        written = store.effects.release_resolved(seen.run_id) if settlement.applied else None
     if not settlement.applied:
         logger.warning("%s[%s]: %s", seen.task_name, seen.task_id, settlement.detail)
         return Settled(False, detail=settlement.detail)
-    released = release_settled(app, store, seen.run_id, seen.task_id, seen.task_name)
+    released = _announce_release(app, store, seen.run_id, seen.task_id, seen.task_name, written)
     return Settled(True, released)
 
 
@@ -72,6 +78,18 @@ def release_settled(
     the caller told why. Returns the status written, or ``None`` (another reconciler or
     operator released it, or an effect is still unresolved)."""
     written = store.effects.release_resolved(run_id)
+    return _announce_release(app, store, run_id, task_id, task_name, written)
+
+
+def _announce_release(
+    app: Any,
+    store: Store,
+    run_id: int,
+    task_id: str,
+    task_name: str,
+    written: tuple[str, str] | None,
+) -> str | None:
+    """After a release committed: republish a queued run, tell an expired one's caller."""
     released, reason = written if written is not None else (None, "")
     if released == Status.QUEUED:
         republish(app, task_id, partial(outbox.republish_run, app, store, run_id))

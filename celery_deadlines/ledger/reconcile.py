@@ -175,10 +175,13 @@ def _settle(app: Any, store: Store, lapsed: LapsedLease, max_lost: int, report: 
         # the run waits for the effect's reconciliation before anything else (past its
         # deadline too: the outcome is recorded, then the run ends EXPIRED)
         detail = "lease lapsed after a dispatch with no recorded outcome"
-        if store.sweeps.settle_lapsed(
-            lapsed, Status.UNKNOWN, "effect_unresolved", detail, unresolved=True
-        ):
-            store.effects.mark_unknown(lapsed.run_id, lapsed.token)
+        with store.transaction():  # no reconciler sees the run UNKNOWN, its effect not
+            marked = store.sweeps.settle_lapsed(
+                lapsed, Status.UNKNOWN, "effect_unresolved", detail, unresolved=True
+            )
+            if marked:
+                store.effects.mark_unknown(lapsed.run_id, lapsed.token)
+        if marked:
             report.unknown.append(lapsed.task_id)
             tell_caller_unknown(app, store, lapsed.run_id, lapsed.task_id, detail)
     elif step is Settle.EXPIRE:

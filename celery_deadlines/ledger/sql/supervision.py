@@ -25,34 +25,39 @@ class Supervision(Statements):
         the attempt had dispatched an effect without recording its outcome, the run
         ends UNKNOWN instead (a deadline during a provider call is an outcome to
         reconcile, not to guess: docs/failure-semantics.md), and those effects are
-        marked UNKNOWN. Returns the status written, or ``None`` if the attempt was not
-        this owner's any more.
+        marked UNKNOWN in the same transaction. Returns the status written, or ``None``
+        if the attempt was not this owner's any more.
         """
         d = self.dialect
-        _, rows = self.execute(
-            f"""
-            UPDATE {RUN} SET
-                status = CASE WHEN {HAS_UNRESOLVED} THEN 'UNKNOWN' ELSE %s END,
-                reason = CASE WHEN {HAS_UNRESOLVED} THEN 'effect_unresolved' ELSE %s END,
-                detail = %s, lease_token = lease_token + 1, lease_expires_at = NULL,
-                version = version + 1, op = 'end_owned', op_detail = %s, updated_at = {d.now}
-            WHERE task_id = %s AND status = 'RUNNING' AND owner = %s
-            RETURNING id, status
-            """,
-            [status.value, reason, detail, detail, task_id, owner],
-        )
-        if not rows:
-            return None
-        run_id, written = rows[0]
-        if written == Status.UNKNOWN:
-            self.execute(
+        # one transaction: a reconciler must never see the run UNKNOWN with its effect
+        # still DISPATCHED, or it settles the effect first and the trail lacks the
+        # effect's UNKNOWN (an integration test on a loaded machine saw it)
+        with self.store.transaction():
+            _, rows = self.execute(
                 f"""
-                UPDATE {EFFECT} SET state = 'UNKNOWN', updated_at = {d.now},
-                    error = %s
-                WHERE run_id = %s AND state = 'DISPATCHED'
+                UPDATE {RUN} SET
+                    status = CASE WHEN {HAS_UNRESOLVED} THEN 'UNKNOWN' ELSE %s END,
+                    reason = CASE WHEN {HAS_UNRESOLVED} THEN 'effect_unresolved' ELSE %s END,
+                    detail = %s, lease_token = lease_token + 1, lease_expires_at = NULL,
+                    version = version + 1, op = 'end_owned', op_detail = %s,
+                    updated_at = {d.now}
+                WHERE task_id = %s AND status = 'RUNNING' AND owner = %s
+                RETURNING id, status
                 """,
-                [detail, run_id],
+                [status.value, reason, detail, detail, task_id, owner],
             )
+            if not rows:
+                return None
+            run_id, written = rows[0]
+            if written == Status.UNKNOWN:
+                self.execute(
+                    f"""
+                    UPDATE {EFFECT} SET state = 'UNKNOWN', updated_at = {d.now},
+                        error = %s
+                    WHERE run_id = %s AND state = 'DISPATCHED'
+                    """,
+                    [detail, run_id],
+                )
         return str(written)
 
     def lapse_owned(self, task_id: str, owner: str, detail: str) -> bool:
