@@ -13,7 +13,7 @@ between connections to a server; SQLite's in-process writer is single.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -26,12 +26,14 @@ from celery_deadlines.ledger.sql.connection import Store
 from celery_deadlines.models import EffectState, Run, Status
 from tests.conftest import service_unavailable
 from tests.django.test_effects import (
-    app,  # noqa: F401 - the fixture the reconciler republishes with
     attempt,
     charge,
     crash_after_dispatch,
     effect,
+    effects_app,
+    published,
     record,
+    shop_charge,
 )
 from tests.support.processes import reachable
 
@@ -43,6 +45,15 @@ def store() -> Store:
     if not reachable("127.0.0.1", 5432):
         service_unavailable("PostgreSQL 127.0.0.1:5432")
     return Store("postgres")
+
+
+@pytest.fixture
+def app() -> Iterator[Celery]:
+    """The app the reconciler republishes with; its task has no effect reconciler."""
+    shop_charge.__dict__.pop("_effect_reconcilers", None)
+    published(effects_app)
+    yield effects_app
+    published(effects_app)
 
 
 def from_another_connection(read: Callable[[Store], Any]) -> Any:
@@ -101,7 +112,7 @@ def test_a_run_its_supervisor_ends_unknown_is_never_seen_before_its_effect_is(
 def test_a_lapsed_run_marked_unknown_is_never_seen_before_its_effect_is(
     store: Store,
     app: Celery,
-    monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     crash_after_dispatch(store)
     seen = look_after(monkeypatch, store, "op = 'reconcile'", pending_keys)
@@ -113,7 +124,7 @@ def test_a_lapsed_run_marked_unknown_is_never_seen_before_its_effect_is(
 def test_an_effect_settled_by_an_operator_is_never_seen_before_its_runs_release(
     store: Store,
     app: Celery,
-    monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     crash_after_dispatch(store)
     reconcile_once(app, store)  # no reconciler: UNKNOWN, waiting for an operator
