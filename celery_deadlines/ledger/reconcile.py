@@ -175,7 +175,7 @@ def _settle(app: Any, store: Store, lapsed: LapsedLease, max_lost: int, report: 
         # the run waits for the effect's reconciliation before anything else (past its
         # deadline too: the outcome is recorded, then the run ends EXPIRED)
         detail = "lease lapsed after a dispatch with no recorded outcome"
-        with store.transaction():  # no reconciler sees the run UNKNOWN, its effect not
+        with store.transaction():  # never seen UNKNOWN with its effect still DISPATCHED
             marked = store.sweeps.settle_lapsed(
                 lapsed, Status.UNKNOWN, "effect_unresolved", detail, unresolved=True
             )
