@@ -142,10 +142,11 @@ class RunFailed(DeadlineError):
     """The run failed, as its ledger recorded it (``reason``, ``detail``: the error's
     repr, or what ended it); stored for the caller by a later delivery of its message.
 
-    The worker that ended the run died after the ledger's commit and before Celery
-    stored the body's own exception: the message came back, its claim found the run
-    ended, and the caller, still waiting, is told what the ledger knows. The original
-    exception's class is not kept; ``detail`` names it.
+    The worker that ended the run died (or stalled) after the ledger's commit and
+    before Celery stored the body's own exception: the message came back, its claim
+    found the run ended, and the caller, still waiting, is told what the ledger knows.
+    The original exception's class is not kept; ``detail`` names it. A worker that only
+    stalled stores its own exception when it resumes, which then replaces this one.
     """
 
     def __init__(self, task_id: str, reason: str, detail: str) -> None:
