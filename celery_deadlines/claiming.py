@@ -23,7 +23,7 @@ from celery.exceptions import Ignore, Reject
 
 from . import gates, ledger, recording
 from .clock import get_clock
-from .errors import DeadlineRefused, LedgerUnreachable, RunFailed
+from .errors import LedgerUnreachable, RunFailed
 from .signals import run_claimed, run_held
 from .states import Status
 
@@ -161,12 +161,8 @@ def _answer_a_waiting_caller(task: DeadlineTask, task_id: str, now: datetime) ->
 def _ledgers_outcome(task_id: str, ended: Expired, now: datetime) -> Exception:
     """What the caller is told of a run the ledger ended FAILED or EXPIRED."""
     if ended.status == Status.EXPIRED:
-        return DeadlineRefused(
-            gates.Gate.CLAIM.value,
-            ended.reason,
-            ended.deadline.isoformat() if ended.deadline else None,
-            now.isoformat(),
-            ended.detail or "the run had ended EXPIRED",
+        return ended.refusal(
+            gates.Gate.CLAIM.value, now, ended.detail or "the run had ended EXPIRED"
         )
     if ended.reason == "worker_lost":
         from billiard.exceptions import WorkerLostError

@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final, NoReturn
 
 from .clock import get_clock, set_clock
+from .states import TERMINAL
 
 
 class FakeClock:
@@ -230,7 +231,7 @@ class FakeLedger:
         if run is None:
             run = self._record(task_id, task_name, deadline, retries)
         live = run.status == "RUNNING" and (run.lease_expires_at or now) > now
-        ended = run.status in ("SUCCEEDED", "FAILED", "EXPIRED")
+        ended = run.status in TERMINAL
         in_time = confirm_within is not None and (
             run.deadline is None or run.deadline > now + confirm_within
         )
@@ -246,7 +247,7 @@ class FakeLedger:
 
     def ended_run(self, app: Any, task_id: str) -> Any:
         run = self.runs.get(task_id)
-        if run is None or run.status not in ("SUCCEEDED", "FAILED", "EXPIRED"):
+        if run is None or run.status not in TERMINAL:
             return None
         return self._api.Expired(
             task_id=task_id,
@@ -278,7 +279,7 @@ class FakeLedger:
     ) -> str | None:
         """The claim's condition, in the database ledger's order."""
         lapsed = run.lease_expires_at is not None and run.lease_expires_at <= now
-        if run.status in ("SUCCEEDED", "FAILED", "EXPIRED"):
+        if run.status in TERMINAL:
             return "terminal"
         if run.retries != retries:
             return "stale_message"

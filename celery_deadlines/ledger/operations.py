@@ -16,7 +16,6 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
-from ..errors import DeadlineRefused
 from ..gates import Gate
 from ..outcomes import unknown_meta
 from ..signals import run_expired
@@ -172,15 +171,8 @@ def store_refusal(
     expiry found by the sweeper is never silent."""
     detail = detail or expired.detail or "the deadline passed before any worker claimed the run"
     announce_expiry(app, expired.task_id, expired.task_name, expired.reason, detail)
-    refusal = DeadlineRefused(
-        gate.value,
-        expired.reason,
-        expired.deadline.isoformat() if expired.deadline else None,
-        now.isoformat(),
-        detail,
-    )
     try:
-        app.backend.mark_as_failure(expired.task_id, refusal)
+        app.backend.mark_as_failure(expired.task_id, expired.refusal(gate.value, now, detail))
     except Exception:  # the ledger already holds the outcome
         logger.exception(
             "storing the expiry of run %s in the result backend failed", expired.task_id

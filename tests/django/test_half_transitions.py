@@ -13,11 +13,10 @@ between connections to a server; SQLite's in-process writer is single.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from celery import Celery
 from django.db import connections
 
 from celery_deadlines.ledger.operations import settle_effect
@@ -26,14 +25,13 @@ from celery_deadlines.ledger.sql.connection import Store
 from celery_deadlines.models import EffectState, Run, Status
 from tests.conftest import service_unavailable
 from tests.django.test_effects import (
+    app,  # noqa: F401 - test_effects' fixture: its app, no effect reconciler, an empty queue
     attempt,
     charge,
     crash_after_dispatch,
     effect,
     effects_app,
-    published,
     record,
-    shop_charge,
 )
 from tests.support.processes import reachable
 
@@ -45,15 +43,6 @@ def store() -> Store:
     if not reachable("127.0.0.1", 5432):
         service_unavailable("PostgreSQL 127.0.0.1:5432")
     return Store("postgres")
-
-
-@pytest.fixture
-def app() -> Iterator[Celery]:
-    """The app the reconciler republishes with; its task has no effect reconciler."""
-    shop_charge.__dict__.pop("_effect_reconcilers", None)
-    published(effects_app)
-    yield effects_app
-    published(effects_app)
 
 
 def from_another_connection(read: Callable[[Store], Any]) -> Any:
@@ -109,31 +98,35 @@ def test_a_run_its_supervisor_ends_unknown_is_never_seen_before_its_effect_is(
     assert pending_keys(store) == ["order-42:charge:v1"]
 
 
+@pytest.mark.usefixtures("app")
 def test_a_lapsed_run_marked_unknown_is_never_seen_before_its_effect_is(
-    store: Store,
-    app: Celery,
-    monkeypatch: pytest.MonkeyPatch,
+    store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     crash_after_dispatch(store)
     seen = look_after(monkeypatch, store, "op = 'reconcile'", pending_keys)
-    assert reconcile_once(app, store).unknown == ["charge-1"]
+    assert reconcile_once(effects_app, store).unknown == ["charge-1"]
     assert seen == [[]]
     assert effect(store).state == EffectState.UNKNOWN
 
 
+@pytest.mark.usefixtures("app")
 def test_an_effect_settled_by_an_operator_is_never_seen_before_its_runs_release(
-    store: Store,
-    app: Celery,
-    monkeypatch: pytest.MonkeyPatch,
+    store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     crash_after_dispatch(store)
-    reconcile_once(app, store)  # no reconciler: UNKNOWN, waiting for an operator
+    reconcile_once(effects_app, store)  # no reconciler: UNKNOWN, waiting for an operator
     [question] = store.effects.pending()
     seen = look_after(
         monkeypatch, store, "evidence =", lambda other: other.effects.settled_unknown()
     )
     settled = settle_effect(
-        app, store, question, found=True, result={"charge": "ch_7"}, evidence="ch_7", by="ops"
+        effects_app,
+        store,
+        question,
+        found=True,
+        result={"charge": "ch_7"},
+        evidence="ch_7",
+        by="ops",
     )
     assert seen == [[]]  # no reconciler could release the run first
     assert (settled.applied, settled.released) == (True, Status.QUEUED)

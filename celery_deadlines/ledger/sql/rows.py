@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
+from ...errors import DeadlineRefused
+
 
 @dataclass(frozen=True)
 class NewRun:
@@ -107,6 +109,11 @@ class Expired:
     reason: str
     deadline: datetime | None
     detail: str = ""
+
+    def refusal(self, gate: str, now: datetime, detail: str) -> DeadlineRefused:
+        """What the caller is told of this expiry: ``gate``'s refusal at ``now``."""
+        deadline = self.deadline.isoformat() if self.deadline else None
+        return DeadlineRefused(gate, self.reason, deadline, now.isoformat(), detail)
 
 
 @dataclass(frozen=True)
