@@ -59,6 +59,10 @@ class DeadlineRequest(Request):
     #: whether the hard time limit handed to the pool is the deadline's cap (shorter than
     #: the task's own, or the task has none): then a kill by it is the deadline's
     _capped_by_deadline: bool = False
+    #: whether ``expires`` is only the cap the run's deadline put there, once decided
+    _expires_is_cap: bool | None = None
+    #: the clock watch the hand-off judges by (the app's, looked up once), once looked up
+    _handoff_watch: Any = _UNDECIDED
 
     def __init__(self, message: Any, *args: Any, **kwargs: Any) -> None:
         # Every message we stamp carries an ISO ``expires``; Celery parses it with
@@ -95,17 +99,20 @@ class DeadlineRequest(Request):
         caller ``DeadlineRefused``; a worker whose clock was in doubt then revoked the
         late message, and the caller saw ``REVOKED``). An earlier ``expires`` of the
         caller's own is still Celery's to enforce."""
-        expires = self.expires
-        try:
-            deadline = self._carried(get_clock().now()).deadline
-        except Exception:  # noqa: BLE001 - an unreadable header is the claim gate's to refuse
-            deadline = None
-        if (
-            isinstance(expires, datetime)
-            and expires.tzinfo is not None
-            and deadline is not None
-            and expires >= deadline
-        ):
+        is_cap = self._expires_is_cap
+        if is_cap is None:  # decided once: Celery asks at arrival and at the hand-off
+            expires = self.expires
+            try:
+                deadline = self._carried(get_clock().now()).deadline
+            except Exception:  # noqa: BLE001 - an unreadable header is the claim gate's
+                deadline = None
+            is_cap = self._expires_is_cap = (
+                isinstance(expires, datetime)
+                and expires.tzinfo is not None
+                and deadline is not None
+                and expires >= deadline
+            )
+        if is_cap:
             return None
         expired: Literal[True] | None = super().maybe_expire()
         return expired
@@ -117,7 +124,7 @@ class DeadlineRequest(Request):
         deadline = self._carried(local).deadline
         if deadline is None:
             return hard, soft
-        now = self._judging_now(local)
+        now = self._judging_now(local, self._watch())
         if now is None:
             return hard, soft
         own_hard = hard or self.task.time_limit
@@ -146,12 +153,23 @@ class DeadlineRequest(Request):
             self._deadlines = stamping.read_headers(headers, now, horizon, self.id)
         return self._deadlines
 
-    def _judging_now(self, local: datetime) -> datetime | None:
+    def _watch(self) -> Any:
+        """The clock watch (or ``None``) the arrival and the hand-off judge by, looked up
+        once for both. A message that arrived before the reconciler started keeps judging
+        by the wall clock: the pool process's claim measures against the ledger's clock
+        anyway, and holds the run if the two disagree."""
+        watch = self._handoff_watch
+        if watch is _UNDECIDED:
+            watch = self._handoff_watch = ledger.clock_watch(self._app or self.task.app)
+        return watch
+
+    def _judging_now(self, local: datetime, watch: Any = _UNDECIDED) -> datetime | None:
         """The time to judge deadlines by: the wall clock reading ``local``, or with a
         skew budget the ledger's time as the clock watch estimates it (``None`` while
         the clock is in doubt: the pool process's claim measures again and holds the run
-        if need be)."""
-        watch = ledger.clock_watch(self._app or self.task.app)
+        if need be). ``watch``: the clock watch when the caller has it, else looked up."""
+        if watch is _UNDECIDED:
+            watch = ledger.clock_watch(self._app or self.task.app)
         if watch is None:
             return local
         authority: datetime | None = watch.authority_now()
@@ -176,7 +194,7 @@ class DeadlineRequest(Request):
             deadline = carried.deadline
             if deadline is None:
                 return None
-            judging = self._judging_now(local)
+            judging = self._judging_now(local, self._watch())
             if judging is None:
                 return None
             latest = self._latest_start

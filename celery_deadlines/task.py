@@ -208,6 +208,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
                     gates.Gate.ENQUEUE, governed.deadline, now, reserve, starts_at=starts_at
                 )
                 self._refuse_enqueue(decision, task_id)
+        stamp = stamping.for_deadline_task(stamp, expires=call.get("expires"), starts_at=starts_at)
         stamping.write(headers, stamp)
         if headers:
             call["headers"] = headers

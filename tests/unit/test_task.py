@@ -29,14 +29,26 @@ from tests.support.unit_tasks import claim, make_task, start_attempt, stored_ref
 # -- enqueue: stamping and precedence ---------------------------------------------------
 
 
-def test_call_budget_is_stamped_as_an_absolute_deadline_and_as_expires(
+def test_call_budget_is_stamped_as_an_absolute_deadline_without_celerys_expires(
     app: Celery, clock: FakeClock, published: list[dict[str, Any]]
 ) -> None:
+    # the worker's claim gate refuses it when it is handed to the pool, at arrival
     make_task(app).apply_async(budget=30)
     headers = published[-1]
     assert headers[DEADLINE_HEADER] == encode(clock.now() + timedelta(seconds=30))
     assert headers[SOURCE_HEADER] == "call"
-    assert headers["expires"] == (clock.now() + timedelta(seconds=30)).isoformat()
+    assert headers.get("expires") is None
+
+
+@pytest.mark.parametrize("delay", [{"countdown": 5}, {"eta": "in 5 s"}])
+def test_a_message_that_waits_for_its_eta_carries_the_deadline_as_expires(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]], delay: dict[str, Any]
+) -> None:
+    # Celery then checks it on arrival, not only when the ETA comes
+    if "eta" in delay:
+        delay = {"eta": clock.now() + timedelta(seconds=5)}
+    make_task(app).apply_async(budget=30, **delay)
+    assert published[-1]["expires"] == (clock.now() + timedelta(seconds=30)).isoformat()
 
 
 def test_call_deadline_is_used_as_given(
@@ -198,7 +210,7 @@ def test_delivery_budget_is_stamped_separately(
     make_task(app).apply_async(budget=5, delivery_budget=3600)
     headers = published[-1]
     assert headers[DELIVERY_DEADLINE_HEADER] == encode(clock.now() + timedelta(hours=1))
-    assert headers["expires"] == (clock.now() + timedelta(seconds=5)).isoformat()
+    assert headers[DEADLINE_HEADER] == encode(clock.now() + timedelta(seconds=5))
 
 
 def test_an_earlier_celery_expires_is_kept(
