@@ -21,8 +21,11 @@ for _name in list(os.environ):
 
 
 # On failure, hypothesis prints the example and a blob that replays it exactly; pin a
-# failing one with @example(...) so it stays a regression case.
-settings.register_profile("default", print_blob=True)
+# failing one with @example(...) so it stays a regression case. No per-example deadline:
+# it is an assertion on wall time (200 ms by default), which a stalled 2-core machine
+# fails for a pure function (test_incoming's property test failed once in a full run,
+# and not in 340 runs after it, seeds drawn at random).
+settings.register_profile("default", print_blob=True, deadline=None)
 settings.load_profile("default")
 
 
