@@ -82,7 +82,7 @@ def claim(
     if outcome.why == api.ClaimRefused.LOST_LEASES:
         _lost_too_many_leases(task, task_id, deadline)
     if outcome.why == api.ClaimRefused.TERMINAL:
-        _answer_a_waiting_caller(task, task_id, outcome.database_now or get_clock().now())
+        answer_a_waiting_caller(task, task_id, outcome.database_now or get_clock().now())
     logger.info(
         "%s[%s]: delivery not run, claim refused (%s); run is %s, token %s, owner %s",
         task.name,
@@ -111,7 +111,7 @@ def _hand_back(task: DeadlineTask, unreachable: LedgerUnreachable) -> NoReturn:
     raise unreachable
 
 
-def _answer_a_waiting_caller(task: DeadlineTask, task_id: str, now: datetime) -> None:
+def answer_a_waiting_caller(task: DeadlineTask, task_id: str, now: datetime) -> None:
     """A delivery of a run that has ended: usually a duplicate, but also what comes back
     when the worker that ended the run died after the ledger's commit and before Celery
     stored the outcome (a late-acked message is redelivered). If the caller's result is

@@ -24,6 +24,7 @@ from celery.worker.request import Request
 from celery.worker.state import task_ready
 
 from . import gates, ledger, outcomes, stamping
+from .claiming import answer_a_waiting_caller
 from .clock import get_clock
 from .conf import settings_for
 from .errors import DeadlineRefused
@@ -239,12 +240,18 @@ class DeadlineRequest(Request):
         if not isinstance(task, DeadlineTask) or not ledger.enabled_for(task.app):
             return True
         try:
-            return task.record_refusal(
+            ended_it = task.record_refusal(
                 self.id, int(self._request_dict.get("retries") or 0), decision
             )
         except Exception:  # the message is still refused; the sweeper expires the run
             logger.exception("recording the refusal of %s in the ledger failed", self.id)
             return True
+        if not ended_it:
+            # the run had ended: whoever ended it may have died (or lost the result to a
+            # broker restart) before the caller was told (the nemesis soak, seed 1212: a
+            # reconciler's DeadlineRefused lost in a Redis restart 0.6 s later)
+            answer_a_waiting_caller(task, self.id, decision.clock_reading)
+        return ended_it
 
     # -- the ledger, told by the supervisor about its pool processes -------------------
 

@@ -12,9 +12,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from typing import Any
+from unittest.mock import Mock
 
 import pytest
 from celery import Celery
+from celery.contrib.testing.mocks import TaskMessage
 
 from celery_deadlines import (
     DeadlineRefused,
@@ -24,6 +26,7 @@ from celery_deadlines import (
     RunFailed,
     StaleLease,
 )
+from celery_deadlines.request import DeadlineRequest
 from celery_deadlines.testing import FakeClock, FakeLedger, use_ledger
 from tests.support.memory_queue import drain
 from tests.support.trace import execute, execute_next
@@ -308,3 +311,32 @@ def test_a_task_id_reused_with_other_arguments_or_another_task_is_refused(
     with pytest.raises(RunConflict, match=r"first used for fake\.work, now for fake\.other"):
         other.apply_async(task_id="r11")
     assert len(drain(app, QUEUE)) == 1
+
+
+def test_a_message_refused_at_the_claim_gate_tells_a_caller_left_waiting_how_the_run_ended(
+    app: Celery, ledger: FakeLedger, clock: FakeClock
+) -> None:
+    # the reconciler expired the run and its DeadlineRefused was lost (a Redis restart
+    # 0.6 s later, the nemesis soak, seed 1212); the late message comes back past its
+    # deadline, and the worker's claim gate refuses it: the caller is told now
+    work = tasks(app, Calls())["work"]
+    work.apply_async(task_id="r2g", budget=5)
+    [message] = drain(app, QUEUE)
+    run = ledger.runs["r2g"]
+    run.status, run.reason, run.detail = "EXPIRED", "deadline_passed", "lease lapsed"
+    clock.advance(10)
+    headers = {k: v for k, v in message["headers"].items() if k not in ("task", "id")}
+    on_ack = Mock()
+    request = DeadlineRequest(
+        TaskMessage(work.name, id="r2g", **headers), app=app, task=work, on_ack=on_ack
+    )
+    assert app.AsyncResult("r2g").state == "PENDING"
+    assert request.revoked()
+    on_ack.assert_called_once()
+    refusal = app.AsyncResult("r2g").result
+    assert isinstance(refusal, DeadlineRefused)
+    assert (refusal.gate, refusal.reason, refusal.detail) == (
+        "claim",
+        "deadline_passed",
+        "lease lapsed",
+    )
