@@ -1,8 +1,9 @@
 """The claim gate and the time-limit cap, in the worker's main process.
 
-Celery calls ``Request.revoked()`` when a message arrives (because ``expires`` is set)
-and again right before handing it to the pool, so the claim gate here sees the time a
-message spent in the queue *and* behind busy pool processes. A refused message is
+Celery calls ``Request.revoked()`` right before handing a message to the pool (on
+arrival, in a prefork worker), and also when it arrives if it has ``expires`` (a message
+waiting for its ETA, or the caller's own), so the claim gate here sees the time a message
+spent in the queue and, for a delayed one, in the worker. A refused message is
 acknowledged (never requeued), its failure is stored with the typed
 :class:`DeadlineRefused`, and ``deadline_refused`` is sent.
 
@@ -66,8 +67,8 @@ class DeadlineRequest(Request):
     _handoff_watch: Any = _UNDECIDED
 
     def __init__(self, message: Any, *args: Any, **kwargs: Any) -> None:
-        # Every message we stamp carries an ISO ``expires``; Celery parses it with
-        # dateutil, which costs more than all of this class's own work per message.
+        # A message with ``expires`` (delayed, or the caller's own) carries it as ISO;
+        # Celery parses it with dateutil, which costs more than this class's own work.
         kwargs.setdefault("maybe_iso8601", fast_iso8601)
         super().__init__(message, *args, **kwargs)
 
