@@ -235,7 +235,8 @@ class DeadlineRequest(Request):
 
         Without the ledger every refusal ends its run. With it, a refused duplicate of a
         run that already ended, or that another worker is running, must not store a
-        failure over that run's own result.
+        failure over that run's own result; a caller of an ended run still waiting is
+        told how it ended (:func:`~celery_deadlines.claiming.answer_a_waiting_caller`).
         """
         task = self.task
         if not isinstance(task, DeadlineTask) or not ledger.enabled_for(task.app):

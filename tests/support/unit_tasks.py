@@ -35,8 +35,10 @@ def start_attempt(task: Any, headers: dict[str, Any], task_id: str = "t-1") -> N
     task.before_start(task_id, (), {})
 
 
-def claim(app: Celery, task: Any, headers: dict[str, Any]) -> tuple[DeadlineRequest, Mock]:
-    message = TaskMessage(task.name, id="m-1", **headers)
+def claim(
+    app: Celery, task: Any, headers: dict[str, Any], task_id: str = "m-1"
+) -> tuple[DeadlineRequest, Mock]:
+    message = TaskMessage(task.name, id=task_id, **headers)
     on_ack = Mock()
     request = DeadlineRequest(message, app=app, task=task, on_ack=on_ack)
     return request, on_ack

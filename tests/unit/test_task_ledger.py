@@ -12,11 +12,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from typing import Any
-from unittest.mock import Mock
 
 import pytest
 from celery import Celery
-from celery.contrib.testing.mocks import TaskMessage
 
 from celery_deadlines import (
     DeadlineRefused,
@@ -26,10 +24,10 @@ from celery_deadlines import (
     RunFailed,
     StaleLease,
 )
-from celery_deadlines.request import DeadlineRequest
 from celery_deadlines.testing import FakeClock, FakeLedger, use_ledger
 from tests.support.memory_queue import drain
 from tests.support.trace import execute, execute_next
+from tests.support.unit_tasks import claim
 
 QUEUE = "fake-ledger"
 
@@ -126,13 +124,7 @@ def test_a_redelivery_of_an_expired_run_tells_a_caller_left_waiting_the_claim_ga
     run = ledger.runs["r2e"]
     run.status, run.reason, run.detail = "EXPIRED", "deadline_passed", "lease lapsed"
     assert execute(app, message)[0] == "IGNORED"
-    refusal = app.AsyncResult("r2e").result
-    assert isinstance(refusal, DeadlineRefused)
-    assert (refusal.gate, refusal.reason, refusal.detail) == (
-        "claim",
-        "deadline_passed",
-        "lease lapsed",
-    )
+    assert_told_the_claim_gates_refusal(app, "r2e")
 
 
 def test_a_ledger_that_cannot_say_how_a_run_ended_never_fails_the_redelivery(
@@ -326,14 +318,16 @@ def test_a_message_refused_at_the_claim_gate_tells_a_caller_left_waiting_how_the
     run.status, run.reason, run.detail = "EXPIRED", "deadline_passed", "lease lapsed"
     clock.advance(10)
     headers = {k: v for k, v in message["headers"].items() if k not in ("task", "id")}
-    on_ack = Mock()
-    request = DeadlineRequest(
-        TaskMessage(work.name, id="r2g", **headers), app=app, task=work, on_ack=on_ack
-    )
+    request, on_ack = claim(app, work, headers, task_id="r2g")
     assert app.AsyncResult("r2g").state == "PENDING"
     assert request.revoked()
     on_ack.assert_called_once()
-    refusal = app.AsyncResult("r2g").result
+    assert_told_the_claim_gates_refusal(app, "r2g")
+
+
+def assert_told_the_claim_gates_refusal(app: Celery, task_id: str) -> None:
+    """The caller of ``task_id`` holds the ledger's expiry as the claim gate's refusal."""
+    refusal = app.AsyncResult(task_id).result
     assert isinstance(refusal, DeadlineRefused)
     assert (refusal.gate, refusal.reason, refusal.detail) == (
         "claim",
