@@ -66,6 +66,31 @@ def dedicated_settings(settings: dict[str, Any]) -> dict[str, Any]:
     return dedicated
 
 
+class _Local(threading.local):
+    """A store's state in one thread: its dedicated connection and what goes with it."""
+
+    connection: BaseDatabaseWrapper | None = None
+    pid = 0
+    used_at = 0.0
+    pinned: BaseDatabaseWrapper | None = None
+    round_trip: tuple[datetime, datetime]
+    #: statements run on the connection's own cursor (:meth:`Store._execute_direct`)
+    direct = False
+    cursor: Any = None
+    raw: Any = None  # the database connection ``cursor`` belongs to
+
+
+def _direct_capable(connection: BaseDatabaseWrapper) -> bool:
+    """Whether statements may run on the connection's own cursor (PostgreSQL through
+    psycopg 3, which takes the ledger's ``%s`` and ``%(name)s`` placeholders as they
+    are written; Django's SQLite cursor rewrites them)."""
+    if connection.vendor != "postgresql":
+        return False
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+    return bool(is_psycopg3)
+
+
 class Store:
     """The ledger's statements on one Django database alias.
 
@@ -81,7 +106,7 @@ class Store:
         self.using = using
         self.dedicated = dedicated
         self._dialect: Dialect | None = None
-        self._local = threading.local()
+        self._local = _Local()
 
     @property
     def dialect(self) -> Dialect:
@@ -93,15 +118,17 @@ class Store:
         if not self.dedicated:
             return connections[self.using]
         local = self._local
-        pinned: BaseDatabaseWrapper | None = getattr(local, "pinned", None)
+        pinned = local.pinned
         if pinned is not None:  # inside transaction(): never reconnect halfway
             return pinned
-        connection: BaseDatabaseWrapper | None = getattr(local, "connection", None)
+        connection = local.connection
         if connection is None or local.pid != os.getpid():  # first use, or a forked child
             settings = dedicated_settings(connections.settings[self.using])
             wrapper = load_backend(settings["ENGINE"]).DatabaseWrapper
             connection = local.connection = wrapper(settings, self.using)
             local.pid = os.getpid()
+            local.direct = _direct_capable(connection)
+            local.cursor = local.raw = None
             local.used_at = get_clock().monotonic()
         connection.close_if_unusable_or_obsolete()  # reconnects after a database error
         now = get_clock().monotonic()
@@ -123,7 +150,7 @@ class Store:
                 # data go with it; this connection is the store's own, never the last
                 connection.connection.close()
                 connection.connection = None
-        self._local.connection = None
+        self._local.connection = self._local.cursor = self._local.raw = None
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
@@ -159,7 +186,10 @@ class Store:
         returns the database clock; the local clock is read just before and after the
         statement itself (:meth:`last_round_trip`), so it is a clock reading whatever
         reconnecting or pinging the connection took."""
-        with self._connection().cursor() as cursor:
+        connection = self._connection()
+        if self._local.direct:
+            return self._execute_direct(connection, sql, params, timed)
+        with connection.cursor() as cursor:
             if not timed:
                 cursor.execute(sql, params)
                 return cursor.rowcount, (cursor.fetchall() if cursor.description else [])
@@ -168,6 +198,38 @@ class Store:
             cursor.execute(sql, params)
             rows = cursor.fetchall() if cursor.description else []
             self._local.round_trip = (sent, clock.now())
+            return cursor.rowcount, rows
+
+    def _execute_direct(
+        self, connection: BaseDatabaseWrapper, sql: str, params: Any, timed: bool
+    ) -> tuple[int, list[tuple[Any, ...]]]:
+        """:meth:`execute` on a dedicated psycopg 3 connection: on psycopg's cursor, made
+        once per connection by Django's backend (its time zone loaders) and kept, inside
+        Django's error translation (``wrap_database_errors``: Django's exceptions, and a
+        connection that failed is checked before its next statement), and nothing else
+        of Django's cursor wrapper. Its query log and execute wrappers belong to the
+        connections the application shares; this one is the library's own, and the
+        wrapper cost more than half the client's CPU of a claim (bench/README.md)."""
+        local = self._local
+        with connection.wrap_database_errors:
+            if connection.connection is None:
+                connection.ensure_connection()
+            raw = connection.connection
+            cursor = local.cursor
+            if local.raw is not raw or cursor is None:
+                cursor = local.cursor = connection.create_cursor()
+                local.raw = raw
+            if not timed:
+                cursor.execute(sql, params)
+                result = cursor.pgresult
+                rows = cursor.fetchall() if result is not None and result.nfields else []
+                return cursor.rowcount, rows
+            clock = get_clock()
+            sent = clock.now()
+            cursor.execute(sql, params)
+            result = cursor.pgresult
+            rows = cursor.fetchall() if result is not None and result.nfields else []
+            local.round_trip = (sent, clock.now())
             return cursor.rowcount, rows
 
     def last_round_trip(self) -> tuple[datetime, datetime]:

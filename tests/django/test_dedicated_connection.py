@@ -1,0 +1,148 @@
+"""The workers' dedicated PostgreSQL connection: statements on psycopg's own cursor.
+
+A worker's claim, fenced writes and completion run on a connection of the library's own
+(``Store(dedicated=True)``), without Django's cursor wrapper. What the wrapper gave must
+still hold: one round trip per transition (counted here by libpq's own trace of the
+protocol, not by Django's query log, which that path does not feed), Django's exceptions
+for a failed statement, a connection lost meanwhile replaced by the next statement, and
+transactions that commit or roll back whole.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from django.db import OperationalError, ProgrammingError, connections
+
+from celery_deadlines.ledger.sql.connection import Store
+from celery_deadlines.states import Status
+from tests.django.conftest import one_database
+from tests.django.test_ledger_store import claim, events, lost, new_run, won
+
+pytestmark = pytest.mark.parametrize(
+    "alias", [one_database("postgres", "postgresql")], indirect=True
+)
+
+TTL = timedelta(seconds=30)
+
+
+@pytest.fixture
+def dedicated(alias: str) -> Iterator[Store]:
+    store = Store(alias, dedicated=True)
+    yield store
+    store.close()
+
+
+class Trace:
+    """libpq's trace of one connection: the messages the client sent, by type."""
+
+    def __init__(self, store: Store) -> None:
+        store.database_now()  # connected
+        local = store._local
+        assert local.direct
+        assert local.connection is not None
+        self._pgconn = local.connection.connection.pgconn
+        self._file = tempfile.NamedTemporaryFile("w+", suffix=".trace", delete=False)  # noqa: SIM115
+        self.path = Path(self._file.name)
+
+    def __enter__(self) -> Trace:
+        from psycopg.pq import Trace as Flags
+
+        self._pgconn.trace(self._file.fileno())
+        self._pgconn.set_trace_flags(Flags.SUPPRESS_TIMESTAMPS)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._pgconn.untrace()
+        self._file.close()
+
+    def round_trips(self) -> int:
+        """Statements sent: each ends with the extended protocol's ``Sync``."""
+        lines = self.path.read_text().splitlines()
+        os.unlink(self.path)
+        return sum(1 for line in lines if line.startswith("F") and "\tSync" in line)
+
+
+def test_a_workers_claim_and_completion_are_one_round_trip_each(
+    alias: str, dedicated: Store
+) -> None:
+    Store(alias).outbox.enqueue(new_run(deadline=datetime.now(UTC) + TTL))
+    with Trace(dedicated) as claiming:
+        lease = won(claim(dedicated))
+    with Trace(dedicated) as completing:
+        assert dedicated.runs.finish(lease, "w1:1", Status.SUCCEEDED)
+    assert (claiming.round_trips(), completing.round_trips()) == (1, 1)
+    assert events(dedicated) == [
+        ("enqueue", "applied"),
+        ("claim", "applied"),
+        ("succeeded", "applied"),
+    ]
+
+
+def test_a_workers_lost_claim_is_one_round_trip_with_its_event(
+    alias: str, dedicated: Store
+) -> None:
+    Store(alias).outbox.enqueue(new_run())
+    won(claim(Store(alias)))
+    with Trace(dedicated) as refusing:
+        loss = lost(claim(dedicated, owner="w2:1"))
+    assert refusing.round_trips() == 1
+    assert (loss.why, loss.status, loss.owner) == ("held", "RUNNING", "w1:1")
+    assert events(dedicated)[-1] == ("claim", "rejected")
+
+
+def test_a_failed_statement_raises_djangos_error_and_the_next_one_runs(
+    dedicated: Store,
+) -> None:
+    with pytest.raises(ProgrammingError):
+        dedicated.execute("SELECT no_such_column FROM celery_deadlines_run", [])
+    count, rows = dedicated.execute("SELECT 1 AS one", [])
+    assert (count, rows) == (1, [(1,)])
+
+
+def test_a_statement_that_returns_no_rows_reports_the_rows_it_changed(
+    alias: str, dedicated: Store
+) -> None:
+    Store(alias).outbox.enqueue(new_run())
+    count, rows = dedicated.execute(
+        "UPDATE celery_deadlines_run SET op_detail = 'seen' WHERE task_id = %s", ["run-1"]
+    )
+    assert (count, rows) == (1, [])
+
+
+def test_a_connection_lost_between_statements_is_replaced_by_the_next_one(
+    alias: str, dedicated: Store
+) -> None:
+    [(pid,)] = dedicated.execute("SELECT pg_backend_pid()", [])[1]
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+    with pytest.raises(OperationalError):  # Django's, as through Django's cursor
+        dedicated.execute("SELECT 1", [])
+    [(again,)] = dedicated.execute("SELECT pg_backend_pid()", [])[1]
+    assert again != pid
+
+
+def test_a_dedicated_transaction_rolls_back_whole_on_the_direct_path(
+    alias: str, dedicated: Store
+) -> None:
+    Store(alias).outbox.enqueue(new_run())
+
+    def half_then_fail() -> None:
+        with dedicated.transaction():
+            dedicated.execute(
+                "UPDATE celery_deadlines_run SET op_detail = 'half' WHERE task_id = %s",
+                ["run-1"],
+            )
+            dedicated.execute("SELECT no_such_column FROM celery_deadlines_run", [])
+
+    with pytest.raises(ProgrammingError):
+        half_then_fail()
+    [(detail,)] = dedicated.execute(
+        "SELECT op_detail FROM celery_deadlines_run WHERE task_id = %s", ["run-1"]
+    )[1]
+    assert detail != "half"
