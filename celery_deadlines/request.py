@@ -15,6 +15,8 @@ the prefork pool enforces both limits; docs/failure-semantics.md covers the othe
 from __future__ import annotations
 
 import logging
+import types
+from collections.abc import Callable
 from datetime import datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -43,6 +45,41 @@ MIN_TIME_LIMIT = 0.01
 _UNDECIDED: Final = object()
 
 
+def fast_iso8601(value: datetime | str | None) -> datetime | None:
+    """Celery's ``maybe_iso8601`` contract, with the standard library's fast parser first."""
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value)
+        except ValueError:
+            pass
+    parsed: datetime | None = maybe_iso8601(value)
+    return parsed
+
+
+def _with_default(function: Callable[..., None], name: str, value: Any) -> Callable[..., None]:
+    """``function`` with ``value`` as the default of its parameter ``name`` (a copy: the
+    original keeps its own), or, if it has no such parameter, a wrapper that passes it."""
+    code = function.__code__
+    names = code.co_varnames[: code.co_argcount]
+    defaults = list(function.__defaults__ or ())
+    first_default = len(names) - len(defaults)
+    if name not in names[first_default:]:
+
+        def passing(self: Any, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault(name, value)
+            function(self, *args, **kwargs)
+
+        return passing
+    defaults[names.index(name) - first_default] = value
+    copy = types.FunctionType(
+        code, function.__globals__, function.__name__, tuple(defaults), function.__closure__
+    )
+    copy.__kwdefaults__ = function.__kwdefaults__
+    copy.__qualname__ = function.__qualname__
+    copy.__doc__ = function.__doc__
+    return copy
+
+
 class DeadlineRequest(Request):
     """A worker request that refuses to start work its deadline no longer allows."""
 
@@ -61,16 +98,20 @@ class DeadlineRequest(Request):
     #: whether the hard time limit handed to the pool is the deadline's cap (shorter than
     #: the task's own, or the task has none): then a kill by it is the deadline's
     _capped_by_deadline: bool = False
+    #: the claim gate's reading (the deadline's frame) when it last admitted the message,
+    #: until the time-limit cap that Celery reads next takes it
+    _admitted_at: datetime | None = None
     #: whether ``expires`` is only the cap the run's deadline put there, once decided
     _expires_is_cap: bool | None = None
     #: the clock watch the hand-off judges by (the app's, looked up once), once looked up
     _handoff_watch: Any = _UNDECIDED
 
-    def __init__(self, message: Any, *args: Any, **kwargs: Any) -> None:
-        # A message with ``expires`` (delayed, or the caller's own) carries it as ISO;
-        # Celery parses it with dateutil, which costs more than this class's own work.
-        kwargs.setdefault("maybe_iso8601", fast_iso8601)
-        super().__init__(message, *args, **kwargs)
+    # A message with ``expires`` (delayed, or the caller's own) carries it as ISO; Celery
+    # parses it with dateutil, which costs more than this class's own work. This is
+    # Celery's own ``__init__`` with the fast parser as its default: an override passing
+    # it on would repack every keyword argument of every message (13,000 instructions a
+    # message, more than the claim gate: bench/worker_instructions.py).
+    __init__ = _with_default(Request.__init__, "maybe_iso8601", fast_iso8601)
 
     @property
     def tzlocal(self) -> tzinfo | None:
@@ -122,12 +163,21 @@ class DeadlineRequest(Request):
     @property
     def time_limits(self) -> tuple[float | None, float | None]:
         hard, soft = self._raw_time_limits
-        local = get_clock().now()
-        deadline = self._carried(local).deadline
-        if deadline is None:
-            return hard, soft
-        now = self._judging_now(local, self._watch())
-        if now is None:
+        if not stamping.carries_deadlines(self._request_dict):
+            return hard, soft  # nothing to cap by (no clock read: this runs for every message)
+        now = self._admitted_at
+        if now is not None:
+            # Celery reads this right after the claim gate admitted the message: the cap
+            # is measured from the gate's own reading, microseconds old, not a second one
+            self._admitted_at = None
+            deadline = self._carried(now).deadline
+        else:
+            local = get_clock().now()
+            deadline = self._carried(local).deadline
+            if deadline is None:
+                return hard, soft
+            now = self._judging_now(local, self._watch())
+        if deadline is None or now is None:
             return hard, soft
         own_hard = hard or self.task.time_limit
         capped = gates.cap_time_limits(
@@ -186,6 +236,8 @@ class DeadlineRequest(Request):
         the reserve and the last instant the gate admits are worked out once, and each
         call reads the clock once and compares (``gates.admit`` is asked for a refusal).
         """
+        if not stamping.carries_deadlines(self._request_dict):
+            return None  # no deadline to judge (no clock read: this runs for every message)
         local = get_clock().now()
         try:
             carried = self._carried(local)
@@ -206,6 +258,7 @@ class DeadlineRequest(Request):
         except Exception as exc:  # noqa: BLE001 - a bad message or setting must never crash the consumer
             return gates.invalid(gates.Gate.CLAIM, local, f"cannot judge the deadline: {exc}")
         if judging <= latest:
+            self._admitted_at = judging  # the time-limit cap, read next, measures from it
             return None
         return gates.admit(gates.Gate.CLAIM, deadline, judging, self._reserve or gates.ZERO)
 
@@ -386,14 +439,3 @@ class DeadlineRequest(Request):
 
 #: The app attribute its timezone is kept in (``DeadlineRequest.tzlocal``).
 _TIMEZONE: Final = "_celery_deadlines_timezone"
-
-
-def fast_iso8601(value: datetime | str | None) -> datetime | None:
-    """Celery's ``maybe_iso8601`` contract, with the standard library's fast parser first."""
-    if isinstance(value, str):
-        try:
-            return datetime.fromisoformat(value)
-        except ValueError:
-            pass
-    parsed: datetime | None = maybe_iso8601(value)
-    return parsed

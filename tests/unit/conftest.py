@@ -14,6 +14,17 @@ from celery_deadlines import deadline_refused
 from celery_deadlines.gates import Decision
 
 
+@pytest.fixture(autouse=True)
+def _forget_revoked_ids() -> Iterator[None]:
+    """Celery's worker state remembers the ids it revoked (an expired message's among
+    them) for the whole process: a later test's message with the same id would be
+    revoked by it."""
+    from celery.worker import state
+
+    yield
+    state.revoked.clear()
+
+
 @pytest.fixture
 def app() -> Iterator[Celery]:
     app = Celery("unit", broker="memory://", backend="cache+memory://", set_as_current=True)

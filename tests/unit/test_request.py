@@ -159,3 +159,50 @@ def test_a_kill_by_the_deadlines_cap_expires_the_run_whatever_the_clock_reads_th
     assert own.time_limits[0] == 1  # the task's own limit, shorter than the deadline's
     own._time_limit_outcome(1.0)
     assert written == [("EXPIRED", "deadline_passed"), ("FAILED", "time_limit")]
+
+
+def test_an_iso_expires_is_parsed_by_the_standard_library_and_celerys_request_is_untouched(
+    app: Celery, clock: FakeClock
+) -> None:
+    import inspect
+
+    import celery.utils.time
+    from celery.worker.request import Request
+
+    from celery_deadlines.request import DeadlineRequest, fast_iso8601
+
+    def parser(cls: type) -> object:
+        return inspect.signature(vars(cls)["__init__"]).parameters["maybe_iso8601"].default
+
+    assert parser(DeadlineRequest) is fast_iso8601
+    assert parser(Request) is celery.utils.time.maybe_iso8601  # Celery's own kept
+    expires = (clock.now() + timedelta(seconds=30)).isoformat()
+    request, _ = claim(app, make_task(app), {"expires": expires})
+    assert request.expires == datetime.fromisoformat(expires)
+
+
+def test_a_default_that_a_function_does_not_have_is_passed_by_a_wrapper() -> None:
+    from celery_deadlines.request import _with_default
+
+    calls: list[dict[str, object]] = []
+
+    def init(self: object, message: object, **options: object) -> None:
+        calls.append(options)
+
+    _with_default(init, "maybe_iso8601", "fast")(object(), "message")
+    assert calls == [{"maybe_iso8601": "fast"}]
+
+
+def test_the_cap_handed_to_the_pool_is_measured_from_the_claim_gates_own_reading(
+    app: Celery, clock: FakeClock
+) -> None:
+    # Celery reads time_limits right after revoked() admitted the message: one reading
+    # serves both, and only that hand-off (a later read measures again)
+    request, _ = claim(
+        app, make_task(app), {DEADLINE_HEADER: encode(clock.now() + timedelta(seconds=20))}
+    )
+    clock.advance(5)
+    assert request.revoked() is False  # the hand-off: 15 s left
+    clock.advance(0.5)
+    assert request.time_limits[0] == pytest.approx(15.0)
+    assert request.time_limits[0] == pytest.approx(14.5)
