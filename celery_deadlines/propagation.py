@@ -104,6 +104,10 @@ def headers_of(request: Any) -> MutableMapping[str, Any]:
     """A request's headers, where its deadlines are. Celery keeps whatever the caller
     gave (``apply(headers=123)``); what is not a mapping carries no deadline."""
     headers = request.headers
+    if type(headers) is dict:  # as Celery makes them (checked first: ABCs are slow)
+        return headers
+    if headers is None:  # a message with no header of its own
+        return {}
     if isinstance(headers, MutableMapping):
         return headers
     return dict(headers) if isinstance(headers, Mapping) else {}

@@ -10,7 +10,7 @@ write the headers and Celery's ``expires`` (:func:`write`). ``now`` and the hori
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from datetime import datetime, timedelta
 from typing import Any, Final, NamedTuple
 
@@ -216,13 +216,18 @@ def carries_deadlines(headers: MutableMapping[str, Any]) -> bool:
     return wire.DEADLINE_HEADER in headers or wire.DELIVERY_DEADLINE_HEADER in headers
 
 
+def carried_nothing(headers: Mapping[str, Any], task_id: str | None) -> Inherited:
+    """What a message without deadline headers carries: its origin alone."""
+    return Inherited(origin=headers.get(wire.ORIGIN_HEADER) or task_id)
+
+
 def read_headers(
     headers: MutableMapping[str, Any], now: datetime, horizon: timedelta, task_id: str | None
 ) -> Inherited:
     """The deadlines carried by a message's headers (unreadable ones kept as they are)."""
-    origin = headers.get(wire.ORIGIN_HEADER) or task_id
     if not carries_deadlines(headers):
-        return Inherited(origin=origin)  # nothing to read (``horizon`` is not used)
+        return carried_nothing(headers, task_id)  # nothing to read (nor ``now``, ``horizon``)
+    origin = headers.get(wire.ORIGIN_HEADER) or task_id
     deadline = unreadable = None
     raw = headers.get(wire.DEADLINE_HEADER)
     if raw is not None:

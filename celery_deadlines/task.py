@@ -250,20 +250,27 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
         """Anchor the attempt's budget on the monotonic clock, or refuse to start it."""
         request = self.request
+        headers = propagation.headers_of(request)  # whatever the caller gave Celery
+        carries = stamping.carries_deadlines(headers)
+        with_ledger = self._with_ledger(eager=request.is_eager)
+        if not carries and not with_ledger:
+            # nothing to gate, nothing to anchor, no claim, no clock to read: the state
+            # alone (what the body's children inherit, and the request it runs on)
+            propagation.begin(request, stamping.carried_nothing(headers, task_id))
+            return
         clock = get_clock()
         now = clock.now()
         # read together: the budget is anchored at this instant, whatever the claim takes
         started = clock.monotonic()
-        headers = propagation.headers_of(request)  # whatever the caller gave Celery
         settings = settings_for(self.app)
-        horizon = settings.max_budget if stamping.carries_deadlines(headers) else gates.ZERO
-        carried = stamping.read_headers(headers, now, horizon, task_id)
+        carried = stamping.read_headers(
+            headers, now, settings.max_budget if carries else gates.ZERO, task_id
+        )
         state = propagation.begin(request, carried)
         if carried.unreadable is not None:
             detail = f"unreadable deadline header {carried.unreadable!r}"
             self.refuse_attempt(gates.invalid(gates.Gate.ATTEMPT, now, detail), task_id)
         deadline = carried.deadline
-        with_ledger = self._with_ledger(eager=request.is_eager)
         if deadline is None and not with_ledger:
             return  # nothing to gate, nothing to anchor, no claim
         reserve = self.reserve_duration(settings)

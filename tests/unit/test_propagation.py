@@ -4,6 +4,7 @@ a child published from an attempt, ``send_task`` by name through the publish hoo
 from __future__ import annotations
 
 import logging
+import types
 from datetime import timedelta
 from typing import Any
 
@@ -16,6 +17,7 @@ from celery_deadlines import (
     SOURCE_HEADER,
     deadline_scope,
 )
+from celery_deadlines.propagation import headers_of
 from celery_deadlines.testing import FakeClock
 from celery_deadlines.wire import encode
 from tests.support.unit_tasks import make_task, start_attempt
@@ -126,3 +128,22 @@ def test_a_scope_inside_a_running_task_can_only_shorten_the_tasks_deadline(
         "scope",
     )
     assert (longer[DEADLINE_HEADER], longer[SOURCE_HEADER]) == (encode(deadline), "parent")
+
+
+@pytest.mark.parametrize(
+    ("headers", "read"),
+    [
+        (None, {}),
+        ("not a mapping", {}),
+        (types.MappingProxyType({"x_deadline": 1.0}), {"x_deadline": 1.0}),
+    ],
+)
+def test_a_requests_headers_are_read_as_a_mapping_whatever_the_caller_gave(
+    headers: object, read: dict[str, object]
+) -> None:
+    assert headers_of(types.SimpleNamespace(headers=headers)) == read
+
+
+def test_a_requests_own_header_dict_is_the_one_read_not_a_copy() -> None:
+    headers: dict[str, object] = {"x_deadline": 1.0}
+    assert headers_of(types.SimpleNamespace(headers=headers)) is headers
