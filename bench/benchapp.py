@@ -33,6 +33,11 @@ def deadline(x: int) -> int:
     return x
 
 
+@app.task(base=DeadlineTask, name="bench.nobudget", budget=None)
+def nobudget(x: int) -> int:
+    return x
+
+
 @app.task(name="bench.sentinel", ignore_result=False)
 def sentinel() -> str:
     return "done"

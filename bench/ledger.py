@@ -119,16 +119,19 @@ def racer(index: int, task_ids: list[str], barrier: Any, results: Any) -> None:
     results.put((won, len(order), time.perf_counter() - started))
 
 
-def raw_cas(seconds: float = 3.0) -> float:
+def raw_cas(seconds: float = 3.0) -> tuple[float, float | None]:
     """Statements/s of one client doing a bare compare-and-swap on one row (autocommit,
-    ``UPDATE ... WHERE v = %s RETURNING v``) on the benchmark's database."""
+    ``UPDATE ... WHERE v = %s RETURNING v``) on the benchmark's database, and the CPU
+    seconds each took, the client's and its server process's together (``None`` when
+    the server's process cannot be read here: a database on another machine)."""
     url = f"postgresql://postgres@127.0.0.1:5432/{DATABASE}"
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("CREATE TABLE IF NOT EXISTS bench_cas (id int PRIMARY KEY, v bigint)")
         conn.execute("INSERT INTO bench_cas VALUES (1, 0) ON CONFLICT (id) DO NOTHING")
-        row = conn.execute("SELECT v FROM bench_cas WHERE id = 1").fetchone()
-        value = row[0] if row else 0
+        row = conn.execute("SELECT v, pg_backend_pid() FROM bench_cas WHERE id = 1").fetchone()
+        value, server = row if row else (0, 0)
         done = 0
+        server_before, client_before = _cpu_seconds(server), time.process_time()
         started = time.perf_counter()
         while (elapsed := time.perf_counter() - started) < seconds:
             row = conn.execute(
@@ -137,7 +140,29 @@ def raw_cas(seconds: float = 3.0) -> float:
             assert row is not None
             value = row[0]
             done += 1
-    return done / elapsed
+        client = time.process_time() - client_before
+        server_after = _cpu_seconds(server)
+    if server_before is None or server_after is None:
+        return done / elapsed, None
+    return done / elapsed, (client + server_after - server_before) / done
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """The CPU time (user and system) process ``pid`` of this machine has used."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def claim_ratio_bound(cas_rate: float, cas_cpu: float, racers: int = 8) -> float:
+    """The highest claim ratio this machine allows if every claim attempt cost no more
+    CPU than one bare compare-and-swap: each run won takes ``racers`` attempts, which
+    can use every core at once; the bare compare-and-swap is one client waiting for each
+    commit in turn."""
+    cores = os.cpu_count() or 1
+    return cores / (racers * cas_cpu) / cas_rate
 
 
 def transactions() -> int:
@@ -257,25 +282,37 @@ def main() -> None:
             os.killpg(worker.pid, signal.SIGTERM)
             worker.wait(30)
             worker = None
-        won_rates, cas_rates = [], [raw_cas()]
+        won_rates, cas = [], [raw_cas()]
         for race in range(args.races):
             won_rate, attempt_rate, won, statements = racing_claims(args.claims)
             won_rates.append(won_rate)
-            cas_rates.append(raw_cas())
+            cas.append(raw_cas())
             print(
                 f"racing claims {race + 1}: 8 processes x {args.claims} runs: {won} won "
                 f"(one per run), {won_rate:.0f} claims/s won, {attempt_rate:.0f} claim "
                 f"attempts/s, {statements:.2f} transactions per attempt; bare CAS before "
-                f"and after: {cas_rates[-2]:.0f}/s, {cas_rates[-1]:.0f}/s",
+                f"and after: {cas[-2][0]:.0f}/s, {cas[-1][0]:.0f}/s",
                 flush=True,
             )
+        cas_rates = [rate for rate, _ in cas]
         won_rate, cas_rate = statistics.median(won_rates), statistics.median(cas_rates)
+        cpus = [cpu for _, cpu in cas if cpu is not None]
         print(
             f"racing claims: {won_rate:.0f} claims won/s (median of {args.races}); one "
             f"client's bare compare-and-swap on one row: {cas_rate:.0f}/s (median of "
-            f"{len(cas_rates)}); ratio {won_rate / cas_rate:.2f} (goal >= 0.5)\n",
+            f"{len(cas_rates)}); ratio {won_rate / cas_rate:.2f} (goal >= 0.5)",
             flush=True,
         )
+        if cpus:
+            cpu = statistics.median(cpus)
+            print(
+                f"  a bare compare-and-swap costs {cpu * 1e6:.0f} µs of CPU (client and "
+                f"server) and {1e6 / cas_rate:.0f} µs of wall time: if every claim attempt "
+                f"cost only that, {os.cpu_count()} cores would allow a claim ratio of at "
+                f"most {claim_ratio_bound(cas_rate, cpu):.2f} (8 attempts a run won)",
+                flush=True,
+            )
+        print(flush=True)
         scale_ratio = at_scale(args.scale_small, args.scale, args.samples)
         print(
             f"ledger: default {_ratio(ratios.get(False))} tuned {_ratio(ratios.get(True))} "
