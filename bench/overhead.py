@@ -211,6 +211,13 @@ def main() -> None:
         f"{'worker alone, queue drain (tasks/s)':<44}{med(plain_drain):>12.0f}"
         f"{med(deadline_drain):>14.0f}{drain_ratio:>11.3f}x"
     )
+    paired_e2e = med([d / p for p, d in zip(plain_e2e, deadline_e2e, strict=True)])
+    paired_drain = med([d / p for p, d in zip(plain_drain, deadline_drain, strict=True)])
+    print(
+        f"  each round's DeadlineTask / plain, median (the two ran side by side, so a "
+        f"drift of the machine between rounds cancels): end to end {paired_e2e:.3f}x, "
+        f"worker alone {paired_drain:.3f}x"
+    )
     print(f"  end-to-end rounds, plain:    {[round(x) for x in plain_e2e]}")
     print(f"  end-to-end rounds, deadline: {[round(x) for x in deadline_e2e]}")
     print(f"  drain rounds, plain:         {[round(x) for x in plain_drain]}")

@@ -9,6 +9,7 @@ body may poll to stop early (its next write would be refused anyway).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -89,23 +90,34 @@ class Attempt:
         self.check(self._finish(status, reason, detail), "finish")
 
     def _finish(self, status: Status, reason: str, detail: str) -> bool:
-        """Write the run's end, through a database connection that may be lost meanwhile.
+        """Write the run's end (:meth:`_last_write`)."""
+        runs = self.store.runs
+        return self._last_write(
+            lambda: runs.finish(self.lease, self.owner, status, reason, detail),
+            status.value.lower(),
+        )
+
+    def _last_write(self, write: Callable[[], bool], op: str) -> bool:
+        """``write()``, the fenced write that ends this attempt (its ``op`` as the run
+        records it), through a database connection that may be lost meanwhile.
 
         A lost connection is not the body's outcome (the nemesis soak, seed 101: a
         database cut during the success write ended a paid run FAILED with the
         connection's error, or left the caller told FAILURE of a run the ledger had
-        ended SUCCEEDED: its commit's answer was lost). The write may have committed:
-        the run is read again. Ended by this token with this write: it did. Still
-        RUNNING under this token: it is written again. Anything else: the lease is gone
-        (refused; the reconciler or the next holder ends the run). The database away
-        for longer than :data:`FINISH_PATIENCE` leases: refused too (the lease has
-        lapsed by then; the reconciler requeues the run and its effects are replayed).
+        ended SUCCEEDED: its commit's answer was lost; seed 2525: a PostgreSQL restart
+        during a retry's write ended the run FAILED ``rejected``, Celery's answer to a
+        retry it could not publish). The write may have committed: the run is read
+        again. Moved on by this token with this write: it did. Still RUNNING under this
+        token: it is written again. Anything else: the lease is gone (refused; the
+        reconciler or the next holder ends the run). The database away for longer than
+        :data:`FINISH_PATIENCE` leases: refused too (the lease has lapsed by then; the
+        reconciler requeues the run and its effects are replayed).
         """
         runs = self.store.runs
         patience = Patience(FINISH_PATIENCE * self.ttl)
         while True:
             try:
-                return runs.finish(self.lease, self.owner, status, reason, detail)
+                return write()
             except DatabaseError:
                 if patience.spent():
                     return False
@@ -116,22 +128,28 @@ class Attempt:
                 return False
             if found is None:
                 return False
-            now_status, token, op = found
+            now_status, token, last_op = found
             if token != self.lease.token:
                 return False
             if now_status != Status.RUNNING:
-                return op == status.value.lower()
+                return last_op == op
 
     def retry(
         self, retries: int, available_at: datetime | None, body: bytes | None, detail: str
     ) -> None:
-        written = self.store.runs.retry(
-            self.lease,
-            self.owner,
-            retries=retries,
-            available_at=available_at,
-            message_body=body,
-            detail=detail,
+        """Hand the run to its retry message (:meth:`_last_write`: the database may be
+        away for a moment; the retry message is published only once this is written)."""
+        runs = self.store.runs
+        written = self._last_write(
+            lambda: runs.retry(
+                self.lease,
+                self.owner,
+                retries=retries,
+                available_at=available_at,
+                message_body=body,
+                detail=detail,
+            ),
+            "retry",
         )
         self.check(written, "retry")
 

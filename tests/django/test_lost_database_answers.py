@@ -89,6 +89,57 @@ def test_a_run_taken_over_while_the_database_was_away_is_left_to_its_new_holder(
     assert Run.objects.get(task_id="run-1").status == "RUNNING"
 
 
+def cut_retry_once(
+    monkeypatch: pytest.MonkeyPatch, runs: Runs | type[Runs], before: Callable[[], Any]
+) -> None:
+    """The first ``retry`` write runs ``before`` and then loses the connection."""
+    real = runs.retry
+    calls: list[int] = []
+
+    def retry(*args: Any, **kwargs: Any) -> bool:
+        calls.append(1)
+        if len(calls) == 1:
+            before()
+            raise OperationalError("consuming input failed: server closed the connection")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runs, "retry", retry)
+
+
+def test_a_retry_write_a_database_restart_lost_is_written_again(
+    attempt: Attempt, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seed 2525 of the nemesis soak: a PostgreSQL restart during a retry's write ended
+    the run FAILED ``rejected`` (Celery rejects a message whose retry it cannot publish)."""
+    cut_retry_once(monkeypatch, attempt.store.runs, lambda: None)
+    attempt.retry(1, None, b"{}", "retries=1")
+    run = Run.objects.get(task_id="run-1")
+    assert (run.status, run.retries) == ("RETRYING", 1)
+    assert applied("retry") == 1
+
+
+def test_a_retry_whose_commit_answer_was_lost_is_not_written_twice_or_refused(
+    attempt: Attempt, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = attempt.store.runs
+    real = runs.retry
+    cut_retry_once(
+        monkeypatch,
+        runs,
+        lambda: real(
+            attempt.lease,
+            attempt.owner,
+            retries=1,
+            available_at=None,
+            message_body=b"{}",
+            detail="retries=1",
+        ),
+    )
+    attempt.retry(1, None, b"{}", "retries=1")  # no StaleLease: the write had committed
+    assert Run.objects.get(task_id="run-1").status == "RETRYING"
+    assert applied("retry") == 1
+
+
 # -- the claim: a blip is waited out; a longer outage hands the message back ---------------
 
 QUEUE = "lost-answers"
@@ -185,6 +236,25 @@ def test_a_claim_whose_statement_is_wrong_is_not_tried_again(
     calls = claim_unreachable(monkeypatch, clock, 99, ProgrammingError)
     state, raised = execute_next(app, QUEUE)
     assert (state, type(raised), len(calls)) == ("FAILURE", ProgrammingError, 1)
+
+
+def test_a_body_that_retries_while_the_database_restarts_is_retried_not_failed(
+    claims: tuple[Celery, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app, _ran = claims
+
+    @app.task(base=DeadlineTask, bind=True, name="lost.retry", budget=600, shared=False)
+    def again(self: DeadlineTask) -> str:
+        if self.request.retries == 0:
+            raise self.retry(countdown=0)
+        return "retried"
+
+    again.apply_async(task_id="retry-1")
+    cut_retry_once(monkeypatch, Runs, lambda: None)  # on the class: the worker's store
+    assert execute_next(app, QUEUE)[0] == "RETRY"
+    assert Run.objects.get(task_id="retry-1").status == "RETRYING"
+    assert execute_next(app, QUEUE) == ("SUCCESS", "retried")
+    assert Run.objects.get(task_id="retry-1").status == "SUCCEEDED"
 
 
 # -- the end: committed in the ledger, never stored for the caller --------------------------
