@@ -243,8 +243,7 @@ def publish_stamp(
         return None
     given = call.get("headers")
     headers = dict(given) if given else {}
-    contract = settings.contract_of(task.name)
-    own = options.own_deadlines(task, call, headers, now, settings, contract)
+    own = options.own_deadlines(task, call, headers, now, options.times(task, settings))
     return stamping.stamp_for(own, parent, now=now, expires=call.get("expires"), task_id=None)
 
 

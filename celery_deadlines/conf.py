@@ -352,10 +352,16 @@ class Settings:
     (``app.conf.deadlines_x = ...`` lands in ``conf.changes``, which is checked on
     every read, cheaply) and Django's ``setting_changed`` signal (``override_settings``),
     which calls :meth:`reload`. Call :meth:`reload` yourself after any other change.
+    :meth:`stamp` tells a reader that keeps what it worked out from the values (a task's
+    durations, :func:`celery_deadlines.options.times`) whether they may have changed.
     """
 
     def __init__(self, conf: Mapping[str, Any]) -> None:
         self._conf = conf
+        #: how many times the cached values were forgotten (:meth:`reload`)
+        self.generation = 0
+        #: every spelling of every setting of this package, once looked up
+        self._ours: frozenset[str] | None = None
         self._raw: dict[str, object] = {}
         # raw value -> parsed value, re-parsed only when the raw object changes
         self._parsed: dict[str, tuple[object, object]] = {}
@@ -365,6 +371,7 @@ class Settings:
         """Read ``conf`` from now on (Celery replaces an app's ``conf`` when configured)."""
         self._conf = conf
         self._spellings.clear()
+        self._ours = None
         self.reload()
 
     def get(self, setting: Setting[T]) -> T:
@@ -397,6 +404,26 @@ class Settings:
         """Forget every cached value: the next read asks the configuration again."""
         self._raw.clear()
         self._parsed.clear()
+        self.generation += 1
+
+    def stamp(self) -> object:
+        """A value equal to the last one for as long as no value of this package's
+        settings can have changed: the reload count (:meth:`reload`), with the values of
+        those set at run time (``app.conf.deadlines_x = ...``, or ``app.conf.update``),
+        which every read looks up again."""
+        changes = getattr(self._conf, "changes", None)
+        if changes:
+            ours = self._ours
+            if ours is None:
+                ours = self._ours = frozenset(
+                    spelling
+                    for setting in SETTINGS
+                    for spelling in self._spellings_of(setting.name)
+                )
+            if not ours.isdisjoint(changes):
+                present = sorted(ours.intersection(changes))
+                return (self.generation, tuple((key, changes[key]) for key in present))
+        return self.generation
 
     def _spellings_of(self, name: str) -> tuple[str, ...]:
         try:

@@ -129,26 +129,115 @@ def _attribute(task: Any, attribute: str, option: Option, settings: conf.Setting
     return parsed
 
 
+#: The durations a :class:`Times` keeps: each is said by a task attribute of its name
+#: first, and by no other attribute (``attempt_timeout`` falls back to ``time_limit``).
+_KEPT: Final = ("budget", "delivery_budget", "reserve")
+#: The task attribute a task's :class:`Times` is kept in.
+_TIMES: Final = "_celery_deadlines_times"
+
+
+class Times:
+    """A task's budget, delivery budget and reserve, its time contract and the horizon
+    (``deadlines_max_budget``), each worked out from the settings when first asked for.
+
+    Every publish, claim gate and attempt gate asks for some of them; working them out
+    through :func:`resolve` cost more than the rest of what this package does there.
+    :func:`times` keeps one per task for as long as the settings' stamp
+    (:meth:`conf.Settings.stamp`) and the task's attributes of those names stay the same.
+    """
+
+    __slots__ = ("_contract", "_horizon", "_resolved", "attributes", "settings", "stamp", "task")
+
+    def __init__(
+        self, task: Any, settings: conf.Settings, stamp: object, attributes: tuple[object, ...]
+    ) -> None:
+        self.task = task
+        self.settings = settings
+        self.stamp = stamp
+        self.attributes = attributes
+        self._contract: Any = LOOKUP
+        self._horizon: timedelta | None = None
+        self._resolved: dict[str, tuple[Source | None, Any]] = {}
+
+    @property
+    def contract(self) -> Any:
+        """The task's :class:`~celery_deadlines.contracts.TimeContract`, or ``None``."""
+        if self._contract is LOOKUP:
+            self._contract = self.settings.contract_of(self.task.name)
+        return self._contract
+
+    @property
+    def horizon(self) -> timedelta:
+        """``deadlines_max_budget``: how far ahead a deadline may be."""
+        horizon = self._horizon
+        if horizon is None:
+            horizon = self._horizon = self.settings.max_budget
+        return horizon
+
+    def resolve(self, name: str) -> tuple[Source | None, Any]:
+        """:func:`resolve` of ``budget``, ``delivery_budget`` or ``reserve``."""
+        resolved = self._resolved.get(name)
+        if resolved is None:
+            if name not in _KEPT:
+                raise ValueError(f"{name} is not one of {_KEPT}")
+            resolved = resolve(self.task, name, self.settings, contract=self.contract)
+            self._resolved[name] = resolved
+        return resolved
+
+    def says_nothing(self) -> bool:
+        """Whether the task has neither a budget nor a delivery budget (``None`` said
+        everywhere: its publishes have no deadline of their own)."""
+        return self.resolve("budget")[1] is None and self.resolve("delivery_budget")[1] is None
+
+    def duration(self, name: str) -> timedelta:
+        """:func:`duration` of ``reserve`` (a duration that always has a value)."""
+        value = self.resolve(name)[1]
+        if value is None:
+            raise ValueError(f"{self.task.name}.{name} has no value")
+        return value  # type: ignore[no-any-return]
+
+
+def times(task: Any, settings: conf.Settings) -> Times:
+    """``task``'s :class:`Times` under ``settings``: the one kept on the task while the
+    settings' stamp and the task's ``budget``, ``delivery_budget`` and ``reserve``
+    attributes are what they were, else a new one, kept in its place."""
+    stamp = settings.stamp()
+    attributes = (
+        getattr(task, "budget", UNSET),
+        getattr(task, "delivery_budget", UNSET),
+        getattr(task, "reserve", UNSET),
+    )
+    kept: Times | None = task.__dict__.get(_TIMES)
+    if (
+        kept is not None
+        and kept.settings is settings
+        and kept.stamp == stamp
+        and kept.attributes == attributes
+    ):
+        return kept
+    fresh = task.__dict__[_TIMES] = Times(task, settings, stamp, attributes)
+    return fresh
+
+
 def own_deadlines(
     task: Any,
     call: dict[str, Any],
     headers: dict[str, Any],
     now: datetime,
-    settings: conf.Settings,
-    contract: Any,
+    times: Times,
 ) -> stamping.Own:
     """A publish's own deadlines: the call's options, else an explicit header (or the one
-    ``retry()`` copied), else the task's configured budgets (``contract``: the task's time
-    contract, already read by the caller)."""
+    ``retry()`` copied), else the task's configured budgets (``times``: the task's
+    :class:`Times`, from the caller)."""
     if not stamping.CALL_OPTIONS.isdisjoint(call) or wire.DEADLINE_HEADER in headers:
-        deadline, source, delivery = stamping.own_deadlines(call, headers, now, settings.max_budget)
+        deadline, source, delivery = stamping.own_deadlines(call, headers, now, times.horizon)
     else:
         deadline = source = delivery = None
     if deadline is None:
-        source, budget = resolve(task, "budget", settings, contract=contract)
+        source, budget = times.resolve("budget")
         deadline = None if budget is None else now + budget
     if delivery is None:
-        delivery_budget = resolve(task, "delivery_budget", settings, contract=contract)[1]
+        delivery_budget = times.resolve("delivery_budget")[1]
         delivery = None if delivery_budget is None else now + delivery_budget
     if deadline is None and delivery is None:
         return stamping.NO_OWN  # one object: the caller recognises "nothing" by identity

@@ -225,11 +225,11 @@ def read_headers(
     headers: MutableMapping[str, Any], now: datetime, horizon: timedelta, task_id: str | None
 ) -> Inherited:
     """The deadlines carried by a message's headers (unreadable ones kept as they are)."""
-    if not carries_deadlines(headers):
+    raw = headers.get(wire.DEADLINE_HEADER)
+    if raw is None and wire.DELIVERY_DEADLINE_HEADER not in headers:
         return carried_nothing(headers, task_id)  # nothing to read (nor ``now``, ``horizon``)
     origin = headers.get(wire.ORIGIN_HEADER) or task_id
     deadline = unreadable = None
-    raw = headers.get(wire.DEADLINE_HEADER)
     if raw is not None:
         try:
             deadline = wire.decode(raw, now=now, horizon=horizon)

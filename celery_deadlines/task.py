@@ -40,6 +40,7 @@ from . import (
     recording,
     stamping,
     tracing,
+    wire,
 )
 from ._crashpoints import hit
 from .body import AttemptAPI, Paused, Unresolved, end_unresolved
@@ -136,9 +137,10 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         self, settings: conf.Settings | None = None, *, contract: Any = options.LOOKUP
     ) -> timedelta:
         """The reserve: least time left for this task to start."""
-        return options.duration(
-            self, "reserve", settings or settings_for(self.app), contract=contract
-        )
+        settings = settings or settings_for(self.app)
+        if contract is options.LOOKUP:
+            return options.times(self, settings).duration("reserve")
+        return options.duration(self, "reserve", settings, contract=contract)
 
     def lease_duration(self) -> timedelta:
         """How long a claim owns the run before it must be renewed."""
@@ -172,21 +174,33 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         :class:`ConfigurationError` for a bad setting. Either way nothing is published.
         """
         settings = settings_for(self.app)
-        now = get_clock().now()
+        times = options.times(self, settings)  # the task's durations, worked out once
         given = call.get("headers")
-        headers = dict(given) if given else {}
         # inline on purpose (a call costs ~1.5 % of this path's instructions,
         # bench/publish_instructions.py): the same steps as canvas.publish_stamp(), which the
         # workflow gate uses; tests/unit/test_canvas.py holds the two equal
         parent = propagation.inherited()
+        if (
+            parent is stamping.NOTHING
+            and times.says_nothing()
+            and stamping.CALL_OPTIONS.isdisjoint(call)
+            and not (given and wire.DEADLINE_HEADER in given)
+            and not self._with_ledger()
+        ):
+            # no deadline anywhere (a task with budget=None, published outside any task
+            # or scope, no ledger): the message is Celery's own, and no clock is read
+            return super().apply_async(
+                args, kwargs, task_id, producer, link, link_error, shadow, **call
+            )
+        now = get_clock().now()
+        headers = dict(given) if given else {}
         if self.deadline_kind == "delivery" and parent is not stamping.NOTHING:
             # a notification lives by the delivery deadline, never by the execution one
             parent = parent._replace(deadline=parent.delivery)
         if parent.unreadable is not None:
             detail = "the parent task's deadline is unreadable"
             self._refuse_enqueue(gates.invalid(gates.Gate.ENQUEUE, now, detail), task_id)
-        contract = settings.contract_of(self.name)  # read once for every duration below
-        own = options.own_deadlines(self, call, headers, now, settings, contract)
+        own = options.own_deadlines(self, call, headers, now, times)
         if own is stamping.NO_OWN and parent is stamping.NOTHING and not self._with_ledger():
             # no deadline anywhere (a task with budget=None, published outside any task
             # or scope, no ledger): nothing to stamp or gate; the message is Celery's own
@@ -201,7 +215,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
             propagation.log_clamp(self.name, task_id, governed)
         starts_at = options.start_of(call, now)
         if governed.deadline is not None:
-            reserve = self.reserve_duration(settings, contract=contract)
+            reserve = times.duration("reserve")
             start = now if starts_at is None or starts_at < now else starts_at
             if start > gates.latest_start(governed.deadline, reserve):
                 decision = gates.admit(
@@ -263,8 +277,9 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         # read together: the budget is anchored at this instant, whatever the claim takes
         started = clock.monotonic()
         settings = settings_for(self.app)
+        times = options.times(self, settings)
         carried = stamping.read_headers(
-            headers, now, settings.max_budget if carries else gates.ZERO, task_id
+            headers, now, times.horizon if carries else gates.ZERO, task_id
         )
         state = propagation.begin(request, carried)
         if carried.unreadable is not None:
@@ -273,7 +288,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         deadline = carried.deadline
         if deadline is None and not with_ledger:
             return  # nothing to gate, nothing to anchor, no claim
-        reserve = self.reserve_duration(settings)
+        reserve = times.duration("reserve")
         # With a clock-skew budget the ledger's clock decides (docs/concepts.md: the
         # clock-skew hold comes before the deadline): the claim measures this clock
         # against it, holds the run if they disagree, and checks the deadline by the

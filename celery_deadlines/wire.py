@@ -40,6 +40,11 @@ SOURCE_HEADER: Final = "x_deadline_source"
 OCCURRENCE_HEADER: Final = "x_deadline_occurrence"
 
 
+#: The last whole second a datetime holds, in epoch seconds (a float cannot hold the
+#: microseconds after it): the fast path below reads no larger header.
+_LAST_EPOCH: Final = datetime.max.replace(tzinfo=UTC, microsecond=0).timestamp()
+
+
 def encode(instant: datetime) -> float:
     """The wire form of an aware instant: float epoch seconds."""
     return instant.timestamp()
@@ -54,9 +59,13 @@ def decode(value: object, *, now: datetime, horizon: timedelta) -> datetime:
     instants more than ``horizon`` after ``now`` (a clock or unit error, not a budget).
     A bad header is never read as "no deadline".
     """
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+    if type(value) is float and 0.0 <= value <= _LAST_EPOCH:  # NaN fails both comparisons
+        # the form this package writes, read at every hop: the checks below, inline
+        instant = datetime.fromtimestamp(value, UTC)
+    elif isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise InvalidDeadline(f"deadline header has type {type(value).__name__}: {value!r}")
-    instant = _decode_iso(value) if isinstance(value, str) else _decode_epoch(value)
+    else:
+        instant = _decode_iso(value) if isinstance(value, str) else _decode_epoch(value)
     if instant - now > horizon:
         raise InvalidDeadline(
             f"deadline {instant.isoformat()} is more than {horizon} after the clock "

@@ -12,7 +12,7 @@ from celery import Celery
 from celery_deadlines import DeadlineTask, InvalidDeadline
 from celery_deadlines.budgets import UNSET
 from celery_deadlines.conf import settings_for
-from celery_deadlines.options import resolve
+from celery_deadlines.options import resolve, times
 
 
 @pytest.fixture
@@ -96,3 +96,68 @@ def test_a_task_attribute_is_parsed_once_per_value(app: Celery) -> None:
     assert resolve(task, "budget", settings)[1] is first  # the cached parse
     task.budget = 25
     assert resolve(task, "budget", settings)[1] == timedelta(seconds=25)
+
+
+def test_a_tasks_times_are_kept_while_its_settings_and_attributes_stay_the_same(
+    app: Celery,
+) -> None:
+    task = task_of(app, budget=20)
+    settings = settings_for(app)
+    kept = times(task, settings)
+    assert kept.resolve("budget") == ("task", timedelta(seconds=20))
+    assert times(task, settings) is kept
+    task.budget = 25  # an attribute changed: worked out again
+    again = times(task, settings)
+    assert again is not kept
+    assert again.resolve("budget") == ("task", timedelta(seconds=25))
+
+
+def test_a_setting_set_at_run_time_takes_effect_at_the_next_read_of_a_tasks_times(
+    app: Celery,
+) -> None:
+    task = task_of(app)
+    settings = settings_for(app)
+    app.conf.deadlines_default_reserve = 2
+    assert times(task, settings).duration("reserve") == timedelta(seconds=2)
+    app.conf.deadlines_default_reserve = 3  # the same key again: only its value changes
+    assert times(task, settings).duration("reserve") == timedelta(seconds=3)
+    del app.conf["deadlines_default_reserve"]
+    assert times(task, settings).duration("reserve") == timedelta(0)
+
+
+def test_a_reload_makes_a_tasks_times_be_worked_out_again(app: Celery) -> None:
+    task = task_of(app)
+    settings = settings_for(app)
+    kept = times(task, settings)
+    settings.reload()  # what Django's override_settings does
+    assert times(task, settings) is not kept
+
+
+def test_the_settings_stamp_changes_only_when_a_setting_of_this_package_may_have(
+    app: Celery,
+) -> None:
+    settings = settings_for(app)
+    first = settings.stamp()
+    app.conf.broker_pool_limit = 3  # not one of this package's settings
+    assert settings.stamp() == first
+    app.conf.deadlines_default_budget = 30
+    with_budget = settings.stamp()
+    assert with_budget != first
+    assert settings.stamp() == with_budget
+    app.conf.deadlines_default_budget = 40
+    assert settings.stamp() != with_budget
+    settings.reload()
+    assert settings.stamp() not in (first, with_budget)
+
+
+def test_times_answer_only_for_the_durations_they_keep(app: Celery) -> None:
+    with pytest.raises(ValueError, match="lease_ttl"):
+        times(task_of(app), settings_for(app)).resolve("lease_ttl")
+
+
+def test_a_task_says_nothing_only_without_a_budget_and_a_delivery_budget(app: Celery) -> None:
+    settings = settings_for(app)
+    assert times(task_of(app, "opts.none", budget=None), settings).says_nothing()
+    assert not times(task_of(app, "opts.some", budget=5), settings).says_nothing()
+    notice = task_of(app, "opts.notice", budget=None, delivery_budget=60)
+    assert not times(notice, settings).says_nothing()

@@ -110,6 +110,24 @@ def test_task_attribute_none_opts_out_of_the_default(
     assert DEADLINE_HEADER not in published[-1]
 
 
+def test_a_publish_with_no_deadline_anywhere_reads_no_clock(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]], monkeypatch: Any
+) -> None:
+    reads: list[str] = []
+    read = clock.now
+
+    def counted() -> Any:
+        reads.append("now")
+        return read()
+
+    monkeypatch.setattr(clock, "now", counted)
+    make_task(app, budget=None).delay()
+    assert reads == []
+    assert DEADLINE_HEADER not in published[-1]
+    make_task(app, name="unit.budgeted", budget=5).delay()
+    assert reads == ["now"]
+
+
 def test_settings_are_read_lazily_so_a_change_takes_effect_at_once(
     app: Celery, clock: FakeClock, published: list[dict[str, Any]]
 ) -> None:

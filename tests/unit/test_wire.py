@@ -52,6 +52,20 @@ def test_malformed_header_is_refused_with_a_reason(value: object, complaint: str
         decode(value, now=NOW, horizon=HORIZON)
 
 
+@pytest.mark.parametrize("value", [0.0, -0.0, 0, 1795989196])
+def test_the_epoch_itself_and_whole_seconds_are_readable_deadlines(value: float) -> None:
+    assert decode(value, now=NOW, horizon=HORIZON) == datetime.fromtimestamp(value, UTC)
+
+
+def test_the_last_instant_a_datetime_holds_is_read_and_the_next_second_refused() -> None:
+    last = datetime.max.replace(tzinfo=UTC, microsecond=0)
+    assert decode(last.timestamp(), now=last, horizon=HORIZON) == last
+    half = decode(last.timestamp() + 0.5, now=last, horizon=HORIZON)  # read the long way
+    assert half == last + timedelta(microseconds=500_000)
+    with pytest.raises(InvalidDeadline, match="out of range"):
+        decode(last.timestamp() + 1.0, now=NOW, horizon=HORIZON)
+
+
 def test_deadline_beyond_the_horizon_is_refused_as_absurd() -> None:
     far = encode(NOW + HORIZON + timedelta(seconds=1))
     with pytest.raises(InvalidDeadline, match="more than 7 days"):
