@@ -64,13 +64,12 @@ from datetime import datetime, timedelta
 from typing import Any, Final
 
 from celery import canvas as celery_canvas
-from celery._state import get_current_task
 from celery.canvas import Signature, maybe_signature
 
 from . import conf, options, stamping, workflows
 from .clock import get_clock
 from .conf import settings_for
-from .propagation import inherited
+from .propagation import current_task, inherited
 from .signals import report_refusal
 
 logger = logging.getLogger("celery_deadlines")
@@ -263,7 +262,7 @@ def _later_hop(canvas: Signature, call: Mapping[str, Any]) -> bool:
     its ``chord``, or by ``celery.chord_unlock``). Checked once, at the enqueue."""
     if "chain" in call:
         return True
-    task = get_current_task()
+    task = current_task()
     if task is None:
         return False
     if task.name == "celery.chord_unlock":

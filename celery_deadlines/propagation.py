@@ -21,11 +21,11 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 from weakref import WeakKeyDictionary
 
+from celery import _state as celery_state
 from celery import current_app
-from celery._state import get_current_task
 
 from . import wire
 from .budgets import Anchor, DurationLike, Governed, govern
@@ -176,8 +176,24 @@ def inherited() -> Inherited:
     )
 
 
+#: Celery's stack of running tasks keeps one entry per thread that runs one, in a dict
+#: of its own (``celery.utils.threads.Local``); an empty dict means no task runs in any
+#: thread (a web process that only publishes), and looking further costs more than the
+#: rest of a publish's inheritance. ``None`` where Celery keeps it otherwise.
+_RUNNING: Final[dict[Any, Any] | None] = getattr(
+    getattr(getattr(celery_state, "_task_stack", None), "_local", None), "__storage__", None
+)
+
+
+def current_task() -> Any:
+    """The task running in this thread, as Celery's ``get_current_task()`` tells."""
+    if _RUNNING is not None and not _RUNNING:
+        return None
+    return celery_state.get_current_task()
+
+
 def _parent() -> Inherited:
-    task = get_current_task()
+    task = current_task()
     if task is None:
         return NOTHING
     request = task.request

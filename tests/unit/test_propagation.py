@@ -4,12 +4,17 @@ a child published from an attempt, ``send_task`` by name through the publish hoo
 from __future__ import annotations
 
 import logging
+import threading
 import types
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from celery import Celery
+from celery._state import (  # type: ignore[attr-defined]
+    pop_current_task,
+    push_current_task,
+)
 
 from celery_deadlines import (
     DEADLINE_HEADER,
@@ -17,7 +22,7 @@ from celery_deadlines import (
     SOURCE_HEADER,
     deadline_scope,
 )
-from celery_deadlines.propagation import headers_of
+from celery_deadlines.propagation import current_task, headers_of
 from celery_deadlines.testing import FakeClock
 from celery_deadlines.wire import encode
 from tests.support.unit_tasks import make_task, start_attempt
@@ -147,3 +152,21 @@ def test_a_requests_headers_are_read_as_a_mapping_whatever_the_caller_gave(
 def test_a_requests_own_header_dict_is_the_one_read_not_a_copy() -> None:
     headers: dict[str, object] = {"x_deadline": 1.0}
     assert headers_of(types.SimpleNamespace(headers=headers)) is headers
+
+
+def test_the_running_task_is_the_one_on_this_threads_stack_and_none_without_one(
+    app: Celery,
+) -> None:
+    task = make_task(app)
+    assert current_task() is None
+    push_current_task(task)
+    try:
+        assert current_task() is task
+        elsewhere: list[Any] = []
+        thread = threading.Thread(target=lambda: elsewhere.append(current_task()))
+        thread.start()
+        thread.join()
+        assert elsewhere == [None]  # another thread runs no task
+    finally:
+        pop_current_task()
+    assert current_task() is None
