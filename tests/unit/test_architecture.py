@@ -71,7 +71,6 @@ CELERY = frozenset(
         "beat",
         "metrics",
         "exporter",
-        "timelimits",
         "tracing",
         "ingress",
         "testing",
