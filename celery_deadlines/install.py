@@ -1,11 +1,12 @@
-"""Connect the publish hook and the worker's metrics exporter, and put the workflow gate
-on Celery's canvas classes, once per process (idempotent, no import side effects)."""
+"""Connect the publish hook, the worker's metrics exporter and its time limits, and put
+the workflow gate on Celery's canvas classes, once per process (idempotent, no import
+side effects)."""
 
 from __future__ import annotations
 
 from celery.signals import before_task_publish
 
-from . import canvas, exporter
+from . import canvas, exporter, timelimits
 from .propagation import on_before_task_publish
 
 _DISPATCH_UID = "celery_deadlines.propagation.on_before_task_publish"
@@ -15,7 +16,8 @@ def install() -> None:
     """Connect the ``before_task_publish`` receiver that stamps and propagates deadlines,
     the worker signals that serve metrics when ``deadlines_metrics_port`` is set, and
     the workflow gate around ``apply_async`` of Celery's chain, group and chord
-    (:mod:`celery_deadlines.canvas`).
+    (:mod:`celery_deadlines.canvas`), and, in a worker, one event-loop timer for every
+    job's time limits (:mod:`celery_deadlines.timelimits`).
 
     Called for you when a :class:`DeadlineTask` is bound to an app and when the Django
     app is ready; call it yourself in a process that only sends tasks by name.
@@ -23,3 +25,4 @@ def install() -> None:
     before_task_publish.connect(on_before_task_publish, dispatch_uid=_DISPATCH_UID, weak=False)
     exporter.connect()
     canvas.patch()
+    timelimits.connect()

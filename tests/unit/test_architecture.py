@@ -71,6 +71,7 @@ CELERY = frozenset(
         "beat",
         "metrics",
         "exporter",
+        "timelimits",
         "tracing",
         "ingress",
         "testing",

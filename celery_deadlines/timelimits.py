@@ -1,0 +1,152 @@
+"""One event-loop timer for the time limits of every job of a prefork worker.
+
+Celery's ``AsynPool`` (the worker's main process) sets a timer on the event loop for each
+job that has a time limit, when a pool process starts the job (``on_timeout_set``), and
+cancels it when the job ends (``on_timeout_cancel``). kombu keeps a cancelled timer in
+the loop's heap until its instant comes: a timer entry, its weak proxy, its arguments
+and the heap's tuple, about 500 bytes a job. Every job of a DeadlineTask has a hard
+limit, the deadline's cap (``DeadlineRequest.time_limits``), so a worker kept that for
+every task it ran within the last budget's length: 850 tasks/s with a 300 s budget is
+125 MiB held, with a budget of a day some 35 GiB (bench/README.md: the main process
+grew 5 MiB per 10,000 tasks, and not at all with this module).
+
+:func:`patch` (called in a worker's main process by Celery's ``worker_init`` signal,
+which :func:`~celery_deadlines.install.install` connects :func:`connect` to, before
+the pool starts) gives every ``AsynPool`` a :class:`JobLimits` instead: the running
+jobs' limits in a dict and one loop timer, set for the earliest of them. When it fires
+it calls the pool's own ``_on_soft_timeout`` or ``_on_hard_timeout`` for each job whose
+limit has come, as Celery's per-job timer would, at the same instants (a soft limit's
+follow-up hard timer is still Celery's own, as before). A job without limits sets
+nothing, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Final
+
+from celery.signals import worker_init
+
+from .clock import get_clock
+
+logger = logging.getLogger("celery_deadlines")
+
+#: Set on the patched method, so that :func:`patch` wraps Celery's own only once.
+_MARK: Final = "_celery_deadlines_job_limits"
+
+
+class JobLimits:
+    """The time limits of one pool's running jobs, on one timer of its event loop."""
+
+    def __init__(self, pool: Any, hub: Any) -> None:
+        self.pool = pool
+        self.hub = hub
+        #: job -> (when its limit comes, on the monotonic clock; soft; hard)
+        self.due: dict[int, tuple[float, float | None, float | None]] = {}
+        #: the loop timer's entry and the instant it is set for, while it is set
+        self._entry: Any = None
+        self._armed_at: float | None = None
+
+    def rebind(self, hub: Any) -> None:
+        """The pool registered with an event loop again (after a broker reconnection)."""
+        if hub is not self.hub:
+            self._disarm()
+            self.hub = hub
+            if self.due:
+                self._arm(min(when for when, _, _ in self.due.values()))
+
+    def on_timeout_set(self, result: Any, soft: float | None, hard: float | None) -> None:
+        """A pool process started ``result``'s job: its first limit is the soft one if it
+        has one (Celery's ``_on_soft_timeout`` sets the hard one's timer then)."""
+        first = soft or hard
+        if not first:
+            return
+        when = get_clock().monotonic() + first
+        self.due[result._job] = (when, soft, hard)
+        armed_at = self._armed_at
+        if armed_at is None or when < armed_at:
+            self._arm(when)
+
+    def on_timeout_cancel(self, result: Any) -> None:
+        """``result``'s job ended: its limits are off (the timer stays set for the
+        earliest limit it was set for, and finds nothing due if that job has ended)."""
+        job = result._job
+        self.due.pop(job, None)
+        trefs = getattr(self.pool, "_tref_for_id", None)
+        if trefs and job in trefs:  # the hard timer Celery set after a soft limit
+            self.pool._discard_tref(job)
+
+    def _arm(self, when: float) -> None:
+        self._disarm()
+        self._armed_at = when
+        self._entry = self.hub.call_later(max(when - get_clock().monotonic(), 0.0), self._fire)
+
+    def _disarm(self) -> None:
+        if self._entry is not None:
+            self._entry.cancel()
+        self._entry = None
+        self._armed_at = None
+
+    def _fire(self) -> None:
+        """Apply each limit that has come, then set the timer for the next one."""
+        self._entry = None
+        self._armed_at = None
+        now = get_clock().monotonic()
+        for job in [job for job, (when, _, _) in self.due.items() if when <= now]:
+            _, soft, hard = self.due.pop(job)
+            try:
+                if soft:
+                    self.pool._on_soft_timeout(job, soft, hard, self.hub)
+                else:
+                    self.pool._on_hard_timeout(job)
+            except Exception:  # one job's failure must not keep the others' limits off
+                logger.exception("applying the time limit of job %s failed", job)
+        if self.due and self._armed_at is None:
+            self._arm(min(when for when, _, _ in self.due.values()))
+
+
+def connect() -> None:
+    """Patch ``AsynPool`` in a worker's main process when it starts (idempotent)."""
+    worker_init.connect(_on_worker_init, dispatch_uid=_MARK, weak=False)
+
+
+def _on_worker_init(**_: Any) -> None:
+    patch()
+
+
+def patch() -> None:
+    """Give every ``AsynPool`` a :class:`JobLimits` when it registers with an event loop
+    (once per process; nothing where Celery's prefork pool cannot be imported)."""
+    try:
+        from celery.concurrency.asynpool import AsynPool
+    except ImportError:  # pragma: no cover - a platform without the prefork pool
+        return
+    original = AsynPool.__dict__["_create_timelimit_handlers"]
+    if getattr(original, _MARK, False):
+        return
+
+    def _create_timelimit_handlers(pool: Any, hub: Any) -> None:
+        original(pool, hub)  # Celery's own: the mapping a soft limit's hard timer uses
+        limits: JobLimits | None = getattr(pool, _MARK, None)
+        if limits is None:
+            limits = JobLimits(pool, hub)
+            setattr(pool, _MARK, limits)
+        else:
+            limits.rebind(hub)
+        pool.on_timeout_set = limits.on_timeout_set
+        pool.on_timeout_cancel = limits.on_timeout_cancel
+
+    _create_timelimit_handlers.__wrapped__ = original  # type: ignore[attr-defined]
+    setattr(_create_timelimit_handlers, _MARK, True)
+    AsynPool._create_timelimit_handlers = _create_timelimit_handlers  # type: ignore[attr-defined]
+
+
+def unpatch() -> None:
+    """Give ``AsynPool`` Celery's own per-job timers back (pools registered from now on)."""
+    try:
+        from celery.concurrency.asynpool import AsynPool
+    except ImportError:  # pragma: no cover
+        return
+    current = AsynPool.__dict__["_create_timelimit_handlers"]
+    if getattr(current, _MARK, False):
+        AsynPool._create_timelimit_handlers = current.__wrapped__  # type: ignore[attr-defined]
