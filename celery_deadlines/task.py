@@ -202,8 +202,8 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
             self._refuse_enqueue(gates.invalid(gates.Gate.ENQUEUE, now, detail), task_id)
         own = options.own_deadlines(self, call, headers, now, times)
         if own is stamping.NO_OWN and parent is stamping.NOTHING and not self._with_ledger():
-            # no deadline anywhere (a task with budget=None, published outside any task
-            # or scope, no ledger): nothing to stamp or gate; the message is Celery's own
+            # call options that name no instant (``budget=None``) on a task with no
+            # budget, outside any task or scope: nothing to stamp or gate, as above
             return super().apply_async(
                 args, kwargs, task_id, producer, link, link_error, shadow, **call
             )

@@ -128,6 +128,13 @@ def test_a_publish_with_no_deadline_anywhere_reads_no_clock(
     assert reads == ["now"]
 
 
+def test_a_call_option_naming_no_instant_leaves_a_task_without_budget_unstamped(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    make_task(app, budget=None).apply_async(budget=None, delivery_deadline=None)
+    assert DEADLINE_HEADER not in published[-1]
+
+
 def test_settings_are_read_lazily_so_a_change_takes_effect_at_once(
     app: Celery, clock: FakeClock, published: list[dict[str, Any]]
 ) -> None:
