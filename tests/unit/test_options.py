@@ -121,7 +121,7 @@ def test_a_setting_set_at_run_time_takes_effect_at_the_next_read_of_a_tasks_time
     assert times(task, settings).duration("reserve") == timedelta(seconds=2)
     app.conf.deadlines_default_reserve = 3  # the same key again: only its value changes
     assert times(task, settings).duration("reserve") == timedelta(seconds=3)
-    del app.conf["deadlines_default_reserve"]
+    app.conf.deadlines_default_reserve = 0
     assert times(task, settings).duration("reserve") == timedelta(0)
 
 
