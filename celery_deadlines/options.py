@@ -184,10 +184,17 @@ class Times:
             self._resolved[name] = resolved
         return resolved
 
-    def says_nothing(self) -> bool:
-        """Whether the task has neither a budget nor a delivery budget (``None`` said
-        everywhere: its publishes have no deadline of their own)."""
-        return self.resolve("budget")[1] is None and self.resolve("delivery_budget")[1] is None
+    def name_nothing(self, call: Mapping[str, Any]) -> bool:
+        """Whether a publish with the call options ``call`` has no deadline of its own:
+        the task has neither a budget nor a delivery budget (``None`` said everywhere),
+        and the call names none (no option of this package's, no explicit header)."""
+        given = call.get("headers")
+        return (
+            self.resolve("budget")[1] is None
+            and self.resolve("delivery_budget")[1] is None
+            and stamping.CALL_OPTIONS.isdisjoint(call)
+            and not (given and wire.DEADLINE_HEADER in given)
+        )
 
     def duration(self, name: str) -> timedelta:
         """:func:`duration` of ``reserve`` (a duration that always has a value)."""

@@ -40,7 +40,6 @@ from . import (
     recording,
     stamping,
     tracing,
-    wire,
 )
 from ._crashpoints import hit
 from .body import AttemptAPI, Paused, Unresolved, end_unresolved
@@ -133,14 +132,9 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
 
     # -- durations (one precedence rule: options.resolve) --------------------------------
 
-    def reserve_duration(
-        self, settings: conf.Settings | None = None, *, contract: Any = options.LOOKUP
-    ) -> timedelta:
+    def reserve_duration(self) -> timedelta:
         """The reserve: least time left for this task to start."""
-        settings = settings or settings_for(self.app)
-        if contract is options.LOOKUP:
-            return options.times(self, settings).duration("reserve")
-        return options.duration(self, "reserve", settings, contract=contract)
+        return options.times(self, settings_for(self.app)).duration("reserve")
 
     def lease_duration(self) -> timedelta:
         """How long a claim owns the run before it must be renewed."""
@@ -180,13 +174,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         # bench/publish_instructions.py): the same steps as canvas.publish_stamp(), which the
         # workflow gate uses; tests/unit/test_canvas.py holds the two equal
         parent = propagation.inherited()
-        if (
-            parent is stamping.NOTHING
-            and times.says_nothing()
-            and stamping.CALL_OPTIONS.isdisjoint(call)
-            and not (given and wire.DEADLINE_HEADER in given)
-            and not self._with_ledger()
-        ):
+        if parent is stamping.NOTHING and times.name_nothing(call) and not self._with_ledger():
             # no deadline anywhere (a task with budget=None, published outside any task
             # or scope, no ledger): the message is Celery's own, and no clock is read
             return super().apply_async(

@@ -155,9 +155,14 @@ def test_times_answer_only_for_the_durations_they_keep(app: Celery) -> None:
         times(task_of(app), settings_for(app)).resolve("lease_ttl")
 
 
-def test_a_task_says_nothing_only_without_a_budget_and_a_delivery_budget(app: Celery) -> None:
+def test_a_publish_names_nothing_only_without_budgets_call_options_or_a_header(
+    app: Celery,
+) -> None:
     settings = settings_for(app)
-    assert times(task_of(app, "opts.none", budget=None), settings).says_nothing()
-    assert not times(task_of(app, "opts.some", budget=5), settings).says_nothing()
+    silent = times(task_of(app, "opts.none", budget=None), settings)
+    assert silent.name_nothing({"queue": "q", "headers": {"x_other": 1}})
+    assert not silent.name_nothing({"budget": 5})
+    assert not silent.name_nothing({"headers": {"x_deadline": 1.0}})
+    assert not times(task_of(app, "opts.some", budget=5), settings).name_nothing({})
     notice = task_of(app, "opts.notice", budget=None, delivery_budget=60)
-    assert not times(notice, settings).says_nothing()
+    assert not times(notice, settings).name_nothing({})
