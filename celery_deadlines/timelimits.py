@@ -77,6 +77,8 @@ class JobLimits:
             self.pool._discard_tref(job)
 
     def _arm(self, when: float) -> None:
+        # the timer it replaces stays in kombu's heap until its instant, as Celery's did:
+        # one for each time a job's limit came before all others', not one per job
         self._disarm()
         self._armed_at = when
         self._entry = self.hub.call_later(max(when - get_clock().monotonic(), 0.0), self._fire)
@@ -101,8 +103,10 @@ class JobLimits:
                     self.pool._on_hard_timeout(job)
             except Exception:  # one job's failure must not keep the others' limits off
                 logger.exception("applying the time limit of job %s failed", job)
-        if self.due and self._armed_at is None:
-            self._arm(min(when for when, _, _ in self.due.values()))
+        if self.due:  # set again for the earliest (a handler may have set it for another)
+            earliest = min(when for when, _, _ in self.due.values())
+            if self._armed_at is None or earliest < self._armed_at:
+                self._arm(earliest)
 
 
 def connect() -> None:

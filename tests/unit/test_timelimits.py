@@ -144,6 +144,24 @@ def test_limits_that_come_together_are_applied_at_one_firing(hub: Hub, pool: Poo
     assert sorted(pool.calls) == [("hard", 1, 110.0), ("hard", 2, 110.0)]
 
 
+def test_a_limit_set_while_others_are_applied_does_not_delay_an_earlier_one(
+    hub: Hub, pool: Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    limits = JobLimits(pool, hub)
+    applied = pool._on_hard_timeout
+
+    def starting_another(job_number: int) -> None:
+        applied(job_number)
+        if job_number == 1:  # a pool process took the next job meanwhile
+            limits.on_timeout_set(job(9), None, 100.0)
+
+    monkeypatch.setattr(pool, "_on_hard_timeout", starting_another)
+    limits.on_timeout_set(job(1), None, 10.0)
+    limits.on_timeout_set(job(2), None, 20.0)
+    hub.run_until(25)
+    assert pool.calls == [("hard", 1, 110.0), ("hard", 2, 120.0)]
+
+
 def test_a_job_without_limits_sets_nothing(hub: Hub, pool: Pool) -> None:
     limits = JobLimits(pool, hub)
     limits.on_timeout_set(job(1), None, None)
