@@ -51,3 +51,14 @@ def mark(key: str) -> None:
     """Record when the worker reached this point of a queue (worker clock, epoch seconds)."""
     with redis.Redis.from_url(MARKS_URL) as store:
         store.set(key, time.time())
+
+
+def wait_for_mark(store: redis.Redis, key: str, queue: str, seconds: float = 600) -> float:
+    """Wait until the worker has run ``mark(key)``, queued last on ``queue``: the worker's
+    instant then (raises ``TimeoutError`` after ``seconds``)."""
+    deadline = time.monotonic() + seconds
+    while (value := store.get(key)) is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the worker did not drain {queue}")
+        time.sleep(0.02)
+    return float(value)

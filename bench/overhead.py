@@ -94,12 +94,7 @@ def drain_rate(task: Any, tasks: int, round_id: str) -> float:
     benchapp.mark.apply_async((end,), queue=queue)
     benchapp.app.control.add_consumer(queue, reply=True, destination=[WORKER_NAME])
     with redis.Redis.from_url(benchapp.MARKS_URL) as store:
-        deadline = time.monotonic() + 600
-        while store.get(end) is None:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the worker did not drain {queue}")
-            time.sleep(0.02)
-        elapsed = float(store.get(end) or 0) - float(store.get(start) or 0)
+        elapsed = benchapp.wait_for_mark(store, end, queue) - float(store.get(start) or 0)
         store.delete(start, end)
     benchapp.app.control.cancel_consumer(queue, reply=True, destination=[WORKER_NAME])
     return tasks / elapsed

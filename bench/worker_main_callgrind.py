@@ -67,11 +67,7 @@ def drain(worker: str, pid: int, task_name: str, tasks: int, tag: str) -> float:
     before = instructions(pid)
     benchapp.app.control.add_consumer(queue, reply=True, destination=[worker], timeout=60)
     with redis.Redis.from_url(benchapp.MARKS_URL) as store:
-        deadline = time.monotonic() + 3600
-        while store.get(end) is None:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the worker did not drain {queue}")
-            time.sleep(0.1)
+        benchapp.wait_for_mark(store, end, queue, seconds=3600)
         time.sleep(1.0)  # the last acknowledgements
         after = instructions(pid)
         store.delete(end)

@@ -49,11 +49,7 @@ def drain(tasks: int, name: str, worker_name: str) -> None:
     benchapp.mark.apply_async((end,), queue=queue)
     benchapp.app.control.add_consumer(queue, reply=True, destination=[worker_name])
     with redis.Redis.from_url(benchapp.MARKS_URL) as store:
-        deadline = time.monotonic() + 600
-        while store.get(end) is None:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the worker did not drain {queue}")
-            time.sleep(0.05)
+        benchapp.wait_for_mark(store, end, queue)
         store.delete(end)
     benchapp.app.control.cancel_consumer(queue, reply=True, destination=[worker_name])
 
