@@ -77,6 +77,8 @@ def test_a_workers_claim_and_completion_are_one_round_trip_each(
     with Trace(dedicated) as completing:
         assert dedicated.runs.finish(lease, "w1:1", Status.SUCCEEDED)
     assert (claiming.round_trips(), completing.round_trips()) == (1, 1)
+    # psycopg's own loader reads the instants (not Django's): still aware, in UTC
+    assert {lease.expires_at.tzinfo, lease.database_now.tzinfo} == {UTC}  # type: ignore[union-attr]
     assert events(dedicated) == [
         ("enqueue", "applied"),
         ("claim", "applied"),
@@ -94,6 +96,39 @@ def test_a_workers_lost_claim_is_one_round_trip_with_its_event(
     assert refusing.round_trips() == 1
     assert (loss.why, loss.status, loss.owner) == ("held", "RUNNING", "w1:1")
     assert events(dedicated)[-1] == ("claim", "rejected")
+
+
+def synchronous_commit(store: Store) -> str:
+    [(value,)] = store.execute("SHOW synchronous_commit", [])[1]
+    return str(value)
+
+
+def test_a_lost_claim_of_its_own_commits_without_waiting_for_the_disk_a_won_one_waits(
+    alias: str, dedicated: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Seen inside a transaction, where what a statement sets for its transaction lasts
+    # until the commit; the claims are told they run alone, as in autocommit.
+    Store(alias).outbox.enqueue(new_run())
+    monkeypatch.setattr(dedicated, "commits_alone", lambda: True)
+    with dedicated.transaction():
+        won(claim(dedicated))
+        assert synchronous_commit(dedicated) == "on"
+        assert lost(claim(dedicated, owner="w2:1")).why == "held"
+        assert synchronous_commit(dedicated) == "off"
+    assert synchronous_commit(dedicated) == "on"  # for that transaction only
+    assert events(dedicated)[-1] == ("claim", "rejected")
+
+
+def test_a_lost_claim_inside_a_transaction_leaves_the_transactions_commit_durable(
+    alias: str, dedicated: Store
+) -> None:
+    Store(alias).outbox.enqueue(new_run())
+    won(claim(Store(alias)))
+    assert dedicated.commits_alone()
+    with dedicated.transaction():
+        assert not dedicated.commits_alone()
+        lost(claim(dedicated, owner="w2:1"))
+        assert synchronous_commit(dedicated) == "on"
 
 
 def test_a_failed_statement_raises_djangos_error_and_the_next_one_runs(

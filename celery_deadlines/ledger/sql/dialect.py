@@ -55,7 +55,10 @@ class Dialect:
         if value is None:
             return None
         if isinstance(value, datetime):
-            return value if value.tzinfo else value.replace(tzinfo=UTC)
+            zone = value.tzinfo
+            if zone is UTC:
+                return value
+            return value.astimezone(UTC) if zone else value.replace(tzinfo=UTC)
         parsed = parse_datetime(str(value))
         if parsed is None:
             raise ValueError(f"not a timestamp: {value!r}")

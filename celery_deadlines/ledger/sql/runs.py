@@ -47,8 +47,6 @@ from .statements import Statements
 class Runs(Statements):
     """The run row's statements for the producer, the attempt and its supervisor."""
 
-    # -- the outbox ----------------------------------------------------------------------
-
     # -- claim ---------------------------------------------------------------------------
 
     def claim(
@@ -65,7 +63,10 @@ class Runs(Statements):
 
         On PostgreSQL a lost claim is recorded (its rejected event, with the first check
         that failed) by the same statement: one round trip whether it is won or lost.
-        SQLite, in-process, runs the refusal as a second statement."""
+        Run as a transaction of its own, a lost claim commits without waiting for the
+        disk: it changed nothing else, and its event is worth less than the wait (a
+        database crash just after may lose it). SQLite, in-process, runs the refusal as a
+        second statement."""
         d = self.dialect
         params = {
             "task_id": task_id,
@@ -78,6 +79,8 @@ class Runs(Statements):
             "op_detail": f"retries={retries}",
         }
         sql = _claim_sql(d)
+        if sql.refuse is None:  # PostgreSQL: whether a refusal may commit without waiting
+            params["alone"] = self.store.commits_alone()
         _, rows = self.execute(sql.claim, params, timed=True)  # a won claim is a clock reading
         if rows and rows[0][0]:
             row = rows[0]
@@ -403,6 +406,11 @@ def _claim_sql(d: Dialect) -> _ClaimSql:
     # UPDATE waited, then found the committed row changed), then as it was committed,
     # read under a share lock (which waits for that claim). A row refused for another
     # reason (its deadline, say) is read so too: the same reason, a lock more.
+    # A lost claim changed nothing but the audit trail: when the statement is its own
+    # transaction (``alone``, as the worker's store runs it), its commit does not wait
+    # for the WAL to reach the disk (``synchronous_commit`` off for it alone; a database
+    # crash within ``3 x wal_writer_delay`` may lose the event, nothing else). A won
+    # claim's commit waits as every other transition does: its token must survive.
     # (Compact: psycopg caches the parsing of a statement of up to 4096 characters.)
     by_reason = dict(checks)
     columns = (
@@ -430,7 +438,8 @@ def _claim_sql(d: Dialect) -> _ClaimSql:
         UNION ALL
         SELECT false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
             {_REFUSAL_COLUMNS}
-        FROM refused
+        FROM refused WHERE CASE WHEN %(alone)s
+            THEN set_config('synchronous_commit', 'off', true) IS NOT NULL ELSE true END
     """
     return _ClaimSql(claim=_compact(claim), refuse=None)
 
