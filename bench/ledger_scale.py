@@ -241,6 +241,7 @@ def server_share(ledger: Ledger) -> None:
         "owner": "bench@host:1",
         "ttl": 60.0,
         "op_detail": "retries=0",
+        "alone": False,  # inside the EXPLAIN's transaction
     }
     finish = """UPDATE celery_deadlines_run SET status = 'SUCCEEDED', version = version + 1,
         lease_expires_at = NULL, op = 'succeeded', updated_at = clock_timestamp()
