@@ -12,6 +12,7 @@ neither hurries nor delays it.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -40,9 +41,17 @@ class Heartbeat:
         # held while a renewal is in flight, so forget() returns only once none is
         self._renewing = threading.Lock()
         self._thread: threading.Thread | None = None
+        #: the monotonic instant the thread sleeps until (``inf``: until woken; ``-inf``:
+        #: awake, it looks at ``_due`` before it sleeps again)
+        self._asleep_until = -math.inf
 
     def watch(self, attempt: Attempt) -> None:
-        """Start renewing ``attempt``'s lease until :meth:`forget`."""
+        """Start renewing ``attempt``'s lease until :meth:`forget`.
+
+        The thread is woken only if it would otherwise sleep past this attempt's first
+        renewal: attempts of one TTL come due in the order they start, so a process
+        running one task after another wakes it about once a renewal period, not once a
+        task (each wake is a switch of threads and of the GIL)."""
         due = get_clock().monotonic() + attempt.ttl.total_seconds() * RENEW_AT
         with self._wakeup:
             self._due[attempt] = due
@@ -50,8 +59,10 @@ class Heartbeat:
                 self._thread = threading.Thread(
                     target=self._run, name="celery-deadlines-heartbeat", daemon=True
                 )
+                self._asleep_until = -math.inf
                 self._thread.start()
-            self._wakeup.notify()
+            elif due < self._asleep_until:
+                self._wakeup.notify()
 
     def forget(self, attempt: Attempt) -> None:
         """Stop renewing ``attempt``; returns after any renewal in flight has finished,
@@ -72,12 +83,15 @@ class Heartbeat:
         with self._wakeup:
             while True:
                 if not self._due:
+                    self._asleep_until = math.inf
                     self._wakeup.wait()
                     continue
                 attempt, due = min(self._due.items(), key=lambda item: item[1])
                 wait = due - get_clock().monotonic()
                 if wait <= 0:
+                    self._asleep_until = -math.inf
                     return attempt
+                self._asleep_until = due
                 self._wakeup.wait(wait)
 
     def _renew(self, attempt: Attempt) -> None:

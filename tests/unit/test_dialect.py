@@ -28,13 +28,15 @@ def test_an_instant_already_in_utc_is_returned_as_it_is() -> None:
 def test_an_aware_instant_in_another_zone_is_the_same_instant_in_utc(value: datetime) -> None:
     read = POSTGRESQL.instant(value)
     assert read == AT
-    assert read is not None and read.tzinfo is UTC
+    assert read is not None
+    assert read.tzinfo is UTC
 
 
 def test_sqlites_naive_text_is_read_as_utc() -> None:
     read = SQLITE.instant("2026-12-02 05:30:00")
     assert read == AT
-    assert read is not None and read.tzinfo is UTC
+    assert read is not None
+    assert read.tzinfo is UTC
 
 
 def test_no_timestamp_is_none_and_text_that_is_not_one_is_refused() -> None:
