@@ -97,7 +97,8 @@ def _load_instants_natively(cursor: Any) -> None:
     Python and re-stamps every value with the connection's zone, which a dedicated
     connection does not need: Django set its session to UTC (``USE_TZ``, check E004),
     and :meth:`Dialect.instant` makes any aware value UTC. A won claim returns four
-    instants; Django's loader took about a tenth of its client's CPU."""
+    instants: its client code ran 304,000 instructions with Django's loader, 192,000
+    with psycopg's."""
     from psycopg import adapters
     from psycopg.pq import Format
 
