@@ -15,6 +15,8 @@ the caller, nothing lost).
 from __future__ import annotations
 
 import logging
+import math
+import threading
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, NoReturn, cast
 
@@ -82,7 +84,9 @@ def claim(
     if outcome.why == api.ClaimRefused.LOST_LEASES:
         _lost_too_many_leases(task, task_id, deadline)
     if outcome.why == api.ClaimRefused.TERMINAL:
-        answer_a_waiting_caller(task, task_id, outcome.database_now or get_clock().now())
+        answer_a_waiting_caller(
+            task, task_id, outcome.database_now or get_clock().now(), wait_for_the_attempt=True
+        )
     logger.info(
         "%s[%s]: delivery not run, claim refused (%s); run is %s, token %s, owner %s",
         task.name,
@@ -111,7 +115,19 @@ def _hand_back(task: DeadlineTask, unreachable: LedgerUnreachable) -> NoReturn:
     raise unreachable
 
 
-def answer_a_waiting_caller(task: DeadlineTask, task_id: str, now: datetime) -> None:
+#: How long after a run's end the attempt that ended it is given to store its outcome
+#: before a later delivery of the run tells the caller instead. Celery stores it a few
+#: milliseconds after the ledger's end; a duplicate delivery in between told the caller
+#: first, and a caller reading then saw ``RunFailed`` where the attempt was about to
+#: store its own exception (the demo's ``PlanRefused``, on a clean-clone CI).
+OUTCOME_GRACE = timedelta(seconds=2)
+#: Between two looks at the caller's result during that grace.
+OUTCOME_POLL = timedelta(milliseconds=50)
+
+
+def answer_a_waiting_caller(
+    task: DeadlineTask, task_id: str, now: datetime, *, wait_for_the_attempt: bool = False
+) -> None:
     """A delivery of a run that has ended: usually a duplicate, but also what comes back
     when the worker that ended the run died after the ledger's commit and before Celery
     stored the outcome (a late-acked message is redelivered). If the caller's result is
@@ -122,15 +138,22 @@ def answer_a_waiting_caller(task: DeadlineTask, task_id: str, now: datetime) -> 
     message's errbacks and chord are not called, since the ended attempt may still be
     calling them (a duplicate delivery racing its last milliseconds). A success's return
     value is not in the ledger: it is only logged. Nothing here may fail the delivery:
-    an error reading or storing is logged, and the ledger stays the record."""
+    an error reading or storing is logged, and the ledger stays the record.
+
+    ``wait_for_the_attempt`` (a pool process; never the worker's main process, whose
+    event loop must not block): a run that ended less than :data:`OUTCOME_GRACE` ago by
+    the database clock (``now``) is left to the attempt that ended it until then, its
+    result looked at every :data:`OUTCOME_POLL`."""
     if not task.stores_errors():
         return
     try:
-        told = task.backend.get_task_meta(task_id, cache=False).get("status")
+        told = _caller_state(task, task_id)
         if told in celery_states.READY_STATES:
             return
         ended = ledger.api_for(task.app).ended_run(task.app, task_id)
         if ended is None:
+            return
+        if wait_for_the_attempt and _told_within_grace(task, task_id, ended, now):
             return
         if ended.status == Status.SUCCEEDED:
             if not task.ignores_result():
@@ -156,6 +179,30 @@ def answer_a_waiting_caller(task: DeadlineTask, task_id: str, now: datetime) -> 
         task.backend.mark_as_failure(task_id, error)
     except Exception:  # never the delivery's failure: the ledger has the outcome
         logger.exception("%s[%s]: telling the caller the run's end failed", task.name, task_id)
+
+
+def _caller_state(task: DeadlineTask, task_id: str) -> str | None:
+    """The state of the caller's result, as stored now."""
+    state: str | None = task.backend.get_task_meta(task_id, cache=False).get("status")
+    return state
+
+
+def _told_within_grace(task: DeadlineTask, task_id: str, ended: Expired, now: datetime) -> bool:
+    """Whether the caller is told before :data:`OUTCOME_GRACE` has passed since the run
+    ended (``now`` and ``ended.ended_at``: the database clock), looking every
+    :data:`OUTCOME_POLL` (a bounded number of looks: no clock is read in between)."""
+    if ended.ended_at is None:
+        return False
+    looks = math.ceil((ended.ended_at + OUTCOME_GRACE - now) / OUTCOME_POLL)
+    for _ in range(max(0, looks)):
+        _pause(OUTCOME_POLL)
+        if _caller_state(task, task_id) in celery_states.READY_STATES:
+            return True
+    return False
+
+
+def _pause(span: timedelta) -> None:
+    threading.Event().wait(span.total_seconds())
 
 
 def _ledgers_outcome(task_id: str, ended: Expired, now: datetime) -> Exception:

@@ -370,3 +370,18 @@ def test_a_lost_claim_is_one_statement_with_its_event_on_postgresql(store: Store
     assert len(refused) == 1
     assert (loss.why, loss.status, loss.token, loss.owner) == ("held", "RUNNING", 1, "w1:1")
     assert events(store)[-1] == ("claim", "rejected")
+
+
+def test_an_ended_run_is_read_back_with_its_outcome_and_when_it_ended_by_the_database_clock(
+    store: Store,
+) -> None:
+    store.outbox.enqueue(new_run())
+    lease = won(claim(store))
+    assert store.runs.ended("run-1") is None  # running: not ended
+    assert store.runs.finish(lease, "w1:1", Status.FAILED, "error", "ValueError('boom')")
+    ended = store.runs.ended("run-1")
+    assert ended is not None
+    assert (ended.status, ended.reason, ended.detail) == ("FAILED", "error", "ValueError('boom')")
+    assert ended.ended_at is not None
+    assert ended.ended_at.tzinfo is UTC
+    assert lease.database_now <= ended.ended_at <= store.database_now()

@@ -9,8 +9,10 @@ tests/django and across real processes in tests/integration.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -23,6 +25,7 @@ from celery_deadlines import (
     RunConflict,
     RunFailed,
     StaleLease,
+    claiming,
 )
 from celery_deadlines.testing import FakeClock, FakeLedger, use_ledger
 from tests.support.memory_queue import drain
@@ -153,6 +156,83 @@ def test_a_redelivery_never_overwrites_an_outcome_the_caller_was_told(
     assert execute(app, message)[0] == "FAILURE"
     assert execute(app, message)[0] == "IGNORED"
     assert isinstance(app.AsyncResult("r2k").result, ValueError)
+
+
+class EndedMoments:
+    """The run's end read back ``ago`` before the claim (the fake ledger keeps no such
+    instant), and each pause of the refused delivery counted, the attempt that ended
+    the run storing its own outcome at pause ``stored_at`` (if any)."""
+
+    def __init__(
+        self,
+        app: Celery,
+        ledger: FakeLedger,
+        clock: FakeClock,
+        monkeypatch: pytest.MonkeyPatch,
+        *,
+        ago: timedelta,
+        stored_at: int | None = None,
+    ) -> None:
+        self.pauses = 0
+        read_back = ledger.ended_run
+
+        def ended_run(app_: Any, task_id: str) -> Any:
+            return dataclasses.replace(read_back(app_, task_id), ended_at=clock.now() - ago)
+
+        def pause(span: timedelta) -> None:
+            assert span == claiming.OUTCOME_POLL
+            self.pauses += 1
+            if self.pauses == stored_at:
+                app.backend.mark_as_failure("r2w", ValueError("the attempt's own"))
+
+        monkeypatch.setattr(ledger, "ended_run", ended_run)
+        monkeypatch.setattr(claiming, "_pause", pause)
+
+
+def a_run_ended_failed_with_no_outcome_stored(app: Celery) -> Any:
+    work = tasks(app, Calls())["work"]
+    work.apply_async(task_id="r2w", kwargs={"fail": "error"})
+    [message] = drain(app, QUEUE)
+    assert execute(app, message)[0] == "FAILURE"
+    app.backend.forget("r2w")  # as if the attempt had not stored its outcome yet
+    return message
+
+
+def test_a_duplicate_of_a_run_that_just_ended_leaves_the_caller_to_the_attempt_that_ended_it(
+    app: Celery, ledger: FakeLedger, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the demo on a clean-clone CI: a duplicate delivery, refused 4 ms before the attempt
+    # stored its PlanRefused, stored RunFailed first, and the caller read that
+    message = a_run_ended_failed_with_no_outcome_stored(app)
+    moments = EndedMoments(
+        app, ledger, clock, monkeypatch, ago=timedelta(milliseconds=4), stored_at=3
+    )
+    assert execute(app, message)[0] == "IGNORED"
+    assert moments.pauses == 3
+    assert repr(app.AsyncResult("r2w").result) == repr(ValueError("the attempt's own"))
+
+
+def test_a_run_whose_attempt_stores_nothing_within_the_grace_is_told_by_the_duplicate_after(
+    app: Celery, ledger: FakeLedger, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    message = a_run_ended_failed_with_no_outcome_stored(app)
+    moments = EndedMoments(app, ledger, clock, monkeypatch, ago=timedelta(milliseconds=500))
+    assert execute(app, message)[0] == "IGNORED"
+    # the rest of the grace (1.5 s), one look every 50 ms; no clock is read in between
+    assert moments.pauses == (claiming.OUTCOME_GRACE - timedelta(milliseconds=500)) / (
+        claiming.OUTCOME_POLL
+    )
+    assert isinstance(app.AsyncResult("r2w").result, RunFailed)
+
+
+def test_a_run_that_ended_longer_ago_than_the_grace_is_told_at_once(
+    app: Celery, ledger: FakeLedger, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    message = a_run_ended_failed_with_no_outcome_stored(app)
+    moments = EndedMoments(app, ledger, clock, monkeypatch, ago=claiming.OUTCOME_GRACE * 2)
+    assert execute(app, message)[0] == "IGNORED"
+    assert moments.pauses == 0
+    assert isinstance(app.AsyncResult("r2w").result, RunFailed)
 
 
 def test_a_redelivery_of_a_success_whose_result_was_lost_says_so_and_stores_nothing(

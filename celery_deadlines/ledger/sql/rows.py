@@ -109,6 +109,9 @@ class Expired:
     reason: str
     deadline: datetime | None
     detail: str = ""
+    #: when the run's row last changed, by the database clock: its end, read back
+    #: (:meth:`~.runs.Runs.ended`); ``None`` where not read
+    ended_at: datetime | None = None
 
     def refusal(self, gate: str, now: datetime, detail: str) -> DeadlineRefused:
         """What the caller is told of this expiry: ``gate``'s refusal at ``now``."""

@@ -196,19 +196,19 @@ class Runs(Statements):
         return str(status), int(token), str(op)
 
     def ended(self, task_id: str) -> Expired | None:
-        """How the run of ``task_id`` ended (status, reason, detail, deadline), or ``None``
-        if it has not ended or is not recorded: what a later delivery of its message
-        tells a caller the ended attempt never told."""
+        """How the run of ``task_id`` ended (status, reason, detail, deadline, and when,
+        by the database clock), or ``None`` if it has not ended or is not recorded: what
+        a later delivery of its message tells a caller the ended attempt never told."""
         _, rows = self.execute(
             f"""
-            SELECT task_name, status, reason, detail, deadline FROM {RUN}
+            SELECT task_name, status, reason, detail, deadline, updated_at FROM {RUN}
             WHERE task_id = %s AND status IN {TERMINAL_SQL}
             """,
             [task_id],
         )
         if not rows:
             return None
-        name, status, reason, detail, deadline = rows[0]
+        name, status, reason, detail, deadline, ended_at = rows[0]
         return Expired(
             task_id=task_id,
             task_name=str(name),
@@ -216,6 +216,7 @@ class Runs(Statements):
             reason=str(reason),
             deadline=self.dialect.instant(deadline),
             detail=str(detail),
+            ended_at=self.dialect.instant(ended_at),
         )
 
     def retry(
