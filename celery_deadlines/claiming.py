@@ -190,11 +190,12 @@ def _caller_state(task: DeadlineTask, task_id: str) -> str | None:
 def _told_within_grace(task: DeadlineTask, task_id: str, ended: Expired, now: datetime) -> bool:
     """Whether the caller is told before :data:`OUTCOME_GRACE` has passed since the run
     ended (``now`` and ``ended.ended_at``: the database clock), looking every
-    :data:`OUTCOME_POLL` (a bounded number of looks: no clock is read in between)."""
+    :data:`OUTCOME_POLL` (a bounded number of looks: no clock is read in between, and
+    never more than the whole grace holds, whatever ``now`` says)."""
     if ended.ended_at is None:
         return False
     looks = math.ceil((ended.ended_at + OUTCOME_GRACE - now) / OUTCOME_POLL)
-    for _ in range(max(0, looks)):
+    for _ in range(min(max(0, looks), math.ceil(OUTCOME_GRACE / OUTCOME_POLL))):
         _pause(OUTCOME_POLL)
         if _caller_state(task, task_id) in celery_states.READY_STATES:
             return True

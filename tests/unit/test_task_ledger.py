@@ -225,6 +225,17 @@ def test_a_run_whose_attempt_stores_nothing_within_the_grace_is_told_by_the_dupl
     assert isinstance(app.AsyncResult("r2w").result, RunFailed)
 
 
+def test_a_clock_behind_the_end_never_makes_a_duplicate_wait_longer_than_the_grace(
+    app: Celery, ledger: FakeLedger, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # ``now`` is the local clock where the claim returned no database clock reading
+    message = a_run_ended_failed_with_no_outcome_stored(app)
+    moments = EndedMoments(app, ledger, clock, monkeypatch, ago=-timedelta(hours=1))
+    assert execute(app, message)[0] == "IGNORED"
+    assert moments.pauses == claiming.OUTCOME_GRACE / claiming.OUTCOME_POLL
+    assert isinstance(app.AsyncResult("r2w").result, RunFailed)
+
+
 def test_a_run_that_ended_longer_ago_than_the_grace_is_told_at_once(
     app: Celery, ledger: FakeLedger, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
