@@ -49,6 +49,7 @@ sys.path.insert(0, str(REPO))
 DATABASE = os.environ.setdefault("BENCH_DATABASE_NAME", f"cd_bench_{uuid.uuid4().hex[:6]}")
 QUEUE = os.environ.setdefault("BENCH_QUEUE", f"bench-{uuid.uuid4().hex[:8]}")
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+DATABASE_URL = f"postgresql://postgres@127.0.0.1:5432/{DATABASE}"
 os.environ["BENCH_DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{DATABASE}"
 SIZES = {alias: f"{DATABASE}_{alias}" for alias in ("small", "large")}
 for _alias, _name in SIZES.items():
@@ -126,8 +127,7 @@ def raw_cas(seconds: float = 3.0) -> tuple[float, float | None]:
     ``UPDATE ... WHERE v = %s RETURNING v``) on the benchmark's database, and the CPU
     seconds each took, the client's and its server process's together (``None`` when
     the server's process cannot be read here: a database on another machine)."""
-    url = f"postgresql://postgres@127.0.0.1:5432/{DATABASE}"
-    with psycopg.connect(url, autocommit=True) as conn:
+    with psycopg.connect(DATABASE_URL, autocommit=True) as conn:
         conn.execute("CREATE TABLE IF NOT EXISTS bench_cas (id int PRIMARY KEY, v bigint)")
         conn.execute("INSERT INTO bench_cas VALUES (1, 0) ON CONFLICT (id) DO NOTHING")
         row = conn.execute("SELECT v, pg_backend_pid() FROM bench_cas WHERE id = 1").fetchone()
@@ -158,10 +158,26 @@ def _cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def run_racers(target: Any, work: Any, racers: int = 8) -> list[Any]:
+    """What each of ``racers`` spawned processes ``target(index, work, barrier,
+    results)`` put in ``results``; the barrier starts them together."""
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(racers)
+    results = context.Queue()
+    processes = [
+        context.Process(target=target, args=(i, work, barrier, results)) for i in range(racers)
+    ]
+    for process in processes:
+        process.start()
+    outcomes = [results.get(timeout=600) for _ in processes]
+    for process in processes:
+        process.join()
+    return outcomes
+
+
 def bare_racer(index: int, rows: int, barrier: Any, results: Any) -> None:
     """One of :func:`bare_race`'s racers: each row once, in an order of its own."""
-    url = f"postgresql://postgres@127.0.0.1:5432/{DATABASE}"
-    with psycopg.connect(url, autocommit=True) as conn:
+    with psycopg.connect(DATABASE_URL, autocommit=True) as conn:
         order = list(range(rows))
         random.Random(index).shuffle(order)
         barrier.wait()
@@ -181,25 +197,14 @@ def bare_race(rows: int) -> float:
     """Rows won/s when 8 processes race as the claim race does, each attempt a bare
     one-row ``UPDATE ... WHERE owner IS NULL``: what a claim that were only a
     compare-and-swap, with no lease, token, checks or event, would reach here."""
-    url = f"postgresql://postgres@127.0.0.1:5432/{DATABASE}"
-    with psycopg.connect(url, autocommit=True) as conn:
+    with psycopg.connect(DATABASE_URL, autocommit=True) as conn:
         conn.execute("DROP TABLE IF EXISTS bench_bare_race")
         conn.execute("CREATE TABLE bench_bare_race (id int PRIMARY KEY, owner int)")
         conn.execute(
             "INSERT INTO bench_bare_race SELECT g, NULL FROM generate_series(0, %s) g",
             [rows - 1],
         )
-    context = multiprocessing.get_context("spawn")
-    barrier = context.Barrier(8)
-    results = context.Queue()
-    processes = [
-        context.Process(target=bare_racer, args=(i, rows, barrier, results)) for i in range(8)
-    ]
-    for process in processes:
-        process.start()
-    outcomes = [results.get(timeout=600) for _ in processes]
-    for process in processes:
-        process.join()
+    outcomes = run_racers(bare_racer, rows)
     won: int = sum(count for count, _ in outcomes)
     wall: float = max(seconds for _, seconds in outcomes)
     return won / wall
@@ -240,16 +245,8 @@ def racing_claims(claims: int) -> tuple[float, float, int, float]:
                 content_encoding="",
             )
         )
-    context = multiprocessing.get_context("spawn")
-    barrier = context.Barrier(8)
-    results = context.Queue()
-    processes = [context.Process(target=racer, args=(i, ids, barrier, results)) for i in range(8)]
     before = transactions()
-    for process in processes:
-        process.start()
-    outcomes = [results.get(timeout=600) for _ in processes]
-    for process in processes:
-        process.join()
+    outcomes = run_racers(racer, ids)
     time.sleep(1.0)  # the racers' statistics reach pg_stat_database as they exit
     statements = transactions() - before - 1
     wall = max(seconds for _, _, seconds in outcomes)

@@ -123,6 +123,8 @@ def _hand_back(task: DeadlineTask, unreachable: LedgerUnreachable) -> NoReturn:
 OUTCOME_GRACE = timedelta(seconds=2)
 #: Between two looks at the caller's result during that grace.
 OUTCOME_POLL = timedelta(milliseconds=50)
+#: The most looks one grace holds.
+_GRACE_LOOKS = math.ceil(OUTCOME_GRACE / OUTCOME_POLL)
 
 
 def answer_a_waiting_caller(
@@ -195,7 +197,7 @@ def _told_within_grace(task: DeadlineTask, task_id: str, ended: Expired, now: da
     if ended.ended_at is None:
         return False
     looks = math.ceil((ended.ended_at + OUTCOME_GRACE - now) / OUTCOME_POLL)
-    for _ in range(min(max(0, looks), math.ceil(OUTCOME_GRACE / OUTCOME_POLL))):
+    for _ in range(min(looks, _GRACE_LOOKS)):  # none if the grace has passed
         _pause(OUTCOME_POLL)
         if _caller_state(task, task_id) in celery_states.READY_STATES:
             return True

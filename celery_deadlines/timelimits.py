@@ -63,9 +63,7 @@ class JobLimits:
             return
         when = get_clock().monotonic() + first
         self.due[result._job] = (when, soft, hard)
-        armed_at = self._armed_at
-        if armed_at is None or when < armed_at:
-            self._arm(when)
+        self._arm_for(when)
 
     def on_timeout_cancel(self, result: Any) -> None:
         """``result``'s job ended: its limits are off (the timer stays set for the
@@ -75,6 +73,11 @@ class JobLimits:
         trefs = getattr(self.pool, "_tref_for_id", None)
         if trefs and job in trefs:  # the hard timer Celery set after a soft limit
             self.pool._discard_tref(job)
+
+    def _arm_for(self, when: float) -> None:
+        """Set the timer for ``when`` unless it is set for an earlier instant already."""
+        if self._armed_at is None or when < self._armed_at:
+            self._arm(when)
 
     def _arm(self, when: float) -> None:
         # the timer it replaces stays in kombu's heap until its instant, as Celery's did:
@@ -104,9 +107,7 @@ class JobLimits:
             except Exception:  # one job's failure must not keep the others' limits off
                 logger.exception("applying the time limit of job %s failed", job)
         if self.due:  # set again for the earliest (a handler may have set it for another)
-            earliest = min(when for when, _, _ in self.due.values())
-            if self._armed_at is None or earliest < self._armed_at:
-                self._arm(earliest)
+            self._arm_for(min(when for when, _, _ in self.due.values()))
 
 
 def connect() -> None:
