@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 from weakref import WeakKeyDictionary
 
@@ -208,6 +208,23 @@ def _parent() -> Inherited:
     return read_headers(headers, get_clock().now(), settings_for(task.app).max_budget, request.id)
 
 
+#: The id of the message :meth:`DeadlineTask.apply_async` is publishing in this context,
+#: stamped and clamped already: the one message the publish hook leaves as it is. A
+#: header cannot say "stamped" (whoever publishes writes the headers); only this can.
+_stamped_here: ContextVar[str | None] = ContextVar("celery_deadlines_stamped", default=None)
+
+
+@contextmanager
+def stamped(task_id: str) -> Iterator[None]:
+    """Around Celery's publish of the message ``task_id`` that DeadlineTask stamped: the
+    publish hook does not stamp it again."""
+    token = _stamped_here.set(task_id)
+    try:
+        yield
+    finally:
+        _stamped_here.reset(token)
+
+
 def on_before_task_publish(
     sender: str | None = None,
     headers: dict[str, Any] | None = None,
@@ -216,10 +233,16 @@ def on_before_task_publish(
 ) -> None:
     """``before_task_publish`` receiver: inherit, stamp, and set ``expires``.
 
-    Messages already stamped by :meth:`DeadlineTask.apply_async` (or copied by
-    ``retry()``) carry ``x_deadline_source`` and are left as they are.
+    Every message is clamped to the deadline it inherits, whatever deadline headers its
+    publisher wrote (``send_task(headers={"x_deadline": ...})`` cannot outlive its parent);
+    an inherited deadline that cannot be read is passed on as it is, so the worker refuses
+    the child. Only the message :meth:`DeadlineTask.apply_async` is publishing right now
+    (:func:`stamped`) is left as it is: it was clamped there.
     """
-    if headers is None or wire.SOURCE_HEADER in headers:
+    if headers is None:
+        return
+    here = _stamped_here.get()
+    if here is not None and here == headers.get("id"):
         return
     call = properties if properties is not None else {}
     parent = inherited()
@@ -230,12 +253,19 @@ def on_before_task_publish(
         and parent.deadline is None
         and (parent.unreadable is None)
     ):
-        if parent.delivery is not None and wire.DELIVERY_DEADLINE_HEADER not in headers:
-            headers[wire.DELIVERY_DEADLINE_HEADER] = wire.encode(parent.delivery)
+        if parent.delivery is not None:
+            headers[wire.DELIVERY_DEADLINE_HEADER] = wire.encode(
+                earlier_delivery(headers, parent.delivery)
+            )
+        return
+    task_id = headers.get("id")
+    if parent.unreadable is not None:
+        # whatever the child names, it cannot escape a deadline nobody can read
+        headers[wire.DEADLINE_HEADER] = parent.unreadable
+        headers.pop(wire.SOURCE_HEADER, None)
         return
     now = get_clock().now()
     horizon = settings_for(current_app).max_budget
-    task_id = headers.get("id")
     try:
         own = own_deadlines(call, headers, now, horizon)
     except InvalidDeadline as exc:
@@ -243,9 +273,7 @@ def on_before_task_publish(
         # refuses the message with invalid_deadline and the caller's result says so.
         logger.error("%s[%s]: unusable deadline at publish: %s", sender, task_id, exc)
         headers[wire.DEADLINE_HEADER] = explicit if explicit is not None else str(exc)
-        return
-    if parent.unreadable is not None and own.deadline is None:
-        headers[wire.DEADLINE_HEADER] = parent.unreadable
+        headers.pop(wire.SOURCE_HEADER, None)
         return
     if own.delivery is None:
         own = own._replace(delivery=delivery_deadline(headers, now, horizon))
@@ -253,6 +281,22 @@ def on_before_task_publish(
     if stamp.governed.clamped_from is not None:
         log_clamp(sender, task_id, stamp.governed)
     write(headers, stamp)
+
+
+def earlier_delivery(headers: Mapping[str, Any], inherited: datetime) -> datetime:
+    """The delivery deadline a message keeps: the one its header names if that is
+    readable and no later than ``inherited``, else ``inherited`` (a header can only
+    shorten it)."""
+    raw = headers.get(wire.DELIVERY_DEADLINE_HEADER)
+    if raw is None:
+        return inherited
+    try:  # no horizon past the inherited instant: a later one is refused
+        return wire.decode(raw, now=inherited, horizon=_NO_LATER)
+    except InvalidDeadline:
+        return inherited
+
+
+_NO_LATER: Final = timedelta(0)
 
 
 def log_clamp(sender: object, task_id: object, governed: Governed) -> None:

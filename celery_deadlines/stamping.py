@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping
 from datetime import datetime, timedelta
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, get_args
 
 from . import wire
 from .budgets import Governed, Source, govern, parse_budget, parse_instant
@@ -20,6 +20,10 @@ from .errors import InvalidDeadline
 
 #: Call options this package understands (taken out before Celery sees them).
 CALL_OPTIONS: Final = frozenset({"budget", "deadline", "delivery_budget", "delivery_deadline"})
+
+#: The values ``x_deadline_source`` may name; any other value a header carries is read as
+#: ``"call"`` (a header is written by whoever publishes, and says nothing trusted).
+SOURCES: Final[frozenset[str]] = frozenset(get_args(Source))
 
 
 class Inherited(NamedTuple):
@@ -80,8 +84,15 @@ def own_deadlines(
         delivery = call_instant(call, "delivery_", now, horizon)
     if own is None and wire.DEADLINE_HEADER in headers:
         own = wire.decode(headers[wire.DEADLINE_HEADER], now=now, horizon=horizon)
-        source = headers.get(wire.SOURCE_HEADER, "call")
+        source = header_source(headers)
     return Own(own, source if own is not None else None, delivery)
+
+
+def header_source(headers: Mapping[str, Any]) -> Source:
+    """Where a message's own ``x_deadline`` says it came from: one of :data:`SOURCES`,
+    else ``"call"`` (the header is the publisher's word, never an authority)."""
+    source = headers.get(wire.SOURCE_HEADER)
+    return source if type(source) is str and source in SOURCES else "call"  # type: ignore[return-value]
 
 
 def stamp_for(

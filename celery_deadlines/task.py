@@ -167,20 +167,50 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         or absurd budget, both ``budget`` and ``deadline``) and
         :class:`ConfigurationError` for a bad setting. Either way nothing is published.
         """
+        with_ledger = self._with_ledger()
+        stamp, starts_at = self._stamp(call, task_id, with_ledger)
+        if not with_ledger:
+            return self._send(
+                stamp, args, kwargs, task_id, producer, link, link_error, shadow, call
+            )
+        assert stamp is not None  # the ledger records every run it publishes
+        task_id = task_id or uuid()
+
+        def send() -> Any:
+            return self._send(
+                stamp, args, kwargs, task_id, producer, link, link_error, shadow, call
+            )
+
+        links = {"link": link, "link_error": link_error, "shadow": shadow}
+        return recording.publish(
+            self,
+            args,
+            kwargs,
+            task_id=task_id,
+            call=call,
+            links=links,
+            stamp=stamp,
+            available_at=starts_at,
+            send=send,
+        )
+
+    def _stamp(
+        self, call: dict[str, Any], task_id: str | None, with_ledger: bool
+    ) -> tuple[stamping.Stamp | None, datetime | None]:
+        """Stamp the publish's headers into ``call`` (taking this package's options out
+        of it) and return the stamp and when the message may first start; ``None`` for
+        the stamp when there is no deadline anywhere and no ledger (the message is
+        Celery's own, and no clock is read). Raises the enqueue gate's refusal."""
         settings = settings_for(self.app)
         times = options.times(self, settings)  # the task's durations, worked out once
-        given = call.get("headers")
-        # inline on purpose (a call costs ~1.5 % of this path's instructions,
-        # bench/publish_instructions.py): the same steps as canvas.publish_stamp(), which the
-        # workflow gate uses; tests/unit/test_canvas.py holds the two equal
+        # inline on purpose (a call costs ~1.5 % of this path): the same steps as
+        # canvas.publish_stamp(), which the workflow gate uses; tests/unit/test_canvas.py
+        # holds the two equal
         parent = propagation.inherited()
-        if parent is stamping.NOTHING and times.name_nothing(call) and not self._with_ledger():
-            # no deadline anywhere (a task with budget=None, published outside any task
-            # or scope, no ledger): the message is Celery's own, and no clock is read
-            return super().apply_async(
-                args, kwargs, task_id, producer, link, link_error, shadow, **call
-            )
+        if parent is stamping.NOTHING and not with_ledger and times.name_nothing(call):
+            return None, None
         now = get_clock().now()
+        given = call.get("headers")
         headers = dict(given) if given else {}
         if self.deadline_kind == "delivery" and parent is not stamping.NOTHING:
             # a notification lives by the delivery deadline, never by the execution one
@@ -189,12 +219,10 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
             detail = "the parent task's deadline is unreadable"
             self._refuse_enqueue(gates.invalid(gates.Gate.ENQUEUE, now, detail), task_id)
         own = options.own_deadlines(self, call, headers, now, times)
-        if own is stamping.NO_OWN and parent is stamping.NOTHING and not self._with_ledger():
+        if own is stamping.NO_OWN and parent is stamping.NOTHING and not with_ledger:
             # call options that name no instant (``budget=None``) on a task with no
             # budget, outside any task or scope: nothing to stamp or gate, as above
-            return super().apply_async(
-                args, kwargs, task_id, producer, link, link_error, shadow, **call
-            )
+            return None, None
         stamp = stamping.stamp_for(
             own, parent, now=now, expires=call.get("expires"), task_id=task_id
         )
@@ -214,29 +242,33 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         stamping.write(headers, stamp)
         if headers:
             call["headers"] = headers
-        if not self._with_ledger():
+        return stamp, starts_at
+
+    def _send(
+        self,
+        stamp: stamping.Stamp | None,
+        args: Any,
+        kwargs: Any,
+        task_id: str | None,
+        producer: Any,
+        link: Any,
+        link_error: Any,
+        shadow: str | None,
+        call: dict[str, Any],
+    ) -> Any:
+        """Celery's own publish of the message as :meth:`_stamp` left it: the one way
+        into Celery. A stamped message is published under :func:`propagation.stamped`,
+        so the publish hook does not stamp it again (its id, Celery's to make otherwise,
+        is made here); an unstamped one is judged by the hook like any message."""
+        if stamp is None:
             return super().apply_async(
                 args, kwargs, task_id, producer, link, link_error, shadow, **call
             )
         task_id = task_id or uuid()
-
-        def send() -> Any:
-            return Task.apply_async(
-                self, args, kwargs, task_id, producer, link, link_error, shadow, **call
+        with propagation.stamped(task_id):
+            return super().apply_async(
+                args, kwargs, task_id, producer, link, link_error, shadow, **call
             )
-
-        links = {"link": link, "link_error": link_error, "shadow": shadow}
-        return recording.publish(
-            self,
-            args,
-            kwargs,
-            task_id=task_id,
-            call=call,
-            links=links,
-            stamp=stamp,
-            available_at=starts_at,
-            send=send,
-        )
 
     def _refuse_enqueue(self, decision: gates.Decision, task_id: str | None) -> NoReturn:
         decision = self.kind_of(decision)

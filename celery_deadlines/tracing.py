@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from . import wire
 from .gates import Decision
+from .stamping import SOURCES
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -95,7 +96,13 @@ def annotate_attempt(
             remaining = deadline - now
         except Exception:  # tracing must never change a decision
             logger.debug("reading the attempt's deadline for its span failed", exc_info=True)
-    _annotate(span, deadline, source if isinstance(source, str) else None, remaining, lease_token)
+    _annotate(
+        span,
+        deadline,
+        source if isinstance(source, str) and source in SOURCES else None,
+        remaining,
+        lease_token,
+    )
 
 
 def record_refusal(
@@ -193,7 +200,9 @@ def _refusal_span(
     parent = propagate.extract(dict(carrier))
     span_attributes = {key: value for key, value in attributes.items() if key != DETAIL}
     source = carrier.get(wire.SOURCE_HEADER)
-    if isinstance(source, str):
+    if (
+        isinstance(source, str) and source in SOURCES
+    ):  # a header's word: only a value this package writes is shown
         span_attributes[DEADLINE_SOURCE] = source
     span_attributes["celery.task_name"] = task_name
     if task_id:

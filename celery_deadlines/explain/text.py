@@ -9,6 +9,7 @@ after it.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -103,7 +104,7 @@ def render_text(f: Explanation) -> list[str]:
             ],
         ),
     ]
-    return lines + _sections(sections)
+    return [printable(line) for line in lines + _sections(sections)]
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[Any]], indent: str = "    ") -> list[str]:
@@ -232,6 +233,19 @@ def _cell(value: Any) -> str:
     if value is None or value == "":
         return "-"
     return " ".join(str(value).splitlines())
+
+
+#: What a terminal would act on rather than show: C0 and C1 controls (ESC starts the
+#: sequences that move the cursor, recolour or retitle the window), DEL, and the
+#: invisible marks that reorder or hide text (bidirectional overrides, zero widths).
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+
+
+def printable(text: str) -> str:
+    """``text`` as a terminal may show it: every character in :data:`_UNPRINTABLE`
+    written as its Python escape (``\\x1b``, ``\\u202e``). Task ids, effect keys and
+    details are written by whoever published or called; the operator reads them."""
+    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def _json(value: Any) -> str | None:

@@ -253,6 +253,27 @@ def test_explain_names_a_run_that_does_not_exist() -> None:
         call_command("deadlines", "explain", "nope")
 
 
+def test_explain_writes_control_characters_of_ids_and_owners_as_escapes() -> None:
+    """An id or an owner is written by whoever published or claimed: the terminal of the
+    operator who explains the run must not act on what they contain."""
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    store = Store("default")
+    hostile = "pay\x1b]0;owned\x07\nstatus  SUCCEEDED\u202e"
+    record(store, hostile)
+    claim(store, hostile, owner="celery@\x1b[2Jshop")
+    out = StringIO()
+    call_command("deadlines", "explain", hostile, stdout=out)
+    text = out.getvalue()
+    assert not {char for char in text if char < " " and char != "\n"}
+    assert "\u202e" not in text
+    assert "pay\\x1b]0;owned\\x07\\nstatus  SUCCEEDED\\u202e" in text
+    assert "celery@\\x1b[2Jshop" in text
+    assert not any(line.startswith("status  SUCCEEDED") for line in text.splitlines())
+
+
 @pytest.fixture
 def unknown_payment(story: dict[str, Any]) -> Run:
     """A run whose payment call timed out: effect UNKNOWN, run UNKNOWN (reconcile first)."""

@@ -252,6 +252,23 @@ def test_a_childs_own_budget_can_shorten_the_parents_deadline_but_never_extend_i
     assert shorter["source"] == "call"
 
 
+def test_a_child_whose_publisher_forged_a_later_deadline_header_keeps_its_parents_deadline(
+    shared_redis_client: Any,
+) -> None:
+    from tests.support.workerapp import app, forger
+
+    parent = forger.apply_async(budget=20).get(timeout=20)
+    children = {
+        path: app.AsyncResult(task_id).get(timeout=20)
+        for path, task_id in parent["children"].items()
+    }
+    assert {path: child["deadline"] for path, child in children.items()} == dict.fromkeys(
+        children, parent["deadline"]
+    )
+    assert {children["send_task"]["source"], children["apply_async"]["source"]} == {"parent"}
+    assert children["send_task"]["remaining"] <= parent["remaining"]
+
+
 def test_an_errback_inherits_the_deadline_of_the_task_that_failed(
     shared_redis_client: Any,
 ) -> None:

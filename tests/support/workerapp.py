@@ -116,6 +116,22 @@ def child_of_child(self: DeadlineTask) -> dict[str, Any]:
     return {"grandchild": probe.delay("grandchild").id, **_seen(self)}
 
 
+@app.task(base=DeadlineTask, bind=True, name="t.forger")
+def forger(self: DeadlineTask, hours: float = 1) -> dict[str, Any]:
+    """Publish children whose headers claim a deadline ``hours`` away, as a caller may
+    write any header: by name, through a DeadlineTask and as a plain task."""
+    forged: dict[str, Any] = {
+        DEADLINE_HEADER: get_clock().now().timestamp() + hours * 3600,
+        SOURCE_HEADER: "call",
+    }
+    ids = {
+        "send_task": app.send_task("t.probe", ("send_task",), headers=forged).id,
+        "apply_async": probe.apply_async(("apply_async",), headers=forged).id,
+        "plain": plain_probe.apply_async(("plain",), headers=forged).id,
+    }
+    return {"children": ids, **_seen(self)}
+
+
 @app.task(base=DeadlineTask, bind=True, name="t.link_error_parent")
 def link_error_parent(self: DeadlineTask) -> None:
     raise ProviderDown("always")

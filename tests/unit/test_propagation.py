@@ -135,6 +135,85 @@ def test_a_scope_inside_a_running_task_can_only_shorten_the_tasks_deadline(
     assert (longer[DEADLINE_HEADER], longer[SOURCE_HEADER]) == (encode(deadline), "parent")
 
 
+# -- forged headers: a publisher writes what it likes, the inherited deadline still rules --
+
+
+def _forged(clock: FakeClock, seconds: float = 3600, source: str = "call") -> dict[str, Any]:
+    return {
+        DEADLINE_HEADER: encode(clock.now() + timedelta(seconds=seconds)),
+        SOURCE_HEADER: source,
+    }
+
+
+@pytest.mark.parametrize("source", ["call", "parent", "scope", "not a source"])
+def test_send_task_with_forged_deadline_headers_inside_a_scope_is_clamped_to_the_scope(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]], source: str
+) -> None:
+    make_task(app)  # installs the publish hook
+    with deadline_scope(budget=2, app=app):
+        app.send_task("somewhere.else", headers=_forged(clock, source=source))
+    assert published[-1][DEADLINE_HEADER] == encode(clock.now() + timedelta(seconds=2))
+    assert published[-1][SOURCE_HEADER] == "scope"
+    assert published[-1]["expires"] == (clock.now() + timedelta(seconds=2)).isoformat()
+
+
+def test_send_task_with_forged_deadline_headers_from_a_running_task_is_clamped_to_its_deadline(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    from celery._state import _task_stack  # type: ignore[attr-defined]
+
+    parent = make_task(app, name="unit.parent")
+    deadline = clock.now() + timedelta(seconds=2)
+    start_attempt(parent, {DEADLINE_HEADER: encode(deadline)})
+    _task_stack.push(parent)
+    try:
+        app.send_task("somewhere.else", headers=_forged(clock))
+        make_task(app, name="unit.child").apply_async(headers=_forged(clock))
+    finally:
+        _task_stack.pop()
+    by_name, by_task = published[-2:]
+    assert (by_name[DEADLINE_HEADER], by_name[SOURCE_HEADER]) == (encode(deadline), "parent")
+    assert (by_task[DEADLINE_HEADER], by_task[SOURCE_HEADER]) == (encode(deadline), "parent")
+
+
+def test_a_forged_earlier_deadline_header_inside_a_scope_is_kept(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    make_task(app)
+    with deadline_scope(budget=20, app=app):
+        app.send_task("somewhere.else", headers=_forged(clock, seconds=5))
+    assert published[-1][DEADLINE_HEADER] == encode(clock.now() + timedelta(seconds=5))
+
+
+def test_a_forged_delivery_deadline_cannot_outlive_the_inherited_one(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    make_task(app)
+    later = encode(clock.now() + timedelta(seconds=3600))
+    with deadline_scope(delivery_budget=30, app=app):
+        app.send_task("somewhere.else", headers={"x_delivery_deadline": later})
+        app.send_task("somewhere.else", headers={"x_delivery_deadline": "garbage"})
+    for headers in published[-2:]:
+        assert headers["x_delivery_deadline"] == encode(clock.now() + timedelta(seconds=30))
+
+
+def test_a_child_cannot_escape_an_unreadable_parent_deadline_by_naming_its_own(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    from celery._state import _task_stack  # type: ignore[attr-defined]
+
+    parent = make_task(app, name="unit.parent")
+    parent.push_request(id="t-1", headers={DEADLINE_HEADER: "garbage"}, called_directly=False)
+    _task_stack.push(parent)
+    try:
+        app.send_task("somewhere.else", headers=_forged(clock))
+        app.send_task("somewhere.else", budget=5)
+    finally:
+        _task_stack.pop()
+    assert [headers[DEADLINE_HEADER] for headers in published[-2:]] == ["garbage", "garbage"]
+    assert all(SOURCE_HEADER not in headers for headers in published[-2:])
+
+
 @pytest.mark.parametrize(
     ("headers", "read"),
     [

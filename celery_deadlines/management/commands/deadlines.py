@@ -12,6 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ... import conf
 from ...explain import explanation_of, render_text, to_json
+from ...explain.text import printable
 from ...ledger.reconcile import reconcile_once
 from ...ledger.sql.connection import Store
 from .. import purge
@@ -64,4 +65,4 @@ class Command(BaseCommand):
         if as_json:
             self.stdout.write(json.dumps(report.to_json(), indent=2))
         else:
-            self.stdout.write("\n".join(report.lines()))
+            self.stdout.write("\n".join(printable(line) for line in report.lines()))
