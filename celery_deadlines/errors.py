@@ -140,7 +140,9 @@ class LedgerUnreachable(DeadlineError):
 
 class RunFailed(DeadlineError):
     """The run failed, as its ledger recorded it (``reason``, ``detail``: the error's
-    repr, or what ended it); stored for the caller by a later delivery of its message.
+    repr, or what ended it); stored for the caller by a later delivery of its message,
+    or by the sweeper when the run's recorded message cannot be published again
+    (``message_unreadable``).
 
     The worker that ended the run died (or stalled) after the ledger's commit and
     before Celery stored the body's own exception: the message came back, its claim

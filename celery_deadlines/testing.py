@@ -139,7 +139,8 @@ class FakeLedger:
                 content_type=known.message[1] if known.message else "",
                 content_encoding=known.message[2] if known.message else "",
             )
-            self._api.check_repeat(existing, run)
+            accept = self._api.readable_by_workers(app, run.task_name)
+            self._api.check_repeat(existing, run, accept=accept)
             return None
         recorded = self._record(run.task_id, run.task_name, run.deadline, run.retries)
         if run.message_body is not None:

@@ -119,12 +119,13 @@ def message_parts(
     body: bytes | memoryview | None, content_type: str, encoding: str
 ) -> dict[str, Any] | None:
     """The recorded message decoded (``args``, ``kwargs``, ``options``), or ``None``;
-    raises ``ValueError`` when it cannot be decoded here."""
+    raises ``ValueError`` saying why when it is not decoded here: only serializers that
+    build data and that the app accepts are (a page view must never run a pickle)."""
     if body is None:
         return None
-    from ..ledger.outbox import decode_message
+    from celery import current_app
 
-    try:
-        return decode_message(bytes(body), content_type, encoding)
-    except Exception as error:
-        raise ValueError(f"{content_type}, {len(body)} bytes (not decodable here)") from error
+    from ..ledger.outbox import decode_message, readable_for_display
+
+    accept = readable_for_display(current_app)
+    return decode_message(bytes(body), content_type, encoding, accept=accept)

@@ -23,7 +23,7 @@ from ..states import Status
 from . import operations, outbox
 from .attempt import Attempt, owner_name, owner_name_of
 from .clockwatch import describe, measure
-from .outbox import check_repeat, encode_message
+from .outbox import check_repeat, encode_message, readable_by_workers
 from .patience import CONNECTION_ERRORS, Patience
 from .reconcile import running
 from .sql.connection import Store
@@ -46,6 +46,7 @@ __all__ = [
     "hand_to_retry",
     "lapse_owned",
     "measure",
+    "readable_by_workers",
     "record_run",
     "refuse_run",
     "store_for",
@@ -74,7 +75,8 @@ def record_run(app: Any, run: NewRun, send: Callable[[], Any]) -> Any:
     ``send()`` returned, or ``None`` when the publish waits for the transaction's commit
     or the run already exists with the same task and arguments (nothing is sent; another
     task or other arguments raise :class:`~celery_deadlines.errors.RunConflict`)."""
-    return outbox.record(store_for(app), run, send)
+    accept = outbox.readable_by_workers(app, run.task_name)
+    return outbox.record(store_for(app), run, send, accept=accept)
 
 
 def hand_to_retry(

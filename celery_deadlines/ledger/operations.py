@@ -10,12 +10,11 @@ once; one wins, the other changes nothing and says so.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from functools import partial
 from typing import Any
 
+from ..errors import RunFailed
 from ..gates import Gate
 from ..outcomes import unknown_meta
 from ..signals import run_expired
@@ -23,7 +22,7 @@ from ..states import CALLER_UNKNOWN, Status
 from . import outbox
 from .sql.connection import Store
 from .sql.effects import Pending
-from .sql.rows import Expired, NewRun
+from .sql.rows import Expired, NewRun, Unclaimed
 
 logger = logging.getLogger("celery_deadlines")
 
@@ -91,7 +90,7 @@ def _announce_release(
     """After a release committed: republish a queued run, tell an expired one's caller."""
     released, reason = written if written is not None else (None, "")
     if released == Status.QUEUED:
-        republish(app, task_id, partial(outbox.republish_run, app, store, run_id))
+        republish(app, store, run_id)
     elif released == Status.EXPIRED:
         detail = "the deadline passed while an effect's outcome was unknown; it is recorded"
         expired = Expired(
@@ -121,8 +120,7 @@ def requeue_run(app: Any, store: Store, run_id: int, *, operator: str) -> bool:
     a live lease, past its deadline, or waiting for an effect to be resolved."""
     if not store.operator.requeue_now(run_id, operator):
         return False
-    republish(app, str(run_id), partial(outbox.republish_run, app, store, run_id))
-    return True
+    return republish(app, store, run_id)
 
 
 def expire_run(app: Any, store: Store, run_id: int, *, operator: str) -> bool:
@@ -155,12 +153,38 @@ def record_missed(app: Any, store: Store, run: NewRun, detail: str) -> bool:
     return True
 
 
-def republish(app: Any, task_id: str, publish: Callable[[], None]) -> None:
-    """Publish a run's message again; a broker error leaves it to the sweeper."""
+def republish(app: Any, store: Store, run_id: int, message: Unclaimed | None = None) -> bool:
+    """Publish run ``run_id``'s recorded message (``message``, or read now) again:
+    ``True`` if it was. A broker or database error leaves it to the sweeper; a message
+    no worker would decode (:class:`~.outbox.UnreadableMessage`) ends the run ``FAILED``
+    (``message_unreadable``) and tells its caller: published again, it could never run."""
     try:
-        publish()
+        message = message or store.sweeps.message_of(run_id)
+        if message is None:
+            return False
+        outbox.republish(app, message)
+    except outbox.UnreadableMessage as exc:
+        assert message is not None
+        detail = f"its recorded message cannot be published again: {exc}"
+        if store.sweeps.fail_unreadable(run_id, detail):
+            logger.error(
+                "%s[%s] FAILED (message_unreadable): %s", message.task_name, message.task_id, detail
+            )
+            failed = RunFailed(message.task_id, "message_unreadable", detail)
+            tell_caller_failed(app, message.task_id, failed)
+        return False
     except Exception:  # the sweeper publishes it again later; nothing is lost
-        logger.exception("republishing run %s failed; the sweeper will try again", task_id)
+        logger.exception("republishing run %s failed; the sweeper will try again", run_id)
+        return False
+    return True
+
+
+def tell_caller_failed(app: Any, task_id: str, error: Exception) -> None:
+    """Store ``error`` as the run's failure for the caller waiting on its result."""
+    try:
+        app.backend.mark_as_failure(task_id, error)
+    except Exception:  # the ledger holds the outcome
+        logger.exception("storing the failure of run %s in the result backend failed", task_id)
 
 
 def store_refusal(

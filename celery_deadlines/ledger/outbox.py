@@ -10,18 +10,24 @@ its deadline passes first. A duplicate message is harmless: claiming is a
 compare-and-swap.
 
 The message is kept encoded with the task's own serializer, so whatever Celery could
-publish the outbox can publish again.
+publish the outbox can publish again. A stored row is read as if an attacker wrote it:
+it is decoded only with a content type the app's workers accept (``accept_content``)
+and, when the task is known here, only with the one its serializer writes
+(:func:`readable_by_workers`); the admin, a web process, decodes no serializer that
+can run code (:data:`DATA_ONLY`). What cannot be decoded is :class:`UnreadableMessage`:
+the sweeper ends its run ``FAILED`` (``message_unreadable``), the admin says why.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, Final
 
 from celery import Celery
 from django.db import connections, transaction
-from kombu.serialization import dumps, loads
+from kombu import serialization
+from kombu.serialization import dumps, loads, prepare_accept_content
 
 from .._crashpoints import hit
 from ..errors import RunConflict
@@ -29,6 +35,9 @@ from .sql.connection import Store
 from .sql.rows import ExistingRun, NewRun, Unclaimed
 
 logger = logging.getLogger("celery_deadlines")
+
+#: kombu's serializers by name and content type (kombu-stubs do not declare it).
+_registry: Any = getattr(serialization, "registry")  # noqa: B009
 
 #: apply_async options that are not part of the message (or are kept elsewhere).
 _NOT_KEPT: Final = frozenset(
@@ -61,25 +70,104 @@ def encode_message(
     return raw, content_type, encoding
 
 
-def decode_message(body: bytes, content_type: str, encoding: str) -> dict[str, Any]:
-    message: dict[str, Any] = loads(body, content_type, encoding, accept={content_type})
+#: The serializers that only ever build data, the only ones the admin decodes to show a
+#: message (kombu's yaml reads with ``safe_load``); pickle runs code as it reads.
+DATA_ONLY: Final = frozenset({"application/json", "application/x-msgpack", "application/x-yaml"})
+
+#: How much of a stored content type an explanation repeats (the column is the writer's).
+_SHOWN: Final = 80
+
+
+class UnreadableMessage(ValueError):
+    """A recorded message this process will not or cannot decode: its content type is
+    not one it accepts, or its body is not what the content type says."""
+
+
+def accepted_content(app: Celery) -> frozenset[str]:
+    """The content types the app accepts (``accept_content``, as kombu names them; unset,
+    kombu accepts every registered serializer)."""
+    try:
+        accepted = prepare_accept_content(app.conf.accept_content)
+    except Exception:  # noqa: BLE001 (a serializer named but not installed: none of it)
+        return frozenset()
+    return frozenset(_registry.type_to_name if accepted is None else accepted)
+
+
+def readable_by_workers(app: Celery, task_name: str) -> frozenset[str]:
+    """What a worker decodes a run's recorded message with: the content type the outbox
+    wrote it in (the task's serializer; the app's ``task_serializer`` for a task not
+    registered here), if the app accepts it. Never what the row itself names."""
+    task = app.tasks.get(task_name)
+    serializer = str(getattr(task, "serializer", None) or app.conf.task_serializer)
+    written = serializer if "/" in serializer else _registry.name_to_type.get(serializer)
+    return accepted_content(app) & {written} if written else frozenset()
+
+
+def readable_for_display(app: Celery) -> frozenset[str]:
+    """What the admin decodes to show a message: data-only serializers the app accepts."""
+    return accepted_content(app) & DATA_ONLY
+
+
+def decode_message(
+    body: bytes, content_type: str, encoding: str, *, accept: Collection[str]
+) -> dict[str, Any]:
+    """The recorded message (``args``, ``kwargs``, ``options``), decoded only if its
+    content type is one of ``accept``; raises :class:`UnreadableMessage` otherwise, or
+    when the body does not decode to a message of that shape."""
+    shown = repr(content_type[:_SHOWN]) + ("..." if len(content_type) > _SHOWN else "")
+    if content_type not in accept:
+        allowed = ", ".join(sorted(accept)) or "none"
+        raise UnreadableMessage(
+            f"stored as {shown}, which is not decoded here (decoded here: {allowed})"
+        )
+    try:
+        message = loads(body, content_type, encoding, accept=accept)
+    except Exception as exc:
+        raise UnreadableMessage(
+            f"stored as {shown}, {len(body)} bytes that do not decode ({type(exc).__name__})"
+        ) from exc
+    if not (
+        isinstance(message, dict)
+        and isinstance(message.get("args", []), (list, tuple))
+        and isinstance(message.get("kwargs", {}), dict)
+        and isinstance(message.get("options", {}), dict)
+    ):
+        raise UnreadableMessage(
+            f"stored as {shown}, {len(body)} bytes that decode to no message "
+            "(a mapping of args, kwargs and options)"
+        )
     return message
 
 
-def check_repeat(existing: ExistingRun | None, run: NewRun) -> None:
+def check_repeat(existing: ExistingRun | None, run: NewRun, *, accept: Collection[str]) -> None:
     """A publish under a task id the ledger already has: the same task with the same
     arguments is the same run (nothing is sent again); anything else raises
-    :class:`RunConflict`."""
+    :class:`RunConflict`, and so does a recorded message not decodable with ``accept``
+    (nothing shows it is the same run)."""
     if existing is None:  # gone meanwhile (purged): nothing to compare, nothing to send
         return
     why = ""
     if existing.task_name != run.task_name:
         why = f"the id was first used for {existing.task_name}, now for {run.task_name}"
     elif existing.message_body is not None and run.message_body is not None:
-        before = decode_message(
-            existing.message_body, existing.content_type, existing.content_encoding
+        try:
+            before = decode_message(
+                existing.message_body,
+                existing.content_type,
+                existing.content_encoding,
+                accept=accept,
+            )
+        except UnreadableMessage as exc:
+            raise RunConflict(
+                run.task_id,
+                existing.task_name,
+                existing.status,
+                f"its recorded message cannot be compared: {exc}",
+            ) from None
+        # the message this process has just encoded itself
+        now = decode_message(
+            run.message_body, run.content_type, run.content_encoding, accept={run.content_type}
         )
-        now = decode_message(run.message_body, run.content_type, run.content_encoding)
         if (before.get("args"), before.get("kwargs")) != (now.get("args"), now.get("kwargs")):
             why = (
                 f"it was published with args {before.get('args')!r} kwargs "
@@ -90,21 +178,24 @@ def check_repeat(existing: ExistingRun | None, run: NewRun) -> None:
         raise RunConflict(run.task_id, existing.task_name, existing.status, why)
 
 
-def record(store: Store, run: NewRun, publish: Callable[[], Any]) -> Any:
+def record(
+    store: Store, run: NewRun, publish: Callable[[], Any], *, accept: Collection[str]
+) -> Any:
     """Record ``run``, then ``publish`` (now, or when the caller's transaction commits).
 
     Outside a transaction a failed publish ends the run with reason ``publish_failed``
     and the error reaches the caller, who knows nothing was sent. Inside one, the
     publish happens after the commit, when the caller can no longer be told: a failure
     is logged and the sweeper publishes the run again. A run id the ledger already has
-    is checked by :func:`check_repeat` and nothing is published (``None``), unless its
+    is checked by :func:`check_repeat` (its recorded message decoded only with ``accept``)
+    and nothing is published (``None``), unless its
     run ended ``publish_failed``: the caller was told and tries again, and the run is
     recorded and published again.
     """
     connection = connections[store.using]
     if not store.outbox.enqueue(run):
         existing = store.outbox.existing(run.task_id)
-        check_repeat(existing, run)
+        check_repeat(existing, run, accept=accept)
         # The caller tries again after a publish that raised (it was told nothing was
         # sent): the run is recorded again and published (the nemesis soak, RabbitMQ
         # seed 7: the repeat returned as if sent, and the run stayed FAILED unsent).
@@ -148,11 +239,24 @@ def republish(app: Celery, message: Unclaimed) -> None:
 
     The deadline headers are the ones first published (a deadline never grows); no
     ``eta`` is set, since only runs whose ``available_at`` has passed are republished.
+    Raises :class:`UnreadableMessage` for a message a worker would not decode
+    (:func:`readable_by_workers`): nothing is published.
     """
     if message.message_body is None:
-        raise ValueError(f"run {message.task_id} has no recorded message")
-    decoded = decode_message(message.message_body, message.content_type, message.content_encoding)
-    options: dict[str, Any] = dict(decoded.get("options") or {})
+        raise UnreadableMessage(f"run {message.task_id} has no recorded message")
+    decoded = decode_message(
+        message.message_body,
+        message.content_type,
+        message.content_encoding,
+        accept=readable_by_workers(app, message.task_name),
+    )
+    # what the outbox never keeps is never taken from a row (it would clash with the
+    # arguments below, or set what the run's columns own)
+    options = {
+        key: value
+        for key, value in decoded.get("options", {}).items()
+        if isinstance(key, str) and key not in _NOT_KEPT
+    }
     app.send_task(
         message.task_name,
         decoded.get("args"),
@@ -161,10 +265,3 @@ def republish(app: Celery, message: Unclaimed) -> None:
         retries=message.retries,
         **options,
     )
-
-
-def republish_run(app: Celery, store: Store, run_id: int) -> None:
-    """Publish the recorded message of run ``run_id`` again (after a requeue)."""
-    message = store.sweeps.message_of(run_id)
-    if message is not None:
-        republish(app, message)

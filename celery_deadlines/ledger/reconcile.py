@@ -28,7 +28,6 @@ import logging
 import threading
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
-from functools import partial
 from typing import Any, Final
 
 from billiard.exceptions import WorkerLostError
@@ -41,7 +40,6 @@ from ..conf import settings_for
 from ..gates import expiry_reason
 from ..outcomes import Found, NotFound, PendingEffect, Settle
 from ..states import Status
-from . import outbox
 from .clockwatch import ClockWatch
 from .forks import no_fork_meanwhile
 from .operations import (
@@ -152,8 +150,9 @@ def reconcile_once(app: Any, store: Store, *, clock_certain: bool = True) -> Rep
     for unclaimed in store.sweeps.unclaimed(settings.get(conf.REPUBLISH_AFTER), held=clock_certain):
         if store.sweeps.mark_republished(unclaimed.run_id, unclaimed.version):
             with no_fork_meanwhile():
-                republish(app, unclaimed.task_id, partial(outbox.republish, app, unclaimed))
-            report.republished.append(unclaimed.task_id)
+                sent = republish(app, store, unclaimed.run_id, unclaimed)
+            if sent:  # a message no worker would decode failed its run instead
+                report.republished.append(unclaimed.task_id)
     if report:
         logger.info("reconciled the run ledger: %s", report)
     return report
@@ -204,7 +203,7 @@ def _settle(app: Any, store: Store, lapsed: LapsedLease, max_lost: int, report: 
             app.backend.mark_as_failure(lapsed.task_id, WorkerLostError(detail))
     elif store.sweeps.requeue_lapsed(lapsed):
         with no_fork_meanwhile():
-            republish(app, lapsed.task_id, partial(outbox.republish_run, app, store, lapsed.run_id))
+            republish(app, store, lapsed.run_id)
         report.requeued.append(lapsed.task_id)
 
 

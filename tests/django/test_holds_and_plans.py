@@ -26,7 +26,7 @@ from celery_deadlines import (
     run_held,
 )
 from celery_deadlines.explain import explanation_of
-from celery_deadlines.ledger import outbox
+from celery_deadlines.ledger import operations
 from celery_deadlines.ledger.attempt import Attempt
 from celery_deadlines.ledger.reconcile import reconcile_once
 from celery_deadlines.ledger.sql.connection import Store
@@ -350,7 +350,7 @@ def test_an_expired_plan_pauses_the_run_for_a_person_when_the_contract_says_so(
     assert reconcile_once(app, Store(alias)).republished == []
     store = Store(alias)
     assert store.operator.requeue_now(run.id, "operator")
-    outbox.republish_run(app, store, run.id)  # as the admin's action does
+    operations.republish(app, store, run.id)  # as the admin's action does
     log["world"]["order_state"] = "open"
     state, result = execute_next(app, QUEUE)
     assert (state, result) == ("SUCCESS", "updated")

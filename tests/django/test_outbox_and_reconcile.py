@@ -15,7 +15,7 @@ from celery import Celery
 from django.db import transaction
 
 from celery_deadlines import DeadlineRefused
-from celery_deadlines.ledger import outbox
+from celery_deadlines.ledger import operations, outbox
 from celery_deadlines.ledger.reconcile import Report, _settle, reconcile_once
 from celery_deadlines.ledger.sql.connection import Store
 from celery_deadlines.ledger.sql.rows import Lease, NewRun
@@ -26,6 +26,9 @@ from tests.support.memory_queue import drain
 from tests.support.processes import reachable
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
+
+#: What a worker of a json app decodes a recorded message with.
+JSON = frozenset({"application/json"})
 
 
 @pytest.fixture(params=DATABASES)
@@ -116,7 +119,7 @@ def test_the_recorded_message_decodes_to_what_was_published() -> None:
     body, content_type, encoding = outbox.encode_message(
         "json", (1, "a"), {"k": [2]}, {"queue": "shop", "producer": object(), "countdown": 5}
     )
-    assert outbox.decode_message(body, content_type, encoding) == {
+    assert outbox.decode_message(body, content_type, encoding, accept={content_type}) == {
         "args": [1, "a"],
         "kwargs": {"k": [2]},
         "options": {"queue": "shop"},  # no producer object, no relative countdown
@@ -132,7 +135,7 @@ def test_a_publish_that_fails_outside_a_transaction_ends_the_run_and_reaches_the
         raise ConnectionError("broker down")
 
     with pytest.raises(ConnectionError):
-        outbox.record(store, run, broken)
+        outbox.record(store, run, broken, accept=JSON)
     assert status(store, "p-1") == (Status.FAILED, "publish_failed")
 
 
@@ -148,11 +151,13 @@ def test_a_caller_that_tries_again_after_a_failed_publish_publishes_the_run(
         raise ConnectionError("broker down")
 
     with pytest.raises(ConnectionError):
-        outbox.record(store, run, broken)
-    outbox.record(store, run, lambda: sent.append("publish"))
+        outbox.record(store, run, broken, accept=JSON)
+    outbox.record(store, run, lambda: sent.append("publish"), accept=JSON)
     assert sent == ["publish"]
     assert status(store, "p-3") == (Status.QUEUED, "")
-    outbox.record(store, run, lambda: sent.append("again"))  # now the same run: not sent
+    outbox.record(
+        store, run, lambda: sent.append("again"), accept=JSON
+    )  # now the same run: not sent
     assert sent == ["publish"]
 
 
@@ -167,7 +172,7 @@ def test_a_publish_that_fails_after_commit_leaves_the_run_queued_for_the_sweeper
         raise ConnectionError("broker down")
 
     with transaction.atomic(using=store.using):
-        assert outbox.record(store, run, broken) is None
+        assert outbox.record(store, run, broken, accept=JSON) is None
         assert calls == []  # not before the commit
     assert calls == ["publish"]
     assert status(store, "p-2") == (Status.QUEUED, "")
@@ -342,7 +347,7 @@ def test_a_run_republished_by_a_worker_with_another_default_queue_goes_to_its_ow
     worker = Celery("worker", broker="memory://", backend="cache+memory://")
     worker.conf.update(task_default_queue="elsewhere")
     run_id = Run.objects.using(store.using).get(task_id="routed-1").pk
-    outbox.republish_run(worker, store, run_id)
+    assert operations.republish(worker, store, run_id)
     assert drain(worker, "elsewhere") == []
     assert [m["headers"]["id"] for m in drain(worker, "orders")] == ["routed-1"]
     producer.close()

@@ -194,7 +194,7 @@ def test_two_reconcilers_and_an_operator_never_settle_one_dispatch_twice(
 
     if alias == "postgres" and not reachable("127.0.0.1", 5432):
         service_unavailable("PostgreSQL 127.0.0.1:5432")
-    monkeypatch.setattr(outbox, "republish_run", _published)
+    monkeypatch.setattr(outbox, "republish", _published)
     monkeypatch.setattr(app.backend, "mark_as_failure", _published)
     run_state_machine_as_test(
         machine_for(Store(alias)),

@@ -214,6 +214,22 @@ class Sweeps(Statements):
         )
         return count == 1
 
+    def fail_unreadable(self, run_id: int, detail: str) -> bool:
+        """End a run whose recorded message no worker would decode (``FAILED``,
+        ``message_unreadable``): publishing it again can never run it. ``False`` if it
+        is no longer waiting for a worker."""
+        d = self.dialect
+        count, _ = self.execute(
+            f"""
+            UPDATE {RUN} SET status = 'FAILED', reason = 'message_unreadable', detail = %s,
+                version = version + 1, op = 'message_unreadable', op_detail = %s,
+                updated_at = {d.now}
+            WHERE id = %s AND status IN {CLAIMABLE_SQL}
+            """,
+            [detail, detail, run_id],
+        )
+        return count == 1
+
     def message_of(self, run_id: int) -> Unclaimed | None:
         """A run's outbox message (for a requeue)."""
         _, rows = self.execute(
