@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test test-unit test-integration lint dist bench bench-ledger matrix matrix-unit celery-compat clean screenshots chaos chaos-soak chaos-rabbitmq
+.PHONY: demo test test-unit test-integration fuzz lint dist bench bench-ledger matrix matrix-unit celery-compat clean screenshots chaos chaos-soak chaos-rabbitmq
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,12 @@ test-unit: $(INSTALLED)
 
 test-integration: $(INSTALLED)
 	$(BIN)/python -m pytest tests/integration
+
+## The parsers' fuzz tier: DEADLINES_FUZZ_EXAMPLES per property (20,000 unless set; make
+## test runs 250), one process, about 8 minutes. The last lines are the summary.
+DEADLINES_FUZZ_EXAMPLES ?= 20000
+fuzz: $(INSTALLED)
+	DEADLINES_FUZZ_EXAMPLES=$(DEADLINES_FUZZ_EXAMPLES) $(BIN)/python -m pytest -n 0 tests/unit/test_fuzz_parsers.py
 
 ## The admin's pictures in docs/images/, from headless Chromium against the demo's data
 ## (needs `apt-get install chromium` and `$(BIN)/pip install playwright`; see the script).

@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 from typing import Final, Literal, NamedTuple, TypeAlias
 
 from .errors import InvalidDeadline
+from .quoting import shown
 
 
 class _Unset(enum.Enum):
@@ -38,28 +39,72 @@ DurationLike: TypeAlias = int | float | timedelta
 Source = Literal["call", "task", "setting", "default", "scope", "parent"]
 
 
+#: The longest duration this package reads: a century. Anything longer is a unit or
+#: clock error, and every instant of this millennium plus it stays inside datetime's range.
+LONGEST: Final = timedelta(days=36525)
+
+#: The shortest duration above zero: a timedelta holds whole microseconds, and a shorter
+#: positive value would silently become zero.
+SHORTEST: Final = timedelta(microseconds=1)
+
+
 def parse_duration(value: object, *, name: str, allow_zero: bool = False) -> timedelta:
     """Seconds (int or float) or a timedelta, as a timedelta; raise :class:`InvalidDeadline`.
 
-    Booleans, NaN, infinities and negative values are refused, and so is zero unless
-    ``allow_zero`` (a reserve may be zero, a budget may not). ``name`` is what the
-    error message calls the value.
+    Booleans, NaN, infinities, negative values, values longer than :data:`LONGEST` and
+    positive values shorter than a microsecond (they would round to zero) are refused,
+    and so is zero unless ``allow_zero`` (a reserve may be zero, a budget may not).
+    ``name`` is what the error message calls the value.
     """
     if isinstance(value, timedelta):
-        seconds = value.total_seconds()
+        duration = value
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InvalidDeadline(f"{name} must be finite, got {shown(value)}")
+        seconds = _seconds(value)  # an int too large for a float: an infinity, too long
+        if seconds > LONGEST.total_seconds():
+            raise InvalidDeadline(too_long(name, shown(value)))
+        # any negative value, however small, is refused below (it must not round to zero)
+        duration = timedelta(seconds=seconds) if seconds >= 0 else -SHORTEST
+        if seconds > 0 and duration < SHORTEST:
+            raise InvalidDeadline(
+                f"{name} of {shown(value)} s is shorter than a microsecond and would be zero"
+            )
     else:
         raise InvalidDeadline(
             f"{name} must be a number of seconds or a timedelta, got {type(value).__name__} "
-            f"{value!r}"
+            f"{shown(value)}"
         )
-    if not math.isfinite(seconds):
-        raise InvalidDeadline(f"{name} must be finite, got {value!r}")
-    if seconds < 0 or (seconds == 0 and not allow_zero):
+    if duration < timedelta(0) or (duration == timedelta(0) and not allow_zero):
         bound = "zero or more" if allow_zero else "more than zero"
-        raise InvalidDeadline(f"{name} must be {bound} seconds, got {value!r}")
-    return timedelta(seconds=seconds)
+        raise InvalidDeadline(f"{name} must be {bound} seconds, got {shown(value)}")
+    if duration > LONGEST:
+        raise InvalidDeadline(too_long(name, shown(value)))
+    return duration
+
+
+def too_long(name: str, shown_value: str) -> str:
+    """What a duration longer than :data:`LONGEST` is told."""
+    return f"{name} is too long: at most {LONGEST.days} days (a century), got {shown_value}"
+
+
+def _seconds(value: int | float) -> float:
+    """``value`` as a float; an int too large for one is an infinity of its sign."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
+def capped_seconds(value: float) -> timedelta | None:
+    """A count of seconds a caller gave Celery (a ``countdown``, an ``expires``, a time
+    limit) as a timedelta, its size capped at :data:`LONGEST` (a wait that long is later
+    than any deadline, and no sum with it overflows); ``None`` for NaN."""
+    seconds = _seconds(value)
+    if math.isnan(seconds):
+        return None
+    limit = LONGEST.total_seconds()
+    return timedelta(seconds=max(-limit, min(seconds, limit)))
 
 
 def parse_budget(value: object, *, name: str, maximum: timedelta) -> timedelta | None:

@@ -67,6 +67,7 @@ from celery import canvas as celery_canvas
 from celery.canvas import Signature, maybe_signature
 
 from . import conf, options, stamping, workflows
+from .budgets import capped_seconds
 from .clock import get_clock
 from .conf import settings_for
 from .propagation import current_task, inherited
@@ -203,7 +204,7 @@ def _time_limit(given: Mapping[str, Any]) -> timedelta | None:
     """A signature's ``time_limit`` (Celery's call option) as a duration, if it has one."""
     raw = given.get("time_limit")
     if isinstance(raw, (int, float)) and not isinstance(raw, bool) and raw > 0:
-        return timedelta(seconds=raw)
+        return capped_seconds(raw)
     return None
 
 

@@ -24,7 +24,13 @@ from django.conf import settings as django_settings
 from django.core import checks
 
 from .conf import (
+    BUDGETS,
     CONTRACTS,
+    DEFAULT_ATTEMPT_TIMEOUT,
+    DEFAULT_BUDGET,
+    DEFAULT_RESERVE,
+    LEASE_TTL,
+    LEDGER,
     MAX_BUDGET,
     REMAINING_HEADER,
     REQUEST_BUDGET,
@@ -33,9 +39,13 @@ from .conf import (
     RETENTION,
     SETTINGS,
     TRUSTED_PROXIES,
+    Setting,
     Settings,
 )
 from .contracts import review
+from .declarations import UNKNOWN, Configured, Problem
+from .declarations import review as review_declarations
+from .declarations import review_settings as review_declared_settings
 from .errors import ConfigurationError
 from .retention import describe_age
 
@@ -98,9 +108,11 @@ def from_django() -> Settings:
     return Settings(_given())
 
 
-def _cannot_check(why: str) -> checks.CheckMessage:
+def _cannot_check(
+    why: str, *, what: str = f"{PREFIX}CONTRACTS could not be checked against its tasks"
+) -> checks.CheckMessage:
     return checks.Warning(
-        f"{PREFIX}CONTRACTS could not be checked against its tasks: {why}.",
+        f"{what}: {why}.",
         hint="Import the project's Celery app where Django starts (the usual "
         "'from .celery import app as celery_app' in the project package). "
         + docs("Quick start", "2. The Celery app"),
@@ -190,6 +202,92 @@ def check_contracts(
         if problem.severity == "error"
         else checks.Warning(
             problem.message, hint=f"{problem.hint} {section}", id="celery_deadlines.W002"
+        )
+        for problem in problems
+    ]
+
+
+#: Celery's task options it keeps only on the task's class (``Task`` has no such
+#: attribute): never a misspelled option of this package's.
+CELERY_CLASS_OPTIONS = frozenset(
+    {
+        "autoretry_for",
+        "dont_autoretry_for",
+        "retry_kwargs",
+        "retry_backoff",
+        "retry_backoff_max",
+        "retry_jitter",
+        "store_eager_result",
+    }
+)
+
+
+@checks.register()
+def check_declarations(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """E006 to E009, W006 to W010: what the DeadlineTasks declare (a bad, misfitting or
+    misspelled option, a budget the maximum refuses, a lease longer than the budget), the
+    ``CELERY_DEADLINES_BUDGETS`` entries that do nothing, and settings that cannot work
+    together (:mod:`celery_deadlines.declarations`). A setting that is bad itself is
+    E001 (``check_settings``): nothing is checked against it."""
+    from celery import current_app as app  # the project's app, once it was imported
+    from celery.loaders.default import Loader
+
+    configured = _configured(from_django(), lease_ttl_set=LEASE_TTL.name in _given())
+    messages = _messages(review_declared_settings(configured))
+    if isinstance(app.loader, Loader):  # Celery's fallback app: the project's is not loaded
+        return [*messages, _cannot_check("the project's Celery app is not loaded", what=TASKS)]
+    try:
+        tasks = _loaded_tasks(app)
+    except Exception as exc:  # noqa: BLE001 (a check must report a failure, not crash)
+        return [*messages, _cannot_check(f"its tasks did not load: {exc!r}", what=TASKS)]
+    return messages + _messages(
+        review_declarations(tasks, configured, known_attributes=_task_attributes())
+    )
+
+
+TASKS = "The options of the project's tasks could not be checked"
+
+
+def _task_attributes() -> frozenset[str]:
+    """Every attribute a task has as a Celery task or a DeadlineTask: never a typo."""
+    from celery import Task
+
+    from .task import DeadlineTask
+
+    return frozenset(dir(Task)) | frozenset(dir(DeadlineTask)) | CELERY_CLASS_OPTIONS
+
+
+def _configured(settings: Settings, *, lease_ttl_set: bool) -> Configured:
+    """The settings a declaration is checked against, each :data:`UNKNOWN` when bad."""
+
+    def value(setting: Setting[Any]) -> Any:
+        try:
+            return settings.get(setting)
+        except ConfigurationError:
+            return UNKNOWN  # reported by check_settings
+
+    return Configured(
+        default_budget=value(DEFAULT_BUDGET),
+        budgets=value(BUDGETS),
+        contracts=value(CONTRACTS),
+        default_reserve=value(DEFAULT_RESERVE),
+        default_attempt_timeout=value(DEFAULT_ATTEMPT_TIMEOUT),
+        max_budget=value(MAX_BUDGET),
+        lease_ttl=value(LEASE_TTL),
+        lease_ttl_set=lease_ttl_set,
+        ledger=value(LEDGER),
+        trusted_proxies=value(TRUSTED_PROXIES),
+        name=lambda name: f"CELERY_{name.upper()}",
+    )
+
+
+def _messages(problems: Sequence[Problem]) -> list[checks.CheckMessage]:
+    kind = {"error": checks.Error, "warning": checks.Warning}
+    return [
+        kind[problem.severity](
+            problem.message, hint=f"{problem.hint} {docs(*problem.read)}", id=problem.id
         )
         for problem in problems
     ]

@@ -9,6 +9,7 @@ A bad value raises :class:`ConfigurationError` naming the setting in both spelli
 
 from __future__ import annotations
 
+import ipaddress
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from .incoming import (
     parse_networks,
     parse_request_budgets,
 )
+from .quoting import shown
 from .retention import DEFAULT_RETENTION, parse_retention
 
 T = TypeVar("T")
@@ -62,8 +64,8 @@ def _budgets(value: object, name: str, settings: Settings) -> dict[str, timedelt
     parsed: dict[str, timedelta | None] = {}
     for task_name, budget in value.items():
         if not isinstance(task_name, str):
-            raise InvalidDeadline(f"{name} keys must be task names, got {task_name!r}")
-        parsed[task_name] = _optional_budget(budget, f"{name}[{task_name!r}]", settings)
+            raise InvalidDeadline(f"{name} keys must be task names, got {shown(task_name)}")
+        parsed[task_name] = _optional_budget(budget, f"{name}[{shown(task_name)}]", settings)
     return parsed
 
 
@@ -89,7 +91,7 @@ def _positive_duration(value: object, name: str, settings: Settings) -> timedelt
 
 def _count(value: object, name: str, settings: Settings) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidDeadline(f"{name} must be a whole number >= 0, got {value!r}")
+        raise InvalidDeadline(f"{name} must be a whole number >= 0, got {shown(value)}")
     return value
 
 
@@ -97,13 +99,15 @@ def _port(value: object, name: str, settings: Settings) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-        raise InvalidDeadline(f"{name} must be a TCP port from 1 to 65535, or None; got {value!r}")
+        raise InvalidDeadline(
+            f"{name} must be a TCP port from 1 to 65535, or None; got {shown(value)}"
+        )
     return value
 
 
 def _database_alias(value: object, name: str, settings: Settings) -> str:
     if not isinstance(value, str) or not value:
-        raise InvalidDeadline(f"{name} must name a database alias, got {value!r}")
+        raise InvalidDeadline(f"{name} must name a database alias, got {shown(value)}")
     return value
 
 
@@ -173,7 +177,7 @@ WORKFLOW_CHECK_MODES: Final = ("refuse", "warn", "off")
 def _workflow_check(value: object, name: str, settings: Settings) -> str:
     if not isinstance(value, str) or value not in WORKFLOW_CHECK_MODES:
         choices = ", ".join(repr(mode) for mode in WORKFLOW_CHECK_MODES)
-        raise InvalidDeadline(f"{name} must be one of {choices}, got {value!r}")
+        raise InvalidDeadline(f"{name} must be one of {choices}, got {shown(value)}")
     return value
 
 
@@ -192,6 +196,26 @@ METRICS_PORT: Final = Setting(
     _port,
     "The port a worker serves its Prometheus metrics on, from its main process once it "
     "is ready (needs the prometheus extra); None: not served.",
+)
+
+
+def _address(value: object, name: str, settings: Settings) -> str:
+    if not isinstance(value, str):
+        raise InvalidDeadline(f"{name} must be an IP address, got {shown(value)}")
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        raise InvalidDeadline(
+            f"{name} must be an IP address ('127.0.0.1', '0.0.0.0', '::'), got {shown(value)}"
+        ) from None
+
+
+METRICS_ADDRESS: Final = Setting(
+    "deadlines_metrics_address",
+    "127.0.0.1",
+    _address,
+    "The address the metrics port is bound to: '127.0.0.1' (this machine only), "
+    "'0.0.0.0' (every IPv4 interface), '::' (every interface) or one interface's.",
 )
 
 
@@ -250,7 +274,7 @@ REMAINING_HEADER: Final = Setting(
 # -- the run ledger (Django tier) ------------------------------------------------------------
 def _flag(value: object, name: str, settings: Settings) -> bool:
     if not isinstance(value, bool):
-        raise InvalidDeadline(f"{name} must be True or False, got {value!r}")
+        raise InvalidDeadline(f"{name} must be True or False, got {shown(value)}")
     return value
 
 
@@ -323,6 +347,7 @@ SETTINGS: Final[tuple[Setting[Any], ...]] = (
     MAX_BUDGET,
     WORKFLOW_CHECK,
     METRICS_PORT,
+    METRICS_ADDRESS,
     REQUEST_BUDGET,
     REQUEST_BUDGETS,
     REQUEST_HEADERS,

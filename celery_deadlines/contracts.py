@@ -33,8 +33,9 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Final
 
-from .budgets import UNSET, Unset, parse_budget, parse_duration
+from .budgets import UNSET, Unset, capped_seconds, parse_budget, parse_duration
 from .errors import InvalidDeadline
+from .quoting import shown
 
 
 class OnExpiry(enum.StrEnum):
@@ -80,8 +81,8 @@ def parse_contracts(value: object, *, name: str, maximum: timedelta) -> dict[str
     contracts: dict[str, TimeContract] = {}
     for task, raw in value.items():
         if not isinstance(task, str) or not task:
-            raise InvalidDeadline(f"{name} keys must be task names, got {task!r}")
-        contracts[task] = parse_contract(task, raw, name=f"{name}[{task!r}]", maximum=maximum)
+            raise InvalidDeadline(f"{name} keys must be task names, got {shown(task)}")
+        contracts[task] = parse_contract(task, raw, name=f"{name}[{shown(task)}]", maximum=maximum)
     return contracts
 
 
@@ -115,7 +116,7 @@ def parse_contract(task: str, raw: object, *, name: str, maximum: timedelta) -> 
     if not isinstance(on_expiry, str) or on_expiry not in {choice.value for choice in OnExpiry}:
         raise InvalidDeadline(
             f"{name}.on_expiry must be one of {', '.join(c.value for c in OnExpiry)}, "
-            f"got {on_expiry!r}"
+            f"got {shown(on_expiry)}"
         )
     contract = TimeContract(
         task,
@@ -134,16 +135,16 @@ def _observation_ttls(raw: object, name: str) -> dict[str, timedelta]:
     ttls: dict[str, timedelta] = {}
     for source, ttl in raw.items():
         if not isinstance(source, str) or not source:
-            raise InvalidDeadline(f"{name} keys must be source names, got {source!r}")
-        ttls[source] = parse_duration(ttl, name=f"{name}[{source!r}]")
+            raise InvalidDeadline(f"{name} keys must be source names, got {shown(source)}")
+        ttls[source] = parse_duration(ttl, name=f"{name}[{shown(source)}]")
     return ttls
 
 
 def _sources(raw: object, name: str) -> tuple[str, ...]:
     if isinstance(raw, str) or not isinstance(raw, (list, tuple)):
-        raise InvalidDeadline(f"{name} must be a list of observation sources, got {raw!r}")
+        raise InvalidDeadline(f"{name} must be a list of observation sources, got {shown(raw)}")
     if not all(isinstance(source, str) and source for source in raw):
-        raise InvalidDeadline(f"{name} must list source names, got {raw!r}")
+        raise InvalidDeadline(f"{name} must list source names, got {shown(raw)}")
     return tuple(raw)
 
 
@@ -203,7 +204,7 @@ def review(
     app's registry; ``setting`` is how messages name the setting."""
     problems: list[Problem] = []
     for name, contract in contracts.items():
-        where = f"{setting}[{name!r}]"
+        where = f"{setting}[{shown(name)}]"
         task = tasks.get(name)
         if task is None:
             problems.append(
@@ -232,7 +233,7 @@ def review(
 def _twice(contract: TimeContract, task: Any, where: str) -> list[Problem]:
     return [
         Problem(
-            f"{where}.{key} is also set on the task itself ({getattr(task, key)!r}).",
+            f"{where}.{key} is also set on the task itself ({shown(getattr(task, key))}).",
             f"Set {key} in one place: remove the task option, so the contract is what "
             "reviewers read.",
         )
@@ -248,7 +249,8 @@ def _limits(contract: TimeContract, task: Any, where: str) -> list[Problem]:
     problems = []
     for limit in ("time_limit", "soft_time_limit"):
         value = getattr(task, limit, None)
-        if isinstance(value, (int, float)) and timedelta(seconds=value) > budget:
+        limit_ = capped_seconds(value) if isinstance(value, (int, float)) else None
+        if limit_ is not None and limit_ > budget:
             problems.append(
                 Problem(
                     f"{where}: the task's {limit} ({value} s) is longer than the contract's "
@@ -267,13 +269,13 @@ def _backoff(
     if scheme not in _DEFAULT_VISIBILITY_TIMEOUTS or not getattr(task, "autoretry_for", ()):
         return []
     if getattr(task, "retry_backoff", False):
-        longest = timedelta(seconds=getattr(task, "retry_backoff_max", 600) or 600)
+        longest = _seconds_or(getattr(task, "retry_backoff_max", 600) or 600)
         source = "retry_backoff_max"
     else:
-        longest = timedelta(seconds=getattr(task, "default_retry_delay", 180) or 0)
+        longest = _seconds_or(getattr(task, "default_retry_delay", 180) or 0)
         source = "default_retry_delay"
     raw = transport_options.get("visibility_timeout")
-    timeout = timedelta(seconds=raw) if raw is not None else _DEFAULT_VISIBILITY_TIMEOUTS[scheme]
+    timeout = _seconds_or(raw) if raw is not None else _DEFAULT_VISIBILITY_TIMEOUTS[scheme]
     if longest <= timeout:
         return []
     return [
@@ -284,6 +286,14 @@ def _backoff(
             f"Lower the task's {source} or raise broker_transport_options['visibility_timeout'].",
         )
     ]
+
+
+def _seconds_or(value: object) -> timedelta:
+    """A task's or transport's number of seconds, read as Celery would use it (a value
+    that is not a number is none: zero)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return timedelta(0)
+    return capped_seconds(value) or timedelta(0)
 
 
 def _s(duration: timedelta) -> str:

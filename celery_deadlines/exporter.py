@@ -6,7 +6,8 @@ app has DeadlineTasks:
 * installs the metrics (:func:`celery_deadlines.metrics.install`) in its main process
   at ``worker_init``, before the pool forks, so every pool process counts too (and
   again at ``worker_process_init``, for a pool whose processes do not fork);
-* serves them from its main process at ``worker_ready``
+* serves them from its main process at ``worker_ready``, on the address
+  ``deadlines_metrics_address`` names (``127.0.0.1`` unless set: this machine only)
   (:func:`celery_deadlines.metrics.serve`): with ``PROMETHEUS_MULTIPROC_DIR`` set,
   prometheus_client's multiprocess exposition, where the live gauges of pool processes
   that exited are marked dead.
@@ -80,6 +81,7 @@ def _serve(sender: Any = None, **_: Any) -> None:
         return
     try:
         port = port_of(app)
+        address = settings_for(app).get(conf.METRICS_ADDRESS) if port is not None else ""
     except ConfigurationError as exc:
         logger.error("metrics not served: %s", exc)
         return
@@ -96,13 +98,14 @@ def _serve(sender: Any = None, **_: Any) -> None:
         )
         return
     try:
-        metrics.serve(port)
+        metrics.serve(port, address)
     except OSError as exc:
-        logger.error("metrics not served: port %s: %s", port, exc)
+        logger.error("metrics not served: %s port %s: %s", address, port, exc)
         return
     directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     logger.info(
-        "metrics served on port %s%s",
+        "metrics served on %s port %s%s",
+        address,
         port,
         f" (multiprocess mode, {directory})" if directory else " (this process only)",
     )

@@ -26,7 +26,8 @@ import enum
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
-from .errors import DeadlineRefused, WorkflowRefused
+from .budgets import capped_seconds
+from .errors import DeadlineRefused, InvalidDeadline, WorkflowRefused
 
 ZERO = timedelta(0)
 #: The wall clock's resolution: "before the deadline" is "at most this before it".
@@ -102,7 +103,10 @@ def retry_wait(
     if eta is not None:
         return max(eta - now, timedelta(0))
     delay = default_delay if countdown is None else countdown
-    return timedelta(seconds=max(float(delay or 0), 0.0))
+    wait = capped_seconds(delay or 0)
+    if wait is None:
+        raise InvalidDeadline(f"a retry's countdown must be a number of seconds, got {delay}")
+    return max(wait, timedelta(0))
 
 
 def claim_refusal(why: str) -> Reason | None:

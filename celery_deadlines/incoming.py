@@ -25,11 +25,13 @@ import ipaddress
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Final, Literal, NamedTuple, TypeAlias, get_args
 
 from .budgets import UNSET, Unset, parse_budget
 from .errors import InvalidDeadline
+from .quoting import shown
+from .wire import in_utc
 
 Syntax = Literal["grpc-timeout", "milliseconds", "rfc3339"]
 SYNTAXES: Final[tuple[Syntax, ...]] = get_args(Syntax)
@@ -98,7 +100,7 @@ def parse_rfc3339(value: str) -> datetime:
         instant = datetime.fromisoformat(f"{whole.upper()}.{micro}{offset}")
     except ValueError as exc:  # 2026-02-30, 25:00, a leap second
         raise InvalidDeadline(f"not a valid date-time: {exc}") from exc
-    return instant.astimezone(UTC)
+    return in_utc(instant, "the date-time")
 
 
 # -- the decision -----------------------------------------------------------------------------
@@ -129,9 +131,7 @@ class Decision:
 
 def show(value: str) -> str:
     """A header value fit for a log line: its ``repr``, cut (it comes from outside)."""
-    if len(value) > _SHOWN:
-        return repr(value[:_SHOWN]) + "..."
-    return repr(value)
+    return shown(value, _SHOWN)
 
 
 class Unusable(NamedTuple):
@@ -236,23 +236,24 @@ def parse_networks(value: object, *, name: str) -> tuple[Network, ...]:
     """A list of addresses or CIDR networks (``"10.0.0.0/8"``, ``"::1"``)."""
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
         raise InvalidDeadline(
-            f"{name} must be a list of addresses or networks, got {type(value).__name__} {value!r}"
+            f"{name} must be a list of addresses or networks, got {type(value).__name__} "
+            f"{shown(value)}"
         )
     networks = []
     for entry in value:
         if not isinstance(entry, str):
-            raise InvalidDeadline(f"{name} entries must be strings, got {entry!r}")
+            raise InvalidDeadline(f"{name} entries must be strings, got {shown(entry)}")
         try:
             networks.append(ipaddress.ip_network(entry, strict=False))
         except ValueError as exc:
-            raise InvalidDeadline(f"{name}: {entry!r} is not an address or network") from exc
+            raise InvalidDeadline(f"{name}: {shown(entry)} is not an address or network") from exc
     return tuple(networks)
 
 
 def parse_header_name(value: object, *, name: str) -> str:
     """An HTTP header name (a token), lower case."""
     if not isinstance(value, str) or _TOKEN.fullmatch(value) is None:
-        raise InvalidDeadline(f"{name} must be an HTTP header name, got {value!r}")
+        raise InvalidDeadline(f"{name} must be an HTTP header name, got {shown(value)}")
     return value.lower()
 
 
@@ -268,7 +269,7 @@ def parse_honoured(value: object, *, name: str) -> dict[str, Syntax]:
         lower = parse_header_name(header, name=f"{name} key")
         if syntax not in SYNTAXES:
             raise InvalidDeadline(
-                f"{name}[{header!r}] must be one of {', '.join(SYNTAXES)}, got {syntax!r}"
+                f"{name}[{shown(header)}] must be one of {', '.join(SYNTAXES)}, got {shown(syntax)}"
             )
         honoured[lower] = syntax
     return honoured
@@ -293,8 +294,10 @@ def parse_request_budgets(value: object, *, name: str, maximum: timedelta) -> Re
     by_pattern: list[tuple[str, timedelta | None]] = []
     for key, raw in value.items():
         if not isinstance(key, str) or not key:
-            raise InvalidDeadline(f"{name} keys must be URL names or path patterns, got {key!r}")
-        budget = parse_budget(raw, name=f"{name}[{key!r}]", maximum=maximum)
+            raise InvalidDeadline(
+                f"{name} keys must be URL names or path patterns, got {shown(key)}"
+            )
+        budget = parse_budget(raw, name=f"{name}[{shown(key)}]", maximum=maximum)
         if key.startswith("/"):
             by_pattern.append((key, budget))
         else:

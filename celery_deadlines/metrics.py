@@ -230,7 +230,7 @@ def _connect(m: Metrics, key: int) -> None:
         signal.connect(receiver, weak=False, dispatch_uid=f"celery_deadlines.metrics.{key}")
 
 
-def serve(port: int, addr: str = "0.0.0.0") -> None:
+def serve(port: int, addr: str = "127.0.0.1") -> None:
     """Expose the metrics over HTTP from a thread of this process (installing them
     first). With ``PROMETHEUS_MULTIPROC_DIR`` set, the exposition is prometheus_client's
     multiprocess collector's (every process's counts) plus this process's clock gauges,

@@ -22,7 +22,8 @@ from typing import Any, Final
 from celery.utils.time import maybe_make_aware
 
 from . import conf, stamping, wire
-from .budgets import UNSET, Source, parse_budget, parse_duration
+from .budgets import UNSET, Source, capped_seconds, parse_budget, parse_duration
+from .errors import InvalidDeadline
 
 Parse = Callable[[object, str, "conf.Settings"], "timedelta | None"]
 
@@ -259,7 +260,10 @@ def start_of(call: Mapping[str, Any], now: datetime) -> datetime | None:
         return aware
     countdown = call.get("countdown")
     if isinstance(countdown, (int, float)) and not isinstance(countdown, bool):
-        return now + timedelta(seconds=countdown)
+        wait = capped_seconds(countdown)  # longer than a century: after any deadline
+        if wait is None:
+            raise InvalidDeadline(f"countdown must be a number of seconds, got {countdown}")
+        return now + wait
     return None
 
 

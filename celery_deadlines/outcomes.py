@@ -18,6 +18,7 @@ from typing import Any, Literal, NamedTuple
 from .contracts import OnExpiry
 from .errors import DeadlineRefused, DispatchRefused, PlanRefused
 from .gates import expiry_reason
+from .quoting import shown
 from .states import Status
 
 # -- a side effect's outcome, as reconciliation finds it -----------------------------------
@@ -94,7 +95,7 @@ def unresolved(keys: frozenset[str] | set[str], exc: BaseException | None = None
     """UNKNOWN is not FAILED: an effect of the attempt has no recorded outcome."""
     detail = f"outcome unknown for effect(s) {', '.join(sorted(keys))}"
     if exc is not None:
-        detail += f" after {exc!r}"
+        detail += f" after {shown(exc, 500)}"
     return Outcome(Status.UNKNOWN, "effect_unresolved", detail[:2000])
 
 

@@ -31,6 +31,7 @@ from .claiming import answer_a_waiting_caller
 from .clock import get_clock
 from .conf import settings_for
 from .errors import DeadlineRefused
+from .quoting import shown
 from .signals import report_refusal
 from .states import Status
 from .task import DeadlineTask
@@ -243,7 +244,9 @@ class DeadlineRequest(Request):
             carried = self._carried(local)
             if carried.unreadable is not None:
                 return gates.invalid(
-                    gates.Gate.CLAIM, local, f"unreadable deadline header {carried.unreadable!r}"
+                    gates.Gate.CLAIM,
+                    local,
+                    f"unreadable deadline header {shown(carried.unreadable)}",
                 )
             deadline = carried.deadline
             if deadline is None:

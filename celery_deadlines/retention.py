@@ -25,8 +25,9 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Final
 
-from .budgets import parse_duration, parse_instant
+from .budgets import LONGEST, parse_duration, parse_instant, too_long
 from .errors import InvalidDeadline
+from .quoting import shown
 
 #: How long an ended run stays when ``deadlines_retention`` is not set.
 DEFAULT_RETENTION: Final = timedelta(days=14)
@@ -65,17 +66,16 @@ def parse_age(value: object, *, name: str) -> timedelta:
     if re.fullmatch(r"P[^T]*[YM].*", text.upper()):
         raise InvalidDeadline(
             f"{name}: years and months have no fixed length; write days or weeks "
-            f"(P30D, P4W), got {value!r}"
+            f"(P30D, P4W), got {shown(value)}"
         )
     seconds = _seconds_of(text.lower(), text.upper())
     if seconds is None:
-        raise InvalidDeadline(f"{name} must be {_FORMS}, got {value!r}")
+        raise InvalidDeadline(f"{name} must be {_FORMS}, got {shown(value)}")
     if not math.isfinite(seconds) or seconds <= 0:
-        raise InvalidDeadline(f"{name} must be more than zero seconds, got {value!r}")
-    try:
-        return timedelta(seconds=seconds)
-    except OverflowError:
-        raise InvalidDeadline(f"{name} is too long: {value!r}") from None
+        raise InvalidDeadline(f"{name} must be more than zero seconds, got {shown(value)}")
+    if seconds > LONGEST.total_seconds():
+        raise InvalidDeadline(too_long(name, shown(value)))
+    return parse_duration(seconds, name=name)  # (and no positive one rounds to zero)
 
 
 def _seconds_of(lower: str, upper: str) -> float | None:
@@ -108,7 +108,7 @@ def parse_batch_size(value: object, *, name: str) -> int:
         number = int(value.strip())
     if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= MAX_BATCH_SIZE:
         raise InvalidDeadline(
-            f"{name} must be a whole number from 1 to {MAX_BATCH_SIZE}, got {value!r}"
+            f"{name} must be a whole number from 1 to {MAX_BATCH_SIZE}, got {shown(value)}"
         )
     return number
 

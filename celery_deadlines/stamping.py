@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any, Final, NamedTuple, get_args
 
 from . import wire
-from .budgets import Governed, Source, govern, parse_budget, parse_instant
+from .budgets import Governed, Source, capped_seconds, govern, parse_budget, parse_instant
 from .errors import InvalidDeadline
 
 #: Call options this package understands (taken out before Celery sees them).
@@ -186,7 +186,8 @@ def earlier_expiry(expires: object, deadline: datetime, now: datetime) -> dateti
     """Celery's ``expires`` option (seconds, datetime or ISO string) capped at ``deadline``."""
     current: datetime | None = None
     if isinstance(expires, (int, float)) and not isinstance(expires, bool):
-        current = now + timedelta(seconds=expires)
+        after = capped_seconds(expires)  # NaN: no expiry of the caller's, the deadline's
+        current = None if after is None else now + after
     elif isinstance(expires, datetime) and expires.tzinfo is not None:
         current = expires
     elif isinstance(expires, str):
@@ -229,7 +230,16 @@ def carries_deadlines(headers: MutableMapping[str, Any]) -> bool:
 
 def carried_nothing(headers: Mapping[str, Any], task_id: str | None) -> Inherited:
     """What a message without deadline headers carries: its origin alone."""
-    return Inherited(origin=headers.get(wire.ORIGIN_HEADER) or task_id)
+    return Inherited(origin=origin_of(headers, task_id))
+
+
+def origin_of(headers: Mapping[str, Any], task_id: str | None) -> str | None:
+    """The task whose publish computed the deadline: the header, if it is a task id
+    (a string of at most 255 characters, as Celery's ids are kept), else this task."""
+    origin = headers.get(wire.ORIGIN_HEADER)
+    if isinstance(origin, str) and 0 < len(origin) <= 255:
+        return origin
+    return task_id
 
 
 def read_headers(
@@ -239,7 +249,7 @@ def read_headers(
     raw = headers.get(wire.DEADLINE_HEADER)
     if raw is None and wire.DELIVERY_DEADLINE_HEADER not in headers:
         return carried_nothing(headers, task_id)  # nothing to read (nor ``now``, ``horizon``)
-    origin = headers.get(wire.ORIGIN_HEADER) or task_id
+    origin = origin_of(headers, task_id)
     deadline = unreadable = None
     if raw is not None:
         try:

@@ -49,6 +49,7 @@ from .conf import settings_for
 from .errors import DeadlineRefused, DispatchRefused, PlanRefused, StaleLease
 from .install import install
 from .propagation import attempt_state, state_of
+from .quoting import shown
 from .signals import report_refusal
 from .states import Status
 
@@ -303,7 +304,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         )
         state = propagation.begin(request, carried)
         if carried.unreadable is not None:
-            detail = f"unreadable deadline header {carried.unreadable!r}"
+            detail = f"unreadable deadline header {shown(carried.unreadable)}"
             self.refuse_attempt(gates.invalid(gates.Gate.ATTEMPT, now, detail), task_id)
         deadline = carried.deadline
         if deadline is None and not with_ledger:
@@ -466,7 +467,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         if decision.allowed:
             return
         if exc is not None:
-            decision = decision._replace(detail=f"{decision.detail}; last error {exc!r}")
+            decision = decision._replace(detail=f"{decision.detail}; last error {shown(exc, 500)}")
         report_refusal(self, self.request.id, self.name, decision)
         raise decision.refusal() from exc
 

@@ -32,6 +32,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from .errors import InvalidDeadline
+from .quoting import shown
 
 DEADLINE_HEADER: Final = "x_deadline"
 DELIVERY_DEADLINE_HEADER: Final = "x_delivery_deadline"
@@ -63,7 +64,7 @@ def decode(value: object, *, now: datetime, horizon: timedelta) -> datetime:
         # the form this package writes, read at every hop: the checks below, inline
         instant = datetime.fromtimestamp(value, UTC)
     elif isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise InvalidDeadline(f"deadline header has type {type(value).__name__}: {value!r}")
+        raise InvalidDeadline(f"deadline header has type {type(value).__name__}: {shown(value)}")
     else:
         instant = _decode_iso(value) if isinstance(value, str) else _decode_epoch(value)
     if instant - now > horizon:
@@ -75,24 +76,38 @@ def decode(value: object, *, now: datetime, horizon: timedelta) -> datetime:
 
 
 def _decode_epoch(value: float) -> datetime:
-    if not math.isfinite(value):
-        raise InvalidDeadline(f"deadline header is not a finite number: {value!r}")
+    # an int too large for a float is out of range, not an error of math.isfinite
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidDeadline(f"deadline header is not a finite number: {shown(value)}")
     if value < 0:
-        raise InvalidDeadline(f"deadline header is negative: {value!r}")
+        raise InvalidDeadline(f"deadline header is negative: {shown(value)}")
     try:
         return datetime.fromtimestamp(value, UTC)
     except (OverflowError, OSError, ValueError) as exc:
-        raise InvalidDeadline(f"deadline header is out of range: {value!r}") from exc
+        raise InvalidDeadline(f"deadline header is out of range: {shown(value)}") from exc
 
 
 def _decode_iso(value: str) -> datetime:
     try:
         instant = datetime.fromisoformat(value)
     except ValueError as exc:
-        raise InvalidDeadline(f"deadline header is not a number or ISO-8601: {value!r}") from exc
+        raise InvalidDeadline(
+            f"deadline header is not a number or ISO-8601: {shown(value)}"
+        ) from exc
     if instant.tzinfo is None or instant.utcoffset() is None:
-        raise InvalidDeadline(f"deadline header is a naive datetime (no UTC offset): {value!r}")
-    return instant.astimezone(UTC)
+        raise InvalidDeadline(
+            f"deadline header is a naive datetime (no UTC offset): {shown(value)}"
+        )
+    return in_utc(instant, shown(value))
+
+
+def in_utc(instant: datetime, shown_as: str) -> datetime:
+    """An aware ``instant`` in UTC, or :class:`InvalidDeadline` when UTC cannot hold it
+    (``0001-01-01T00:00:00+01:00`` is in the year 0)."""
+    try:
+        return instant.astimezone(UTC)
+    except OverflowError as exc:
+        raise InvalidDeadline(f"{shown_as} is outside the range of a UTC datetime") from exc
 
 
 def decode_occurrence(header: object) -> dict[str, Any]:
@@ -101,10 +116,13 @@ def decode_occurrence(header: object) -> dict[str, Any]:
     ``schedule``, ``schedule_zone``, ``schedule_local``, cut to their columns' lengths."""
     if not isinstance(header, dict):
         return {}
-    try:
-        not_before: datetime | None = datetime.fromisoformat(str(header.get("at")))
-    except ValueError:
-        not_before = None
+    not_before: datetime | None = None
+    try:  # an aware instant in UTC or nothing: a naive one could not be compared
+        at = datetime.fromisoformat(str(header.get("at")))
+        if at.utcoffset() is not None:
+            not_before = in_utc(at, "at")
+    except ValueError:  # InvalidDeadline is one
+        pass
     return {
         "not_before": not_before,
         "schedule": str(header.get("schedule") or "")[:255],

@@ -13,7 +13,7 @@ from celery.signals import after_task_publish
 from hypothesis import settings
 
 from celery_deadlines.testing import FakeClock, use_clock
-from tests.support import demos
+from tests.support import demos, summaries
 
 for _name in list(os.environ):
     if _name.startswith("CELERY_DEADLINES_") and _name != "CELERY_DEADLINES_SOAK":
@@ -34,6 +34,11 @@ def pytest_configure(config: pytest.Config) -> None:
     """Every run of the randomized tests has a seed, printed in the header to replay it."""
     if config.getoption("hypothesis_seed", None) is None:
         config.option.hypothesis_seed = random.randrange(2**32)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    for line in config.stash.get(summaries.LINES, []):
+        terminalreporter.write_line(line)
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -197,7 +197,7 @@ def test_a_republished_row_cannot_set_the_options_its_run_owns(worker_app: Celer
     """A row's options naming the task id or retries neither crash the sweeper nor
     replace the run's own (the outbox never writes them)."""
     record(Store(), "owned-1")
-    body, content_type, encoding = outbox.encode_message("json", [1], {}, {})
+    body, _, _ = outbox.encode_message("json", [1], {}, {})
     forged = body.replace(b'"options": {}', b'"options": {"task_id": "other", "retries": 99}')
     Run.objects.filter(task_id="owned-1").update(
         message_body=forged,

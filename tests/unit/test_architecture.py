@@ -51,6 +51,8 @@ PURE = frozenset(
         "retention",
         "workflows",
         "incoming",
+        "quoting",
+        "declarations",
     }
 )
 CELERY = frozenset(

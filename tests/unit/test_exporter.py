@@ -52,3 +52,44 @@ class Consumer:
 
     def __init__(self, app: Celery) -> None:
         self.app = app
+
+
+@pytest.mark.parametrize(
+    ("address", "bound"),
+    [
+        (None, "127.0.0.1"),
+        ("0.0.0.0", "0.0.0.0"),
+        ("::", "::"),
+        ("::ffff:10.0.0.1", "::ffff:a00:1"),
+    ],
+)
+def test_the_metrics_are_served_on_this_machine_only_unless_an_address_is_named(
+    app: Celery, monkeypatch: pytest.MonkeyPatch, address: str | None, bound: str
+) -> None:
+    from celery_deadlines import metrics
+
+    served: list[tuple[int, str]] = []
+    monkeypatch.setattr(metrics, "serve", lambda port, addr: served.append((port, addr)))
+    install()
+    app.conf.deadlines_metrics_port = 9808
+    if address is not None:
+        app.conf.deadlines_metrics_address = address
+    worker_ready.send(sender=Consumer(app))
+    assert served == [(9808, bound)]
+
+
+@pytest.mark.parametrize("address", ["localhost", "", "0.0.0.0/0", 127001])
+def test_a_metrics_address_that_is_not_an_ip_address_is_logged_and_serves_nothing(
+    app: Celery, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, address: object
+) -> None:
+    from celery_deadlines import metrics
+
+    monkeypatch.setattr(metrics, "serve", lambda port, addr: pytest.fail("served"))
+    install()
+    app.conf.deadlines_metrics_port = 9808
+    app.conf.deadlines_metrics_address = address
+    with caplog.at_level(logging.INFO, logger="celery_deadlines"):
+        worker_ready.send(sender=Consumer(app))
+    [record] = [r for r in caplog.records if "metrics" in r.getMessage()]
+    assert record.levelno == logging.ERROR
+    assert "CELERY_DEADLINES_METRICS_ADDRESS" in record.getMessage()

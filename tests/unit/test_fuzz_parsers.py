@@ -1,0 +1,292 @@
+"""Every parser of headers, durations and settings, fuzzed: whatever it is given, only
+the package's documented errors leave it (``InvalidDeadline``, ``ConfigurationError``),
+an error repeats a bounded part of what it was given, and a decoded deadline never lies
+further ahead than the maximum budget.
+
+``make test`` runs :data:`EXAMPLES` examples per property (a few thousand in all);
+``make fuzz`` runs the opt-in tier, ``DEADLINES_FUZZ_EXAMPLES`` per property (20,000 by
+default there, some 300,000 in all), in one process, and prints a summary line: the
+examples run and the distinct exceptions the parsers raised.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any, Final
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from celery_deadlines import conf, incoming
+from celery_deadlines.budgets import LONGEST, parse_budget, parse_duration
+from celery_deadlines.contracts import parse_contracts
+from celery_deadlines.errors import ConfigurationError, InvalidDeadline
+from celery_deadlines.gates import retry_wait
+from celery_deadlines.options import start_of
+from celery_deadlines.retention import parse_age, parse_batch_size, parse_retention
+from celery_deadlines.stamping import earlier_expiry, read_headers
+from celery_deadlines.wire import decode, decode_occurrence
+from tests.support.summaries import leave
+
+#: Examples per property: the env var's, else a few hundred (``make test``).
+EXAMPLES: Final = int(os.environ.get("DEADLINES_FUZZ_EXAMPLES") or 250)
+#: The longest message an error may have: what it repeats of a value is cut.
+LONGEST_MESSAGE: Final = 1000
+
+NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+HORIZON = timedelta(days=7)
+
+fuzz = settings(
+    max_examples=EXAMPLES,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    database=None,  # the tier explores afresh; failing seeds become @example(...)
+)
+
+
+class Tally:
+    """What the fuzzing saw, for the summary line."""
+
+    def __init__(self) -> None:
+        self.examples = 0
+        self.raised: Counter[str] = Counter()
+        self.messages: set[str] = set()
+
+    def summary(self) -> str:
+        kinds = ", ".join(f"{kind} x{count}" for kind, count in sorted(self.raised.items()))
+        return (
+            f"fuzz: {self.examples} examples, {len(self.raised)} distinct exceptions "
+            f"({kinds or 'none'}), {len(self.messages)} distinct messages"
+        )
+
+
+TALLY = Tally()
+
+
+def only_documented_errors(call: Callable[[], Any], *allowed: type[Exception]) -> Any:
+    """``call()``'s value, or ``None`` when it raised one of ``allowed`` with a bounded
+    message; any other exception fails the property."""
+    TALLY.examples += 1
+    try:
+        return call()
+    except allowed as exc:
+        TALLY.raised[type(exc).__name__] += 1
+        TALLY.messages.add(str(exc)[:200])
+        message = str(exc)
+    assert len(message) <= LONGEST_MESSAGE, message[:LONGEST_MESSAGE]
+    return None
+
+
+# -- what an attacker or a careless user may write ------------------------------------------------
+
+offsets = st.integers(min_value=-(24 * 60 - 1), max_value=24 * 60 - 1).map(
+    lambda minutes: timezone(timedelta(minutes=minutes))
+)
+instants = st.datetimes(timezones=st.one_of(st.none(), offsets))
+iso_texts = st.one_of(
+    instants.map(datetime.isoformat),
+    st.sampled_from(["0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00"]),
+)
+numbers = st.one_of(
+    st.floats(),
+    st.integers(),
+    st.integers(min_value=-(10**400), max_value=10**400),
+    st.sampled_from([1e308, -1e308, 1e-300, 1e-9, 10**400, 2**63, -0.0]),
+)
+durations = st.one_of(numbers, st.timedeltas(), st.none(), st.booleans(), st.text(max_size=30))
+scalars = st.one_of(st.none(), st.booleans(), numbers, st.text(), iso_texts, st.binary())
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=10), inner, max_size=4)
+    ),
+    max_leaves=8,
+)
+
+
+# -- the deadline headers a worker reads -------------------------------------------------
+
+
+@fuzz
+@given(st.one_of(values, iso_texts, numbers))
+@example("0001-01-01T00:00:00+01:00")
+@example(10**400)
+def test_a_deadline_header_decodes_to_a_utc_instant_within_the_horizon_or_is_invalid(
+    value: object,
+) -> None:
+    instant = only_documented_errors(
+        lambda: decode(value, now=NOW, horizon=HORIZON), InvalidDeadline
+    )
+    if instant is not None:
+        assert instant.tzinfo == UTC
+        assert instant - NOW <= HORIZON
+
+
+@fuzz
+@given(
+    st.dictionaries(
+        st.sampled_from(["x_deadline", "x_delivery_deadline", "x_deadline_origin"]), values
+    )
+)
+def test_a_messages_headers_are_read_whatever_they_hold(headers: dict[str, Any]) -> None:
+    carried = only_documented_errors(lambda: read_headers(headers, NOW, HORIZON, "t-1"))
+    assert carried.deadline is None or carried.deadline - NOW <= HORIZON
+    assert carried.delivery is None or carried.delivery - NOW <= HORIZON
+    assert isinstance(carried.origin, str)
+
+
+@fuzz
+@given(values)
+def test_an_occurrence_header_is_read_whatever_it_holds(header: object) -> None:
+    occurrence = only_documented_errors(lambda: decode_occurrence({"at": header}))
+    assert occurrence["not_before"] is None or occurrence["not_before"].tzinfo == UTC
+
+
+@fuzz
+@given(values)
+def test_a_callers_expires_never_lengthens_the_deadline(expires: object) -> None:
+    deadline = NOW + timedelta(seconds=30)
+    assert only_documented_errors(lambda: earlier_expiry(expires, deadline, NOW)) <= deadline
+
+
+@fuzz
+@given(numbers, numbers)
+def test_a_countdown_is_a_start_or_a_clear_error(countdown: float, default: float) -> None:
+    only_documented_errors(lambda: start_of({"countdown": countdown}, NOW), InvalidDeadline)
+    wait = only_documented_errors(
+        lambda: retry_wait(None, countdown, default, NOW), InvalidDeadline
+    )
+    assert wait is None or timedelta(0) <= wait <= LONGEST
+
+
+# -- the headers a request brings --------------------------------------------------------
+
+
+@fuzz
+@given(
+    st.sampled_from(incoming.SYNTAXES),
+    st.one_of(st.text(), iso_texts, st.integers().map(str), st.from_regex(r"[0-9]{1,8}[HMSmun]")),
+)
+@example("rfc3339", "0001-01-01T00:00:00+01:00")
+def test_a_request_header_is_an_instant_within_the_horizon_or_unusable(
+    syntax: incoming.Syntax, value: str
+) -> None:
+    found = only_documented_errors(
+        lambda: incoming.header_instant(syntax, value, now=NOW, horizon=HORIZON)
+    )
+    if not isinstance(found, incoming.Unusable):
+        assert found.tzinfo is not None
+        assert abs(found - NOW) <= HORIZON
+
+
+@fuzz
+@given(st.dictionaries(st.sampled_from(["grpc-timeout", "x-deadline"]), st.text()), st.booleans())
+def test_a_requests_deadline_is_never_later_than_its_budget(
+    headers: dict[str, str], trusted: bool
+) -> None:
+    decision = only_documented_errors(
+        lambda: incoming.decide(
+            now=NOW,
+            budget=timedelta(seconds=10),
+            budget_source="view",
+            headers=headers,
+            honoured={"grpc-timeout": "grpc-timeout", "x-deadline": "rfc3339"},
+            trusted=trusted,
+            horizon=HORIZON,
+        )
+    )
+    assert decision.deadline <= NOW + timedelta(seconds=10)
+    assert all(len(ignored.shown) <= 43 for ignored in decision.ignored)  # cut at 40
+
+
+# -- durations and settings ---------------------------------------------------------------
+
+
+@fuzz
+@given(durations, st.booleans())
+def test_a_duration_is_within_a_microsecond_and_a_century_or_invalid(
+    value: object, allow_zero: bool
+) -> None:
+    duration = only_documented_errors(
+        lambda: parse_duration(value, name="budget", allow_zero=allow_zero), InvalidDeadline
+    )
+    if duration is not None:
+        assert timedelta(0) <= duration <= LONGEST
+        assert duration > timedelta(0) or allow_zero
+    budget = only_documented_errors(
+        lambda: parse_budget(value, name="budget", maximum=HORIZON), InvalidDeadline
+    )
+    assert budget is None or timedelta(0) < budget <= HORIZON
+
+
+@fuzz
+@given(st.one_of(durations, st.text(alphabet="0123456789.PTWDHMSwdhms", max_size=20)))
+@example("P99999999999999D")
+def test_an_age_or_retention_is_a_duration_or_invalid(value: object) -> None:
+    only_documented_errors(lambda: parse_age(value, name="--older-than"), InvalidDeadline)
+    only_documented_errors(lambda: parse_retention(value, name="retention"), InvalidDeadline)
+    only_documented_errors(lambda: parse_batch_size(value, name="--batch-size"), InvalidDeadline)
+
+
+@fuzz
+@given(values)
+def test_request_settings_are_parsed_or_invalid(value: object) -> None:
+    only_documented_errors(
+        lambda: incoming.parse_request_budgets(value, name="budgets", maximum=HORIZON),
+        InvalidDeadline,
+    )
+    only_documented_errors(lambda: incoming.parse_networks(value, name="proxies"), InvalidDeadline)
+    only_documented_errors(lambda: incoming.parse_honoured(value, name="headers"), InvalidDeadline)
+    only_documented_errors(
+        lambda: incoming.parse_header_name(value, name="header"), InvalidDeadline
+    )
+
+
+@fuzz
+@given(
+    st.one_of(
+        values,
+        st.dictionaries(
+            st.text(max_size=10),
+            st.dictionaries(
+                st.sampled_from(
+                    [
+                        "budget",
+                        "reserve",
+                        "attempt_timeout",
+                        "lease_ttl",
+                        "on_expiry",
+                        "observation_ttl",
+                    ]
+                ),
+                values,
+            ),
+        ),
+    )
+)
+def test_contracts_are_parsed_or_invalid(value: object) -> None:
+    only_documented_errors(
+        lambda: parse_contracts(value, name="contracts", maximum=HORIZON), InvalidDeadline
+    )
+
+
+@fuzz
+@given(st.sampled_from(conf.SETTINGS), values)
+def test_every_setting_is_its_value_or_a_configuration_error_naming_it(
+    setting: conf.Setting[Any], value: object
+) -> None:
+    settings_ = conf.Settings({setting.name: value})
+    only_documented_errors(lambda: settings_.get(setting), ConfigurationError)
+    for error in settings_.check():  # an error of a setting read against it names that one
+        assert any(other.name in str(error) for other in conf.SETTINGS)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _summary(request: pytest.FixtureRequest) -> Any:
+    """The summary line, at the end of a run in one process (``make fuzz``)."""
+    yield
+    if TALLY.examples:
+        leave(request.config, TALLY.summary())
