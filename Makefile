@@ -27,9 +27,9 @@ test-unit: $(INSTALLED)
 test-integration: $(INSTALLED)
 	$(BIN)/python -m pytest tests/integration
 
-## The parsers' fuzz tier: DEADLINES_FUZZ_EXAMPLES per property (20,000 unless set; make
-## test runs 250), one process, about 8 minutes. The last lines are the summary.
-DEADLINES_FUZZ_EXAMPLES ?= 20000
+## The parsers' fuzz tier: DEADLINES_FUZZ_EXAMPLES per property (10,000 unless set; make
+## test runs 250), one process, about 5 minutes. The last lines are the summary.
+DEADLINES_FUZZ_EXAMPLES ?= 10000
 fuzz: $(INSTALLED)
 	DEADLINES_FUZZ_EXAMPLES=$(DEADLINES_FUZZ_EXAMPLES) $(BIN)/python -m pytest -n 0 tests/unit/test_fuzz_parsers.py
 

@@ -42,7 +42,7 @@ MAX_BATCH_SIZE: Final = 10_000
 MAX_BATCHES_PER_PASS: Final = 4
 
 _UNITS: Final = {"w": 604_800.0, "d": 86_400.0, "h": 3_600.0, "m": 60.0, "s": 1.0}
-_NUMBER: Final = r"\d+(?:\.\d+)?"
+_NUMBER: Final = r"[0-9]+(?:\.[0-9]+)?"  # ASCII: an operator's digits, not any script's
 _SHORT: Final = re.compile(rf"(?:{_NUMBER}[wdhms])+")
 _SHORT_PART: Final = re.compile(rf"({_NUMBER})([wdhms])")
 _ISO: Final = re.compile(
@@ -104,7 +104,8 @@ def parse_retention(value: object, *, name: str) -> timedelta | None:
 def parse_batch_size(value: object, *, name: str) -> int:
     """A batch size: a whole number from 1 to :data:`MAX_BATCH_SIZE` (text allowed)."""
     number = value
-    if isinstance(value, str) and value.strip().isdigit():
+    # ASCII digits only: str.isdigit() is true of "¹", which int() refuses
+    if isinstance(value, str) and re.fullmatch(r"[0-9]+", value.strip()):
         number = int(value.strip())
     if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= MAX_BATCH_SIZE:
         raise InvalidDeadline(
