@@ -141,7 +141,7 @@ def timed(action: Callable[[], Any]) -> float:
 def sample(ledger: Ledger) -> dict[str, float]:
     """One run's life on ``ledger``, each statement timed (seconds)."""
     from celery_deadlines.explain.facts import explanation_of
-    from celery_deadlines.states import Status
+    from celery_deadlines.rules.states import Status
 
     worker = ledger.worker
     out: dict[str, float] = {}
@@ -200,7 +200,7 @@ def lifecycle(ledger: Ledger, samples: int) -> None:
 
 def life(ledger: Ledger, backend: Any) -> dict[str, float]:
     """One run's statements on ``ledger``, and one django-celery-results write, timed."""
-    from celery_deadlines.states import Status
+    from celery_deadlines.rules.states import Status
 
     clock = time.perf_counter
     got: dict[str, float] = {}

@@ -163,7 +163,7 @@ def main() -> None:
         from django.core.management import call_command
 
         from celery_deadlines.ledger.sql.connection import Store
-        from celery_deadlines.retention import cutoff
+        from celery_deadlines.rules.retention import cutoff
 
         print(f"scratch database {DATABASE}; PostgreSQL {sql('SHOW server_version')[0][0]}")
         call_command("migrate", "celery_deadlines", "0006", verbosity=0)

@@ -14,7 +14,7 @@ Europe/Berlin, done within 15 minutes"; run beat with :class:`DeadlineScheduler`
         },
     }
 
-Each occurrence is resolved to UTC before its run exists (:mod:`celery_deadlines.schedules`,
+Each occurrence is resolved to UTC before its run exists (:mod:`celery_deadlines.rules.schedules`,
 one DST policy) and published as the run ``occurrence.run_id`` with the occurrence's
 window as its deadline; the run stores the instant, the zone and the local wall time.
 
@@ -41,14 +41,15 @@ from typing import Any
 from celery.beat import PersistentScheduler, SchedulingError
 from celery.schedules import BaseSchedule, schedstate
 
-from . import conf, skew
-from .budgets import parse_duration
+from . import conf
 from .clock import get_clock
 from .conf import settings_for
 from .errors import ConfigurationError, DeadlineRefused
-from .schedules import LocalSchedule, Occurrence, classify, occurrences
+from .rules import skew
+from .rules.budgets import parse_duration
+from .rules.schedules import WEEKDAYS, LocalSchedule, Occurrence, classify, occurrences
+from .rules.wire import OCCURRENCE_HEADER
 from .signals import clock_uncertain
-from .wire import OCCURRENCE_HEADER
 
 logger = logging.getLogger("celery_deadlines")
 
@@ -292,4 +293,13 @@ __all__ = [
     "ZonedSchedulerMixin",
     "catch_up",
     "occurrence_header",
+]
+
+
+__all__ = [
+    "WEEKDAYS",
+    "DeadlineScheduler",
+    "LocalSchedule",
+    "ZonedSchedule",
+    "ZonedSchedulerMixin",
 ]

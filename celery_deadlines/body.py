@@ -17,18 +17,18 @@ from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from celery.exceptions import Ignore
 
-from . import outcomes
-from .budgets import parse_duration
 from .clock import get_clock
 from .conf import settings_for
-from .contracts import OnExpiry
 from .errors import ConfigurationError, PlanRefused
-from .observations import ActionClass, Observation
-from .plans import Plan, Verdict
-from .plans import resume as resume_plan
 from .propagation import attempt_state
+from .rules import outcomes
+from .rules.budgets import parse_duration
+from .rules.contracts import OnExpiry
+from .rules.observations import ActionClass, Observation
+from .rules.plans import Plan, Verdict
+from .rules.plans import resume as resume_plan
+from .rules.states import CALLER_UNKNOWN, Status
 from .signals import plan_resumed
-from .states import CALLER_UNKNOWN, Status
 
 if TYPE_CHECKING:
     from .effects import EffectScope
@@ -146,7 +146,7 @@ class AttemptAPI:
         ``evidence`` and ``action``: the observations the effect relies on and its action
         class (``inform``, ``recommend``, ``reserve``, ``commit``); the guard refuses
         stale evidence with ``DispatchRefused(stale_evidence)`` (see
-        :mod:`celery_deadlines.observations`). A ``commit`` also needs every source the
+        :mod:`celery_deadlines.rules.observations`). A ``commit`` also needs every source the
         task's contract lists in ``revalidate_before``.
         """
         from .effects import EffectScope
@@ -247,7 +247,7 @@ class AttemptAPI:
 
         ``None``: the run has no active plan (a first attempt, or its last plan was
         invalidated), so the body plans from fresh observations. Otherwise the plan is
-        checked by :func:`celery_deadlines.plans.resume` at the *ledger's* time. A plan
+        checked by :func:`celery_deadlines.rules.plans.resume` at the *ledger's* time. A plan
         that continues is returned. One that does not is invalidated (kept as history,
         never executed) and the contract's ``on_expiry`` decides (default ``refuse``):
 

@@ -42,12 +42,12 @@ from .conf import (
     Setting,
     Settings,
 )
-from .contracts import review
-from .declarations import UNKNOWN, Configured, Problem
-from .declarations import review as review_declarations
-from .declarations import review_settings as review_declared_settings
 from .errors import ConfigurationError
-from .retention import describe_age
+from .rules.contracts import review
+from .rules.declarations import UNKNOWN, Configured, Problem
+from .rules.declarations import review as review_declarations
+from .rules.declarations import review_settings as review_declared_settings
+from .rules.retention import describe_age
 
 if TYPE_CHECKING:
     from celery import Celery, Task
@@ -229,7 +229,7 @@ def check_declarations(
     """E006 to E009, W006 to W010: what the DeadlineTasks declare (a bad, misfitting or
     misspelled option, a budget the maximum refuses, a lease longer than the budget), the
     ``CELERY_DEADLINES_BUDGETS`` entries that do nothing, and settings that cannot work
-    together (:mod:`celery_deadlines.declarations`). A setting that is bad itself is
+    together (:mod:`celery_deadlines.rules.declarations`). A setting that is bad itself is
     E001 (``check_settings``): nothing is checked against it."""
     from celery import current_app as app  # the project's app, once it was imported
     from celery.loaders.default import Loader

@@ -18,19 +18,20 @@ import logging
 import math
 import threading
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, NoReturn, cast
+from typing import TYPE_CHECKING, NoReturn
 
 from celery import states as celery_states
 from celery.exceptions import Ignore, Reject
 
-from . import gates, ledger, recording
+from . import ledger, recording
 from .clock import get_clock
 from .errors import LedgerUnreachable, RunFailed
+from .rules import gates
+from .rules.records import ClaimRefused, Expired, Held
+from .rules.states import Status
 from .signals import run_claimed, run_held
-from .states import Status
 
 if TYPE_CHECKING:
-    from .ledger.api import Expired, Held
     from .ledger.attempt import Attempt
     from .task import DeadlineTask
 
@@ -55,10 +56,10 @@ def claim(
         )
     except LedgerUnreachable as unreachable:
         _hand_back(task, unreachable)
-    if isinstance(outcome, api.Held):
+    if isinstance(outcome, Held):
         _hold(task, task_id, outcome)
-    if not isinstance(outcome, api.ClaimRefused):
-        attempt = cast("Attempt", outcome)
+    if not isinstance(outcome, ClaimRefused):
+        attempt = outcome
         lease = attempt.lease
         if lease.waiting_since is not None:
             run_claimed.send(
@@ -81,9 +82,9 @@ def claim(
             ),
             task_id,
         )
-    if outcome.why == api.ClaimRefused.LOST_LEASES:
+    if outcome.why == ClaimRefused.LOST_LEASES:
         _lost_too_many_leases(task, task_id, deadline)
-    if outcome.why == api.ClaimRefused.TERMINAL:
+    if outcome.why == ClaimRefused.TERMINAL:
         answer_a_waiting_caller(
             task, task_id, outcome.database_now or get_clock().now(), wait_for_the_attempt=True
         )

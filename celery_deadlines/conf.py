@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Final, Generic, TypeVar
 
-from .budgets import parse_budget, parse_duration
-from .contracts import TimeContract, parse_contracts
 from .errors import ConfigurationError, InvalidDeadline
-from .incoming import (
+from .rules.budgets import parse_budget, parse_duration
+from .rules.contracts import TimeContract, parse_contracts
+from .rules.incoming import (
     Network,
     RequestBudgets,
     Syntax,
@@ -28,8 +28,8 @@ from .incoming import (
     parse_networks,
     parse_request_budgets,
 )
-from .quoting import shown
-from .retention import DEFAULT_RETENTION, parse_retention
+from .rules.quoting import shown
+from .rules.retention import DEFAULT_RETENTION, parse_retention
 
 T = TypeVar("T")
 

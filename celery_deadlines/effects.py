@@ -41,10 +41,10 @@ from . import tracing
 from ._crashpoints import hit
 from .clock import get_clock
 from .errors import DispatchRefused, EffectConflict, InvalidEffect, StaleLease
-from .observations import ActionClass, Observation, earliest_expiry, stale
-from .outcomes import Found, NotFound, PendingEffect
+from .rules.observations import ActionClass, Observation, earliest_expiry, stale
+from .rules.outcomes import Found, NotFound, PendingEffect
+from .rules.states import EffectState
 from .signals import dispatch_refused, write_refused
-from .states import EffectState
 
 logger = logging.getLogger("celery_deadlines")
 

@@ -37,7 +37,7 @@ class DeadlineRefused(DeadlineError):
     """A gate refused to start work that could not finish before its deadline.
 
     ``gate`` is where the decision was taken (``enqueue``, ``claim``, ``attempt``,
-    ``retry``), ``reason`` a stable code (see :class:`celery_deadlines.gates.Reason`),
+    ``retry``), ``reason`` a stable code (see :class:`celery_deadlines.rules.gates.Reason`),
     ``deadline`` and ``clock_reading`` ISO-8601 UTC instants (``deadline`` is ``None``
     when the header could not be read), ``detail`` one human sentence.
     """

@@ -2,7 +2,7 @@
 
 :func:`ingress_scope` opens a :func:`~celery_deadlines.deadline_scope` for the handling of
 one request, from the request's budget, shortened by a deadline a trusted upstream sent in
-a header (the rules: :mod:`celery_deadlines.incoming`). Every task published inside it
+a header (the rules: :mod:`celery_deadlines.rules.incoming`). Every task published inside it
 inherits that deadline, as a child inherits its parent's. It is plain Python for any
 framework; Django's middleware (:mod:`celery_deadlines.middleware`) uses the same two
 steps, :func:`decide` and :func:`scope_for`.
@@ -24,12 +24,13 @@ from typing import Any
 
 from celery import current_app
 
-from . import incoming, tracing
-from .budgets import UNSET, DurationLike, Unset, parse_budget
+from . import tracing
 from .clock import get_clock
 from .conf import REQUEST_BUDGET, REQUEST_HEADERS, TRUSTED_PROXIES, Settings, settings_for
-from .incoming import Decision
 from .propagation import deadline_scope
+from .rules import incoming
+from .rules.budgets import UNSET, DurationLike, Unset, parse_budget
+from .rules.incoming import Decision
 
 logger = logging.getLogger("celery_deadlines")
 

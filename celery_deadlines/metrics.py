@@ -61,7 +61,7 @@ from typing import Any
 
 from . import signals
 from .errors import ConfigurationError
-from .skew import ClockReading
+from .rules.skew import ClockReading
 
 try:
     from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram

@@ -34,10 +34,10 @@ from django.http import HttpRequest, HttpResponseBase
 from django.urls import Resolver404, resolve
 
 from . import ingress
-from .budgets import UNSET, DurationLike, Unset, parse_duration
 from .clock import get_clock
 from .conf import REMAINING_HEADER, REQUEST_BUDGET, REQUEST_BUDGETS, tracked
-from .incoming import Decision, choose_budget
+from .rules.budgets import UNSET, DurationLike, Unset, parse_duration
+from .rules.incoming import Decision, choose_budget
 
 V = TypeVar("V")
 

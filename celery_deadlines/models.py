@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from .states import (
+from .rules.states import (
     EFFECT_LABELS,
     STATUS_LABELS,
     TERMINAL,
@@ -197,7 +197,7 @@ class PlanState(models.TextChoices):
 
 
 class RunPlan(models.Model):
-    """A plan a run made (:class:`celery_deadlines.plans.Plan`), kept after it stops
+    """A plan a run made (:class:`celery_deadlines.rules.plans.Plan`), kept after it stops
     applying: a run has at most one ACTIVE plan, and an invalidated one is never
     executed again, only read (an invalidated plan is evidence)."""
 

@@ -21,9 +21,10 @@ from typing import Any, Final
 
 from celery.utils.time import maybe_make_aware
 
-from . import conf, stamping, wire
-from .budgets import UNSET, Source, capped_seconds, parse_budget, parse_duration
+from . import conf
 from .errors import InvalidDeadline
+from .rules import stamping, wire
+from .rules.budgets import UNSET, Source, capped_seconds, parse_budget, parse_duration
 
 Parse = Callable[[object, str, "conf.Settings"], "timedelta | None"]
 
@@ -80,7 +81,7 @@ def resolve(
     says anything (``None``, "no deadline", included) of its attribute, its contract's,
     the Celery attributes after it, the per-task setting, the default. Lower levels are
     not read once one has answered (this runs at every publish and claim). ``contract``:
-    the task's :class:`~celery_deadlines.contracts.TimeContract` or ``None``, when the
+    the task's :class:`~celery_deadlines.rules.contracts.TimeContract` or ``None``, when the
     caller already read it (``settings.contract_of(task.name)``)."""
     option = OPTIONS[name]
     # flat on purpose, with the common "attribute not set" test inline: this runs
@@ -162,7 +163,7 @@ class Times:
 
     @property
     def contract(self) -> Any:
-        """The task's :class:`~celery_deadlines.contracts.TimeContract`, or ``None``."""
+        """The task's :class:`~celery_deadlines.rules.contracts.TimeContract`, or ``None``."""
         if self._contract is LOOKUP:
             self._contract = self.settings.contract_of(self.task.name)
         return self._contract

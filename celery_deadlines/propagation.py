@@ -27,12 +27,12 @@ from weakref import WeakKeyDictionary
 from celery import _state as celery_state
 from celery import current_app
 
-from . import wire
-from .budgets import Anchor, DurationLike, Governed, govern
 from .clock import get_clock
 from .conf import settings_for
 from .errors import InvalidDeadline
-from .stamping import (
+from .rules import wire
+from .rules.budgets import Anchor, DurationLike, Governed, govern
+from .rules.stamping import (
     CALL_OPTIONS,
     NOTHING,
     Inherited,

@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 from celery._state import get_current_worker_task
 
-from . import ledger, wire
+from . import ledger
 from .propagation import attempt_state, headers_of
-from .stamping import Stamp
+from .rules import wire
+from .rules.records import NewRun
+from .rules.stamping import Stamp
 
 if TYPE_CHECKING:
     from celery import Task
-
-    from .ledger.sql.rows import NewRun
 
 
 def publish(
@@ -67,7 +67,7 @@ def publish(
     root_id = call.get("root_id") or (
         (parent.request.root_id or parent.request.id) if parent else None
     )
-    run = api.NewRun(
+    run = NewRun(
         task_id=task_id,
         task_name=task.name,
         deadline=stamp.governed.deadline,
@@ -117,7 +117,7 @@ def run_of_request(task: Task[Any, Any], request: Any, deadline: datetime | None
     body, content_type, encoding = api.encode_message(
         task.serializer, request.args, request.kwargs, kept
     )
-    return api.NewRun(
+    return NewRun(
         task_id=request.id,
         task_name=task.name,
         deadline=deadline,

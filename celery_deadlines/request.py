@@ -26,14 +26,15 @@ from celery.utils.time import maybe_iso8601
 from celery.worker.request import Request
 from celery.worker.state import task_ready
 
-from . import gates, ledger, outcomes, stamping
+from . import ledger
 from .claiming import answer_a_waiting_caller
 from .clock import get_clock
 from .conf import settings_for
 from .errors import DeadlineRefused
-from .quoting import shown
+from .rules import gates, outcomes, stamping
+from .rules.quoting import shown
+from .rules.states import Status
 from .signals import report_refusal
-from .states import Status
 from .task import DeadlineTask
 
 logger = logging.getLogger("celery_deadlines")

@@ -10,7 +10,7 @@ so applications can count, alert or persist refusals without parsing logs::
         metrics.increment(f"refused.{decision.gate}.{decision.reason}")
 
 ``sender`` is the task (or the task name, for ``send_task``); ``decision`` is the
-:class:`celery_deadlines.gates.Decision`. Receivers run synchronously in the process
+:class:`celery_deadlines.rules.gates.Decision`. Receivers run synchronously in the process
 that refused (the caller for enqueue, the worker for claim, attempt and retry); an
 exception in a receiver is logged by Celery and never changes the decision.
 """
@@ -24,7 +24,7 @@ from typing import Any
 from celery.utils.dispatch import Signal
 
 from . import tracing
-from .gates import Decision
+from .rules.gates import Decision
 
 logger = logging.getLogger("celery_deadlines")
 

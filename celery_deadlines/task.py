@@ -4,7 +4,7 @@ The claim gate and the time-limit cap run in the worker's main process, in
 :class:`celery_deadlines.request.DeadlineRequest`; what a body may call is in
 :mod:`celery_deadlines.body`; a task's durations come from :mod:`celery_deadlines.options`.
 Here the hooks gather the inputs (settings, headers, the clock), ask the pure rules
-(:mod:`~celery_deadlines.gates`, :mod:`~celery_deadlines.outcomes`), call the ledger
+(:mod:`~celery_deadlines.rules.gates`, :mod:`~celery_deadlines.rules.outcomes`), call the ledger
 (:mod:`celery_deadlines.ledger.api`, lazily) and turn refusals into Celery's outcomes:
 
 * enqueue: :class:`DeadlineRefused` raised from ``apply_async``; nothing is published;
@@ -29,29 +29,19 @@ from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
 from celery.utils import uuid
 
-from . import (
-    claiming,
-    conf,
-    gates,
-    ledger,
-    options,
-    outcomes,
-    propagation,
-    recording,
-    stamping,
-    tracing,
-)
+from . import claiming, conf, ledger, options, propagation, recording, tracing
 from ._crashpoints import hit
 from .body import AttemptAPI, Paused, Unresolved, end_unresolved
-from .budgets import UNSET, Anchor
 from .clock import get_clock
 from .conf import settings_for
 from .errors import DeadlineRefused, DispatchRefused, PlanRefused, StaleLease
 from .install import install
 from .propagation import attempt_state, state_of
-from .quoting import shown
+from .rules import gates, outcomes, stamping
+from .rules.budgets import UNSET, Anchor
+from .rules.quoting import shown
+from .rules.states import Status
 from .signals import report_refusal
-from .states import Status
 
 if TYPE_CHECKING:
     from .ledger.attempt import Attempt

@@ -19,7 +19,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final, NoReturn
 
 from .clock import get_clock, set_clock
-from .states import TERMINAL
+from .rules.records import ClaimRefused, Lease
+from .rules.states import TERMINAL
 
 
 class FakeClock:
@@ -106,11 +107,6 @@ class FakeLedger:
 
         self._api = api
         self.runs: dict[str, FakeRun] = {}
-        # the classes DeadlineTask reads outcomes with, as the real entry point has them
-        self.NewRun = api.NewRun
-        self.ClaimRefused = api.ClaimRefused
-        self.Held = api.Held
-        self.Lease = api.Lease
 
     def run(self, task_id: str) -> FakeRun:
         """The run of ``task_id`` (``KeyError`` if the ledger never saw it)."""
@@ -179,7 +175,7 @@ class FakeLedger:
         why = self._claim_refusal(run, retries, now, reserve)
         if why is not None:
             run.events.append(("claim", "rejected", why))
-            return self.ClaimRefused(
+            return ClaimRefused(
                 why=why,
                 status=run.status,
                 token=run.token,
@@ -198,7 +194,7 @@ class FakeLedger:
         expires = now + ttl
         run.lease_expires_at = expires if run.deadline is None else min(expires, run.deadline)
         run.events.append(("claim", "applied", f"retries={retries}"))
-        lease = self.Lease(
+        lease = Lease(
             run_id=id(run),
             task_id=task_id,
             token=run.token,

@@ -37,9 +37,9 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
-from . import wire
-from .gates import Decision
-from .stamping import SOURCES
+from .rules import wire
+from .rules.gates import Decision
+from .rules.stamping import SOURCES
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span

@@ -70,7 +70,7 @@ def add_unknown_run() -> int:
     from django.utils import timezone
 
     from celery_deadlines.models import Effect, Run
-    from celery_deadlines.states import EffectState, Status
+    from celery_deadlines.rules.states import EffectState, Status
 
     original = Run.objects.filter(task_name__endswith="capture_payment").order_by("id").first()
     if original is None:

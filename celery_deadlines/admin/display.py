@@ -10,7 +10,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from ..explain import utc
-from ..states import STATUS_LABELS, TERMINAL, Status
+from ..rules.states import STATUS_LABELS, TERMINAL, Status
 
 __all__ = [
     "badge",

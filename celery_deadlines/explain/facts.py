@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from ..models import Effect, Run, RunEvent, RunPlan
-from ..states import TERMINAL, UNRESOLVED, EffectState, Status
+from ..rules.states import TERMINAL, UNRESOLVED, EffectState, Status
 from .shape import (
     Checkpoint,
     Child,

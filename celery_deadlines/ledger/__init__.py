@@ -3,12 +3,18 @@
 Active when ``"celery_deadlines"`` is in ``INSTALLED_APPS`` (and the app registry is
 ready); task code does not change between the tiers. The pieces:
 
-``sql``        one SQL dialect per supported database (PostgreSQL, SQLite): the clock
-``store``      every write, as one conditional statement against the database clock
-``attempt``    a claimed attempt's lease, fenced writes and checkpoints (pool process)
-``heartbeat``  lease renewal while a body runs, capped by the deadline
-``outbox``     the run row before its message; publish on commit; republish
-``reconcile``  restart reconciliation and the outbox sweeper (worker main process)
+``api``         the Celery tier's door: plain values in (``rules.records``), plain out
+``operations``  every operation that ends or moves a run (reconciler, admin, beat)
+``attempt``     a claimed attempt's lease, fenced writes and checkpoints (pool process)
+``heartbeat``   lease renewal while a body runs, capped by the deadline
+``outbox``      the run row before its message; publish on commit; republish
+``reconcile``   restart reconciliation and the outbox sweeper (worker main process)
+``clockwatch``  the worker's clock against the database's (the skew budget)
+``worker``      the worker's dedicated connection and its signals
+``patience``    how long a write waits for an unreachable database
+``forks``       no fork while a lock a child would inherit is held
+``retention``   the purge of ended runs
+``sql/``        the statements, by audience, one text per dialect (PostgreSQL, SQLite)
 """
 
 from __future__ import annotations
@@ -18,23 +24,18 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from ..states import Status
-    from .api import Held as _Held
+    from ..rules.records import ClaimRefused as _ClaimRefused
+    from ..rules.records import Expired as _Expired
+    from ..rules.records import Held as _Held
+    from ..rules.records import NewRun as _NewRun
+    from ..rules.states import Status
     from .attempt import Attempt
-    from .sql.rows import ClaimRefused as _ClaimRefused
-    from .sql.rows import Expired as _Expired
-    from .sql.rows import Lease as _Lease
-    from .sql.rows import NewRun as _NewRun
 
 
 class LedgerAPI(Protocol):
     """What the Celery tier asks of the ledger: :mod:`celery_deadlines.ledger.api`, or
-    the in-memory :class:`celery_deadlines.testing.FakeLedger` (plain values only)."""
-
-    NewRun: type[_NewRun]
-    ClaimRefused: type[_ClaimRefused]
-    Held: type[_Held]
-    Lease: type[_Lease]
+    the in-memory :class:`celery_deadlines.testing.FakeLedger`. What it takes and
+    returns are the plain values of :mod:`celery_deadlines.rules.records`."""
 
     def encode_message(
         self, serializer: str, args: Any, kwargs: Any, options: dict[str, Any]

@@ -10,7 +10,6 @@ outcomes into Celery's ``Ignore``/``Retry`` stays with the caller.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -18,16 +17,17 @@ from .. import conf
 from .._crashpoints import hit
 from ..conf import settings_for
 from ..errors import LedgerUnreachable
-from ..skew import ClockReading, Readiness, gate
-from ..states import Status
+from ..rules.records import ClaimRefused, Expired, Held, Lease, NewRun
+from ..rules.skew import ClockReading, Readiness, describe, gate
+from ..rules.states import Status
 from . import operations, outbox
 from .attempt import Attempt, owner_name, owner_name_of
-from .clockwatch import describe, measure
+from .clockwatch import measure
 from .outbox import check_repeat, encode_message, readable_by_workers
 from .patience import CONNECTION_ERRORS, Patience
 from .reconcile import running
 from .sql.connection import Store
-from .sql.rows import ClaimRefused, ExistingRun, Expired, Lease, NewRun
+from .sql.rows import ExistingRun
 
 __all__ = [
     "Attempt",
@@ -95,23 +95,6 @@ def hand_to_retry(
     sent = send()
     hit("retry.published", attempt.lease.task_id)
     return sent
-
-
-@dataclass(frozen=True)
-class Held:
-    """A claim won by a worker whose clock is beyond the skew budget: the run was given
-    back unstarted, as CLOCK_UNCERTAIN (or, if that write was refused, left to the
-    reconciler: ``recorded`` is False)."""
-
-    reading: ClockReading
-    budget: timedelta
-    recorded: bool
-
-    def explain(self) -> str:
-        return (
-            f"clock {describe(self.reading)} from the ledger's clock is beyond the skew "
-            f"budget of {self.budget.total_seconds()} s"
-        )
 
 
 def claim_run(

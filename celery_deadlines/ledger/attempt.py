@@ -17,9 +17,9 @@ from typing import Any
 from django.db import DatabaseError
 
 from ..errors import StaleLease
+from ..rules.skew import ClockReading
+from ..rules.states import Status
 from ..signals import write_refused
-from ..skew import ClockReading
-from ..states import Status
 from .heartbeat import heartbeat
 from .patience import Patience
 from .sql.connection import Store

@@ -3,7 +3,7 @@ is beyond ``deadlines_clock_skew_budget`` the worker takes no new work (docs/con
 "The clock-skew budget").
 
 Each check reads the database clock between two local wall-clock readings (a
-:class:`~celery_deadlines.skew.ClockReading`). When the error bound leaves the budget,
+:class:`~celery_deadlines.rules.skew.ClockReading`). When the error bound leaves the budget,
 or the database cannot be read, the worker says so (a WARNING log and the
 ``clock_uncertain`` signal) and cancels its task queues, so no new message is
 received; in-flight work keeps its lease and effect rules. When the reading is back
@@ -18,8 +18,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ..clock import get_clock
+from ..rules.skew import ClockReading, Readiness, describe, gate
 from ..signals import clock_certain, clock_measured, clock_uncertain
-from ..skew import ClockReading, Readiness, gate
 from .sql.connection import Store
 
 logger = logging.getLogger("celery_deadlines")
@@ -38,16 +38,6 @@ def measure(store: Store) -> tuple[ClockReading | None, tuple[datetime, float] |
         return None, None
     midpoint = end - (after - before).total_seconds() / 2
     return ClockReading.between(before, authority, after), (authority, midpoint)
-
-
-def describe(reading: ClockReading | None) -> str:
-    """A reading as the logs say it."""
-    if reading is None:
-        return "the ledger's clock could not be read"
-    return (
-        f"offset {reading.offset.total_seconds():+.3f} s "
-        f"(+/- {reading.uncertainty.total_seconds():.3f} s)"
-    )
 
 
 class ClockWatch:

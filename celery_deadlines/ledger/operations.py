@@ -15,10 +15,10 @@ from datetime import datetime
 from typing import Any
 
 from ..errors import RunFailed
-from ..gates import Gate
-from ..outcomes import unknown_meta
+from ..rules.gates import Gate
+from ..rules.outcomes import unknown_meta
+from ..rules.states import CALLER_UNKNOWN, Status
 from ..signals import run_expired
-from ..states import CALLER_UNKNOWN, Status
 from . import outbox
 from .sql.connection import Store
 from .sql.effects import Pending

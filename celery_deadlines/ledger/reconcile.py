@@ -33,13 +33,14 @@ from typing import Any, Final
 from billiard.exceptions import WorkerLostError
 from django.db import DatabaseError, connections
 
-from .. import conf, outcomes
+from .. import conf
 from .._crashpoints import hit
 from ..clock import get_clock
 from ..conf import settings_for
-from ..gates import expiry_reason
-from ..outcomes import Found, NotFound, PendingEffect, Settle
-from ..states import Status
+from ..rules import outcomes
+from ..rules.gates import expiry_reason
+from ..rules.outcomes import Found, NotFound, PendingEffect, Settle
+from ..rules.states import Status
 from .clockwatch import ClockWatch
 from .forks import no_fork_meanwhile
 from .operations import (
@@ -159,7 +160,7 @@ def reconcile_once(app: Any, store: Store, *, clock_certain: bool = True) -> Rep
 
 
 def _settle(app: Any, store: Store, lapsed: LapsedLease, max_lost: int, report: Report) -> None:
-    """Settle one lapsed lease as :func:`~celery_deadlines.outcomes.settle_lapsed` says.
+    """Settle one lapsed lease as :func:`~celery_deadlines.rules.outcomes.settle_lapsed` says.
     Every write is conditioned on the version read (and on whether an effect of the
     attempt is unresolved), so of several reconcilers reading the same lapsed run one
     acts and the others change nothing."""

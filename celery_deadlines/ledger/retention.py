@@ -2,8 +2,8 @@
 
 :func:`purge` is what ``manage.py deadlines purge`` runs; :class:`PeriodicPurge` is the
 workers' share: each worker's reconciler (:mod:`.reconcile`) asks it after every pass,
-and it purges at most once per :data:`~celery_deadlines.retention.PURGE_INTERVAL`, at
-most :data:`~celery_deadlines.retention.MAX_BATCHES_PER_PASS` batches at a time, so a
+and it purges at most once per :data:`~celery_deadlines.rules.retention.PURGE_INTERVAL`, at
+most :data:`~celery_deadlines.rules.retention.MAX_BATCHES_PER_PASS` batches at a time, so a
 pass never holds up the reconciler for long. Which runs may go is
 :mod:`.sql.retention`'s rule; the cutoff is the database clock minus the retention,
 read once per purge.
@@ -18,7 +18,7 @@ from typing import Any
 from .. import conf
 from ..clock import get_clock
 from ..conf import settings_for
-from ..retention import (
+from ..rules.retention import (
     BATCH_SIZE,
     MAX_BATCHES_PER_PASS,
     PURGE_INTERVAL,

@@ -20,7 +20,7 @@ from ..conf import MAX_BUDGET, RETENTION
 from ..errors import ConfigurationError, InvalidDeadline
 from ..ledger.retention import preview, purge
 from ..ledger.sql.connection import Store
-from ..retention import BATCH_SIZE, describe_age, parse_age, parse_batch_size
+from ..rules.retention import BATCH_SIZE, describe_age, parse_age, parse_batch_size
 
 
 def _age(text: str) -> timedelta:

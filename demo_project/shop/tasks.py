@@ -18,9 +18,8 @@ from typing import Any
 from celery import shared_task
 from django.conf import settings
 
-from celery_deadlines import SOURCE_HEADER, Assumption, DeadlineTask, Plan
+from celery_deadlines import SOURCE_HEADER, Assumption, DeadlineTask, Plan, steps_of
 from celery_deadlines.effects import Found, NotFound, PendingEffect
-from celery_deadlines.plans import steps_of
 
 from . import fulfillment, provider
 

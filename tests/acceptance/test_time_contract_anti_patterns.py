@@ -31,7 +31,7 @@ from celery_deadlines.ledger.reconcile import reconcile_once
 from celery_deadlines.ledger.sql.connection import Store
 from celery_deadlines.ledger.sql.rows import Lease
 from celery_deadlines.models import Run, RunEvent, Status
-from celery_deadlines.observations import Observation
+from celery_deadlines.rules.observations import Observation
 from tests.django.test_effects import charge, record
 from tests.support.memory_queue import drain
 from tests.support.signals import received

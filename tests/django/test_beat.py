@@ -21,7 +21,7 @@ from celery_deadlines.explain import facts, render_text
 from celery_deadlines.ledger.reconcile import reconcile_once
 from celery_deadlines.ledger.sql.connection import Store
 from celery_deadlines.models import Run, Status
-from celery_deadlines.schedules import WEEKDAYS, LocalSchedule
+from celery_deadlines.rules.schedules import WEEKDAYS, LocalSchedule
 from celery_deadlines.testing import FakeClock, use_clock
 from tests.support.memory_queue import drain
 

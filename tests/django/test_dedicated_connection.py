@@ -20,7 +20,7 @@ import pytest
 from django.db import OperationalError, ProgrammingError, connections
 
 from celery_deadlines.ledger.sql.connection import Store
-from celery_deadlines.states import Status
+from celery_deadlines.rules.states import Status
 from tests.django.conftest import one_database
 from tests.django.test_ledger_store import claim, events, lost, new_run, won
 

@@ -26,7 +26,7 @@ from celery_deadlines.ledger.reconcile import reconcile_once
 from celery_deadlines.ledger.sql.connection import Store
 from celery_deadlines.ledger.sql.rows import ClaimRefused, Lease, NewRun
 from celery_deadlines.models import Effect, EffectState, Run, RunEvent, Status
-from celery_deadlines.observations import ActionClass, Observation
+from celery_deadlines.rules.observations import ActionClass, Observation
 from celery_deadlines.task import end_after_body
 from celery_deadlines.testing import FakeClock, use_clock
 from tests.conftest import service_unavailable

@@ -17,8 +17,8 @@ from django.test import AsyncClient, Client, override_settings
 from celery_deadlines import DEADLINE_HEADER, DeadlineRefused
 from celery_deadlines.checks import check_ingress, check_settings
 from celery_deadlines.errors import InvalidDeadline
-from celery_deadlines.incoming import Decision
 from celery_deadlines.middleware import DeadlineMiddleware, deadline_budget
+from celery_deadlines.rules.incoming import Decision
 from celery_deadlines.testing import FakeClock
 
 UNTRUSTED = "203.0.113.9"

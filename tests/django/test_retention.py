@@ -20,7 +20,7 @@ from celery_deadlines.ledger.retention import PeriodicPurge, preview, purge
 from celery_deadlines.ledger.sql.connection import Store
 from celery_deadlines.ledger.sql.rows import Lease
 from celery_deadlines.models import Effect, Run, RunEvent, RunPlan, Status
-from celery_deadlines.retention import cutoff
+from celery_deadlines.rules.retention import cutoff
 from celery_deadlines.testing import FakeClock
 from tests.django.conftest import one_database
 

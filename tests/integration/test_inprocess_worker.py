@@ -16,7 +16,7 @@ import pytest
 from celery import Celery
 
 from celery_deadlines import DeadlineRefused, deadline_refused
-from celery_deadlines.gates import Decision
+from celery_deadlines.rules.gates import Decision
 from tests.conftest import service_unavailable
 from tests.support import isolation
 from tests.support.processes import reachable

@@ -307,7 +307,7 @@ if os.environ.get("TEST_BEAT_AT"):
     from datetime import timedelta
 
     from celery_deadlines.beat import ZonedSchedule
-    from celery_deadlines.schedules import LocalSchedule
+    from celery_deadlines.rules.schedules import LocalSchedule
 
     app.conf.beat_schedule = {
         "report": {

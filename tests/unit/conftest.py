@@ -11,7 +11,7 @@ import pytest
 from celery import Celery
 
 from celery_deadlines import deadline_refused
-from celery_deadlines.gates import Decision
+from celery_deadlines.rules.gates import Decision
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from celery_deadlines import InvalidDeadline
-from celery_deadlines.budgets import (
+from celery_deadlines.rules.budgets import (
     Anchor,
     govern,
     parse_budget,

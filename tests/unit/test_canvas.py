@@ -23,9 +23,9 @@ from celery_deadlines import (
     deadline_scope,
 )
 from celery_deadlines import canvas as gate
-from celery_deadlines.gates import Decision
+from celery_deadlines.rules.gates import Decision
+from celery_deadlines.rules.wire import encode
 from celery_deadlines.testing import FakeClock
-from celery_deadlines.wire import encode
 from tests.support.unit_tasks import start_attempt
 
 

@@ -22,8 +22,8 @@ from celery import Celery, Task
 from celery.app.trace import build_tracer
 
 from celery_deadlines import DEADLINE_HEADER, DeadlineTask
+from celery_deadlines.rules.wire import encode
 from celery_deadlines.testing import FakeClock
-from celery_deadlines.wire import encode
 from tests.support.unit_tasks import make_task
 
 BASES = [pytest.param(Task, id="celery.Task"), pytest.param(DeadlineTask, id="DeadlineTask")]

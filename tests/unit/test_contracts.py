@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from celery_deadlines.budgets import UNSET
-from celery_deadlines.contracts import OnExpiry, TimeContract, parse_contracts, review
 from celery_deadlines.errors import InvalidDeadline
+from celery_deadlines.rules.budgets import UNSET
+from celery_deadlines.rules.contracts import OnExpiry, TimeContract, parse_contracts, review
 
 NAME = "deadlines_contracts"
 WEEK = timedelta(days=7)

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from celery_deadlines import conf, options
-from celery_deadlines.contracts import parse_contracts
-from celery_deadlines.declarations import (
+from celery_deadlines.rules.contracts import parse_contracts
+from celery_deadlines.rules.declarations import (
     DURATIONS,
     UNKNOWN,
     Configured,

@@ -21,15 +21,16 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from celery_deadlines import conf, incoming
-from celery_deadlines.budgets import LONGEST, parse_budget, parse_duration
-from celery_deadlines.contracts import parse_contracts
+from celery_deadlines import conf
 from celery_deadlines.errors import ConfigurationError, InvalidDeadline
-from celery_deadlines.gates import retry_wait
 from celery_deadlines.options import start_of
-from celery_deadlines.retention import parse_age, parse_batch_size, parse_retention
-from celery_deadlines.stamping import earlier_expiry, read_headers
-from celery_deadlines.wire import decode, decode_occurrence
+from celery_deadlines.rules import incoming
+from celery_deadlines.rules.budgets import LONGEST, parse_budget, parse_duration
+from celery_deadlines.rules.contracts import parse_contracts
+from celery_deadlines.rules.gates import retry_wait
+from celery_deadlines.rules.retention import parse_age, parse_batch_size, parse_retention
+from celery_deadlines.rules.stamping import earlier_expiry, read_headers
+from celery_deadlines.rules.wire import decode, decode_occurrence
 from tests.support.summaries import leave
 
 #: Examples per property: the env var's, else a few hundred (``make test``).

@@ -9,7 +9,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from celery_deadlines import DeadlineRefused, Gate, Reason
-from celery_deadlines.gates import (
+from celery_deadlines.rules.gates import (
     admit,
     allow_retry,
     as_delivery,

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from celery_deadlines.budgets import UNSET
 from celery_deadlines.errors import InvalidDeadline
-from celery_deadlines.incoming import (
+from celery_deadlines.rules.budgets import UNSET
+from celery_deadlines.rules.incoming import (
     SYNTAXES,
     Decision,
     RequestBudgets,

@@ -13,8 +13,8 @@ from celery import Celery
 
 from celery_deadlines import DEADLINE_HEADER, SOURCE_HEADER, deadline_scope, ingress_scope
 from celery_deadlines.errors import InvalidDeadline
+from celery_deadlines.rules.wire import encode
 from celery_deadlines.testing import FakeClock
-from celery_deadlines.wire import encode
 from tests.support.unit_tasks import make_task
 
 PROXY = "10.0.0.5"

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from celery_deadlines import gates, metrics, signals
-from celery_deadlines.plans import Plan, Verdict
-from celery_deadlines.skew import ClockReading
+from celery_deadlines import metrics, signals
+from celery_deadlines.rules import gates
+from celery_deadlines.rules.plans import Plan, Verdict
+from celery_deadlines.rules.skew import ClockReading
 from tests.support.processes import wait_for
 
 NOW = datetime(2026, 8, 19, 8, 0, tzinfo=UTC)

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from celery_deadlines.errors import InvalidDeadline
-from celery_deadlines.observations import ActionClass, Observation, earliest_expiry, stale
+from celery_deadlines.rules.observations import ActionClass, Observation, earliest_expiry, stale
 
 T0 = datetime(2026, 3, 12, 11, 0, tzinfo=UTC)
 

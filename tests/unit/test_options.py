@@ -10,9 +10,9 @@ import pytest
 from celery import Celery
 
 from celery_deadlines import DeadlineTask, InvalidDeadline
-from celery_deadlines.budgets import UNSET
 from celery_deadlines.conf import settings_for
 from celery_deadlines.options import resolve, times
+from celery_deadlines.rules.budgets import UNSET
 
 
 @pytest.fixture

@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from celery_deadlines.contracts import OnExpiry
 from celery_deadlines.errors import DeadlineRefused, DispatchRefused, PlanRefused
-from celery_deadlines.outcomes import (
+from celery_deadlines.rules.contracts import OnExpiry
+from celery_deadlines.rules.outcomes import (
     DEADLINE_CAP_SLACK,
     CeleryEnd,
     PlanStep,
@@ -18,7 +18,7 @@ from celery_deadlines.outcomes import (
     after_time_limit,
     settle_lapsed,
 )
-from celery_deadlines.states import Status
+from celery_deadlines.rules.states import Status
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

@@ -10,16 +10,21 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from celery_deadlines import InvalidDeadline
-from celery_deadlines.budgets import LONGEST, capped_seconds, parse_budget, parse_duration
 from celery_deadlines.conf import BUDGETS, DEFAULT_BUDGET, LEASE_TTL, MAX_BUDGET, Settings
 from celery_deadlines.errors import ConfigurationError
-from celery_deadlines.gates import retry_wait
-from celery_deadlines.incoming import Unusable, header_instant, parse_request_budgets, parse_rfc3339
 from celery_deadlines.options import start_of
-from celery_deadlines.quoting import shown
-from celery_deadlines.retention import parse_age
-from celery_deadlines.stamping import earlier_expiry, read_headers
-from celery_deadlines.wire import decode, decode_occurrence
+from celery_deadlines.rules.budgets import LONGEST, capped_seconds, parse_budget, parse_duration
+from celery_deadlines.rules.gates import retry_wait
+from celery_deadlines.rules.incoming import (
+    Unusable,
+    header_instant,
+    parse_request_budgets,
+    parse_rfc3339,
+)
+from celery_deadlines.rules.quoting import shown
+from celery_deadlines.rules.retention import parse_age
+from celery_deadlines.rules.stamping import earlier_expiry, read_headers
+from celery_deadlines.rules.wire import decode, decode_occurrence
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 HORIZON = timedelta(days=7)

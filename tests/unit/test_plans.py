@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from celery_deadlines.plans import Assumption, Plan, resume, steps_of
+from celery_deadlines.rules.plans import Assumption, Plan, resume, steps_of
 
 MADE = datetime(2026, 3, 12, 10, 0, tzinfo=UTC)
 

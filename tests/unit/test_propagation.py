@@ -23,8 +23,8 @@ from celery_deadlines import (
     deadline_scope,
 )
 from celery_deadlines.propagation import current_task, headers_of
+from celery_deadlines.rules.wire import encode
 from celery_deadlines.testing import FakeClock
-from celery_deadlines.wire import encode
 from tests.support.unit_tasks import make_task, start_attempt
 
 # -- scopes: one deadline computed once outside a worker --------------------------------

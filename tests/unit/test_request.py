@@ -10,9 +10,9 @@ import pytest
 from celery import Celery
 
 from celery_deadlines import DEADLINE_HEADER
-from celery_deadlines.gates import Decision
+from celery_deadlines.rules.gates import Decision
+from celery_deadlines.rules.wire import encode
 from celery_deadlines.testing import FakeClock
-from celery_deadlines.wire import encode
 from tests.support.unit_tasks import claim, make_task, stored_refusal
 
 

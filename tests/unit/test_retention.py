@@ -10,7 +10,7 @@ from celery import Celery
 
 from celery_deadlines import ConfigurationError, InvalidDeadline
 from celery_deadlines.conf import RETENTION, Settings
-from celery_deadlines.retention import (
+from celery_deadlines.rules.retention import (
     DEFAULT_RETENTION,
     MAX_BATCH_SIZE,
     PURGE_INTERVAL,

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, time, timedelta
 import pytest
 
 from celery_deadlines.errors import InvalidDeadline
-from celery_deadlines.schedules import (
+from celery_deadlines.rules.schedules import (
     WEEKDAYS,
     LocalSchedule,
     classify,

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from celery_deadlines.skew import ClockReading, Readiness, gate
+from celery_deadlines.rules.skew import ClockReading, Readiness, gate
 
 T = datetime(2026, 8, 19, 8, 0, tzinfo=UTC)
 BUDGET = timedelta(milliseconds=500)

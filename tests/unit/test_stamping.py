@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from celery_deadlines import wire
 from celery_deadlines.errors import InvalidDeadline
-from celery_deadlines.stamping import (
+from celery_deadlines.rules import wire
+from celery_deadlines.rules.stamping import (
     Inherited,
     Own,
     carries_deadlines,

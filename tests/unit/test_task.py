@@ -21,9 +21,9 @@ from celery_deadlines import (
     DeadlineRefused,
     InvalidDeadline,
 )
-from celery_deadlines.gates import Decision
+from celery_deadlines.rules.gates import Decision
+from celery_deadlines.rules.wire import encode
 from celery_deadlines.testing import FakeClock
-from celery_deadlines.wire import encode
 from tests.support.unit_tasks import claim, make_task, start_attempt, stored_refusal
 
 # -- enqueue: stamping and precedence ---------------------------------------------------

@@ -23,6 +23,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from celery_deadlines import DEADLINE_HEADER, SOURCE_HEADER, DeadlineRefused, DeadlineTask
+from celery_deadlines.rules.wire import encode
 from celery_deadlines.testing import FakeClock, FakeLedger, use_ledger
 from celery_deadlines.tracing import (
     DEADLINE,
@@ -33,7 +34,6 @@ from celery_deadlines.tracing import (
     annotate_ingress,
     record_dispatch_refusal,
 )
-from celery_deadlines.wire import encode
 from tests.support.memory_queue import drain
 from tests.support.otel import current, instrumented
 from tests.support.processes import REPO
@@ -280,7 +280,7 @@ if sys.argv[1] == "absent":
 from celery import Celery
 from celery_deadlines import DEADLINE_HEADER, DeadlineRefused, DeadlineTask, tracing
 from celery_deadlines.testing import FakeClock, use_clock
-from celery_deadlines.wire import encode
+from celery_deadlines.rules.wire import encode
 from tests.support.trace import execute_next
 from tests.support.unit_tasks import claim
 

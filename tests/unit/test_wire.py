@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from celery_deadlines import InvalidDeadline
-from celery_deadlines.wire import decode, encode
+from celery_deadlines.rules.wire import decode, encode
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 HORIZON = timedelta(days=7)

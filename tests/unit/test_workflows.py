@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from celery_deadlines import Reason, WorkflowRefused
-from celery_deadlines.workflows import Chain, Chord, Group, Node, Step, fit, need, undeclared
+from celery_deadlines.rules.workflows import Chain, Chord, Group, Node, Step, fit, need, undeclared
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, time, timedelta
 
 from celery_deadlines.beat import ZonedSchedule
-from celery_deadlines.schedules import WEEKDAYS, LocalSchedule
+from celery_deadlines.rules.schedules import WEEKDAYS, LocalSchedule
 from celery_deadlines.testing import FakeClock, use_clock
 
 DIGEST = LocalSchedule(time(9, 0), "Europe/Berlin", timedelta(minutes=15), WEEKDAYS, "digest")

@@ -2,7 +2,7 @@
 
 ``dialect``     the few expressions that differ between PostgreSQL and SQLite: the clock
 ``connection``  :class:`Store`: a connection on one Django alias, and the statement groups
-``predicates``  the SQL fragments made from :mod:`celery_deadlines.states`; the claim's
+``predicates``  the SQL fragments made from :mod:`celery_deadlines.rules.states`; the claim's
                 condition, written once
 ``rows``        the plain values the statements take and return
 ``runs``        the producer's and the attempt's statements on the run row

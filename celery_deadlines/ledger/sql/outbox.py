@@ -4,7 +4,7 @@ run id before it is published (a reused id is never silently another run).
 
 from __future__ import annotations
 
-from ...states import Status
+from ...rules.states import Status
 from .predicates import RUN
 from .rows import ExistingRun, NewRun, as_bytes
 from .statements import Statements

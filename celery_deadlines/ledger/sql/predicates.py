@@ -1,4 +1,4 @@
-"""SQL fragments shared by the ledger's statements, made from :mod:`celery_deadlines.states`
+"""SQL fragments shared by the ledger's statements, made from :mod:`celery_deadlines.rules.states`
 so that each set of states and the claim's condition are written once.
 """
 
@@ -9,8 +9,8 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import Final
 
-from ...gates import Reason
-from ...states import CLAIMABLE, REQUEUEABLE, TERMINAL, UNRESOLVED, WAITING
+from ...rules.gates import Reason
+from ...rules.states import CLAIMABLE, REQUEUEABLE, TERMINAL, UNRESOLVED, WAITING
 from .dialect import Dialect
 
 RUN: Final = "celery_deadlines_run"

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Final, NamedTuple
 
-from ...retention import PurgeCounts
+from ...rules.retention import PurgeCounts
 from .predicates import EFFECT, EVENT, PLAN, RUN, TERMINAL_SQL, UNRESOLVED_SQL
 from .statements import Statements
 

@@ -28,7 +28,7 @@ from datetime import datetime, timedelta
 from functools import cache
 from typing import Any, NamedTuple
 
-from ...states import Status
+from ...rules.states import Status
 from .dialect import Dialect
 from .predicates import (
     CLAIMABLE_SQL,

@@ -7,7 +7,7 @@ process's hard time limit fires, or let the lease lapse at once when the process
 
 from __future__ import annotations
 
-from ...states import Status
+from ...rules.states import Status
 from .predicates import EFFECT, HAS_UNRESOLVED, RUN, SUPERVISOR_GRACE, TERMINAL_SQL
 from .statements import Statements
 

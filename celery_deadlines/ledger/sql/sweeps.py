@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from ...states import Status
+from ...rules.states import Status
 from .predicates import (
     CLAIMABLE_SQL,
     EXPIRY_REASON_SQL,

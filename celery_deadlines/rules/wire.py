@@ -31,7 +31,7 @@ import math
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
-from .errors import InvalidDeadline
+from ..errors import InvalidDeadline
 from .quoting import shown
 
 DEADLINE_HEADER: Final = "x_deadline"

@@ -25,8 +25,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Final
 
+from ..errors import InvalidDeadline
 from .budgets import LONGEST, parse_duration, parse_instant, too_long
-from .errors import InvalidDeadline
 from .quoting import shown
 
 #: How long an ended run stays when ``deadlines_retention`` is not set.

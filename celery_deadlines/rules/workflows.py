@@ -13,7 +13,7 @@ from the instant it is enqueued is its critical path, computed backwards from it
 A step needs its ``reserve`` left when it starts (the enqueue and claim gates refuse it
 otherwise) and its ``attempt_timeout`` to run, after which the rest starts; so
 ``max(reserve, attempt_timeout + then)``, the retry gate's rule for one more attempt
-(:func:`celery_deadlines.gates.allow_retry`). The workflow fits when its need is at most
+(:func:`celery_deadlines.rules.gates.allow_retry`). The workflow fits when its need is at most
 the time left (``need == remaining`` still fits). A step without a declared attempt
 timeout counts as zero and is named in the refusal's detail: the check is only as good
 as the timeouts it is given. Nothing here reads a clock or a setting; the Celery glue

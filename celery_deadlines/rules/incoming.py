@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Final, Literal, NamedTuple, TypeAlias, get_args
 
+from ..errors import InvalidDeadline
 from .budgets import UNSET, Unset, parse_budget
-from .errors import InvalidDeadline
 from .quoting import shown
 from .wire import in_utc
 

@@ -14,9 +14,9 @@ from collections.abc import Mapping, MutableMapping
 from datetime import datetime, timedelta
 from typing import Any, Final, NamedTuple, get_args
 
+from ..errors import InvalidDeadline
 from . import wire
 from .budgets import Governed, Source, capped_seconds, govern, parse_budget, parse_instant
-from .errors import InvalidDeadline
 
 #: Call options this package understands (taken out before Celery sees them).
 CALL_OPTIONS: Final = frozenset({"budget", "deadline", "delivery_budget", "delivery_deadline"})

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final, Literal, NamedTuple, TypeAlias
 
-from .errors import InvalidDeadline
+from ..errors import InvalidDeadline
 from .quoting import shown
 
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, NamedTuple
 
+from ..errors import DeadlineRefused, DispatchRefused, PlanRefused
 from .contracts import OnExpiry
-from .errors import DeadlineRefused, DispatchRefused, PlanRefused
 from .gates import expiry_reason
 from .quoting import shown
 from .states import Status

@@ -87,3 +87,13 @@ def gate(
     if deadline is not None and now >= deadline:
         return Readiness.EXPIRED
     return Readiness.DISPATCHABLE
+
+
+def describe(reading: ClockReading | None) -> str:
+    """A reading as the logs say it."""
+    if reading is None:
+        return "the ledger's clock could not be read"
+    return (
+        f"offset {reading.offset.total_seconds():+.3f} s "
+        f"(+/- {reading.uncertainty.total_seconds():.3f} s)"
+    )

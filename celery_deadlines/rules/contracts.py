@@ -19,7 +19,7 @@ needs to start (``reserve``), how long each observation it relies on can be trus
 This module is pure: it parses a contract and says what is wrong with it, alone
 (:func:`parse_contracts`, raising :class:`InvalidDeadline`) and against the task it
 names (:func:`review`, for the Django system checks). A contract's durations take the
-place of the per-task setting in the precedence of :mod:`celery_deadlines.budgets`:
+place of the per-task setting in the precedence of :mod:`celery_deadlines.rules.budgets`:
 call > task attribute > contract > ``deadlines_budgets`` > default; giving a value both
 as a task attribute and in the contract is reported by :func:`review`, so the contract
 stays the one place to read.
@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Final
 
+from ..errors import InvalidDeadline
 from .budgets import UNSET, Unset, capped_seconds, parse_budget, parse_duration
-from .errors import InvalidDeadline
 from .quoting import shown
 
 

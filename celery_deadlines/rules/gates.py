@@ -16,7 +16,7 @@ attempt    never refuses by itself: it caps the attempt's time limits at the
 retry      ``countdown + attempt_timeout + skew_allowance > remaining`` (or less
            than ``reserve`` would be left when the retry is due)
 workflow   at the enqueue of a chain, group or chord: its critical path needs
-           more than the time left (:func:`celery_deadlines.workflows.fit`)
+           more than the time left (:func:`celery_deadlines.rules.workflows.fit`)
 =========  ====================================================================
 """
 
@@ -26,8 +26,8 @@ import enum
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
+from ..errors import DeadlineRefused, InvalidDeadline, WorkflowRefused
 from .budgets import capped_seconds
-from .errors import DeadlineRefused, InvalidDeadline, WorkflowRefused
 
 ZERO = timedelta(0)
 #: The wall clock's resolution: "before the deadline" is "at most this before it".
@@ -55,7 +55,7 @@ class Reason(enum.StrEnum):
     #: a delivery task (``deadline_kind="delivery"``) past its delivery deadline
     DELIVERY_EXPIRED = "delivery_expired"
     #: a chain, group or chord whose critical path needs more than the time left
-    #: (:mod:`celery_deadlines.workflows`); nothing of it was published
+    #: (:mod:`celery_deadlines.rules.workflows`); nothing of it was published
     WORKFLOW_CANNOT_FIT = "workflow_cannot_fit"
 
 

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Final, Literal, TypeAlias, TypeVar
 
+from ..errors import InvalidDeadline
 from .budgets import UNSET, parse_duration
 from .contracts import TimeContract
-from .errors import InvalidDeadline
 from .incoming import Network
 
 

@@ -1,0 +1,129 @@
+"""What the ledger and the Celery tier hand each other: plain, frozen values.
+
+The Celery tier builds a :class:`NewRun` when it publishes and reads a :class:`Lease`,
+a :class:`ClaimRefused` or a :class:`Held` back from a claim, and an :class:`Expired`
+from a run that ended; the ledger's statements take and return them. Nothing here runs
+a statement or reads the clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+from ..errors import DeadlineRefused
+from .skew import ClockReading, describe
+
+
+@dataclass(frozen=True)
+class NewRun:
+    """What the outbox records before a message is published."""
+
+    task_id: str
+    task_name: str
+    deadline: datetime | None = None
+    delivery_deadline: datetime | None = None
+    #: the workflow's first task and this task's parent (``""``: none)
+    root_id: str = ""
+    parent_id: str = ""
+    retries: int = 0
+    #: when the run may first be claimed (a countdown or eta); ``None``: at once
+    available_at: datetime | None = None
+    #: the message as the outbox keeps it (:func:`~celery_deadlines.ledger.outbox.encode_message`)
+    message_body: bytes | None = None
+    content_type: str = "application/json"
+    content_encoding: str = "utf-8"
+    #: a scheduled run's occurrence (see :class:`celery_deadlines.rules.schedules.Occurrence`)
+    not_before: datetime | None = None
+    schedule: str | None = None
+    schedule_zone: str | None = None
+    schedule_local: str | None = None
+    #: a delivery task's run: it expires as ``delivery_expired``
+    delivery_task: bool = False
+    #: the queue the message was routed to (``None``: not known)
+    queue: str | None = None
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A won claim: the fencing token and what the attempt resumes from."""
+
+    run_id: int
+    task_id: str
+    token: int
+    version: int
+    attempt: int
+    expires_at: datetime | None
+    deadline: datetime | None
+    checkpoint_name: str
+    checkpoint_data: Any
+    database_now: datetime
+    #: when the run last became claimable (its publish, or a retry's countdown end)
+    waiting_since: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ClaimRefused:
+    """A lost claim, and why (``why`` is one of the codes below)."""
+
+    why: str
+    status: str
+    token: int
+    owner: str
+    lease_expires_at: datetime | None
+    #: the database clock when the claim was refused (what decided it)
+    database_now: datetime | None = None
+
+    #: ``why`` codes
+    TERMINAL: Final = "terminal"
+    STALE_MESSAGE: Final = "stale_message"
+    #: the run's deadline has passed, by the database clock
+    DEADLINE_PASSED: Final = "deadline_passed"
+    #: less than the reserve is left before the run's deadline, by the database clock
+    DEADLINE: Final = "deadline"
+    HELD: Final = "held"
+    LOST_LEASES: Final = "lost_leases"
+    UNKNOWN: Final = "unknown"
+    #: a lapsed attempt dispatched an effect with no recorded outcome: reconcile first
+    UNRESOLVED: Final = "unresolved"
+    CHANGED: Final = "changed"
+    MISSING: Final = "missing"
+
+
+@dataclass(frozen=True)
+class Expired:
+    """A run the ledger ended: expired or failed on its own (the reconciler reports
+    these), or read back as it ended (:meth:`~.runs.Runs.ended`)."""
+
+    task_id: str
+    task_name: str
+    status: str
+    reason: str
+    deadline: datetime | None
+    detail: str = ""
+    #: when the run's row last changed, by the database clock: its end, read back
+    #: (:meth:`~.runs.Runs.ended`); ``None`` where not read
+    ended_at: datetime | None = None
+
+    def refusal(self, gate: str, now: datetime, detail: str) -> DeadlineRefused:
+        """What the caller is told of this expiry: ``gate``'s refusal at ``now``."""
+        deadline = self.deadline.isoformat() if self.deadline else None
+        return DeadlineRefused(gate, self.reason, deadline, now.isoformat(), detail)
+
+
+@dataclass(frozen=True)
+class Held:
+    """A claim won by a worker whose clock is beyond the skew budget: the run was given
+    back unstarted, as CLOCK_UNCERTAIN (or, if that write was refused, left to the
+    reconciler: ``recorded`` is False)."""
+
+    reading: ClockReading
+    budget: timedelta
+    recorded: bool
+
+    def explain(self) -> str:
+        return (
+            f"clock {describe(self.reading)} from the ledger's clock is beyond the skew "
+            f"budget of {self.budget.total_seconds()} s"
+        )
