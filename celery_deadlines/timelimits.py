@@ -5,10 +5,8 @@ job that has a time limit, when a pool process starts the job (``on_timeout_set`
 cancels it when the job ends (``on_timeout_cancel``). kombu keeps a cancelled timer in
 the loop's heap until its instant comes: a timer entry, its weak proxy, its arguments
 and the heap's tuple, about 500 bytes a job. Every job of a DeadlineTask has a hard
-limit, the deadline's cap (``DeadlineRequest.time_limits``), so a worker kept that for
-every task it ran within the last budget's length: 850 tasks/s with a 300 s budget is
-125 MiB held, with a budget of a day some 35 GiB (bench/README.md: the main process
-grew 5 MiB per 10,000 tasks, and not at all with this module).
+limit, the deadline's cap (``DeadlineRequest.time_limits``), so a worker would hold that
+for every task it ran within the last budget's length (bench/README.md measures it).
 
 :func:`patch` (called in a worker's main process by Celery's ``worker_init`` signal,
 which :func:`~celery_deadlines.install.install` connects :func:`connect` to, before

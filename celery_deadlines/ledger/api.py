@@ -130,9 +130,9 @@ def claim_run(
 
     # A claim that meets a database blip must not fail the run: Celery would store the
     # connection's error as the task's result while the run is still QUEUED, and a caller
-    # in get() would be told FAILURE of a run that later succeeds (the nemesis soak, seed
-    # 6161). A claim that committed with its answer lost is refused when tried again (the
-    # lease is held): its lease lapses and the reconciler requeues the run.
+    # in get() would be told FAILURE of a run that later succeeds. A claim that committed
+    # with its answer lost is refused when tried again (the lease is held): its lease
+    # lapses and the reconciler requeues the run.
     patience = Patience(ttl)
     try:
         outcome = patience.reach(claim)

@@ -101,14 +101,12 @@ class Attempt:
         """``write()``, the fenced write that ends this attempt (its ``op`` as the run
         records it), through a database connection that may be lost meanwhile.
 
-        A lost connection is not the body's outcome (the nemesis soak, seed 101: a
-        database cut during the success write ended a paid run FAILED with the
-        connection's error, or left the caller told FAILURE of a run the ledger had
-        ended SUCCEEDED: its commit's answer was lost; seed 2525: a PostgreSQL restart
-        during a retry's write ended the run FAILED ``rejected``, Celery's answer to a
-        retry it could not publish). The write may have committed: the run is read
-        again. Moved on by this token with this write: it did. Still RUNNING under this
-        token: it is written again. Anything else: the lease is gone (refused; the
+        A lost connection is not the body's outcome: it must neither end the run FAILED
+        with the connection's error nor tell the caller FAILURE of a run the ledger
+        ended otherwise (a success whose commit's answer was lost; a retry Celery could
+        not publish, which it would end ``rejected``). The write may have committed:
+        the run is read again. Moved on by this token with this write: it did. Still
+        RUNNING under this token: it is written again. Anything else: the lease is gone (refused; the
         reconciler or the next holder ends the run). The database away for longer than
         :data:`FINISH_PATIENCE` leases: refused too (the lease has lapsed by then; the
         reconciler requeues the run and its effects are replayed).

@@ -197,8 +197,7 @@ def record(
         existing = store.outbox.existing(run.task_id)
         check_repeat(existing, run, accept=accept)
         # The caller tries again after a publish that raised (it was told nothing was
-        # sent): the run is recorded again and published (the nemesis soak, RabbitMQ
-        # seed 7: the repeat returned as if sent, and the run stayed FAILED unsent).
+        # sent): the run is recorded again and published, never answered "already sent".
         if not store.outbox.reopen_unpublished(run):
             logger.info(
                 "%s[%s] published again under the same id and arguments: the existing run "

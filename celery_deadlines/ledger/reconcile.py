@@ -132,8 +132,7 @@ def reconcile_once(app: Any, store: Store, *, clock_certain: bool = True) -> Rep
             now = store.database_now()  # one reading for the whole batch
         except DatabaseError:
             # The expiries are committed and no later pass finds these runs again: the
-            # callers are told now, with the local clock's reading (the nemesis soak,
-            # seed 202: a database cut right after the sweep left a caller PENDING).
+            # callers are told now, with the local clock's reading, or never.
             now = get_clock().now()
         for expired in expired_runs:
             report.expired.append(expired.task_id)

@@ -44,9 +44,8 @@ class PendingEffect(NamedTuple):
     reconciler that answers ``NotFound`` says the call *will never* arrive, and a call
     delayed between the dispatch guard and the provider may still be on its way: pass
     ``fence`` to the provider's lookup so that it refuses that fence from then on, and
-    ``NotFound`` is certain (the nemesis soak, RabbitMQ seed 7: a worker stopped after
-    the guard called after the lookup had found nothing, and the next dispatch paid
-    again; a provider that only refuses fences *lower* than one it has seen took both).
+    ``NotFound`` is certain (a provider that only refuses fences *lower* than one it has
+    seen still takes a call delayed past a lookup that found nothing).
     """
 
     key: str

@@ -115,8 +115,7 @@ def for_deadline_task(stamp: Stamp, *, expires: object, starts_at: datetime | No
     a check. A worker running the DeadlineTask refuses the message by its claim gate
     (``DeadlineRequest``) when it hands it to the pool, which a prefork worker does the
     moment the message arrives; Celery's ``expires`` would add a second check of the same
-    instant to every message (the largest share of this package's cost in the worker's
-    main process, bench/README.md). It stays when the caller set one (the earlier of the
+    instant to every message. It stays when the caller set one (the earlier of the
     two is kept, and Celery enforces it) and on a message that waits in the worker for
     its ``eta`` or ``countdown`` (refused on arrival, not at its ETA). Plain tasks'
     messages (a DeadlineTask's children) keep it always: no claim gate reads them."""

@@ -3,32 +3,10 @@
 Walks every module of the package (migrations aside) with ``ast``, counting every
 import, function-local ones too (a lazy import hides a dependency, it does not remove
 it); imports under ``if TYPE_CHECKING:`` are for the type checker only and are not
-counted. A module's tier is where it lives (DEVELOPERS.md, "The tiers"):
-
-========================  ==================================  ===========================
-tier                      where                               may import
-========================  ==================================  ===========================
-pure rules                ``rules/``, and ``errors``          each other; never ``clock``,
-                                                              Celery, Django or the I/O
-                                                              tiers, and they never read
-                                                              the time (``now`` is passed)
-Celery tier               the package root                    pure rules, ``clock``,
-                                                              Celery; the ledger only as
-                                                              ``ledger`` (is it on?) and,
-                                                              inside functions,
-                                                              ``ledger.api`` /
-                                                              ``ledger.operations``; never
-                                                              Django at import time
-ledger                    ``ledger/``                         pure rules, ``clock``,
-                                                              ``conf``, ``signals``,
-                                                              Django, Celery; never the
-                                                              Celery tier's task side nor
-                                                              the Django surface
-Django surface            Django's own names at the root      anything (it is the top)
-                          (``apps``, ``models``, ``checks``,
-                          ``middleware``) and ``admin/``,
-                          ``explain/``, ``management/``
-========================  ==================================  ===========================
+counted. A module's tier is where it lives: ``rules/`` (and ``errors``) the pure
+rules, ``ledger/`` the ledger, Django's own names the Django surface, the rest of the
+package root the Celery tier. DEVELOPERS.md, "The tiers", is the map: what each tier
+may import.
 
 Only ``clock`` reads the time (the crash points, inert test hooks, aside).
 """
