@@ -106,8 +106,8 @@ class Attempt:
         ended otherwise (a success whose commit's answer was lost; a retry Celery could
         not publish, which it would end ``rejected``). The write may have committed:
         the run is read again. Moved on by this token with this write: it did. Still
-        RUNNING under this token: it is written again. Anything else: the lease is gone (refused; the
-        reconciler or the next holder ends the run). The database away for longer than
+        RUNNING under this token: it is written again. Anything else: the lease is gone
+        (refused; the reconciler or the next holder ends the run). The database away for longer than
         :data:`FINISH_PATIENCE` leases: refused too (the lease has lapsed by then; the
         reconciler requeues the run and its effects are replayed).
         """
