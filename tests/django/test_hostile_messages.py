@@ -172,12 +172,7 @@ def test_a_repeated_publish_compares_no_pickled_row_and_is_refused_as_a_conflict
     run = NewRun(
         task_id="pickled-4",
         task_name="shop.charge_card",
-        deadline=None,
-        delivery_deadline=None,
         root_id="pickled-4",
-        parent_id="",
-        retries=0,
-        available_at=None,
         message_body=body,
         content_type=content_type,
         content_encoding=encoding,

@@ -62,12 +62,7 @@ def machine_for(store: Store) -> type[RuleBasedStateMachine]:
             run = NewRun(
                 task_id=task_id,
                 task_name="t",
-                deadline=None,
-                delivery_deadline=None,
                 root_id=task_id,
-                parent_id="",
-                retries=0,
-                available_at=None,
                 message_body=b"{}",
                 content_type="",
                 content_encoding="",

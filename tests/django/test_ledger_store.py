@@ -42,14 +42,9 @@ def new_run(task_id: str = "run-1", deadline: datetime | None = None, retries: i
         task_id=task_id,
         task_name="shop.charge",
         deadline=deadline,
-        delivery_deadline=None,
         root_id=task_id,
-        parent_id="",
         retries=retries,
-        available_at=None,
         message_body=b'{"args": [], "kwargs": {}, "options": {}}',
-        content_type="application/json",
-        content_encoding="utf-8",
     )
 
 

@@ -52,8 +52,6 @@ def record(
             delivery_deadline=None if delivery_in is None else now + timedelta(seconds=delivery_in),
             root_id=parent or task_id,
             parent_id=parent,
-            retries=0,
-            available_at=None,
             message_body=body,
             content_type=content_type,
             content_encoding=encoding,

@@ -65,11 +65,7 @@ def record(store: Store, task_id: str, deadline_in: float | None = 600) -> NewRu
         task_id=task_id,
         task_name="shop.ship",
         deadline=deadline,
-        delivery_deadline=None,
         root_id=task_id,
-        parent_id="",
-        retries=0,
-        available_at=None,
         message_body=body,
         content_type=content_type,
         content_encoding=encoding,
@@ -98,15 +94,8 @@ def undated_run(task_id: str) -> NewRun:
     return NewRun(
         task_id=task_id,
         task_name="shop.ship",
-        deadline=None,
-        delivery_deadline=None,
         root_id=task_id,
-        parent_id="",
-        retries=0,
-        available_at=None,
         message_body=b"{}",
-        content_type="application/json",
-        content_encoding="utf-8",
     )
 
 

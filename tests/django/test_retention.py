@@ -158,15 +158,8 @@ def claimed(store: Store, task_id: str) -> Lease:
         NewRun(
             task_id=task_id,
             task_name="shop.ship",
-            deadline=None,
-            delivery_deadline=None,
             root_id=task_id,
-            parent_id="",
-            retries=0,
-            available_at=None,
             message_body=b"{}",
-            content_type="application/json",
-            content_encoding="utf-8",
         )
     )
     lease = store.runs.claim(

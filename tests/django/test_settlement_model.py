@@ -79,15 +79,8 @@ def machine_for(store: Store) -> type[RuleBasedStateMachine]:
             run = NewRun(
                 task_id=self.task_id,
                 task_name="t",
-                deadline=None,
-                delivery_deadline=None,
                 root_id=self.task_id,
-                parent_id="",
-                retries=0,
-                available_at=None,
                 message_body=b"{}",
-                content_type="application/json",
-                content_encoding="utf-8",
             )
             assert store.outbox.enqueue(run)
             self.calls = 0  # the provider's log for the key

@@ -51,12 +51,7 @@ def test_exactly_one_of_eight_racing_claims_wins_in_each_of_500_rounds() -> None
             NewRun(
                 task_id=task_id,
                 task_name="race",
-                deadline=None,
-                delivery_deadline=None,
                 root_id=task_id,
-                parent_id="",
-                retries=0,
-                available_at=None,
                 message_body=None,
                 content_type="",
                 content_encoding="",
