@@ -6,8 +6,10 @@ tests prove that enforcement runs on the monotonic clock.
 
 ``FakeLedger`` is the run ledger's contract in memory (``use_ledger(FakeLedger())``):
 DeadlineTask records, claims, fences and ends its runs there by the database ledger's
-rules, so task code's ledger paths are unit-tested without a database (the idea of
-procrastinate's in-memory connector). Effects and stored plans need the real ledger.
+rules, and guards its effects (``self.effect(...)``) as the effect ledger does, so task
+code's ledger paths are unit-tested without a database (the idea of procrastinate's
+in-memory connector). Stored plans, the reconciler and the purge need the real ledger.
+tests/django/test_ledger_contract.py holds the fake to the SQLite and PostgreSQL ledgers.
 """
 
 from __future__ import annotations
@@ -18,9 +20,20 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, NoReturn
 
+from . import conf
 from .clock import get_clock, set_clock
+from .conf import settings_for
+from .rules.outcomes import unknown_meta
 from .rules.records import ClaimRefused, Lease
-from .rules.states import TERMINAL
+from .rules.states import (
+    CALLER_UNKNOWN,
+    CLAIMABLE,
+    COMPLETED,
+    DISPATCHABLE,
+    TERMINAL,
+    UNRESOLVED,
+    EffectState,
+)
 
 
 class FakeClock:
@@ -90,23 +103,68 @@ class FakeRun:
     events: list[tuple[str, str, str]] = field(default_factory=list)
 
 
+@dataclass
+class FakeEffect:
+    """One effect in a :class:`FakeLedger`: what the effect ledger's row says."""
+
+    key: str
+    #: the run that recorded it, or dispatched it last (its ``task_id``)
+    task_id: str
+    name: str
+    kind: str
+    fingerprint: str
+    lease_token: int
+    state: str = EffectState.INTENT_RECORDED
+    #: the key's dispatch number: a fencing token per key
+    dispatches: int = 0
+    result: Any = None
+    error: str = ""
+
+
 class FakeLedger:
     """The run ledger's contract in memory, for unit tests of task code without a database.
 
     Install it with :func:`use_ledger`: DeadlineTask then records, claims, fences and
     ends runs here by the same rules as the database's ledger (one claim per run and
     token, a stale attempt's write refused, a refused claim's reason, the outbox row
-    before the message). Time is the installed clock's (use :class:`FakeClock`). The
-    effect ledger and stored plans are not played: test those against a database.
+    before the message, an effect dispatched at most once per key, a run with an effect
+    of unknown outcome ended UNKNOWN). Time is the installed clock's (use
+    :class:`FakeClock`). Stored plans, the reconciler and the purge are not played:
+    test those against a database.
     """
 
-    _MAX_LOST_LEASES: Final = 2
+    #: How long a lapsed lease is left to the worker that supervised it before another
+    #: claim takes it over (the database ledger's ``SUPERVISOR_GRACE``).
+    SUPERVISOR_GRACE: Final = timedelta(seconds=1)
 
     def __init__(self) -> None:
         from .ledger import api
 
         self._api = api
         self.runs: dict[str, FakeRun] = {}
+        #: the effect ledger, by key
+        self.effects: dict[str, FakeEffect] = {}
+
+    def unresolved(self, task_id: str) -> list[str]:
+        """The keys of the run's effects dispatched without a recorded outcome."""
+        return [
+            effect.key
+            for effect in self.effects.values()
+            if effect.task_id == task_id and effect.state in UNRESOLVED
+        ]
+
+    def holds(self, lease: Lease) -> bool:
+        """Whether ``lease`` still holds its run: its token current, the run RUNNING and
+        the lease alive (the condition of every fenced write and the dispatch guard)."""
+        run = self.runs.get(lease.task_id)
+        now = get_clock().now()
+        return (
+            run is not None
+            and run.token == lease.token
+            and run.status == "RUNNING"
+            and run.lease_expires_at is not None
+            and run.lease_expires_at > now
+        )
 
     def run(self, task_id: str) -> FakeRun:
         """The run of ``task_id`` (``KeyError`` if the ledger never saw it)."""
@@ -172,7 +230,8 @@ class FakeLedger:
         run = self.runs[task_id]
         now = get_clock().now()
         owner = f"{hostname or 'unknown'}:fake"
-        why = self._claim_refusal(run, retries, now, reserve)
+        max_lost = settings_for(app).get(conf.MAX_LOST_LEASES)
+        why = self._claim_refusal(run, retries, now, reserve, max_lost)
         if why is not None:
             run.events.append(("claim", "rejected", why))
             return ClaimRefused(
@@ -225,17 +284,22 @@ class FakeLedger:
     ) -> bool:
         run = self.runs.get(task_id)
         now = get_clock().now()
-        if run is None:
+        if run is None:  # published by name: its run is recorded already ended
             run = self._record(task_id, task_name, deadline, retries)
-        live = run.status == "RUNNING" and (run.lease_expires_at or now) > now
-        ended = run.status in TERMINAL
-        in_time = confirm_within is not None and (
-            run.deadline is None or run.deadline > now + confirm_within
+            run.status, run.reason, run.detail = str(status), reason, detail
+            return True
+        lapsed = run.status == "RUNNING" and (run.lease_expires_at or now) <= now
+        waiting = run.status in CLAIMABLE or lapsed
+        # a deadline refusal ends a recorded run only if the ledger's clock agrees
+        confirmed = confirm_within is None or (
+            run.deadline is not None and run.deadline <= now + confirm_within
         )
-        if live or ended or in_time or run.retries != retries:
+        unresolved = bool(self.unresolved(task_id))
+        if not waiting or unresolved or not confirmed or run.retries != retries:
             run.events.append(("refuse", "rejected", reason))
             return False
         run.status, run.reason, run.detail, run.owner = str(status), reason, detail, ""
+        run.lease_expires_at = None
         run.events.append(("refuse", "applied", reason))
         return True
 
@@ -256,7 +320,10 @@ class FakeLedger:
         )
 
     def tell_caller_unknown(self, app: Any, task_id: str, error: str) -> None:
-        pass  # no effects here: a run never ends UNKNOWN in the fake ledger
+        if task_id not in self.runs:
+            return
+        meta = unknown_meta(self.unresolved(task_id), error)
+        app.backend.store_result(task_id, meta, CALLER_UNKNOWN)
 
     def lapse_owned(self, app: Any, task_id: str, *_: Any) -> bool:
         self.lapse(task_id)
@@ -272,26 +339,32 @@ class FakeLedger:
         return run
 
     def _claim_refusal(
-        self, run: FakeRun, retries: int, now: datetime, reserve: timedelta
+        self, run: FakeRun, retries: int, now: datetime, reserve: timedelta, max_lost: int
     ) -> str | None:
-        """The claim's condition, in the database ledger's order."""
-        lapsed = run.lease_expires_at is not None and run.lease_expires_at <= now
+        """The claim's condition, in the database ledger's order (``claim_checks``)."""
+        live = run.status == "RUNNING" and (run.lease_expires_at or now) > now
+        # a lapsed lease is taken over only after the grace: its supervisor ends it first
+        held = run.status == "RUNNING" and (
+            run.lease_expires_at is None or run.lease_expires_at > now - self.SUPERVISOR_GRACE
+        )
         if run.status in TERMINAL:
-            return "terminal"
+            return ClaimRefused.TERMINAL
         if run.retries != retries:
-            return "stale_message"
+            return ClaimRefused.STALE_MESSAGE
+        if self.unresolved(run.task_id) and not live:  # reconcile first
+            return ClaimRefused.UNRESOLVED
         if run.deadline is not None and run.deadline <= now:
-            return "deadline_passed"
+            return ClaimRefused.DEADLINE_PASSED
         if run.deadline is not None and run.deadline <= now + reserve:
-            return "deadline"
-        if run.status == "RUNNING" and not lapsed:
-            return "held"
-        if run.status == "RUNNING" and run.lost_leases >= self._MAX_LOST_LEASES:
-            return "lost_leases"
+            return ClaimRefused.DEADLINE
+        if held:
+            return ClaimRefused.HELD
+        if run.status == "RUNNING" and run.lost_leases >= max_lost:
+            return ClaimRefused.LOST_LEASES
         if run.status == "UNKNOWN":
-            return "unknown"
-        if run.status not in ("QUEUED", "RETRYING", "CLOCK_UNCERTAIN", "RUNNING"):
-            return "changed"
+            return ClaimRefused.UNKNOWN
+        if run.status not in CLAIMABLE and run.status != "RUNNING":
+            return ClaimRefused.CHANGED
         return None
 
 
@@ -313,11 +386,16 @@ class FakeAttempt:
         return (name, self.lease.checkpoint_data) if name else None
 
     @property
-    def store(self) -> Any:
-        raise NotImplementedError(
-            "the fake ledger plays runs only: test effects, plans and the ledger's clock "
-            "against a database (celery_deadlines' own tests do, on SQLite and PostgreSQL)"
-        )
+    def store(self) -> _FakeStore:
+        """The part of the ledger's store task code reaches through the attempt: the
+        effect ledger, rejected writes and the ledger's clock (the installed clock).
+        Stored plans raise ``NotImplementedError``: test those against a database."""
+        return _FakeStore(self.ledger)
+
+    @property
+    def effects(self) -> FakeEffects:
+        """The effect ledger (what :class:`~celery_deadlines.effects.EffectScope` uses)."""
+        return FakeEffects(self.ledger)
 
     def start(self) -> None:
         """No heartbeat: the test moves the clock, and lapses leases with ``lapse()``."""
@@ -326,39 +404,41 @@ class FakeAttempt:
         pass
 
     def checkpoint(self, name: str, data: Any) -> None:
-        self._write("checkpoint", checkpoint=(name, data))
+        self._write("checkpoint", "checkpoint", checkpoint=(name, data))
 
     def succeed(self) -> None:
-        self._write("succeeded", status="SUCCEEDED", lease_expires_at=None)
+        self._finish("SUCCEEDED", "", "", "succeed")
 
     def end(self, status: Any, reason: str, detail: str) -> None:
-        self._write(
-            str(status).lower(),
-            status=str(status),
-            reason=reason,
-            detail=detail,
-            lease_expires_at=None,
-        )
+        self._finish(str(status), reason, detail, "finish")
+
+    def _finish(self, status: str, reason: str, detail: str, write: str) -> None:
+        # an effect dispatched without an outcome ends the run UNKNOWN whatever ``status``
+        # says: the attempt may not know of it, and it must be reconciled first
+        if self.ledger.unresolved(self.lease.task_id):
+            status, reason = "UNKNOWN", "effect_unresolved"
+        changes = {"status": status, "reason": reason, "detail": detail}
+        self._write(status.lower(), write, **changes, lease_expires_at=None)
 
     def retry(
         self, retries: int, available_at: datetime | None, body: bytes | None, detail: str
     ) -> None:
-        self._write("retry", status="RETRYING", retries=retries, lease_expires_at=None)
+        self._write("retry", "retry", status="RETRYING", retries=retries, lease_expires_at=None)
 
     def release(self, detail: str) -> None:
-        self._write("release", status="QUEUED", lease_expires_at=None)
+        self._write("release", "release", status="QUEUED", lease_expires_at=None)
 
     def check(self, written: bool, write: str) -> None:
         if not written:
             self._refused(write)
 
-    def _write(self, kind: str, **changes: Any) -> None:
+    def _write(self, kind: str, write: str, **changes: Any) -> None:
+        """A fenced write: the run's event ``kind``, refused as ``write`` (the name the
+        database ledger's attempt gives it in :class:`StaleLease`)."""
         run = self.ledger.runs[self.lease.task_id]
-        now = get_clock().now()
-        alive = run.lease_expires_at is not None and run.lease_expires_at > now
-        if run.token != self.lease.token or run.status != "RUNNING" or not alive:
+        if not self.ledger.holds(self.lease):
             run.events.append((kind, "rejected", f"stale token {self.lease.token}"))
-            self._refused(kind)
+            self._refused(write)
         for name, value in changes.items():
             setattr(run, name, value)
         run.events.append((kind, "applied", ""))
@@ -370,6 +450,140 @@ class FakeAttempt:
         self.lost = True
         write_refused.send(sender=self, task_id=self.lease.task_id, write=write)
         raise StaleLease(self.lease.task_id, self.lease.token, write)
+
+
+class FakeEffects:
+    """The effect ledger's statements, in memory (``celery_deadlines.ledger.sql.effects``):
+    at most one dispatch per key without a recorded outcome, the guard fenced by the
+    run's token, its live lease and its deadline on the installed clock."""
+
+    def __init__(self, ledger: FakeLedger) -> None:
+        self.ledger = ledger
+
+    def record_intent(
+        self, lease: Lease, key: str, name: str, kind: str, fingerprint: str
+    ) -> FakeEffect:
+        """Record the intent to perform ``key``, or find it recorded (as it stands)."""
+        found = FakeEffect(key, lease.task_id, name, kind, fingerprint, lease.token)
+        return self.ledger.effects.setdefault(key, found)
+
+    def dispatch(self, lease: Lease, key: str, fresh_until: datetime | None = None) -> int | None:
+        """The dispatch guard: the key's dispatch number, or ``None`` (do not call out)."""
+        effect = self.ledger.effects.get(key)
+        if effect is None or effect.state not in DISPATCHABLE or self._refusal(lease, fresh_until):
+            return None
+        effect.state, effect.lease_token, effect.task_id = "DISPATCHED", lease.token, lease.task_id
+        effect.dispatches += 1
+        self._event(lease.task_id, "effect_dispatched", "applied", key)
+        return effect.dispatches
+
+    def why_refused(
+        self, lease: Lease, key: str, owner: str, fresh_until: datetime | None = None
+    ) -> str:
+        """Why the guard refused ``key`` (recorded as a rejected ``dispatch``)."""
+        effect = self.ledger.effects.get(key)
+        if effect is None:
+            return "changed"
+        if effect.state in UNRESOLVED:
+            why = "unresolved"
+        elif effect.state in COMPLETED:
+            why = "completed"
+        else:
+            why = self._refusal(lease, fresh_until) or "changed"
+        self._event(lease.task_id, "dispatch", "rejected", f"{why}:{key}")
+        return why
+
+    def _refusal(self, lease: Lease, fresh_until: datetime | None) -> str | None:
+        """What the guard finds wrong with the run, in the database ledger's order."""
+        run = self.ledger.runs.get(lease.task_id)
+        now = get_clock().now()
+        if run is not None and run.deadline is not None and run.deadline <= now:
+            return "deadline_passed"
+        if not self.ledger.holds(lease):
+            return "stale_lease"
+        if fresh_until is not None and fresh_until <= now:
+            return "stale_evidence"
+        return None
+
+    def _outcome(self, lease: Lease, key: str, state: str, **changes: Any) -> bool:
+        # fenced by the run *and* its token: tokens count per run, and a key may pass
+        # from one run to another
+        effect = self.ledger.effects.get(key)
+        if (
+            effect is None
+            or effect.task_id != lease.task_id
+            or effect.lease_token != lease.token
+            or effect.state not in UNRESOLVED
+        ):
+            return False
+        effect.state = state
+        for name, value in changes.items():
+            setattr(effect, name, value)
+        self._event(lease.task_id, f"effect_{state.lower()}", "applied", key)
+        return True
+
+    def succeed(self, lease: Lease, key: str, result: Any) -> bool:
+        return self._outcome(lease, key, "SUCCEEDED", result=result)
+
+    def fail(self, lease: Lease, key: str, error: str) -> bool:
+        return self._outcome(lease, key, "FAILED", error=error)
+
+    def not_sent(self, lease: Lease, key: str, error: str) -> bool:
+        return self._outcome(lease, key, "NOT_DISPATCHED", error=error)
+
+    def unknown(self, lease: Lease, key: str, error: str) -> bool:
+        return self._outcome(lease, key, "UNKNOWN", error=error)
+
+    def unresolved_keys(self, task_id: str) -> list[str]:
+        return self.ledger.unresolved(task_id)
+
+    def describe(self, key: str) -> str:
+        """The effect as it stands: ``dispatch 2 (DISPATCHED, run r1, token 5)``."""
+        effect = self.ledger.effects.get(key)
+        if effect is None:
+            return "gone"
+        return (
+            f"dispatch {effect.dispatches} ({effect.state}, run {effect.task_id}, "
+            f"token {effect.lease_token})"
+        )
+
+    def _event(self, task_id: str, kind: str, outcome: str, detail: str) -> None:
+        run = self.ledger.runs.get(task_id)
+        if run is not None:
+            run.events.append((kind, outcome, detail))
+
+
+class _FakeRuns:
+    """The run statements an effect's scope reaches: a rejected write's event."""
+
+    def __init__(self, ledger: FakeLedger) -> None:
+        self.ledger = ledger
+
+    def record_rejected(
+        self, run_id: int, kind: str, token: int, owner: str, why: str | None = None
+    ) -> None:
+        for run in self.ledger.runs.values():
+            if id(run) == run_id:  # a fake lease's run id is its run's identity
+                run.events.append((kind, "rejected", why or f"stale token {token}"))
+
+
+class _FakeStore:
+    """What an attempt's ``store`` offers task code in a :class:`FakeLedger`."""
+
+    def __init__(self, ledger: FakeLedger) -> None:
+        self.effects = FakeEffects(ledger)
+        self.runs = _FakeRuns(ledger)
+
+    def database_now(self) -> datetime:
+        """The ledger's clock: the installed one."""
+        return get_clock().now()
+
+    @property
+    def plans(self) -> NoReturn:
+        raise NotImplementedError(
+            "the fake ledger does not store plans: test them against a database "
+            "(celery_deadlines' own tests do, on SQLite and PostgreSQL)"
+        )
 
 
 @contextmanager

@@ -37,6 +37,7 @@ from .plans import Plans
 from .retention import Retention
 from .rows import required
 from .runs import Runs
+from .statements import Sql
 from .supervision import Supervision
 from .sweeps import Sweeps
 
@@ -46,6 +47,8 @@ IDLE_PING: Final = 1.0
 #: (the worker's statements are few and run for every task: the claim's plan alone
 #: costs more than its execution).
 PREPARE_THRESHOLD: Final = 1
+#: The database clock, read alone.
+DATABASE_NOW: Final = Sql("store.database_now", "SELECT {now}")
 
 
 def dedicated_settings(settings: dict[str, Any]) -> dict[str, Any]:
@@ -96,9 +99,7 @@ def _load_instants_natively(cursor: Any) -> None:
     when psycopg has its C implementation) instead of Django's: Django's is written in
     Python and re-stamps every value with the connection's zone, which a dedicated
     connection does not need: Django set its session to UTC (``USE_TZ``, check E004),
-    and :meth:`Dialect.instant` makes any aware value UTC. A won claim returns four
-    instants: its client code ran 304,000 instructions with Django's loader, 192,000
-    with psycopg's."""
+    and :meth:`Dialect.instant` makes any aware value UTC."""
     from psycopg import adapters
     from psycopg.pq import Format
 
@@ -224,7 +225,7 @@ class Store:
         connection that failed is checked before its next statement), and nothing else
         of Django's cursor wrapper. Its query log and execute wrappers belong to the
         connections the application shares; this one is the library's own, and the
-        wrapper cost more than half the client's CPU of a claim (bench/README.md)."""
+        wrapper costs more than the rest of the client's work on a claim."""
         local = self._local
         with connection.wrap_database_errors:
             if connection.connection is None:
@@ -263,7 +264,7 @@ class Store:
     def database_now(self) -> datetime:
         """The database clock."""
         d = self.dialect
-        _, rows = self.execute(f"SELECT {d.now}", [], timed=True)
+        _, rows = self.execute(DATABASE_NOW.text[d.vendor], [], timed=True)
         return required(d.instant(rows[0][0]))
 
     @cached_property

@@ -13,11 +13,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
-from .predicates import EFFECT, EVENT, EXPIRY_REASON_SQL, RUN, UNRESOLVED_SQL
 from .rows import Lease, from_json
-from .statements import Statements
+from .statements import Sql, Statements
 
 
 @dataclass(frozen=True)
@@ -73,15 +72,8 @@ class Effects(Statements):
         """Record the intent to perform ``key`` (or find it recorded): one statement.
         Finding it recorded marks it asked for (``asked_at``): the purge keeps an
         effect asked for within the retention, whichever run asked."""
-        d = self.store.dialect
         _, rows = self.store.execute(
-            f"""
-            INSERT INTO {EFFECT} (key, run_id, name, kind, state, lease_token, fingerprint,
-                dispatches, error, created_at, updated_at)
-            VALUES (%s, %s, %s, %s, 'INTENT_RECORDED', %s, %s, 0, '', {d.now}, {d.now})
-            ON CONFLICT (key) DO UPDATE SET asked_at = {d.now}
-            RETURNING state, fingerprint, result, lease_token
-            """,
+            RECORD_INTENT.text[self.store.dialect.vendor],
             [key, lease.run_id, name, kind, lease.token, fingerprint],
         )
         state, recorded_fingerprint, result, token = rows[0]
@@ -95,22 +87,12 @@ class Effects(Statements):
         database clock must not have reached it either.
         """
         d = self.store.dialect
-        fresh, fresh_params = _fresh_clause(d, fresh_until)
-        _, rows = self.store.execute(
-            f"""
-            UPDATE {EFFECT} SET state = 'DISPATCHED', lease_token = %s, run_id = %s,
-                dispatches = dispatches + 1, dispatched_at = {d.now}, updated_at = {d.now}
-            WHERE key = %s AND state IN ('INTENT_RECORDED', 'NOT_DISPATCHED')
-              AND EXISTS (
-                SELECT 1 FROM {RUN} r
-                WHERE r.id = %s AND r.lease_token = %s AND r.status = 'RUNNING'
-                  AND r.lease_expires_at > {d.now}
-                  AND (r.deadline IS NULL OR r.deadline > {d.now})
-              ){fresh}
-            RETURNING dispatches
-            """,
-            [lease.token, lease.run_id, key, lease.run_id, lease.token, *fresh_params],
-        )
+        params: list[Any] = [lease.token, lease.run_id, key, lease.run_id, lease.token]
+        if fresh_until is None:  # no evidence: no condition on it (no untyped NULL parameter)
+            _, rows = self.store.execute(DISPATCH.text[d.vendor], params)
+        else:
+            params.append(d.param(fresh_until))
+            _, rows = self.store.execute(DISPATCH_FRESH.text[d.vendor], params)
         return int(rows[0][0]) if rows else None
 
     def why_refused(
@@ -118,82 +100,48 @@ class Effects(Statements):
     ) -> str:
         """Why the guard refused ``key`` (recorded as a rejected event): the reason code."""
         d = self.store.dialect
-        stale, evidence_params = "", []
-        if fresh_until is not None:
-            stale = f"WHEN %s <= {d.now} THEN 'stale_evidence'"
-            evidence_params = [d.param(fresh_until)]
+        if fresh_until is None:
+            sql, evidence_params = WHY_REFUSED, []
+        else:
+            sql, evidence_params = WHY_REFUSED_FRESH, [d.param(fresh_until)]
         _, rows = self.store.execute(
-            f"""
-            INSERT INTO {EVENT} (run_id, at, kind, outcome, status, reason, version,
-                lease_token, owner, lease_expires_at, detail)
-            SELECT r.id, {d.now}, 'dispatch', 'rejected', r.status, r.reason, r.version, %s, %s,
-                r.lease_expires_at,
-                CASE
-                    WHEN e.state IN {UNRESOLVED_SQL} THEN 'unresolved'
-                    WHEN e.state IN ('SUCCEEDED', 'FAILED') THEN 'completed'
-                    WHEN r.deadline IS NOT NULL AND r.deadline <= {d.now} THEN 'deadline_passed'
-                    WHEN r.lease_token <> %s OR r.status <> 'RUNNING'
-                         OR r.lease_expires_at IS NULL OR r.lease_expires_at <= {d.now}
-                        THEN 'stale_lease'
-                    {stale}
-                    ELSE 'changed'
-                END || ':' || e.key
-            FROM {RUN} r, {EFFECT} e
-            WHERE r.id = %s AND e.key = %s
-            RETURNING detail
-            """,
+            sql.text[d.vendor],
             [lease.token, owner, lease.token, *evidence_params, lease.run_id, key],
         )
         return str(rows[0][0]).partition(":")[0] if rows else "changed"
 
-    def _outcome(self, lease: Lease, key: str, state: str, sets: str, params: list[Any]) -> bool:
-        # fenced by the run *and* its token: tokens count per run, and a key may pass from
-        # one run to another (reconciled as not sent, then dispatched by a duplicate run)
-        d = self.store.dialect
+    def _outcome(self, lease: Lease, key: str, sql: Sql, state: str, value: Any) -> bool:
         count, _ = self.store.execute(
-            f"""
-            UPDATE {EFFECT} SET state = %s, {sets}, updated_at = {d.now}
-            WHERE key = %s AND run_id = %s AND lease_token = %s AND state IN {UNRESOLVED_SQL}
-            """,
-            [state, *params, key, lease.run_id, lease.token],
+            sql.text[self.store.dialect.vendor], [state, value, key, lease.run_id, lease.token]
         )
         return count == 1
 
     def succeed(self, lease: Lease, key: str, result: Any) -> bool:
         """Record the outcome the provider returned (the dispatching attempt knows it)."""
-        d = self.store.dialect
-        return self._outcome(
-            lease, key, "SUCCEEDED", f"result = {d.json_param}", [json.dumps(result)]
-        )
+        return self._outcome(lease, key, OUTCOME_RESULT, "SUCCEEDED", json.dumps(result))
 
     def fail(self, lease: Lease, key: str, error: str) -> bool:
         """The provider refused for good (a definitive answer, nothing to retry)."""
-        return self._outcome(lease, key, "FAILED", "error = %s", [error])
+        return self._outcome(lease, key, OUTCOME_ERROR, "FAILED", error)
 
     def not_sent(self, lease: Lease, key: str, error: str) -> bool:
         """Certainly never reached the provider: safe to dispatch again."""
-        return self._outcome(lease, key, "NOT_DISPATCHED", "error = %s", [error])
+        return self._outcome(lease, key, OUTCOME_ERROR, "NOT_DISPATCHED", error)
 
     def unknown(self, lease: Lease, key: str, error: str) -> bool:
         """The call may or may not have taken effect: reconcile before anything else."""
-        return self._outcome(lease, key, "UNKNOWN", "error = %s", [error])
+        return self._outcome(lease, key, OUTCOME_ERROR, "UNKNOWN", error)
 
     # -- the run's side --------------------------------------------------------------------
 
     def unresolved(self, run_id: int) -> bool:
         """Does the run have an effect dispatched without a recorded outcome?"""
-        _, rows = self.store.execute(
-            f"SELECT 1 FROM {EFFECT} WHERE run_id = %s AND state IN {UNRESOLVED_SQL} LIMIT 1",
-            [run_id],
-        )
+        _, rows = self.store.execute(UNRESOLVED.text[self.store.dialect.vendor], [run_id])
         return bool(rows)
 
     def unresolved_keys(self, run_id: int) -> list[str]:
         """The keys of the run's effects dispatched without a recorded outcome."""
-        _, rows = self.store.execute(
-            f"SELECT key FROM {EFFECT} WHERE run_id = %s AND state IN {UNRESOLVED_SQL} ORDER BY id",
-            [run_id],
-        )
+        _, rows = self.store.execute(UNRESOLVED_KEYS.text[self.store.dialect.vendor], [run_id])
         return [str(row[0]) for row in rows]
 
     def mark_unknown(self, run_id: int, token: int) -> int:
@@ -202,30 +150,12 @@ class Effects(Statements):
         Conditioned on the attempt's token: a newer attempt's live dispatch is never
         touched, whoever read the run as lapsed and whenever it acts.
         """
-        d = self.store.dialect
-        count, _ = self.store.execute(
-            f"""
-            UPDATE {EFFECT} SET state = 'UNKNOWN', updated_at = {d.now},
-                error = 'the attempt ended without recording an outcome'
-            WHERE run_id = %s AND lease_token = %s AND state = 'DISPATCHED'
-            """,
-            [run_id, token],
-        )
+        count, _ = self.store.execute(MARK_UNKNOWN.text[self.store.dialect.vendor], [run_id, token])
         return count
 
     def pending(self, limit: int = 100) -> list[Pending]:
         """Unresolved effects of runs waiting (status UNKNOWN) for reconciliation."""
-        _, rows = self.store.execute(
-            f"""
-            SELECT e.key, e.name, e.fingerprint, e.lease_token, r.id, r.task_id, r.task_name,
-                e.state, e.dispatches
-            FROM {EFFECT} e JOIN {RUN} r ON r.id = e.run_id
-            WHERE e.state IN {UNRESOLVED_SQL} AND r.status = 'UNKNOWN'
-            ORDER BY e.id
-            LIMIT %s
-            """,
-            [limit],
-        )
+        _, rows = self.store.execute(PENDING.text[self.store.dialect.vendor], [limit])
         return [Pending(*row) for row in rows]
 
     def settle(
@@ -236,14 +166,8 @@ class Effects(Statements):
         changed since it was read (settled by someone else, or dispatched again), nothing
         is written but a rejected event on the run, and the settlement says why.
         """
-        d = self.store.dialect
         count, _ = self.store.execute(
-            f"""
-            UPDATE {EFFECT} SET state = %s, result = {d.json_param},
-                evidence = {d.json_param}, updated_at = {d.now}
-            WHERE key = %s AND state = %s AND dispatches = %s AND lease_token = %s
-              AND run_id = %s
-            """,
+            SETTLE.text[self.store.dialect.vendor],
             [
                 "SUCCEEDED" if found else "NOT_DISPATCHED",
                 json.dumps(result if found else None),
@@ -266,9 +190,7 @@ class Effects(Statements):
 
     def describe(self, key: str) -> str:
         """The effect as it stands: ``dispatch 2 (DISPATCHED, run 7, token 5)``."""
-        _, rows = self.store.execute(
-            f"SELECT state, dispatches, run_id, lease_token FROM {EFFECT} WHERE key = %s", [key]
-        )
+        _, rows = self.store.execute(DESCRIBE.text[self.store.dialect.vendor], [key])
         if not rows:
             return "gone"
         state, dispatches, run_id, token = rows[0]
@@ -278,46 +200,150 @@ class Effects(Statements):
         """UNKNOWN runs none of whose effects is unresolved any more (``run_id, task_id,
         task_name``): their effects were settled, e.g. by a late outcome of the attempt
         that dispatched them, and the run waits only for its release."""
-        _, rows = self.store.execute(
-            f"""
-            SELECT r.id, r.task_id, r.task_name FROM {RUN} r
-            WHERE r.status = 'UNKNOWN' AND NOT EXISTS (
-                SELECT 1 FROM {EFFECT} e WHERE e.run_id = r.id AND e.state IN {UNRESOLVED_SQL}
-            )
-            ORDER BY r.id
-            LIMIT %s
-            """,
-            [limit],
-        )
+        _, rows = self.store.execute(SETTLED_UNKNOWN.text[self.store.dialect.vendor], [limit])
         return [(int(r[0]), str(r[1]), str(r[2])) for r in rows]
 
     def release_resolved(self, run_id: int) -> tuple[str, str] | None:
         """An UNKNOWN run all of whose effects are resolved: queued again (token + 1) to
         replay or dispatch anew, or, past its deadline, EXPIRED (never resurrected).
         Returns the status and reason written, or ``None``."""
-        d = self.store.dialect
-        past = f"(deadline IS NOT NULL AND deadline <= {d.now})"
         _, rows = self.store.execute(
-            f"""
-            UPDATE {RUN} SET
-                status = CASE WHEN {past} THEN 'EXPIRED' ELSE 'QUEUED' END,
-                reason = CASE WHEN {past} THEN {EXPIRY_REASON_SQL} ELSE '' END,
-                lease_token = lease_token + 1, owner = '', lease_expires_at = NULL,
-                published_at = {d.now}, version = version + 1, op = 'reconciled',
-                op_detail = 'effects resolved', updated_at = {d.now}
-            WHERE id = %s AND status = 'UNKNOWN'
-              AND NOT EXISTS (
-                SELECT 1 FROM {EFFECT} WHERE run_id = %s AND state IN {UNRESOLVED_SQL}
-              )
-            RETURNING status, reason
-            """,
-            [run_id, run_id],
+            RELEASE_RESOLVED.text[self.store.dialect.vendor], [run_id, run_id]
         )
         return (str(rows[0][0]), str(rows[0][1])) if rows else None
 
 
-def _fresh_clause(d: Any, fresh_until: datetime | None) -> tuple[str, list[Any]]:
-    """The guard's evidence condition (none without evidence: no untyped NULL parameter)."""
-    if fresh_until is None:
-        return "", []
-    return f"\n              AND %s > {d.now}", [d.param(fresh_until)]
+RECORD_INTENT: Final = Sql(
+    "effects.record_intent",
+    """
+    INSERT INTO {effect} (key, run_id, name, kind, state, lease_token, fingerprint,
+        dispatches, error, created_at, updated_at)
+    VALUES (%s, %s, %s, %s, 'INTENT_RECORDED', %s, %s, 0, '', {now}, {now})
+    ON CONFLICT (key) DO UPDATE SET asked_at = {now}
+    RETURNING state, fingerprint, result, lease_token
+    """,
+)
+
+_DISPATCH = """
+    UPDATE {effect} SET state = 'DISPATCHED', lease_token = %s, run_id = %s,
+        dispatches = dispatches + 1, dispatched_at = {now}, updated_at = {now}
+    WHERE key = %s AND state IN ('INTENT_RECORDED', 'NOT_DISPATCHED')
+      AND EXISTS (
+        SELECT 1 FROM {run} r
+        WHERE r.id = %s AND r.lease_token = %s AND r.status = 'RUNNING'
+          AND r.lease_expires_at > {now}
+          AND (r.deadline IS NULL OR r.deadline > {now})
+      )
+      {fresh}
+    RETURNING dispatches
+"""
+#: The dispatch guard.
+DISPATCH: Final = Sql("effects.dispatch", _DISPATCH, fresh="")
+#: The dispatch guard of an effect relying on evidence: the database clock has not
+#: reached the evidence's earliest expiry (the last parameter) either.
+DISPATCH_FRESH: Final = Sql("effects.dispatch_fresh", _DISPATCH, fresh="AND %s > {now}")
+
+_WHY_REFUSED = """
+    INSERT INTO {event} (run_id, at, kind, outcome, status, reason, version,
+        lease_token, owner, lease_expires_at, detail)
+    SELECT r.id, {now}, 'dispatch', 'rejected', r.status, r.reason, r.version, %s, %s,
+        r.lease_expires_at,
+        CASE
+            WHEN e.state IN {unresolved} THEN 'unresolved'
+            WHEN e.state IN ('SUCCEEDED', 'FAILED') THEN 'completed'
+            WHEN r.deadline IS NOT NULL AND r.deadline <= {now} THEN 'deadline_passed'
+            WHEN r.lease_token <> %s OR r.status <> 'RUNNING'
+                 OR r.lease_expires_at IS NULL OR r.lease_expires_at <= {now}
+                THEN 'stale_lease'
+            {stale}
+            ELSE 'changed'
+        END || ':' || e.key
+    FROM {run} r, {effect} e
+    WHERE r.id = %s AND e.key = %s
+    RETURNING detail
+"""
+#: Why the guard refused (the first reason that holds), recorded as a rejected event.
+WHY_REFUSED: Final = Sql("effects.why_refused", _WHY_REFUSED, stale="")
+WHY_REFUSED_FRESH: Final = Sql(
+    "effects.why_refused_fresh", _WHY_REFUSED, stale="WHEN %s <= {now} THEN 'stale_evidence'"
+)
+
+# an outcome is fenced by the run *and* its token: tokens count per run, and a key may
+# pass from one run to another (reconciled as not sent, then dispatched by a duplicate run)
+_OUTCOME = """
+    UPDATE {effect} SET state = %s, {value}, updated_at = {now}
+    WHERE key = %s AND run_id = %s AND lease_token = %s AND state IN {unresolved}
+"""
+OUTCOME_RESULT: Final = Sql("effects.outcome_result", _OUTCOME, value="result = {json}")
+OUTCOME_ERROR: Final = Sql("effects.outcome_error", _OUTCOME, value="error = %s")
+
+UNRESOLVED: Final = Sql(
+    "effects.unresolved",
+    "SELECT 1 FROM {effect} WHERE run_id = %s AND state IN {unresolved} LIMIT 1",
+)
+UNRESOLVED_KEYS: Final = Sql(
+    "effects.unresolved_keys",
+    "SELECT key FROM {effect} WHERE run_id = %s AND state IN {unresolved} ORDER BY id",
+)
+MARK_UNKNOWN: Final = Sql(
+    "effects.mark_unknown",
+    """
+    UPDATE {effect} SET state = 'UNKNOWN', updated_at = {now},
+        error = 'the attempt ended without recording an outcome'
+    WHERE run_id = %s AND lease_token = %s AND state = 'DISPATCHED'
+    """,
+)
+PENDING: Final = Sql(
+    "effects.pending",
+    """
+    SELECT e.key, e.name, e.fingerprint, e.lease_token, r.id, r.task_id, r.task_name,
+        e.state, e.dispatches
+    FROM {effect} e JOIN {run} r ON r.id = e.run_id
+    WHERE e.state IN {unresolved} AND r.status = 'UNKNOWN'
+    ORDER BY e.id
+    LIMIT %s
+    """,
+)
+#: A settlement: a compare-and-swap on the dispatch that was asked about.
+SETTLE: Final = Sql(
+    "effects.settle",
+    """
+    UPDATE {effect} SET state = %s, result = {json},
+        evidence = {json}, updated_at = {now}
+    WHERE key = %s AND state = %s AND dispatches = %s AND lease_token = %s
+      AND run_id = %s
+    """,
+)
+DESCRIBE: Final = Sql(
+    "effects.describe", "SELECT state, dispatches, run_id, lease_token FROM {effect} WHERE key = %s"
+)
+SETTLED_UNKNOWN: Final = Sql(
+    "effects.settled_unknown",
+    """
+    SELECT r.id, r.task_id, r.task_name FROM {run} r
+    WHERE r.status = 'UNKNOWN' AND NOT EXISTS (
+        SELECT 1 FROM {effect} e WHERE e.run_id = r.id AND e.state IN {unresolved}
+    )
+    ORDER BY r.id
+    LIMIT %s
+    """,
+)
+#: An UNKNOWN run whose effects are all resolved: queued again (token + 1), or, past its
+#: deadline, EXPIRED (never resurrected).
+RELEASE_RESOLVED: Final = Sql(
+    "effects.release_resolved",
+    """
+    UPDATE {run} SET
+        status = CASE WHEN {past} THEN 'EXPIRED' ELSE 'QUEUED' END,
+        reason = CASE WHEN {past} THEN {expiry_reason} ELSE '' END,
+        lease_token = lease_token + 1, owner = '', lease_expires_at = NULL,
+        published_at = {now}, version = version + 1, op = 'reconciled',
+        op_detail = 'effects resolved', updated_at = {now}
+    WHERE id = %s AND status = 'UNKNOWN'
+      AND NOT EXISTS (
+        SELECT 1 FROM {effect} WHERE run_id = %s AND state IN {unresolved}
+      )
+    RETURNING status, reason
+    """,
+    past="(deadline IS NOT NULL AND deadline <= {now})",
+)

@@ -11,7 +11,6 @@ from typing import Final
 
 from ...rules.gates import Reason
 from ...rules.states import CLAIMABLE, REQUEUEABLE, TERMINAL, UNRESOLVED, WAITING
-from .dialect import Dialect
 
 RUN: Final = "celery_deadlines_run"
 EVENT: Final = "celery_deadlines_runevent"
@@ -62,28 +61,25 @@ EVENT_COLUMNS: Final = (
 )
 
 
-def claim_checks(d: Dialect) -> list[tuple[str, str]]:
-    """The claim's condition, once: ``(why, what must hold)`` in the order a refusal is
-    explained. The claim's ``WHERE`` is all of them; a lost claim's reason is the first
-    that does not hold. Named parameters: ``retries``, ``reserve`` (seconds, as the
-    dialect's ``now_plus`` takes them), ``grace`` (the negative supervisor grace) and
-    ``max_lost``.
-    """
-    now_plus = d.now_plus.replace("%s", "{}")
-    return [
-        ("terminal", f"status NOT IN {TERMINAL_SQL}"),
-        ("stale_message", "retries = %(retries)s"),
-        # a lapsed attempt dispatched an effect with no recorded outcome: reconcile first
-        (
-            "unresolved",
-            f"NOT ({HAS_UNRESOLVED} AND NOT (status = 'RUNNING' AND lease_expires_at > {d.now}))",
-        ),
-        ("deadline_passed", f"(deadline IS NULL OR deadline > {d.now})"),
-        ("deadline", f"(deadline IS NULL OR deadline > {now_plus.format('%(reserve)s')})"),
-        # a lapsed lease is taken over only after the grace: its supervisor ends it first
-        # (a time limit), and a dispatch guard that passed while it was live has committed
-        ("held", f"NOT (status = 'RUNNING' AND lease_expires_at > {now_plus.format('%(grace)s')})"),
-        ("lost_leases", "NOT (status = 'RUNNING' AND lost_leases >= %(max_lost)s)"),
-        ("unknown", "status <> 'UNKNOWN'"),
-        ("changed", f"(status IN {CLAIMABLE_SQL} OR status = 'RUNNING')"),
-    ]
+#: The claim's condition, once: ``(why, what must hold)`` in the order a refusal is
+#: explained, as templates (:class:`~celery_deadlines.ledger.sql.statements.Sql`). The
+#: claim's ``WHERE`` is all of them; a lost claim's reason is the first that does not
+#: hold. Named parameters: ``retries``, ``reserve`` (seconds, as the dialect's
+#: ``now_plus`` takes them), ``grace`` (the negative supervisor grace) and ``max_lost``.
+CLAIM_CHECKS: Final = (
+    ("terminal", "status NOT IN {terminal}"),
+    ("stale_message", "retries = %(retries)s"),
+    # a lapsed attempt dispatched an effect with no recorded outcome: reconcile first
+    (
+        "unresolved",
+        "NOT ({has_unresolved} AND NOT (status = 'RUNNING' AND lease_expires_at > {now}))",
+    ),
+    ("deadline_passed", "(deadline IS NULL OR deadline > {now})"),
+    ("deadline", "(deadline IS NULL OR deadline > {now_plus:reserve})"),
+    # a lapsed lease is taken over only after the grace: its supervisor ends it first
+    # (a time limit), and a dispatch guard that passed while it was live has committed
+    ("held", "NOT (status = 'RUNNING' AND lease_expires_at > {now_plus:grace})"),
+    ("lost_leases", "NOT (status = 'RUNNING' AND lost_leases >= %(max_lost)s)"),
+    ("unknown", "status <> 'UNKNOWN'"),
+    ("changed", "(status IN {claimable} OR status = 'RUNNING')"),
+)

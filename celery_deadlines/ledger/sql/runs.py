@@ -25,23 +25,127 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timedelta
-from functools import cache
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from ...rules.states import Status
 from .dialect import Dialect
-from .predicates import (
-    CLAIMABLE_SQL,
-    EVENT,
-    EVENT_COLUMNS,
-    HAS_UNRESOLVED,
-    RUN,
-    SUPERVISOR_GRACE,
-    TERMINAL_SQL,
-    claim_checks,
-)
+from .predicates import CLAIM_CHECKS, SUPERVISOR_GRACE
 from .rows import ClaimRefused, Expired, Lease, NewRun, from_json, required
-from .statements import Statements
+from .statements import Sql, Statements
+
+#: What a won claim returns, after its leading ``true``.
+_LEASE_COLUMNS: Final = (
+    "id, lease_token, version, attempt, lease_expires_at, deadline, checkpoint_name, "
+    "checkpoint_data"
+)
+#: What a lost claim returns (its rejected event), last in the row.
+_REFUSAL_COLUMNS: Final = "detail, status, lease_token, lease_expires_at, at"
+#: The run row as a lost claim's event explains it (PostgreSQL).
+_SEEN_COLUMNS: Final = (
+    "id, status, reason, version, lease_token, lease_expires_at, owner, deadline, "
+    "retries, lost_leases"
+)
+_CHECKS: Final = dict(CLAIM_CHECKS)
+
+#: The claim's own fragments (named parameters: those of :data:`CLAIM_CHECKS`,
+#: ``task_id``, ``owner``, ``ttl``, ``op_detail``; PostgreSQL's also ``alone``).
+_CLAIM_FRAGMENTS: Final = {
+    "lease_columns": _LEASE_COLUMNS,
+    "refusal_columns": _REFUSAL_COLUMNS,
+    "seen_columns": _SEEN_COLUMNS,
+    "held": _CHECKS["held"],
+    "changed": _CHECKS["changed"],
+    # the claim's WHERE: every check
+    "claim_condition": "\nAND ".join(check for _, check in CLAIM_CHECKS),
+    # a lost claim's reason: the first check that does not hold
+    "first_failed": "CASE\n"
+    + "".join(f"    WHEN NOT ({check}) THEN '{why}'\n" for why, check in CLAIM_CHECKS)
+    + "    ELSE 'changed'\nEND",
+    "claim_update": """
+        UPDATE {run} SET
+            status = 'RUNNING', owner = %(owner)s,
+            lease_token = lease_token + 1, version = version + 1, attempt = attempt + 1,
+            lost_leases = lost_leases + (CASE WHEN status = 'RUNNING' THEN 1 ELSE 0 END),
+            lease_expires_at = {lease_end:ttl},
+            op = 'claim', op_detail = %(op_detail)s, updated_at = {now}
+        WHERE task_id = %(task_id)s
+          AND {claim_condition}
+        RETURNING true AS won, {lease_columns}, {now} AS at,
+            CASE WHEN available_at IS NOT NULL AND available_at > published_at
+                 THEN available_at ELSE published_at END AS waiting_since
+    """,
+}
+
+#: SQLite's refusal, a statement of its own: the loser is named in the event's owner
+#: column, the detail names the first check that fails on the run row and its current
+#: owner (the row is aliased as the run table: the checks name its columns so).
+CLAIM_REFUSAL_SQLITE: Final = Sql(
+    "runs.claim_refusal",
+    """
+    INSERT INTO {event} ({event_columns})
+    SELECT id, {now}, 'claim', 'rejected', status, reason, version, lease_token,
+        %(owner)s, lease_expires_at,
+        {first_failed} || ':' || owner
+    FROM (SELECT * FROM {run} WHERE task_id = %(task_id)s) AS {run}
+    RETURNING {refusal_columns}
+    """,
+    vendors={"sqlite"},
+    **_CLAIM_FRAGMENTS,
+)
+
+# PostgreSQL's claim is one statement. A lost claim's event explains the row as the
+# claim found it: as this statement's snapshot shows it, unless that showed it neither
+# held nor in a state that no claim takes (then a concurrent claim may have held its lock
+# and won: the UPDATE waited, then found the committed row changed), then as it was
+# committed, read under a share lock (which waits for that claim). A row refused for
+# another reason (its deadline, say) is read so too: the same reason, a lock more.
+# A lost claim changed nothing but the audit trail: when the statement is its own
+# transaction (``alone``, as the worker's store runs it), its commit does not wait for
+# the WAL to reach the disk (``synchronous_commit`` off for it alone; a database crash
+# within ``3 x wal_writer_delay`` may lose the event, nothing else). A won claim's commit
+# waits as every other transition does: its token must survive.
+_CLAIM_POSTGRESQL: Final = """
+    WITH claimed AS (
+        {claim_update}
+    ),
+    lost AS (
+        SELECT {held} AND {changed} AS raced
+        FROM {run}
+        WHERE task_id = %(task_id)s AND NOT EXISTS (SELECT 1 FROM claimed)
+    ),
+    committed AS (
+        SELECT {seen_columns}
+        FROM {run}
+        WHERE task_id = %(task_id)s AND (SELECT raced FROM lost) FOR SHARE
+    ),
+    refused AS (
+        INSERT INTO {event} ({event_columns})
+        SELECT id, {now}, 'claim', 'rejected', status, reason, version, lease_token,
+            %(owner)s, lease_expires_at,
+            {first_failed} || ':' || owner
+        FROM (
+            SELECT {seen_columns} FROM {run}
+            WHERE task_id = %(task_id)s AND NOT (SELECT raced FROM lost)
+            UNION ALL SELECT * FROM committed
+        ) AS {run}
+        RETURNING {refusal_columns}
+    )
+    SELECT won, {lease_columns}, at, waiting_since, NULL, NULL, NULL, NULL, NULL
+    FROM claimed
+    UNION ALL
+    SELECT false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+        {refusal_columns}
+    FROM refused WHERE CASE WHEN %(alone)s
+        THEN set_config('synchronous_commit', 'off', true) IS NOT NULL ELSE true END
+"""
+#: The claim: on SQLite the compare-and-swap alone (its refusal is
+#: :data:`CLAIM_REFUSAL_SQLITE`). Sent in fewer than 4096 characters: psycopg caches the
+#: parsing of a statement no longer.
+CLAIM: Final = Sql(
+    "runs.claim",
+    {"postgresql": _CLAIM_POSTGRESQL, "sqlite": "{claim_update}"},
+    **_CLAIM_FRAGMENTS,
+)
 
 
 class Runs(Statements):
@@ -78,7 +182,7 @@ class Runs(Statements):
             "ttl": d.seconds(ttl),
             "op_detail": f"retries={retries}",
         }
-        sql = _claim_sql(d)
+        sql = _CLAIMS[d.vendor]
         if sql.refuse is None:  # PostgreSQL: whether a refusal may commit without waiting
             params["alone"] = self.store.commits_alone()
         _, rows = self.execute(sql.claim, params, timed=True)  # a won claim is a clock reading
@@ -115,16 +219,9 @@ class Runs(Statements):
 
     # -- fenced writes ---------------------------------------------------------------------
 
-    def _fenced(self, sets: str, params: list[Any], lease: Lease, kind: str, owner: str) -> bool:
-        d = self.dialect
-        count, _ = self.execute(
-            f"""
-            UPDATE {RUN} SET {sets}, version = version + 1, updated_at = {d.now}
-            WHERE id = %s AND lease_token = %s AND status = 'RUNNING'
-              AND lease_expires_at > {d.now}
-            """,
-            [*params, lease.run_id, lease.token],
-        )
+    def _fenced(self, sql: Sql, params: list[Any], lease: Lease, kind: str, owner: str) -> bool:
+        """Run a fenced write (:func:`_fenced_write`): its own parameters, then the fence's."""
+        count, _ = self.execute(sql.text[self.dialect.vendor], [*params, lease.run_id, lease.token])
         if count == 1:
             return True
         self.record_rejected(lease.run_id, kind, lease.token, owner)
@@ -137,17 +234,7 @@ class Runs(Statements):
         deadline has passed): the caller must stop acting on the run.
         """
         d = self.dialect
-        _, rows = self.execute(
-            f"""
-            UPDATE {RUN} SET lease_expires_at = {d.least(d.now_plus, "deadline")},
-                version = version + 1, op = 'renew', op_detail = '', updated_at = {d.now}
-            WHERE id = %s AND lease_token = %s AND status = 'RUNNING'
-              AND lease_expires_at > {d.now}
-              AND (deadline IS NULL OR deadline > {d.now})
-            RETURNING lease_expires_at
-            """,
-            [d.seconds(ttl), lease.run_id, lease.token],
-        )
+        _, rows = self.execute(RENEW.text[d.vendor], [d.seconds(ttl), lease.run_id, lease.token])
         if rows:
             return d.instant(rows[0][0])
         self.record_rejected(lease.run_id, "renew", lease.token, owner)
@@ -155,10 +242,8 @@ class Runs(Statements):
 
     def checkpoint(self, lease: Lease, owner: str, name: str, data: Any) -> bool:
         """Persist progress under the attempt's token (fenced)."""
-        d = self.dialect
         return self._fenced(
-            f"checkpoint_name = %s, checkpoint_data = {d.json_param}, checkpoint_at = {d.now}, "
-            "checkpoint_token = lease_token, op = 'checkpoint', op_detail = %s",
+            CHECKPOINT,
             [name, json.dumps(data), name],
             lease,
             "checkpoint",
@@ -175,9 +260,7 @@ class Runs(Statements):
         dispatch), and the reconciler must settle it before the run may end.
         """
         return self._fenced(
-            f"status = CASE WHEN {HAS_UNRESOLVED} THEN 'UNKNOWN' ELSE %s END, "
-            f"reason = CASE WHEN {HAS_UNRESOLVED} THEN 'effect_unresolved' ELSE %s END, "
-            "detail = %s, lease_expires_at = NULL, op = %s, op_detail = %s",
+            FINISH,
             [status.value, reason, detail, status.value.lower(), detail],
             lease,
             status.value.lower(),
@@ -187,9 +270,7 @@ class Runs(Statements):
     def last_write(self, lease: Lease) -> tuple[str, int, str] | None:
         """The run's status, token and last write (``op``), to settle a write whose
         answer the database connection lost: did it commit?"""
-        _, rows = self.execute(
-            f"SELECT status, lease_token, op FROM {RUN} WHERE id = %s", [lease.run_id]
-        )
+        _, rows = self.execute(LAST_WRITE.text[self.dialect.vendor], [lease.run_id])
         if not rows:
             return None
         status, token, op = rows[0]
@@ -199,13 +280,7 @@ class Runs(Statements):
         """How the run of ``task_id`` ended (status, reason, detail, deadline, and when,
         by the database clock), or ``None`` if it has not ended or is not recorded: what
         a later delivery of its message tells a caller the ended attempt never told."""
-        _, rows = self.execute(
-            f"""
-            SELECT task_name, status, reason, detail, deadline, updated_at FROM {RUN}
-            WHERE task_id = %s AND status IN {TERMINAL_SQL}
-            """,
-            [task_id],
-        )
+        _, rows = self.execute(ENDED.text[self.dialect.vendor], [task_id])
         if not rows:
             return None
         name, status, reason, detail, deadline, ended_at = rows[0]
@@ -232,8 +307,7 @@ class Runs(Statements):
         """Hand the run to its retry message (fenced): RETRYING, lease released."""
         d = self.dialect
         return self._fenced(
-            f"status = 'RETRYING', retries = %s, available_at = %s, message_body = %s, "
-            f"lease_expires_at = NULL, published_at = {d.now}, op = 'retry', op_detail = %s",
+            RETRY,
             [retries, d.param(available_at), message_body, detail],
             lease,
             "retry",
@@ -242,10 +316,8 @@ class Runs(Statements):
 
     def release(self, lease: Lease, owner: str, detail: str) -> bool:
         """Give the run back to the queue (the task rejected its message with requeue)."""
-        d = self.dialect
         return self._fenced(
-            f"status = 'QUEUED', lease_expires_at = NULL, published_at = {d.now}, "
-            "op = 'release', op_detail = %s",
+            RELEASE,
             [detail],
             lease,
             "release",
@@ -257,8 +329,7 @@ class Runs(Statements):
         claiming worker's clock is beyond the skew budget. It stays claimable; a worker
         whose clock agrees publishes it again (:meth:`unclaimed`)."""
         return self._fenced(
-            "status = 'CLOCK_UNCERTAIN', reason = 'clock_uncertain', detail = %s, "
-            "owner = '', lease_expires_at = NULL, op = 'clock_hold', op_detail = %s",
+            HOLD,
             [detail, detail],
             lease,
             "clock_hold",
@@ -270,20 +341,9 @@ class Runs(Statements):
     ) -> None:
         """Append a rejected write: by default a stale holder's (its token, and the
         current owner's); ``why`` says otherwise (e.g. ``stale_evidence: ...``)."""
-        d = self.dialect
-        detail = (
-            "%s"
-            if why is not None
-            else "'stale token ' || %s || '; current token ' || lease_token || ' owned by ' "
-            "|| owner"
-        )
+        sql = REJECTED_STALE if why is None else REJECTED_BECAUSE
         self.execute(
-            f"""
-            INSERT INTO {EVENT} ({EVENT_COLUMNS})
-            SELECT id, {d.now}, %s, 'rejected', status, reason, version, %s, %s,
-                lease_expires_at, {detail}
-            FROM {RUN} WHERE id = %s
-            """,
+            sql.text[self.dialect.vendor],
             [kind, token, owner, why if why is not None else str(token), run_id],
         )
 
@@ -310,23 +370,12 @@ class Runs(Statements):
         already ended. Returns whether this call ended the run.
         """
         d = self.dialect
-        confirm, confirm_params = "", []
-        if confirm_within is not None:
-            confirm = f"AND deadline IS NOT NULL AND deadline <= {d.now_plus}"
-            confirm_params = [d.seconds(confirm_within)]
-        count, _ = self.execute(
-            f"""
-            UPDATE {RUN} SET status = %s, reason = %s, detail = %s, owner = '',
-                lease_expires_at = NULL, version = version + 1, op = 'refuse',
-                op_detail = %s, updated_at = {d.now}
-            WHERE task_id = %s AND retries = %s
-              AND (status IN {CLAIMABLE_SQL}
-                   OR (status = 'RUNNING' AND lease_expires_at <= {d.now}))
-              AND NOT {HAS_UNRESOLVED}
-              {confirm}
-            """,
-            [status.value, reason, detail, detail, task_id, retries, *confirm_params],
-        )
+        params = [status.value, reason, detail, detail, task_id, retries]
+        if confirm_within is None:
+            count, _ = self.execute(REFUSE.text[d.vendor], params)
+        else:
+            params.append(d.seconds(confirm_within))
+            count, _ = self.execute(REFUSE_CONFIRMED.text[d.vendor], params)
         if count:
             return True  # (a recorded run still in time by the database clock is left)
         unrecorded = NewRun(
@@ -353,99 +402,128 @@ class _ClaimSql(NamedTuple):
     refuse: str | None
 
 
-#: What a won claim returns, after its leading ``true``.
-_LEASE_COLUMNS = (
-    "id, lease_token, version, attempt, lease_expires_at, deadline, checkpoint_name, "
-    "checkpoint_data"
-)
-#: What a lost claim returns (its rejected event), last in the row.
-_REFUSAL_COLUMNS = "detail, status, lease_token, lease_expires_at, at"
+#: The claim's texts per dialect. A row whose first column is true is a won claim (the
+#: lease's columns, the database clock, when the run became claimable); false, a lost
+#: one (the rejected event's detail ``why:current owner``, the run's status, token and
+#: lease expiry, the database clock); no row, no run.
+_CLAIMS: Final = {
+    "postgresql": _ClaimSql(CLAIM.text["postgresql"], None),
+    "sqlite": _ClaimSql(CLAIM.text["sqlite"], CLAIM_REFUSAL_SQLITE.text["sqlite"]),
+}
 
 
-@cache
 def _claim_sql(d: Dialect) -> _ClaimSql:
-    """The claim (and, on SQLite, the refusal), written once per dialect.
+    """The claim (and, on SQLite, the refusal) for the dialect ``d``."""
+    return _CLAIMS[d.vendor]
 
-    Named parameters: those of :func:`claim_checks`, ``task_id``, ``owner``, ``ttl``,
-    ``op_detail``. A row whose first column is true is a won claim (the lease's
-    columns, the database clock, when the run became claimable); false, a lost one
-    (the rejected event's detail ``why:current owner``, the run's status, token and
-    lease expiry, the database clock); no row, no run.
+
+RENEW: Final = Sql(
+    "runs.renew",
     """
-    checks = claim_checks(d)
-    claimable = " AND ".join(check for _, check in checks)
-    why = "CASE " + " ".join(f"WHEN NOT ({c}) THEN '{reason}'" for reason, c in checks)
-    why += " ELSE 'changed' END"
-    update = f"""
-        UPDATE {RUN} SET
-            status = 'RUNNING', owner = %(owner)s,
-            lease_token = lease_token + 1, version = version + 1, attempt = attempt + 1,
-            lost_leases = lost_leases + (CASE WHEN status = 'RUNNING' THEN 1 ELSE 0 END),
-            lease_expires_at = {d.least(d.now_plus.replace("%s", "%(ttl)s"), "deadline")},
-            op = 'claim', op_detail = %(op_detail)s, updated_at = {d.now}
-        WHERE task_id = %(task_id)s AND {claimable}
-        RETURNING true AS won, {_LEASE_COLUMNS}, {d.now} AS at,
-            CASE WHEN available_at IS NOT NULL AND available_at > published_at
-                 THEN available_at ELSE published_at END AS waiting_since
-    """
-    # the loser is named in the event's owner column; the detail names the current owner;
-    # the reason is the first check that fails on the row ``seen``, aliased as the run
-    # table (the checks name its columns so)
-    event = f"""
-        INSERT INTO {EVENT} ({EVENT_COLUMNS})
-        SELECT id, {d.now}, 'claim', 'rejected', status, reason, version, lease_token,
-            %(owner)s, lease_expires_at, {why} || ':' || owner
-        FROM {{seen}} AS {RUN}
-        RETURNING {_REFUSAL_COLUMNS}
-    """
-    if d.vendor != "postgresql":
-        seen = f"(SELECT * FROM {RUN} WHERE task_id = %(task_id)s)"
-        return _ClaimSql(claim=_compact(update), refuse=_compact(event.format(seen=seen)))
-    # One statement. A lost claim's event explains the row as the claim found it: as this
-    # statement's snapshot shows it, unless that showed it neither held nor in a state
-    # that no claim takes (then a concurrent claim may have held its lock and won: the
-    # UPDATE waited, then found the committed row changed), then as it was committed,
-    # read under a share lock (which waits for that claim). A row refused for another
-    # reason (its deadline, say) is read so too: the same reason, a lock more.
-    # A lost claim changed nothing but the audit trail: when the statement is its own
-    # transaction (``alone``, as the worker's store runs it), its commit does not wait
-    # for the WAL to reach the disk (``synchronous_commit`` off for it alone; a database
-    # crash within ``3 x wal_writer_delay`` may lose the event, nothing else). A won
-    # claim's commit waits as every other transition does: its token must survive.
-    # (Compact: psycopg caches the parsing of a statement of up to 4096 characters.)
-    by_reason = dict(checks)
-    columns = (
-        "id, status, reason, version, lease_token, lease_expires_at, owner, deadline, "
-        "retries, lost_leases"
+    UPDATE {run} SET lease_expires_at = {lease_end},
+        version = version + 1, op = 'renew', op_detail = '', updated_at = {now}
+    WHERE id = %s AND lease_token = %s AND status = 'RUNNING'
+      AND lease_expires_at > {now}
+      AND (deadline IS NULL OR deadline > {now})
+    RETURNING lease_expires_at
+    """,
+)
+
+
+def _fenced_write(name: str, sets: str) -> Sql:
+    """A write under the attempt's token while its lease is alive by the database clock
+    (its own parameters, then the run's id and the token)."""
+    return Sql(
+        name,
+        """
+        UPDATE {run} SET
+            {sets},
+            version = version + 1, updated_at = {now}
+        WHERE id = %s AND lease_token = %s AND status = 'RUNNING'
+          AND lease_expires_at > {now}
+        """,
+        sets=sets,
     )
-    claim = f"""
-        WITH claimed AS ({update}),
-        lost AS (
-            SELECT {by_reason["held"]} AND {by_reason["changed"]} AS raced FROM {RUN}
-            WHERE task_id = %(task_id)s AND NOT EXISTS (SELECT 1 FROM claimed)
-        ),
-        committed AS (
-            SELECT {columns} FROM {RUN}
-            WHERE task_id = %(task_id)s AND (SELECT raced FROM lost) FOR SHARE
-        ),
-        refused AS ({
-        event.format(
-            seen=f"(SELECT {columns} FROM {RUN} WHERE task_id = %(task_id)s "
-            "AND NOT (SELECT raced FROM lost) UNION ALL SELECT * FROM committed)"
-        )
-    })
-        SELECT won, {_LEASE_COLUMNS}, at, waiting_since, NULL, NULL, NULL, NULL, NULL
-        FROM claimed
-        UNION ALL
-        SELECT false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-            {_REFUSAL_COLUMNS}
-        FROM refused WHERE CASE WHEN %(alone)s
-            THEN set_config('synchronous_commit', 'off', true) IS NOT NULL ELSE true END
+
+
+CHECKPOINT: Final = _fenced_write(
+    "runs.checkpoint",
     """
-    return _ClaimSql(claim=_compact(claim), refuse=None)
+    checkpoint_name = %s, checkpoint_data = {json}, checkpoint_at = {now},
+    checkpoint_token = lease_token, op = 'checkpoint', op_detail = %s
+    """,
+)
+FINISH: Final = _fenced_write(
+    "runs.finish",
+    """
+    status = CASE WHEN {has_unresolved} THEN 'UNKNOWN' ELSE %s END,
+    reason = CASE WHEN {has_unresolved} THEN 'effect_unresolved' ELSE %s END,
+    detail = %s, lease_expires_at = NULL, op = %s, op_detail = %s
+    """,
+)
+RETRY: Final = _fenced_write(
+    "runs.retry",
+    """
+    status = 'RETRYING', retries = %s, available_at = %s, message_body = %s,
+    lease_expires_at = NULL, published_at = {now}, op = 'retry', op_detail = %s
+    """,
+)
+RELEASE: Final = _fenced_write(
+    "runs.release",
+    """
+    status = 'QUEUED', lease_expires_at = NULL, published_at = {now},
+    op = 'release', op_detail = %s
+    """,
+)
+HOLD: Final = _fenced_write(
+    "runs.hold",
+    """
+    status = 'CLOCK_UNCERTAIN', reason = 'clock_uncertain', detail = %s,
+    owner = '', lease_expires_at = NULL, op = 'clock_hold', op_detail = %s
+    """,
+)
 
+LAST_WRITE: Final = Sql(
+    "runs.last_write", "SELECT status, lease_token, op FROM {run} WHERE id = %s"
+)
+ENDED: Final = Sql(
+    "runs.ended",
+    """
+    SELECT task_name, status, reason, detail, deadline, updated_at FROM {run}
+    WHERE task_id = %s AND status IN {terminal}
+    """,
+)
 
-def _compact(statement: str) -> str:
-    """``statement`` with each run of white space made one space (no literal in the
-    claim holds two)."""
-    return " ".join(statement.split())
+_REJECTED = """
+    INSERT INTO {event} ({event_columns})
+    SELECT id, {now}, %s, 'rejected', status, reason, version, %s, %s,
+        lease_expires_at, {detail}
+    FROM {run} WHERE id = %s
+"""
+#: A stale holder's rejected write: its token, and the current owner's.
+REJECTED_STALE: Final = Sql(
+    "runs.record_rejected",
+    _REJECTED,
+    detail="'stale token ' || %s || '; current token ' || lease_token || ' owned by ' || owner",
+)
+#: A rejected write with its reason given (``stale_evidence: ...``).
+REJECTED_BECAUSE: Final = Sql("runs.record_rejected_because", _REJECTED, detail="%s")
+
+_REFUSE = """
+    UPDATE {run} SET status = %s, reason = %s, detail = %s, owner = '',
+        lease_expires_at = NULL, version = version + 1, op = 'refuse',
+        op_detail = %s, updated_at = {now}
+    WHERE task_id = %s AND retries = %s
+      AND (status IN {claimable}
+           OR (status = 'RUNNING' AND lease_expires_at <= {now}))
+      AND NOT {has_unresolved}
+      {confirm}
+"""
+REFUSE: Final = Sql("runs.refuse", _REFUSE, confirm="")
+#: A refusal for the deadline: only a run whose deadline is within the reserve of the
+#: database clock's now ends (a worker whose clock runs ahead cannot expire it).
+REFUSE_CONFIRMED: Final = Sql(
+    "runs.refuse_for_the_deadline",
+    _REFUSE,
+    confirm="AND deadline IS NOT NULL AND deadline <= {now_plus}",
+)

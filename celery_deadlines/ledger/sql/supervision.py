@@ -7,9 +7,11 @@ process's hard time limit fires, or let the lease lapse at once when the process
 
 from __future__ import annotations
 
+from typing import Final
+
 from ...rules.states import Status
-from .predicates import EFFECT, HAS_UNRESOLVED, RUN, SUPERVISOR_GRACE, TERMINAL_SQL
-from .statements import Statements
+from .predicates import SUPERVISOR_GRACE
+from .statements import Sql, Statements
 
 
 class Supervision(Statements):
@@ -28,36 +30,20 @@ class Supervision(Statements):
         marked UNKNOWN in the same transaction. Returns the status written, or ``None``
         if the attempt was not this owner's any more.
         """
-        d = self.dialect
+        vendor = self.dialect.vendor
         # one transaction: a reconciler must never see the run UNKNOWN with its effect
         # still DISPATCHED, or it settles the effect first and the trail lacks the
-        # effect's UNKNOWN (an integration test on a loaded machine saw it)
+        # effect's UNKNOWN
         with self.store.transaction():
             _, rows = self.execute(
-                f"""
-                UPDATE {RUN} SET
-                    status = CASE WHEN {HAS_UNRESOLVED} THEN 'UNKNOWN' ELSE %s END,
-                    reason = CASE WHEN {HAS_UNRESOLVED} THEN 'effect_unresolved' ELSE %s END,
-                    detail = %s, lease_token = lease_token + 1, lease_expires_at = NULL,
-                    version = version + 1, op = 'end_owned', op_detail = %s,
-                    updated_at = {d.now}
-                WHERE task_id = %s AND status = 'RUNNING' AND owner = %s
-                RETURNING id, status
-                """,
+                END_OWNED.text[vendor],
                 [status.value, reason, detail, detail, task_id, owner],
             )
             if not rows:
                 return None
             run_id, written = rows[0]
             if written == Status.UNKNOWN:
-                self.execute(
-                    f"""
-                    UPDATE {EFFECT} SET state = 'UNKNOWN', updated_at = {d.now},
-                        error = %s
-                    WHERE run_id = %s AND state = 'DISPATCHED'
-                    """,
-                    [detail, run_id],
-                )
+                self.execute(END_OWNED_EFFECTS.text[vendor], [detail, run_id])
         return str(written)
 
     def lapse_owned(self, task_id: str, owner: str, detail: str) -> bool:
@@ -68,17 +54,47 @@ class Supervision(Statements):
         ledger does not know."""
         d = self.dialect
         count, _ = self.execute(
-            f"""
-            UPDATE {RUN} SET lease_expires_at = {d.now_plus}, version = version + 1,
-                op = 'worker_lost', op_detail = %s, updated_at = {d.now}
-            WHERE task_id = %s AND status = 'RUNNING' AND owner = %s
-            """,
-            [d.seconds(-SUPERVISOR_GRACE), detail, task_id, owner],
+            LAPSE_OWNED.text[d.vendor], [d.seconds(-SUPERVISOR_GRACE), detail, task_id, owner]
         )
         if count == 1:
             return True
-        _, rows = self.execute(
-            f"SELECT 1 FROM {RUN} WHERE task_id = %s AND status NOT IN {TERMINAL_SQL}",
-            [task_id],
-        )
+        _, rows = self.execute(UNFINISHED.text[d.vendor], [task_id])
         return bool(rows)
+
+
+#: The attempt of a pool process this worker supervises, ended (token + 1); UNKNOWN if
+#: one of its effects has no recorded outcome.
+END_OWNED: Final = Sql(
+    "supervision.end_owned",
+    """
+    UPDATE {run} SET
+        status = CASE WHEN {has_unresolved} THEN 'UNKNOWN' ELSE %s END,
+        reason = CASE WHEN {has_unresolved} THEN 'effect_unresolved' ELSE %s END,
+        detail = %s, lease_token = lease_token + 1, lease_expires_at = NULL,
+        version = version + 1, op = 'end_owned', op_detail = %s,
+        updated_at = {now}
+    WHERE task_id = %s AND status = 'RUNNING' AND owner = %s
+    RETURNING id, status
+    """,
+)
+#: Its effects dispatched without an outcome: UNKNOWN (in the same transaction).
+END_OWNED_EFFECTS: Final = Sql(
+    "supervision.end_owned_effects",
+    """
+    UPDATE {effect} SET state = 'UNKNOWN', updated_at = {now},
+        error = %s
+    WHERE run_id = %s AND state = 'DISPATCHED'
+    """,
+)
+#: The lease of a lost pool process, lapsed now (less the supervisor's grace).
+LAPSE_OWNED: Final = Sql(
+    "supervision.lapse_owned",
+    """
+    UPDATE {run} SET lease_expires_at = {now_plus}, version = version + 1,
+        op = 'worker_lost', op_detail = %s, updated_at = {now}
+    WHERE task_id = %s AND status = 'RUNNING' AND owner = %s
+    """,
+)
+UNFINISHED: Final = Sql(
+    "supervision.unfinished", "SELECT 1 FROM {run} WHERE task_id = %s AND status NOT IN {terminal}"
+)

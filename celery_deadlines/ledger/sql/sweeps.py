@@ -7,20 +7,12 @@ others change nothing.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Final
 
 from ...rules.states import Status
-from .predicates import (
-    CLAIMABLE_SQL,
-    EXPIRY_REASON_SQL,
-    HAS_UNRESOLVED,
-    MESSAGE_COLUMNS,
-    RUN,
-    SUPERVISOR_GRACE,
-    WAITING_SQL,
-)
+from .predicates import RUN, SUPERVISOR_GRACE
 from .rows import Expired, LapsedLease, NewRun, Unclaimed, as_bytes
-from .statements import Statements
+from .statements import Sql, Statements
 
 
 class Sweeps(Statements):
@@ -36,7 +28,7 @@ class Sweeps(Statements):
 
     def last_occurrence(self, schedule: str) -> datetime | None:
         """The latest occurrence of ``schedule`` the ledger holds a run for (any state)."""
-        _, rows = self.execute(f"SELECT MAX(not_before) FROM {RUN} WHERE schedule = %s", [schedule])
+        _, rows = self.execute(LAST_OCCURRENCE.text[self.dialect.vendor], [schedule])
         return self.dialect.instant(rows[0][0]) if rows else None
 
     def record_missed(self, run: NewRun, detail: str) -> bool:
@@ -54,27 +46,7 @@ class Sweeps(Statements):
         the same deadline (``deadline_passed``; ``delivery_expired`` for a delivery
         task's run): one word for one situation, whoever finds it."""
         d = self.dialect
-        reason = EXPIRY_REASON_SQL
-        _, rows = self.execute(
-            f"""
-            UPDATE {RUN} SET status = 'EXPIRED',
-                reason = {reason},
-                detail = CASE WHEN status = 'PAUSED'
-                              THEN 'the deadline passed while the run was paused'
-                              ELSE 'the deadline passed before any worker claimed the run'
-                         END,
-                version = version + 1, op = 'expire',
-                op_detail = {reason},
-                updated_at = {d.now}
-            WHERE id IN (
-                SELECT id FROM {RUN}
-                WHERE status IN {WAITING_SQL} AND deadline <= {d.now}
-                LIMIT %s
-            ) AND status IN {WAITING_SQL} AND deadline <= {d.now}
-            RETURNING task_id, task_name, status, reason, deadline, detail
-            """,
-            [limit],
-        )
+        _, rows = self.execute(EXPIRE_UNCLAIMED.text[d.vendor], [limit])
         return [
             Expired(
                 task_id=r[0],
@@ -96,17 +68,7 @@ class Sweeps(Statements):
         own worker first, so the outcome does not depend on who is quicker.
         """
         d = self.dialect
-        _, rows = self.execute(
-            f"""
-            SELECT id, task_id, task_name, version, lease_token, owner, lost_leases, deadline,
-                deadline IS NOT NULL AND deadline <= {d.now}, delivery_task
-            FROM {RUN}
-            WHERE status = 'RUNNING' AND lease_expires_at <= {d.now_plus}
-            ORDER BY lease_expires_at
-            LIMIT %s
-            """,
-            [d.seconds(-SUPERVISOR_GRACE), limit],
-        )
+        _, rows = self.execute(LAPSED_LEASES.text[d.vendor], [d.seconds(-SUPERVISOR_GRACE), limit])
         return [
             LapsedLease(
                 run_id=r[0],
@@ -135,35 +97,17 @@ class Sweeps(Statements):
         """End (or mark UNKNOWN) a run whose lease lapsed, if it has not changed since read
         and still has (``unresolved``) or has not an effect without a recorded outcome,
         as when the decision was taken."""
-        d = self.dialect
-        has = HAS_UNRESOLVED if unresolved else f"NOT {HAS_UNRESOLVED}"
+        sql = SETTLE_LAPSED_UNRESOLVED if unresolved else SETTLE_LAPSED
         count, _ = self.execute(
-            f"""
-            UPDATE {RUN} SET status = %s, reason = %s, detail = %s,
-                lease_token = lease_token + 1, lease_expires_at = NULL,
-                version = version + 1, op = 'reconcile', op_detail = %s,
-                updated_at = {d.now}
-            WHERE id = %s AND version = %s AND status = 'RUNNING'
-              AND lease_expires_at <= {d.now} AND {has}
-            """,
+            sql.text[self.dialect.vendor],
             [status.value, reason, detail, detail, lapsed.run_id, lapsed.version],
         )
         return count == 1
 
     def requeue_lapsed(self, lapsed: LapsedLease) -> bool:
         """Give a lapsed run back to the queue with a fresh token (fences the old holder)."""
-        d = self.dialect
         count, _ = self.execute(
-            f"""
-            UPDATE {RUN} SET status = 'QUEUED', lease_token = lease_token + 1, owner = '',
-                lease_expires_at = NULL, lost_leases = lost_leases + 1,
-                published_at = {d.now}, version = version + 1, op = 'requeue',
-                op_detail = %s, updated_at = {d.now}
-            WHERE id = %s AND version = %s AND status = 'RUNNING'
-              AND lease_expires_at <= {d.now}
-              AND (deadline IS NULL OR deadline > {d.now})
-              AND NOT {HAS_UNRESOLVED}
-            """,
+            REQUEUE_LAPSED.text[self.dialect.vendor],
             [
                 f"lease of {lapsed.owner} (token {lapsed.token}) lapsed",
                 lapsed.run_id,
@@ -183,17 +127,7 @@ class Sweeps(Statements):
         """
         d = self.dialect
         _, rows = self.execute(
-            f"""
-            SELECT {MESSAGE_COLUMNS}
-            FROM {RUN}
-            WHERE status IN {CLAIMABLE_SQL}
-              AND ((published_at <= {d.now_plus}
-                    AND (available_at IS NULL OR available_at <= {d.now_plus}))
-                   OR (status = 'CLOCK_UNCERTAIN' AND %s = 1))
-              AND (deadline IS NULL OR deadline > {d.now})
-            ORDER BY published_at
-            LIMIT %s
-            """,
+            UNCLAIMED.text[d.vendor],
             [d.seconds(-republish_after), d.seconds(-republish_after), int(held), limit],
         )
         return [self._message(row) for row in rows]
@@ -201,44 +135,19 @@ class Sweeps(Statements):
     def mark_republished(self, run_id: int, version: int) -> bool:
         """Claim the right to republish a run (one reconciler wins per version); a held
         (CLOCK_UNCERTAIN) run is QUEUED again."""
-        d = self.dialect
-        count, _ = self.execute(
-            f"""
-            UPDATE {RUN} SET published_at = {d.now}, version = version + 1,
-                status = CASE WHEN status = 'CLOCK_UNCERTAIN' THEN 'QUEUED' ELSE status END,
-                reason = CASE WHEN status = 'CLOCK_UNCERTAIN' THEN '' ELSE reason END,
-                op = 'republish', op_detail = '', updated_at = {d.now}
-            WHERE id = %s AND version = %s AND status IN {CLAIMABLE_SQL}
-            """,
-            [run_id, version],
-        )
+        count, _ = self.execute(MARK_REPUBLISHED.text[self.dialect.vendor], [run_id, version])
         return count == 1
 
     def fail_unreadable(self, run_id: int, detail: str) -> bool:
         """End a run whose recorded message no worker would decode (``FAILED``,
         ``message_unreadable``): publishing it again can never run it. ``False`` if it
         is no longer waiting for a worker."""
-        d = self.dialect
-        count, _ = self.execute(
-            f"""
-            UPDATE {RUN} SET status = 'FAILED', reason = 'message_unreadable', detail = %s,
-                version = version + 1, op = 'message_unreadable', op_detail = %s,
-                updated_at = {d.now}
-            WHERE id = %s AND status IN {CLAIMABLE_SQL}
-            """,
-            [detail, detail, run_id],
-        )
+        count, _ = self.execute(FAIL_UNREADABLE.text[self.dialect.vendor], [detail, detail, run_id])
         return count == 1
 
     def message_of(self, run_id: int) -> Unclaimed | None:
         """A run's outbox message (for a requeue)."""
-        _, rows = self.execute(
-            f"""
-            SELECT {MESSAGE_COLUMNS}
-            FROM {RUN} WHERE id = %s
-            """,
-            [run_id],
-        )
+        _, rows = self.execute(MESSAGE_OF.text[self.dialect.vendor], [run_id])
         return self._message(rows[0]) if rows else None
 
     def _message(self, row: tuple[Any, ...]) -> Unclaimed:
@@ -255,3 +164,105 @@ class Sweeps(Statements):
             content_type=ctype,
             content_encoding=encoding,
         )
+
+
+LAST_OCCURRENCE: Final = Sql(
+    "sweeps.last_occurrence", "SELECT MAX(not_before) FROM {run} WHERE schedule = %s"
+)
+#: The reason is the one a worker's gate gives for the same deadline.
+EXPIRE_UNCLAIMED: Final = Sql(
+    "sweeps.expire_unclaimed",
+    """
+    UPDATE {run} SET status = 'EXPIRED',
+        reason = {expiry_reason},
+        detail = CASE WHEN status = 'PAUSED'
+                      THEN 'the deadline passed while the run was paused'
+                      ELSE 'the deadline passed before any worker claimed the run'
+                 END,
+        version = version + 1, op = 'expire',
+        op_detail = {expiry_reason},
+        updated_at = {now}
+    WHERE id IN (
+        SELECT id FROM {run}
+        WHERE status IN {waiting} AND deadline <= {now}
+        LIMIT %s
+    ) AND status IN {waiting} AND deadline <= {now}
+    RETURNING task_id, task_name, status, reason, deadline, detail
+    """,
+)
+#: Leases lapsed for the supervisor's grace already (its negative is the parameter).
+LAPSED_LEASES: Final = Sql(
+    "sweeps.lapsed_leases",
+    """
+    SELECT id, task_id, task_name, version, lease_token, owner, lost_leases, deadline,
+        deadline IS NOT NULL AND deadline <= {now}, delivery_task
+    FROM {run}
+    WHERE status = 'RUNNING' AND lease_expires_at <= {now_plus}
+    ORDER BY lease_expires_at
+    LIMIT %s
+    """,
+)
+_SETTLE_LAPSED = """
+    UPDATE {run} SET status = %s, reason = %s, detail = %s,
+        lease_token = lease_token + 1, lease_expires_at = NULL,
+        version = version + 1, op = 'reconcile', op_detail = %s,
+        updated_at = {now}
+    WHERE id = %s AND version = %s AND status = 'RUNNING'
+      AND lease_expires_at <= {now} AND {effects}
+"""
+#: A lapsed run ended as decided when none of its effects lacked an outcome, if that
+#: still holds ...
+SETTLE_LAPSED: Final = Sql("sweeps.settle_lapsed", _SETTLE_LAPSED, effects="NOT {has_unresolved}")
+#: ... or marked UNKNOWN as decided when one did, if that still holds.
+SETTLE_LAPSED_UNRESOLVED: Final = Sql(
+    "sweeps.settle_lapsed_unresolved", _SETTLE_LAPSED, effects="{has_unresolved}"
+)
+REQUEUE_LAPSED: Final = Sql(
+    "sweeps.requeue_lapsed",
+    """
+    UPDATE {run} SET status = 'QUEUED', lease_token = lease_token + 1, owner = '',
+        lease_expires_at = NULL, lost_leases = lost_leases + 1,
+        published_at = {now}, version = version + 1, op = 'requeue',
+        op_detail = %s, updated_at = {now}
+    WHERE id = %s AND version = %s AND status = 'RUNNING'
+      AND lease_expires_at <= {now}
+      AND (deadline IS NULL OR deadline > {now})
+      AND NOT {has_unresolved}
+    """,
+)
+#: Parameters: the negative republish delay twice, whether held runs go at once (1 or
+#: 0), the limit.
+UNCLAIMED: Final = Sql(
+    "sweeps.unclaimed",
+    """
+    SELECT {message_columns}
+    FROM {run}
+    WHERE status IN {claimable}
+      AND ((published_at <= {now_plus}
+            AND (available_at IS NULL OR available_at <= {now_plus}))
+           OR (status = 'CLOCK_UNCERTAIN' AND %s = 1))
+      AND (deadline IS NULL OR deadline > {now})
+    ORDER BY published_at
+    LIMIT %s
+    """,
+)
+MARK_REPUBLISHED: Final = Sql(
+    "sweeps.mark_republished",
+    """
+    UPDATE {run} SET published_at = {now}, version = version + 1,
+        status = CASE WHEN status = 'CLOCK_UNCERTAIN' THEN 'QUEUED' ELSE status END,
+        reason = CASE WHEN status = 'CLOCK_UNCERTAIN' THEN '' ELSE reason END,
+        op = 'republish', op_detail = '', updated_at = {now}
+    WHERE id = %s AND version = %s AND status IN {claimable}
+    """,
+)
+FAIL_UNREADABLE: Final = Sql(
+    "sweeps.fail_unreadable",
+    """
+    UPDATE {run} SET status = 'FAILED', reason = 'message_unreadable', detail = %s,
+        version = version + 1, op = 'message_unreadable', op_detail = %s,
+        updated_at = {now}
+    WHERE id = %s AND status IN {claimable}
+    """,
+)
+MESSAGE_OF: Final = Sql("sweeps.message_of", "SELECT {message_columns} FROM {run} WHERE id = %s")

@@ -1,0 +1,1 @@
+SELECT state, dispatches, run_id, lease_token FROM celery_deadlines_effect WHERE key = %s

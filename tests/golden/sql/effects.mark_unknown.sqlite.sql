@@ -1,0 +1,3 @@
+UPDATE celery_deadlines_effect SET state = 'UNKNOWN', updated_at = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'),
+    error = 'the attempt ended without recording an outcome'
+WHERE run_id = %s AND lease_token = %s AND state = 'DISPATCHED'

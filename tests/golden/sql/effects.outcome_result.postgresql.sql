@@ -1,0 +1,2 @@
+UPDATE celery_deadlines_effect SET state = %s, result = CAST(%s AS jsonb), updated_at = clock_timestamp()
+WHERE key = %s AND run_id = %s AND lease_token = %s AND state IN ('DISPATCHED', 'UNKNOWN')

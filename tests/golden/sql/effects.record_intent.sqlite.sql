@@ -1,0 +1,5 @@
+INSERT INTO celery_deadlines_effect (key, run_id, name, kind, state, lease_token, fingerprint,
+    dispatches, error, created_at, updated_at)
+VALUES (%s, %s, %s, %s, 'INTENT_RECORDED', %s, %s, 0, '', strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'), strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'))
+ON CONFLICT (key) DO UPDATE SET asked_at = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')
+RETURNING state, fingerprint, result, lease_token

@@ -1,0 +1,17 @@
+INSERT INTO celery_deadlines_runevent (run_id, at, kind, outcome, status, reason, version,
+    lease_token, owner, lease_expires_at, detail)
+SELECT r.id, strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'), 'dispatch', 'rejected', r.status, r.reason, r.version, %s, %s,
+    r.lease_expires_at,
+    CASE
+        WHEN e.state IN ('DISPATCHED', 'UNKNOWN') THEN 'unresolved'
+        WHEN e.state IN ('SUCCEEDED', 'FAILED') THEN 'completed'
+        WHEN r.deadline IS NOT NULL AND r.deadline <= strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') THEN 'deadline_passed'
+        WHEN r.lease_token <> %s OR r.status <> 'RUNNING'
+             OR r.lease_expires_at IS NULL OR r.lease_expires_at <= strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')
+            THEN 'stale_lease'
+        WHEN %s <= strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') THEN 'stale_evidence'
+        ELSE 'changed'
+    END || ':' || e.key
+FROM celery_deadlines_run r, celery_deadlines_effect e
+WHERE r.id = %s AND e.key = %s
+RETURNING detail

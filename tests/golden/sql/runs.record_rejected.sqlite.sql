@@ -1,0 +1,4 @@
+INSERT INTO celery_deadlines_runevent (run_id, at, kind, outcome, status, reason, version, lease_token, owner, lease_expires_at, detail)
+SELECT id, strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'), %s, 'rejected', status, reason, version, %s, %s,
+    lease_expires_at, 'stale token ' || %s || '; current token ' || lease_token || ' owned by ' || owner
+FROM celery_deadlines_run WHERE id = %s

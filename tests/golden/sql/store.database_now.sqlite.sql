@@ -1,0 +1,1 @@
+SELECT strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')

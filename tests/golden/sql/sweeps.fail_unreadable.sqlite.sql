@@ -1,0 +1,4 @@
+UPDATE celery_deadlines_run SET status = 'FAILED', reason = 'message_unreadable', detail = %s,
+    version = version + 1, op = 'message_unreadable', op_detail = %s,
+    updated_at = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')
+WHERE id = %s AND status IN ('QUEUED', 'CLOCK_UNCERTAIN', 'RETRYING')
