@@ -23,12 +23,36 @@ Covered: ``apply_async``, ``delay`` and calling (``chain(...)()``, ``group(...)(
 ``chord(header)(body)``) of a chain, group or chord, nested in any way, from a web view,
 a script or a task body (``Task.replace`` included), when it holds at least one
 DeadlineTask. Plain tasks in it count as steps of zero (named in the detail), and so do
-tasks the app does not know. A canvas of plain tasks only is not checked (its tree is
-walked once to know that). Eager mode (``task_always_eager``) is checked the same way.
-A group given a generator has it read whole before Celery reads it (Celery keeps what
-it read: the members are the same). Celery's own canvas and chord tests
+tasks the app does not know. A canvas of plain tasks only is not checked. Eager mode
+(``task_always_eager``) is checked the same way. Celery's own canvas and chord tests
 (``make celery-compat``: ``t/unit/test_canvas.py``, ``t/unit/tasks/test_canvas.py``,
 ``t/unit/tasks/test_chord.py``) pass with the gate in place.
+
+What it reads. A canvas is judged only when a deadline governs it and it holds a
+DeadlineTask, and the governing deadline is the one its first step would be published
+with; so the gate reads no more of a canvas than that takes:
+
+* an app that registers no DeadlineTask (a plain ``celery.Task`` app in the same
+  process: the patch is process-wide) has none of its canvases read: no step of them
+  can be a DeadlineTask (each is looked up in the canvas's app);
+* otherwise the canvas is read in Celery's order up to its first step; when that step
+  would be published with no deadline (none in the call's or the canvas's options, no
+  ``deadline_scope``, no running task's deadline, and the step is a plain task or a
+  DeadlineTask without a budget, its own or its contract's), the gate stops there:
+  nothing to judge;
+* only when a deadline governs is the whole canvas read, since every step counts toward
+  the critical path, before anything of it is published.
+
+In every case Celery's own method is then called with the canvas as it was. This keeps
+Celery's promise for a group given a generator (celery#3021: Celery publishes a group's
+members as the generator yields them, with one member of look-ahead): where no deadline
+governs, the gate reads the generator no further than its first member (with the same
+look-ahead), which Celery's group reads before its first publish anyway, through
+Celery's own ``regen``, which keeps what was read; Celery consumes the rest as it
+publishes. Where a deadline governs, the generator is read whole before the first
+publish (the ``regen`` keeps it: Celery publishes the same members), refused whole or
+published. The same rule holds for a chord's header and a chain given a generator
+(Celery 5.7 itself reads a chain's generator whole before its first publish).
 
 Not covered, on purpose or by nature:
 
@@ -85,11 +109,19 @@ _inside: ContextVar[bool] = ContextVar("celery_deadlines_workflow", default=Fals
 
 
 class _Built:
-    """What building the tree found: its first step and whether any is a DeadlineTask."""
+    """What building the tree found so far: the first step's task and the deadline it
+    would be published with (``None`` until the first step is reached), and whether any
+    step is a DeadlineTask."""
 
     def __init__(self) -> None:
-        self.first: tuple[Any, dict[str, Any]] | None = None
+        self.first_task: Any = None
+        self.deadline: datetime | None = None
         self.any_deadline_task = False
+
+
+class _Ungoverned(Exception):
+    """The first step would be published with no deadline: there is nothing to judge, and
+    the rest of the canvas is left unread (a generator in it stays Celery's to consume)."""
 
 
 def check(canvas: Signature, call: Mapping[str, Any], kwargs: Any = None) -> None:
@@ -101,17 +133,20 @@ def check(canvas: Signature, call: Mapping[str, Any], kwargs: Any = None) -> Non
     mode = settings.get(conf.WORKFLOW_CHECK)
     if mode == "off":
         return
+    if not _registers_deadline_task(app):
+        return  # no step can be a DeadlineTask: nothing to judge, the canvas is not read
     now = get_clock().now()
     built = _Built()
     lead = {key: value for key, value in call.items() if key in _LEADING}
     body = kwargs.get("body") if isinstance(canvas, celery_canvas.chord) and kwargs else None
-    tree = _node(canvas, app, settings, now, lead, built, body=body)
-    if not built.any_deadline_task or built.first is None:
+    try:
+        tree = _node(canvas, app, settings, now, lead, built, body=body)
+    except _Ungoverned:
+        return  # read up to its first step only: no deadline governs it
+    deadline = built.deadline
+    if not built.any_deadline_task or deadline is None:
         return
-    task, given = built.first
-    deadline = _governing(task, given, now, settings)
-    if deadline is None:
-        return
+    task = built.first_task
     decision = workflows.fit(tree, deadline, now)
     if decision.allowed:
         return
@@ -170,7 +205,9 @@ def _node(
 def _group(
     members: Any, app: Any, settings: conf.Settings, now: datetime, lead: dict[str, Any], b: _Built
 ) -> workflows.Group:
-    return workflows.Group(tuple(_node(m, app, settings, now, lead, b) for m in members or ()))
+    # read member by member (a generator lazily): the walk may stop at the first step
+    members = () if members is None else members
+    return workflows.Group(tuple(_node(m, app, settings, now, lead, b) for m in members))
 
 
 def _step(
@@ -183,8 +220,11 @@ def _step(
 ) -> workflows.Step:
     name = str(sig.task)
     task = app.tasks.get(name)
-    if built.first is None:
-        built.first = (task, given)
+    if built.deadline is None:  # the first step: its deadline governs the workflow
+        built.first_task = task
+        built.deadline = _governing(task, given, now, settings)
+        if built.deadline is None:
+            raise _Ungoverned
     starts_at = options.start_of(given, now)
     countdown = max(starts_at - now, workflows.ZERO) if starts_at is not None else workflows.ZERO
     if not options.is_deadline_task(task):
@@ -199,6 +239,12 @@ def _step(
         timeout = limit
     reserve = options.duration(task, "reserve", settings, contract=contract)
     return workflows.Step(name, timeout or None, reserve, countdown)
+
+
+def _registers_deadline_task(app: Any) -> bool:
+    """Does ``app`` register a DeadlineTask? Every step is looked up in its canvas's app:
+    without one, no step of it is a DeadlineTask."""
+    return any(options.is_deadline_task(task) for task in app.tasks.values())
 
 
 def _time_limit(given: Mapping[str, Any]) -> timedelta | None:
