@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from celery.exceptions import Ignore
 
+from .claiming import caller_of
 from .clock import get_clock
 from .conf import settings_for
 from .errors import ConfigurationError, PlanRefused
@@ -58,7 +59,7 @@ def end_unresolved(
     outcome = outcomes.unresolved(attempt.unresolved, exc)
     attempt.end(Status.UNKNOWN, outcome.reason, outcome.detail)
     logger.warning("run %s: %s; reconcile before retrying", attempt.lease.task_id, outcome.detail)
-    if task is not None and task.stores_errors():
+    if task is not None and caller_of(task).stores_errors:
         meta = outcomes.unknown_meta(attempt.unresolved, repr(exc) if exc else outcome.detail)
         task.backend.store_result(attempt.lease.task_id, meta, CALLER_UNKNOWN, request=task.request)
     raise Unresolved(outcome.detail)

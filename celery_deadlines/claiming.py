@@ -1,15 +1,21 @@
 """The claim in the ledger, in Celery's terms (the pool process, before the body).
 
-A won claim is an :class:`~celery_deadlines.ledger.attempt.Attempt`. A lost one ends the
-delivery without running the body (Celery's ``Ignore``): refused for the deadline, by
-the database's clock (the refusal is stored as the task's result); failed for good
-when the run lost too many leases; held unstarted as CLOCK_UNCERTAIN when this
-worker's clock is beyond the skew budget; otherwise simply not run (a duplicate
-delivery, another worker's live lease, an ended run). A delivery of an ended run whose
-caller is still waiting tells it the ledger's outcome: the worker that ended the run
-died before storing it. A claim that could not reach the ledger for a whole lease hands
-a late-acked message back to the broker (``Reject`` with requeue: nothing stored for
-the caller, nothing lost).
+:func:`claim` takes the delivery as values (:class:`Claim`) and returns an outcome;
+the task turns an outcome that does not run the body into Celery's at its edge
+(``DeadlineTask.before_start``). A won claim is an
+:class:`~celery_deadlines.ledger.attempt.Attempt`. A lost one does not run the body:
+
+* :class:`Refused`: refused for the deadline, by the database's clock: the task refuses
+  the attempt (the refusal is stored as the task's result, then ``Ignore``);
+* :class:`NotRun`: everything there is to do was done here, the task ends the delivery
+  with ``Ignore``: failed for good when the run lost too many leases; held unstarted as
+  CLOCK_UNCERTAIN when this worker's clock is beyond the skew budget; otherwise simply
+  not run (a duplicate delivery, another worker's live lease, an ended run). A delivery
+  of an ended run whose caller is still waiting tells it the ledger's outcome: the
+  worker that ended the run died before storing it;
+* :class:`Unreachable`: the claim could not reach the ledger for a whole lease: a
+  late-acked message goes back to the broker (``Reject`` with requeue: nothing stored
+  for the caller, nothing lost); an early-acked one fails with the error.
 """
 
 from __future__ import annotations
@@ -18,10 +24,9 @@ import logging
 import math
 import threading
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from celery import states as celery_states
-from celery.exceptions import Ignore, Reject
 
 from . import ledger, recording
 from .clock import get_clock
@@ -33,45 +38,124 @@ from .signals import run_claimed, run_held
 
 if TYPE_CHECKING:
     from .ledger.attempt import Attempt
-    from .task import DeadlineTask
 
 logger = logging.getLogger("celery_deadlines")
 
 
-def claim(
-    task: DeadlineTask, task_id: str, deadline: datetime | None, reserve: timedelta
-) -> Attempt:
-    """Claim the run in the ledger, or end this delivery without running the body."""
-    api = ledger.api_for(task.app)
-    request = task.request
+class Caller(NamedTuple):
+    """The caller's result: where it is stored, and what Celery stores of this delivery."""
+
+    app: Any
+    backend: Any
+    task_name: str
+    #: Celery's rule: errors are stored unless results are ignored, and then only with
+    #: ``store_errors_even_if_ignored``
+    stores_errors: bool
+    #: whether this delivery's return value is not stored
+    ignores_result: bool
+
+
+def caller_of(task: Any) -> Caller:
+    """The caller's result of the delivery ``task`` runs on (its current request), as
+    Celery's tracer decides: the request's ``ignore_result``, else the task's."""
+    ignore_result = task.request.ignore_result
+    if ignore_result is None:
+        ignore_result = task.ignore_result
+    ignores = bool(ignore_result)
+    return Caller(
+        app=task.app,
+        backend=task.backend,
+        task_name=task.name,
+        stores_errors=bool(task.store_errors_even_if_ignored or not ignores),
+        ignores_result=ignores,
+    )
+
+
+class Claim(NamedTuple):
+    """What the claim of one delivery needs, as values."""
+
+    caller: Caller
+    #: the sender of the signals the claim sends (the task)
+    sender: Any
+    task_id: str
+    #: Celery's request of the delivery: its retries and hostname, the row rebuilt from
+    #: it for a message published without the outbox, and the request a failure is
+    #: stored with
+    request: Any
+    #: the deadline the message carries (``None``: none)
+    deadline: datetime | None
+    #: how long the claim owns the run before it must be renewed (and how long an
+    #: unreachable ledger is tried)
+    lease: timedelta
+    reserve: timedelta
+    #: the task's serializer (a rebuilt row's message is encoded with it)
+    serializer: str
+    #: whether a message the claim cannot make goes back to the broker (late-acked and
+    #: not eager)
+    requeue: bool
+
+
+class Refused(NamedTuple):
+    """Refused for the deadline by the ledger's clock: the task refuses the attempt."""
+
+    decision: gates.Decision
+
+
+class NotRun(NamedTuple):
+    """The body is not run and nothing is left to do: the task ends with ``Ignore(why)``."""
+
+    why: str
+
+
+class Unreachable(NamedTuple):
+    """The ledger could not be reached to claim: with ``requeue`` the message goes back
+    to the broker (``Reject``), otherwise ``error`` is the task's failure."""
+
+    error: LedgerUnreachable
+    requeue: bool
+
+
+#: The outcomes that do not run the body.
+NOT_RUN = (Refused, NotRun, Unreachable)
+
+
+def claim(delivery: Claim) -> Attempt | Refused | NotRun | Unreachable:
+    """Claim the run in the ledger: the attempt, or how this delivery ends unrun."""
+    caller = delivery.caller
+    app = caller.app
+    request = delivery.request
+    task_id = delivery.task_id
+    deadline = delivery.deadline
     try:
-        outcome = api.claim_run(
-            task.app,
+        outcome = ledger.api_for(app).claim_run(
+            app,
             task_id=task_id,
             retries=int(request.retries or 0),
             hostname=request.hostname,
-            ttl=task.lease_duration(),
-            reserve=reserve,
-            unrecorded=lambda: recording.run_of_request(task, request, deadline),
+            ttl=delivery.lease,
+            reserve=delivery.reserve,
+            unrecorded=lambda: recording.run_of_request(
+                app, caller.task_name, delivery.serializer, request, deadline
+            ),
         )
     except LedgerUnreachable as unreachable:
-        _hand_back(task, unreachable)
+        return _hand_back(delivery, unreachable)
     if isinstance(outcome, Held):
-        _hold(task, task_id, outcome)
+        return _hold(delivery, outcome)
     if not isinstance(outcome, ClaimRefused):
         attempt = outcome
         lease = attempt.lease
         if lease.waiting_since is not None:
             run_claimed.send(
-                sender=task,
+                sender=delivery.sender,
                 task_id=task_id,
-                task_name=task.name,
+                task_name=caller.task_name,
                 queue_wait=max(lease.database_now - lease.waiting_since, timedelta(0)),
             )
         return attempt
     reason = gates.claim_refusal(outcome.why)  # by the database's clock, as the claim was
     if reason is not None:
-        task.refuse_attempt(
+        return Refused(
             gates.Decision(
                 gate=gates.Gate.CLAIM,
                 reason=reason,
@@ -79,48 +163,45 @@ def claim(
                 clock_reading=outcome.database_now or get_clock().now(),
                 remaining=None,
                 detail="refused by the ledger's clock",
-            ),
-            task_id,
+            )
         )
     if outcome.why == ClaimRefused.LOST_LEASES:
-        _lost_too_many_leases(task, task_id, deadline)
+        return _lost_too_many_leases(delivery)
     if outcome.why == ClaimRefused.TERMINAL:
         answer_a_waiting_caller(
-            task, task_id, outcome.database_now or get_clock().now(), wait_for_the_attempt=True
+            caller, task_id, outcome.database_now or get_clock().now(), wait_for_the_attempt=True
         )
     logger.info(
         "%s[%s]: delivery not run, claim refused (%s); run is %s, token %s, owner %s",
-        task.name,
+        caller.task_name,
         task_id,
         outcome.why,
         outcome.status or "unrecorded",
         outcome.token,
         outcome.owner or "none",
     )
-    raise Ignore(f"claim refused: {outcome.why}")
+    return NotRun(f"claim refused: {outcome.why}")
 
 
-def _hand_back(task: DeadlineTask, unreachable: LedgerUnreachable) -> NoReturn:
+def _hand_back(delivery: Claim, unreachable: LedgerUnreachable) -> Unreachable:
     """The ledger could not be reached to claim: the body does not run. A late-acked
     message goes back to the broker and is delivered again (no result is stored: the
     caller is not told a failure of a run that has not run); an early-acked one is gone,
     and the error is the task's failure, as Celery stores any."""
-    if task.acks_late and not task.request.is_eager:
+    if delivery.requeue:
         logger.warning(
             "%s[%s]: %s; the message goes back to the broker",
-            task.name,
+            delivery.caller.task_name,
             unreachable.task_id,
             unreachable,
         )
-        raise Reject(str(unreachable), requeue=True) from unreachable
-    raise unreachable
+    return Unreachable(unreachable, delivery.requeue)
 
 
 #: How long after a run's end the attempt that ended it is given to store its outcome
-#: before a later delivery of the run tells the caller instead. Celery stores it a few
-#: milliseconds after the ledger's end; a duplicate delivery in between told the caller
-#: first, and a caller reading then saw ``RunFailed`` where the attempt was about to
-#: store its own exception (the demo's ``PlanRefused``, on a clean-clone CI).
+#: before a later delivery of the run tells the caller instead: Celery stores it a few
+#: milliseconds after the ledger's end, and a caller must be told the attempt's own
+#: outcome, never ``RunFailed`` from a duplicate delivery that came in between.
 OUTCOME_GRACE = timedelta(seconds=2)
 #: Between two looks at the caller's result during that grace.
 OUTCOME_POLL = timedelta(milliseconds=50)
@@ -129,7 +210,7 @@ _GRACE_LOOKS = math.ceil(OUTCOME_GRACE / OUTCOME_POLL)
 
 
 def answer_a_waiting_caller(
-    task: DeadlineTask, task_id: str, now: datetime, *, wait_for_the_attempt: bool = False
+    caller: Caller, task_id: str, now: datetime, *, wait_for_the_attempt: bool = False
 ) -> None:
     """A delivery of a run that has ended: usually a duplicate, but also what comes back
     when the worker that ended the run died after the ledger's commit and before Celery
@@ -147,24 +228,24 @@ def answer_a_waiting_caller(
     event loop must not block): a run that ended less than :data:`OUTCOME_GRACE` ago by
     the database clock (``now``) is left to the attempt that ended it until then, its
     result looked at every :data:`OUTCOME_POLL`."""
-    if not task.stores_errors():
+    if not caller.stores_errors:
         return
     try:
-        told = _caller_state(task, task_id)
+        told = _caller_state(caller, task_id)
         if told in celery_states.READY_STATES:
             return
-        ended = ledger.api_for(task.app).ended_run(task.app, task_id)
+        ended = ledger.api_for(caller.app).ended_run(caller.app, task_id)
         if ended is None:
             return
-        if wait_for_the_attempt and _told_within_grace(task, task_id, ended, now):
+        if wait_for_the_attempt and _told_within_grace(caller, task_id, ended, now):
             return
         if ended.status == Status.SUCCEEDED:
-            if not task.ignores_result():
+            if not caller.ignores_result:
                 logger.warning(
                     "%s[%s]: the run SUCCEEDED but its caller has no result (state %s): "
                     "the worker that ended it died or stalled before storing it, and the "
                     "ledger does not keep return values",
-                    task.name,
+                    caller.task_name,
                     task_id,
                     told,
                 )
@@ -173,24 +254,26 @@ def answer_a_waiting_caller(
         logger.warning(
             "%s[%s]: the run ended %s (%s) but its caller was not told (the worker that "
             "ended it died or stalled before storing it); stored now: %r",
-            task.name,
+            caller.task_name,
             task_id,
             ended.status,
             ended.reason,
             error,
         )
-        task.backend.mark_as_failure(task_id, error)
+        caller.backend.mark_as_failure(task_id, error)
     except Exception:  # never the delivery's failure: the ledger has the outcome
-        logger.exception("%s[%s]: telling the caller the run's end failed", task.name, task_id)
+        logger.exception(
+            "%s[%s]: telling the caller the run's end failed", caller.task_name, task_id
+        )
 
 
-def _caller_state(task: DeadlineTask, task_id: str) -> str | None:
+def _caller_state(caller: Caller, task_id: str) -> str | None:
     """The state of the caller's result, as stored now."""
-    state: str | None = task.backend.get_task_meta(task_id, cache=False).get("status")
+    state: str | None = caller.backend.get_task_meta(task_id, cache=False).get("status")
     return state
 
 
-def _told_within_grace(task: DeadlineTask, task_id: str, ended: Expired, now: datetime) -> bool:
+def _told_within_grace(caller: Caller, task_id: str, ended: Expired, now: datetime) -> bool:
     """Whether the caller is told before :data:`OUTCOME_GRACE` has passed since the run
     ended (``now`` and ``ended.ended_at``: the database clock), looking every
     :data:`OUTCOME_POLL` (a bounded number of looks: no clock is read in between, and
@@ -200,7 +283,7 @@ def _told_within_grace(task: DeadlineTask, task_id: str, ended: Expired, now: da
     looks = math.ceil((ended.ended_at + OUTCOME_GRACE - now) / OUTCOME_POLL)
     for _ in range(min(looks, _GRACE_LOOKS)):  # none if the grace has passed
         _pause(OUTCOME_POLL)
-        if _caller_state(task, task_id) in celery_states.READY_STATES:
+        if _caller_state(caller, task_id) in celery_states.READY_STATES:
             return True
     return False
 
@@ -222,47 +305,50 @@ def _ledgers_outcome(task_id: str, ended: Expired, now: datetime) -> Exception:
     return RunFailed(task_id, ended.reason, ended.detail)
 
 
-def _lost_too_many_leases(task: DeadlineTask, task_id: str, deadline: datetime | None) -> NoReturn:
+def _lost_too_many_leases(delivery: Claim) -> NotRun:
+    """The run lost its lease too many times: it ends FAILED ``worker_lost`` (told to
+    the caller as Celery's ``WorkerLostError``, when this delivery's refusal ended it)."""
     from billiard.exceptions import WorkerLostError
 
-    api = ledger.api_for(task.app)
-
+    caller = delivery.caller
+    task_id = delivery.task_id
     detail = "the run lost its lease too many times (deadlines_max_lost_leases)"
-    if api.refuse_run(
-        task.app,
+    if ledger.api_for(caller.app).refuse_run(
+        caller.app,
         task_id=task_id,
-        task_name=task.name,
-        retries=int(task.request.retries or 0),
+        task_name=caller.task_name,
+        retries=int(delivery.request.retries or 0),
         status=Status.FAILED,
         reason="worker_lost",
         detail=detail,
-        deadline=deadline,
+        deadline=delivery.deadline,
         confirm_within=None,
     ):
-        task.backend.mark_as_failure(
+        caller.backend.mark_as_failure(
             task_id,
             WorkerLostError(detail),
-            request=task.request,
-            store_result=task.stores_errors(),
+            request=delivery.request,
+            store_result=caller.stores_errors,
         )
-    raise Ignore(detail)
+    return NotRun(detail)
 
 
-def _hold(task: DeadlineTask, task_id: str, held: Held) -> NoReturn:
+def _hold(delivery: Claim, held: Held) -> NotRun:
     """This worker's clock is beyond the skew budget: the run was given back as
     CLOCK_UNCERTAIN (not failed, not expired) for a worker whose clock agrees."""
+    task_name = delivery.caller.task_name
     logger.warning(
         "%s[%s]: not started, held as CLOCK_UNCERTAIN: %s%s",
-        task.name,
-        task_id,
+        task_name,
+        delivery.task_id,
         held.explain(),
         "" if held.recorded else " (the hold was not recorded; the reconciler settles it)",
     )
     run_held.send(
-        sender=task,
-        task_id=task_id,
-        task_name=task.name,
+        sender=delivery.sender,
+        task_id=delivery.task_id,
+        task_name=task_name,
         reading=held.reading,
         budget=held.budget,
     )
-    raise Ignore(f"clock uncertain: {held.explain()}")
+    return NotRun(f"clock uncertain: {held.explain()}")

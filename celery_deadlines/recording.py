@@ -4,23 +4,25 @@
 run is recorded before its message is sent (:func:`publish`), and the attempt running
 in this process hands its run to its own retry message instead. A message that reaches
 a worker without a row (sent by name, or before the app was installed) gets one rebuilt
-from the request (:func:`run_of_request`). The ledger is imported lazily: the plain
-Celery tier never imports Django.
+from the request (:func:`run_of_request`). A gate's refusal (enqueue, claim gate,
+attempt) is recorded by :func:`record_refusal`. The ledger is imported lazily: the
+plain Celery tier never imports Django.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from celery._state import get_current_worker_task
 
 from . import ledger
 from .propagation import attempt_state, headers_of
-from .rules import wire
+from .rules import gates, wire
 from .rules.records import NewRun
 from .rules.stamping import Stamp
+from .rules.states import Status
 
 if TYPE_CHECKING:
     from celery import Task
@@ -87,10 +89,13 @@ def publish(
     return sent if sent is not None else task.AsyncResult(task_id)
 
 
-def run_of_request(task: Task[Any, Any], request: Any, deadline: datetime | None) -> NewRun:
+def run_of_request(
+    app: Any, task_name: str, serializer: str, request: Any, deadline: datetime | None
+) -> NewRun:
     """The row of a run whose message was published without the outbox, rebuilt from
-    the request being executed (so the sweeper can republish it)."""
-    api = ledger.api_for(task.app)
+    the request being executed (so the sweeper can republish it; its message encoded
+    with the task's ``serializer``)."""
+    api = ledger.api_for(app)
 
     kept = {
         "link": request.callbacks,
@@ -115,11 +120,11 @@ def run_of_request(task: Task[Any, Any], request: Any, deadline: datetime | None
     }
     kept = {key: value for key, value in kept.items() if value is not None}
     body, content_type, encoding = api.encode_message(
-        task.serializer, request.args, request.kwargs, kept
+        serializer, request.args, request.kwargs, kept
     )
     return NewRun(
         task_id=request.id,
-        task_name=task.name,
+        task_name=task_name,
         deadline=deadline,
         delivery_deadline=None,
         root_id=request.root_id or request.id,
@@ -129,6 +134,41 @@ def run_of_request(task: Task[Any, Any], request: Any, deadline: datetime | None
         message_body=body,
         content_type=content_type,
         content_encoding=encoding,
+    )
+
+
+#: Reasons of a refusal for the deadline: the ledger confirms them by its own clock.
+_DEADLINE_REASONS = frozenset(
+    {gates.Reason.DEADLINE_PASSED, gates.Reason.INSUFFICIENT_BUDGET, gates.Reason.DELIVERY_EXPIRED}
+)
+
+
+def record_refusal(
+    app: Any,
+    decision: gates.Decision,
+    *,
+    task_name: str,
+    task_id: str,
+    retries: int,
+    reserve: timedelta | None,
+    dedicated: bool = True,
+) -> bool:
+    """Record a gate's refusal in the ledger: ``True`` when it ended the run (only then
+    may the refusal be stored as the task's result). A refusal for the deadline is
+    confirmed by the ledger's clock against the task's ``reserve``, which such a
+    refusal must give (``None``: a refusal for anything else)."""
+    refusal = decision.refusal()
+    return ledger.api_for(app).refuse_run(
+        app,
+        task_id=task_id,
+        task_name=task_name,
+        retries=retries,
+        status=Status.EXPIRED,
+        reason=refusal.reason,
+        detail=str(refusal),
+        deadline=decision.deadline,
+        confirm_within=reserve if refusal.reason in _DEADLINE_REASONS else None,
+        dedicated=dedicated,
     )
 
 

@@ -26,8 +26,8 @@ from celery.utils.time import maybe_iso8601
 from celery.worker.request import Request
 from celery.worker.state import task_ready
 
-from . import ledger
-from .claiming import answer_a_waiting_caller
+from . import ledger, options, recording
+from .claiming import answer_a_waiting_caller, caller_of
 from .clock import get_clock
 from .conf import settings_for
 from .errors import DeadlineRefused
@@ -110,9 +110,9 @@ class DeadlineRequest(Request):
 
     # A message with ``expires`` (delayed, or the caller's own) carries it as ISO; Celery
     # parses it with dateutil, which costs more than this class's own work. This is
-    # Celery's own ``__init__`` with the fast parser as its default: an override passing
-    # it on would repack every keyword argument of every message (13,000 instructions a
-    # message, more than the claim gate: bench/worker_instructions.py).
+    # Celery's own ``__init__`` with the fast parser as its default, never an override
+    # passing it on: that would repack every keyword argument of every message
+    # (bench/worker_instructions.py counts it).
     __init__ = _with_default(Request.__init__, "maybe_iso8601", fast_iso8601)
 
     @property
@@ -140,10 +140,9 @@ class DeadlineRequest(Request):
         the cap the run's deadline put there: then the claim gate above judges it, by
         the ledger's clock with a skew budget, and while that clock is in doubt the pool
         process's claim does. Celery's check would store ``REVOKED`` over the run's own
-        outcome (the nemesis soak, seed 101: the sweeper had expired the run and told the
-        caller ``DeadlineRefused``; a worker whose clock was in doubt then revoked the
-        late message, and the caller saw ``REVOKED``). An earlier ``expires`` of the
-        caller's own is still Celery's to enforce."""
+        outcome: a caller told ``DeadlineRefused`` of a run the sweeper expired must not
+        read ``REVOKED`` once a worker whose clock is in doubt sees the late message. An
+        earlier ``expires`` of the caller's own is still Celery's to enforce."""
         is_cap = self._expires_is_cap
         if is_cap is None:  # decided once: Celery asks at arrival and at the hand-off
             expires = self.expires
@@ -257,7 +256,9 @@ class DeadlineRequest(Request):
                 return None
             latest = self._latest_start
             if latest is None:
-                reserve = self._reserve = self._deadline_task().reserve_duration()
+                task = self._deadline_task()
+                times = options.times(task, settings_for(task.app))
+                reserve = self._reserve = times.duration("reserve")
                 latest = self._latest_start = gates.latest_start(deadline, reserve)
         except Exception as exc:  # noqa: BLE001 - a bad message or setting must never crash the consumer
             return gates.invalid(gates.Gate.CLAIM, local, f"cannot judge the deadline: {exc}")
@@ -274,8 +275,8 @@ class DeadlineRequest(Request):
 
     def _refuse(self, decision: gates.Decision) -> None:
         """Acknowledge, store the typed failure, announce: never requeue, never run."""
-        if isinstance(self.task, DeadlineTask):
-            decision = self.task.kind_of(decision)
+        if isinstance(self.task, DeadlineTask) and self.task.deadline_kind == "delivery":
+            decision = gates.as_delivery(decision)  # a delivery task's deadline is its delivery
         exc = decision.refusal()
         report_refusal(self.task, self.id, self.name, decision, carrier=self._request_dict)
         task_ready(self)
@@ -299,17 +300,21 @@ class DeadlineRequest(Request):
         if not isinstance(task, DeadlineTask) or not ledger.enabled_for(task.app):
             return True
         try:
-            ended_it = task.record_refusal(
-                self.id, int(self._request_dict.get("retries") or 0), decision
+            ended_it = recording.record_refusal(
+                task.app,
+                decision,
+                task_name=task.name,
+                task_id=self.id,
+                retries=int(self._request_dict.get("retries") or 0),
+                reserve=self._reserve,
             )
         except Exception:  # the message is still refused; the sweeper expires the run
             logger.exception("recording the refusal of %s in the ledger failed", self.id)
             return True
         if not ended_it:
             # the run had ended: whoever ended it may have died (or lost the result to a
-            # broker restart) before the caller was told (the nemesis soak, seed 1212: a
-            # reconciler's DeadlineRefused lost in a Redis restart 0.6 s later)
-            answer_a_waiting_caller(task, self.id, decision.clock_reading)
+            # broker restart) before the caller was told; a caller still waiting is told
+            answer_a_waiting_caller(caller_of(task), self.id, decision.clock_reading)
         return ended_it
 
     # -- the ledger, told by the supervisor about its pool processes -------------------
@@ -349,15 +354,15 @@ class DeadlineRequest(Request):
         self._time_limit_written = written
         if not self._with_ledger():
             return None
-        # judged by the ledger's clock when a skew budget is set (the nemesis soak, seed
-        # 6161: a wall clock stepped back 10.8 s made the deadline's cap FAILED time_limit)
+        # judged by the ledger's clock when a skew budget is set: a wall clock stepped
+        # back must not make the deadline's cap the task's own time limit
         local = get_clock().now()
         deadline = self._carried(local).deadline
         now = self._judging_now(local) or local
         if self._capped_by_deadline and deadline is not None:
             # the limit that fired was the deadline's cap: a clock read a little early
-            # (or stepped back) does not make it the task's own (the nemesis soak, seeds
-            # 8181 and 438993: FAILED time_limit for runs killed at their deadline)
+            # (or stepped back) does not make it the task's own (a run killed at its
+            # deadline is EXPIRED, never FAILED time_limit)
             now = max(now, deadline)
         status, reason = outcomes.after_time_limit(
             deadline,

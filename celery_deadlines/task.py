@@ -40,7 +40,6 @@ from .propagation import attempt_state, state_of
 from .rules import gates, outcomes, stamping
 from .rules.budgets import UNSET, Anchor
 from .rules.quoting import shown
-from .rules.states import Status
 from .signals import report_refusal
 
 if TYPE_CHECKING:
@@ -50,11 +49,6 @@ logger = logging.getLogger("celery_deadlines")
 
 #: The refusals a run may end with (see ``DeadlineTask.throws``).
 EXPECTED: tuple[type[Exception], ...] = (DeadlineRefused, PlanRefused, DispatchRefused)
-
-#: Reasons of a refusal for the deadline: the ledger confirms them by its own clock.
-_DEADLINE_REASONS = frozenset(
-    {gates.Reason.DEADLINE_PASSED, gates.Reason.INSUFFICIENT_BUDGET, gates.Reason.DELIVERY_EXPIRED}
-)
 
 
 class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
@@ -123,7 +117,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
 
     # -- durations (one precedence rule: options.resolve) --------------------------------
 
-    def reserve_duration(self) -> timedelta:
+    def _reserve_duration(self) -> timedelta:
         """The reserve: least time left for this task to start."""
         return options.times(self, settings_for(self.app)).duration("reserve")
 
@@ -131,11 +125,11 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         """How long a claim owns the run before it must be renewed."""
         return options.duration(self, "lease_ttl", settings_for(self.app))
 
-    def attempt_duration(self) -> timedelta:
+    def _attempt_duration(self) -> timedelta:
         """What one attempt may take (reserved by the retry gate)."""
         return options.duration(self, "attempt_timeout", settings_for(self.app))
 
-    def kind_of(self, decision: gates.Decision) -> gates.Decision:
+    def _kind_of(self, decision: gates.Decision) -> gates.Decision:
         """The decision in this task's terms (a delivery task's deadline is its delivery)."""
         return gates.as_delivery(decision) if self.deadline_kind == "delivery" else decision
 
@@ -194,7 +188,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         Celery's own, and no clock is read). Raises the enqueue gate's refusal."""
         settings = settings_for(self.app)
         times = options.times(self, settings)  # the task's durations, worked out once
-        # inline on purpose (a call costs ~1.5 % of this path): the same steps as
+        # inline, not a call, on this path of every publish: the same steps as
         # canvas.publish_stamp(), which the workflow gate uses; tests/unit/test_canvas.py
         # holds the two equal
         parent = propagation.inherited()
@@ -208,7 +202,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
             parent = parent._replace(deadline=parent.delivery)
         if parent.unreadable is not None:
             detail = "the parent task's deadline is unreadable"
-            self._refuse_enqueue(gates.invalid(gates.Gate.ENQUEUE, now, detail), task_id)
+            self._refuse_enqueue(gates.invalid(gates.Gate.ENQUEUE, now, detail), task_id, None)
         own = options.own_deadlines(self, call, headers, now, times)
         if own is stamping.NO_OWN and parent is stamping.NOTHING and not with_ledger:
             # call options that name no instant (``budget=None``) on a task with no
@@ -228,7 +222,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
                 decision = gates.admit(
                     gates.Gate.ENQUEUE, governed.deadline, now, reserve, starts_at=starts_at
                 )
-                self._refuse_enqueue(decision, task_id)
+                self._refuse_enqueue(decision, task_id, reserve)
         stamp = stamping.for_deadline_task(stamp, expires=call.get("expires"), starts_at=starts_at)
         stamping.write(headers, stamp)
         if headers:
@@ -261,13 +255,25 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
                 args, kwargs, task_id, producer, link, link_error, shadow, **call
             )
 
-    def _refuse_enqueue(self, decision: gates.Decision, task_id: str | None) -> NoReturn:
-        decision = self.kind_of(decision)
+    def _refuse_enqueue(
+        self, decision: gates.Decision, task_id: str | None, reserve: timedelta | None
+    ) -> NoReturn:
+        """Refuse the publish (``reserve``: the task's, given with a refusal for the
+        deadline: see :func:`recording.record_refusal`)."""
+        decision = self._kind_of(decision)
         report_refusal(self, task_id, self.name, decision)
         refusal = decision.refusal()
         if self._with_ledger():
             # the refused run is on record too (under a fresh id if the caller gave none)
-            self.record_refusal(task_id or uuid(), 0, decision, dedicated=False)
+            recording.record_refusal(
+                self.app,
+                decision,
+                task_name=self.name,
+                task_id=task_id or uuid(),
+                retries=0,
+                reserve=reserve,
+                dedicated=False,
+            )
         raise refusal
 
     # -- attempt gate (runs in the pool process, right before the body) ------------------
@@ -295,7 +301,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         state = propagation.begin(request, carried)
         if carried.unreadable is not None:
             detail = f"unreadable deadline header {shown(carried.unreadable)}"
-            self.refuse_attempt(gates.invalid(gates.Gate.ATTEMPT, now, detail), task_id)
+            self._refuse_attempt(gates.invalid(gates.Gate.ATTEMPT, now, detail), task_id, None)
         deadline = carried.deadline
         if deadline is None and not with_ledger:
             return  # nothing to gate, nothing to anchor, no claim
@@ -310,10 +316,26 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
             and skew_budget is None
             and now > gates.latest_start(deadline, reserve)
         ):
-            self.refuse_attempt(gates.admit(gates.Gate.ATTEMPT, deadline, now, reserve), task_id)
+            self._refuse_attempt(
+                gates.admit(gates.Gate.ATTEMPT, deadline, now, reserve), task_id, reserve
+            )
         if with_ledger:
             hit("claim.before", task_id)
-            attempt = claiming.claim(self, task_id, deadline, reserve)
+            attempt = claiming.claim(
+                claiming.Claim(
+                    caller=claiming.caller_of(self),
+                    sender=self,
+                    task_id=task_id,
+                    request=request,
+                    deadline=deadline,
+                    lease=self.lease_duration(),
+                    reserve=reserve,
+                    serializer=self.serializer,
+                    requeue=bool(self.acks_late and not request.is_eager),
+                )
+            )
+            if isinstance(attempt, claiming.NOT_RUN):
+                self._end_unclaimed(attempt, task_id, reserve)
             hit("claim.after", task_id)
             state.attempt = attempt
             if attempt.lease.deadline is not None and (
@@ -334,42 +356,45 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
             lease_token=state.attempt.lease.token if state.attempt is not None else None,
         )
 
-    def refuse_attempt(self, decision: gates.Decision, task_id: str) -> NoReturn:
+    def _end_unclaimed(
+        self,
+        not_run: claiming.Refused | claiming.NotRun | claiming.Unreachable,
+        task_id: str,
+        reserve: timedelta,
+    ) -> NoReturn:
+        """End a delivery the claim did not run, as its outcome says, in Celery's terms."""
+        if isinstance(not_run, claiming.Refused):
+            self._refuse_attempt(not_run.decision, task_id, reserve)
+        if isinstance(not_run, claiming.Unreachable):
+            if not_run.requeue:
+                raise Reject(str(not_run.error), requeue=True) from not_run.error
+            raise not_run.error
+        raise Ignore(not_run.why)
+
+    def _refuse_attempt(
+        self, decision: gates.Decision, task_id: str, reserve: timedelta | None
+    ) -> NoReturn:
         """Refuse to run this delivery: record it, store the typed refusal as the task's
-        failure (unless another attempt's result stands), and end it with ``Ignore``."""
-        decision = self.kind_of(decision)
+        failure (unless another attempt's result stands), and end it with ``Ignore``
+        (``reserve``: the task's, given with a refusal for the deadline)."""
+        decision = self._kind_of(decision)
         report_refusal(self, task_id, self.name, decision)
         refusal = decision.refusal()
-        if self._with_ledger(eager=self.request.is_eager) and not self.record_refusal(
-            task_id, int(self.request.retries or 0), decision
+        request = self.request
+        if self._with_ledger(eager=request.is_eager) and not recording.record_refusal(
+            self.app,
+            decision,
+            task_name=self.name,
+            task_id=task_id,
+            retries=int(request.retries or 0),
+            reserve=reserve,
         ):
             # already ended, or another attempt owns the run: its result stands
             raise Ignore(str(refusal))
         self.backend.mark_as_failure(
-            task_id, refusal, request=self.request, store_result=self.stores_errors()
+            task_id, refusal, request=request, store_result=claiming.caller_of(self).stores_errors
         )
         raise Ignore(str(refusal))
-
-    def record_refusal(
-        self, task_id: str, retries: int, decision: gates.Decision, *, dedicated: bool = True
-    ) -> bool:
-        """Record a gate's refusal in the ledger: ``True`` when it ended the run (only
-        then may the refusal be stored as the task's result)."""
-        api = ledger.api_for(self.app)
-
-        refusal = decision.refusal()
-        return api.refuse_run(
-            self.app,
-            task_id=task_id,
-            task_name=self.name,
-            retries=retries,
-            status=Status.EXPIRED,
-            reason=refusal.reason,
-            detail=str(refusal),
-            deadline=decision.deadline,
-            confirm_within=self.reserve_duration() if refusal.reason in _DEADLINE_REASONS else None,
-            dedicated=dedicated,
-        )
 
     # -- the body, and its outcome written under the claim's token ------------------------
 
@@ -450,9 +475,9 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
             now,
             remaining=anchor.remaining(clock.monotonic()),
             countdown=wait,
-            attempt_timeout=self.attempt_duration(),
+            attempt_timeout=self._attempt_duration(),
             skew_allowance=settings_for(self.app).get(conf.CLOCK_SKEW_ALLOWANCE),
-            reserve=self.reserve_duration(),
+            reserve=self._reserve_duration(),
         )
         if decision.allowed:
             return
@@ -474,19 +499,6 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         if not ledger.enabled_for(self.app):
             return False
         return not (self.app.conf.task_always_eager if eager is None else eager)
-
-    def ignores_result(self) -> bool:
-        """Whether this delivery's return value is not stored (the request's
-        ``ignore_result``, else the task's), as Celery's tracer decides."""
-        ignore_result = self.request.ignore_result
-        if ignore_result is None:
-            ignore_result = self.ignore_result
-        return bool(ignore_result)
-
-    def stores_errors(self) -> bool:
-        # Celery's own rule (trace.py): errors are stored unless results are ignored,
-        # and then only with store_errors_even_if_ignored.
-        return bool(self.store_errors_even_if_ignored or not self.ignores_result())
 
 
 def end_after_body(attempt: Attempt, exc: BaseException, *, task: Any = None) -> None:

@@ -458,9 +458,9 @@ def test_a_contract_gives_the_reserve_the_lease_and_the_attempt_timeout(app: Cel
         "unit.work": {"budget": 120, "reserve": 2, "lease_ttl": 45, "attempt_timeout": 10}
     }
     task = make_task(app, time_limit=30)
-    assert task.reserve_duration() == timedelta(seconds=2)
+    assert task._reserve_duration() == timedelta(seconds=2)
     assert task.lease_duration() == timedelta(seconds=45)
-    assert task.attempt_duration() == timedelta(seconds=10)  # the contract's, not time_limit
+    assert task._attempt_duration() == timedelta(seconds=10)  # the contract's, not time_limit
 
 
 def test_a_contract_that_cannot_work_raises_naming_the_setting_task_and_key(
