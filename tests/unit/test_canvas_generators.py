@@ -24,6 +24,7 @@ from celery_deadlines import (
     deadline_scope,
 )
 from celery_deadlines import canvas as gate
+from celery_deadlines.options import is_deadline_task
 from celery_deadlines.rules.wire import encode
 from celery_deadlines.testing import FakeClock
 from tests.support.unit_tasks import start_attempt
@@ -84,6 +85,10 @@ def plain_app(tasks: dict[str, Any]) -> Iterator[Celery]:
     other.conf.deadlines_ledger = False
     other.task(name="plain.work", shared=False)(plain)
     other.finalize()
+    # Celery registers every shared task on every app it finalizes: the DeadlineTasks
+    # other test modules share would make this app one that has some
+    for name in [name for name, task in other.tasks.items() if is_deadline_task(task)]:
+        del other.tasks[name]
     yield other
     other.close()
 
