@@ -43,7 +43,7 @@ from .conf import (
     Settings,
 )
 from .errors import ConfigurationError
-from .rules.contracts import review
+from .rules.contracts import is_deadline_task, review
 from .rules.declarations import UNKNOWN, Configured, Problem
 from .rules.declarations import review as review_declarations
 from .rules.declarations import review_settings as review_declared_settings
@@ -184,7 +184,7 @@ def check_contracts(
         tasks = _loaded_tasks(app)
     except Exception as exc:  # noqa: BLE001 (a check must report a failure, not crash)
         return [_cannot_check(f"its tasks did not load: {exc!r}")]
-    if not any(hasattr(task, "lease_duration") for task in tasks.values()):
+    if not any(is_deadline_task(task) for task in tasks.values()):
         # Celery's fallback app, not the project's: every contract would look unknown
         return [_cannot_check("the project's Celery app (with its DeadlineTasks) is not loaded")]
     problems = review(

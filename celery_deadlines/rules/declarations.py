@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import difflib
 import enum
-import reprlib
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -30,8 +29,9 @@ from typing import Any, Final, Literal, TypeAlias, TypeVar
 
 from ..errors import InvalidDeadline
 from .budgets import UNSET, parse_duration
-from .contracts import TimeContract
+from .contracts import TimeContract, is_deadline_task
 from .incoming import Network
+from .quoting import shown
 
 
 class _Unknown(enum.Enum):
@@ -129,12 +129,6 @@ def review_settings(configured: Configured) -> list[Problem]:
     return [*_defaults_that_do_not_fit(configured), *_too_wide_proxies(configured)]
 
 
-def is_deadline_task(task: object) -> bool:
-    """Whether ``task`` is a DeadlineTask: only one has a lease (as ``contracts.review``
-    tells them apart)."""
-    return hasattr(task, "lease_duration")
-
-
 def _task_problems(
     name: str, task: Any, configured: Configured, known_attributes: Collection[str]
 ) -> Iterator[Problem]:
@@ -166,12 +160,7 @@ def _parse_option(option: str, raw: object, label: str) -> timedelta | None:
     :class:`InvalidDeadline`."""
     if raw is None and option != "lease_ttl":
         return None  # no deadline; no reserve; attempt_timeout: ask time_limit
-    try:
-        return parse_duration(raw, name=label, allow_zero=option == "reserve")
-    except InvalidDeadline:
-        raise
-    except (OverflowError, ValueError) as error:  # a duration too large for a timedelta
-        raise InvalidDeadline(f"{label} is too large for a duration, got {_shown(raw)}") from error
+    return parse_duration(raw, name=label, allow_zero=option == "reserve")
 
 
 #: Where a bad option is first read, and raises :class:`InvalidDeadline`.
@@ -248,7 +237,7 @@ def _misspelled(task: str, instance: Any, known_attributes: Collection[str]) -> 
             yield Problem(
                 "warning",
                 "celery_deadlines.W006",
-                f"task {task!r} has the attribute {attribute} = {_shown(value)}, which is not "
+                f"task {task!r} has the attribute {attribute} = {shown(value, 60)}, which is not "
                 f"a task option; did you mean {closest[0]}? As spelled it changes nothing: "
                 f"the task's {closest[0]} is its default.",
                 f"Rename the option {attribute} to {closest[0]} (or rename your attribute "
@@ -356,7 +345,7 @@ class Resolved:
             return None
         try:
             return (limit, parse_duration(raw, name=limit))
-        except (OverflowError, ValueError):  # InvalidDeadline too
+        except InvalidDeadline:
             return UNKNOWN  # Celery's own option, not reviewed here
 
     def lease_ttl(self) -> Said | None:
@@ -507,7 +496,7 @@ def _budgets_entries(tasks: Mapping[str, Any], configured: Configured) -> Iterat
         if not is_deadline_task(task):
             why, fix = "is not a DeadlineTask", "Give the task base=DeadlineTask"
         elif getattr(task, "budget", UNSET) is not UNSET:
-            own = _shown(task.budget)
+            own = shown(task.budget, 60)
             why, fix = f"sets its own budget ({own})", "Remove the task's budget= option"
         elif contracts is not UNKNOWN and _contract_budget(contracts.get(name)):
             why = f"has a budget in {configured.name('deadlines_contracts')}"
@@ -603,17 +592,6 @@ def _too_wide_proxies(configured: Configured) -> Iterator[Problem]:
 
 
 # -- wording -----------------------------------------------------------------------------------
-
-_repr = reprlib.Repr()
-_repr.maxstring = _repr.maxother = 60
-
-
-def _shown(value: object) -> str:
-    """``value``'s repr, cut short (a message quotes code's values, not a page of them)."""
-    try:
-        return _repr.repr(value)
-    except Exception:  # noqa: BLE001 (a __repr__ that raises must not break a check)
-        return f"<{type(value).__name__}>"
 
 
 def _s(duration: timedelta) -> str:
