@@ -272,7 +272,8 @@ def _governing(
     headers = dict(call.get("headers") or {})
     own = stamping.own_deadlines(call, headers, now, settings.max_budget)
     parent = inherited()
-    return stamping.stamp_for(own, parent, now=now, expires=None, task_id=None).governed.deadline
+    stamp = stamping.stamp_for(own, parent, now=now, expires=call.get("expires"), task_id=None)
+    return stamp.governed.deadline
 
 
 def publish_stamp(
@@ -291,7 +292,8 @@ def publish_stamp(
     given = call.get("headers")
     headers = dict(given) if given else {}
     own = options.own_deadlines(task, call, headers, now, options.times(task, settings))
-    return stamping.stamp_for(own, parent, now=now, expires=call.get("expires"), task_id=None)
+    expires = call.get("expires", task.expires)
+    return stamping.stamp_for(own, parent, now=now, expires=expires, task_id=None)
 
 
 @contextmanager

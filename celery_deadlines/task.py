@@ -208,9 +208,10 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
             # call options that name no instant (``budget=None``) on a task with no
             # budget, outside any task or scope: nothing to stamp or gate, as above
             return None, None
-        stamp = stamping.stamp_for(
-            own, parent, now=now, expires=call.get("expires"), task_id=task_id
-        )
+        # the caller's ``expires``, else the task's (an explicit None clears it, as Celery's
+        # own merge of the task's options does)
+        expires = call.get("expires", self.expires)
+        stamp = stamping.stamp_for(own, parent, now=now, expires=expires, task_id=task_id)
         governed = stamp.governed
         if governed.clamped_from is not None and own.source == "call":
             propagation.log_clamp(self.name, task_id, governed)
@@ -223,7 +224,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
                     gates.Gate.ENQUEUE, governed.deadline, now, reserve, starts_at=starts_at
                 )
                 self._refuse_enqueue(decision, task_id, reserve)
-        stamp = stamping.for_deadline_task(stamp, expires=call.get("expires"), starts_at=starts_at)
+        stamp = stamping.for_deadline_task(stamp, expires=expires, starts_at=starts_at)
         stamping.write(headers, stamp)
         if headers:
             call["headers"] = headers

@@ -36,7 +36,7 @@ Unset: TypeAlias = Literal[_Unset.UNSET]
 #: A duration as users may write it: seconds or a timedelta.
 DurationLike: TypeAlias = int | float | timedelta
 
-Source = Literal["call", "task", "setting", "default", "scope", "parent"]
+Source = Literal["call", "task", "setting", "default", "scope", "parent", "expires"]
 
 
 #: The longest duration this package reads: a century. Anything longer is a unit or

@@ -57,7 +57,8 @@ NO_OWN: Final = Own()
 
 
 class Stamp(NamedTuple):
-    """The deadlines a message will carry, with Celery's ``expires`` capped by them."""
+    """The deadlines a message will carry, and Celery's ``expires`` (the deadline: never
+    later, since an earlier ``expires`` became the deadline)."""
 
     governed: Governed
     delivery: datetime | None
@@ -99,15 +100,20 @@ def stamp_for(
     own: Own, parent: Inherited, *, now: datetime, expires: object, task_id: str | None
 ) -> Stamp:
     """Combine a publish's own deadlines with what it inherits: the earlier wins (the
-    clamp is reported in ``governed.clamped_from``). The origin is the parent's when the
-    deadline is inherited, else this message's own id."""
+    clamp is reported in ``governed.clamped_from``). Celery's ``expires`` shortens the
+    deadline: Celery discards the message then, so the run has no more time than that;
+    an earlier one governs (source ``expires``), a later one changes nothing, and with
+    no deadline it makes none (it is Celery's alone, as without this package). The
+    origin is the parent's when the deadline is inherited, else this message's own id."""
     governed = govern(own.deadline, own.source, parent.deadline, parent.source)
+    if governed.deadline is not None and expires is not None:
+        expiry = expiry_of(expires, now)
+        if expiry is not None and expiry < governed.deadline:
+            governed = Governed(expiry, "expires")
     delivery = earlier(own.delivery, parent.delivery)
     origin = parent.origin if governed.source in ("parent", "scope") else task_id
-    capped = governed.deadline
-    if capped is not None and expires is not None:
-        capped = earlier_expiry(expires, capped, now)
-    return Stamp(governed, delivery, origin, capped)
+    # the deadline is never later than ``expires``: Celery's check is set to it
+    return Stamp(governed, delivery, origin, governed.deadline)
 
 
 def for_deadline_task(stamp: Stamp, *, expires: object, starts_at: datetime | None) -> Stamp:
@@ -181,22 +187,23 @@ def own_instant(
     return None if span is None else now + span
 
 
-def earlier_expiry(expires: object, deadline: datetime, now: datetime) -> datetime:
-    """Celery's ``expires`` option (seconds, datetime or ISO string) capped at ``deadline``."""
-    current: datetime | None = None
+def expiry_of(expires: object, now: datetime) -> datetime | None:
+    """Celery's ``expires`` option as an instant: seconds after ``now`` (capped at a
+    century), an aware datetime, or an aware ISO 8601 string; ``None`` for no value or
+    one read no other way (a naive instant is in Celery's timezone, which Celery reads:
+    it still enforces it, and it never extends the deadline)."""
     if isinstance(expires, (int, float)) and not isinstance(expires, bool):
-        after = capped_seconds(expires)  # NaN: no expiry of the caller's, the deadline's
-        current = None if after is None else now + after
-    elif isinstance(expires, datetime) and expires.tzinfo is not None:
-        current = expires
-    elif isinstance(expires, str):
+        after = capped_seconds(expires)  # NaN: no expiry this package can read
+        return None if after is None else now + after
+    if isinstance(expires, datetime):
+        return expires if expires.tzinfo is not None else None
+    if isinstance(expires, str):
         try:
             parsed = datetime.fromisoformat(expires)
         except ValueError:
-            parsed = None
-        if parsed is not None and parsed.tzinfo is not None:
-            current = parsed
-    return deadline if current is None or deadline < current else current
+            return None
+        return parsed if parsed.tzinfo is not None else None
+    return None
 
 
 def delivery_deadline(

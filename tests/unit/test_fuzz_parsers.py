@@ -29,7 +29,7 @@ from celery_deadlines.rules.budgets import LONGEST, parse_budget, parse_duration
 from celery_deadlines.rules.contracts import parse_contracts
 from celery_deadlines.rules.gates import retry_wait
 from celery_deadlines.rules.retention import parse_age, parse_batch_size, parse_retention
-from celery_deadlines.rules.stamping import earlier_expiry, read_headers
+from celery_deadlines.rules.stamping import Inherited, Own, read_headers, stamp_for
 from celery_deadlines.rules.wire import decode, decode_occurrence
 from tests.support.summaries import leave
 
@@ -150,7 +150,13 @@ def test_an_occurrence_header_is_read_whatever_it_holds(header: object) -> None:
 @given(values)
 def test_a_callers_expires_never_lengthens_the_deadline(expires: object) -> None:
     deadline = NOW + timedelta(seconds=30)
-    assert only_documented_errors(lambda: earlier_expiry(expires, deadline, NOW)) <= deadline
+    own = Own(deadline, "task")
+    stamp = only_documented_errors(
+        lambda: stamp_for(own, Inherited(), now=NOW, expires=expires, task_id="t")
+    )
+    assert stamp.governed.deadline is not None
+    assert stamp.governed.deadline <= deadline
+    assert stamp.expires == stamp.governed.deadline
 
 
 @fuzz

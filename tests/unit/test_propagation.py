@@ -249,3 +249,18 @@ def test_the_running_task_is_the_one_on_this_threads_stack_and_none_without_one(
     finally:
         pop_current_task()
     assert current_task() is None
+
+
+def test_a_plain_child_whose_expires_is_earlier_than_the_scope_carries_it_as_its_deadline(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    make_task(app)  # installs the publish hook
+    with deadline_scope(budget=10, app=app):  # Celery turns seconds into an instant by
+        # its own clock, not the fake one: the test gives instants
+        app.send_task("somewhere.else", expires=clock.now() + timedelta(seconds=4))
+        app.send_task("somewhere.else", expires=clock.now() + timedelta(seconds=40))
+    shortened, later = published[-2:]
+    assert shortened[DEADLINE_HEADER] == encode(clock.now() + timedelta(seconds=4))
+    assert shortened[SOURCE_HEADER] == "expires"
+    assert later[DEADLINE_HEADER] == encode(clock.now() + timedelta(seconds=10))
+    assert later["expires"] == (clock.now() + timedelta(seconds=10)).isoformat()

@@ -14,7 +14,7 @@ from celery_deadlines.rules.stamping import (
     Own,
     carries_deadlines,
     earlier,
-    earlier_expiry,
+    expiry_of,
     own_deadlines,
     read_headers,
     stamp_for,
@@ -98,19 +98,49 @@ def test_an_unreadable_deadline_header_is_carried_as_it_is_not_dropped() -> None
 
 
 @pytest.mark.parametrize(
-    ("expires", "kept"),
+    ("expires", "read"),
     [
         (5, NOW + seconds(5)),
+        (2.5, NOW + seconds(2.5)),
         ((NOW + seconds(5)).isoformat(), NOW + seconds(5)),
-        (NOW + seconds(50), NOW + seconds(10)),
-        ("garbage", NOW + seconds(10)),
-        (None, NOW + seconds(10)),
+        (NOW + seconds(50), NOW + seconds(50)),
+        (datetime(2030, 1, 1, 12, 0), None),  # naive: Celery's timezone, Celery's to read
+        ("2030-01-01T12:00:00", None),
+        ("garbage", None),
+        (float("nan"), None),
+        (True, None),
+        (None, None),
     ],
 )
-def test_celerys_expires_is_kept_when_earlier_and_capped_at_the_deadline_otherwise(
-    expires: object, kept: datetime
+def test_celerys_expires_is_read_as_an_instant_when_it_names_one(
+    expires: object, read: datetime | None
 ) -> None:
-    assert earlier_expiry(expires, NOW + seconds(10), NOW) == kept
+    assert expiry_of(expires, NOW) == read
+
+
+def test_an_earlier_expires_becomes_the_deadline_and_its_origin_is_the_message() -> None:
+    parent = Inherited(NOW + seconds(10), None, "parent", "root-1")
+    stamp = stamp_for(Own(NOW + seconds(8), "task"), parent, now=NOW, expires=3, task_id="c")
+    assert (stamp.governed.deadline, stamp.governed.source) == (NOW + seconds(3), "expires")
+    assert (stamp.origin, stamp.expires) == ("c", NOW + seconds(3))
+    headers: dict[str, Any] = {}
+    write(headers, stamp)
+    assert read_headers(headers, NOW, HORIZON, "c").deadline == NOW + seconds(3)
+    assert headers[wire.SOURCE_HEADER] == "expires"
+
+
+@pytest.mark.parametrize("expires", [30, (NOW + seconds(30)).isoformat(), "garbage"])
+def test_a_later_or_unreadable_expires_never_extends_the_deadline(expires: object) -> None:
+    stamp = stamp_for(
+        Own(NOW + seconds(8), "task"), Inherited(), now=NOW, expires=expires, task_id="c"
+    )
+    assert (stamp.governed.deadline, stamp.governed.source) == (NOW + seconds(8), "task")
+    assert stamp.expires == NOW + seconds(8)  # Celery's own check is set to the deadline
+
+
+def test_expires_makes_no_deadline_where_there_is_none() -> None:
+    stamp = stamp_for(Own(), Inherited(), now=NOW, expires=3, task_id="c")
+    assert (stamp.governed.deadline, stamp.expires) == (None, None)
 
 
 def test_the_earlier_of_two_optional_instants_treats_none_as_no_deadline() -> None:

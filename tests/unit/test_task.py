@@ -246,6 +246,38 @@ def test_an_earlier_celery_expires_is_kept(
     assert published[-1]["expires"] == (clock.now() + timedelta(seconds=10)).isoformat()
 
 
+def test_an_earlier_celery_expires_shortens_the_deadline_as_a_shorter_budget_would(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    task = make_task(app, budget=8)
+    task.apply_async(expires=3)
+    headers = published[-1]
+    assert headers[DEADLINE_HEADER] == encode(clock.now() + timedelta(seconds=3))
+    assert headers[SOURCE_HEADER] == "expires"
+    start_attempt(task, headers)
+    assert task.remaining() == pytest.approx(3)  # not the 8 s Celery would never give it
+
+
+def test_the_tasks_own_expires_shortens_the_deadline_unless_the_call_clears_it(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    task = make_task(app, budget=8, expires=2)
+    task.apply_async()
+    assert published[-1][DEADLINE_HEADER] == encode(clock.now() + timedelta(seconds=2))
+    task.apply_async(expires=None)  # Celery's own merge: an explicit None clears it
+    assert published[-1][DEADLINE_HEADER] == encode(clock.now() + timedelta(seconds=8))
+
+
+def test_a_later_celery_expires_never_extends_the_deadline(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    make_task(app, budget=8).apply_async(expires=clock.now() + timedelta(minutes=5))
+    headers = published[-1]
+    assert headers[DEADLINE_HEADER] == encode(clock.now() + timedelta(seconds=8))
+    assert headers[SOURCE_HEADER] == "task"
+    assert headers["expires"] == (clock.now() + timedelta(seconds=8)).isoformat()
+
+
 # -- attempt: anchoring, remaining(), refusal at start ---------------------------------
 
 
