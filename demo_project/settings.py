@@ -83,6 +83,8 @@ STATIC_URL = "static/"
 # -- Celery: everything below is read with namespace="CELERY" ----------------------------
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://")
 if CELERY_BROKER_URL == "filesystem://":
+    # kombu's transport, each message written whole before a worker can read it
+    CELERY_BROKER_TRANSPORT = "demo_project.broker:Transport"
     _broker_dir = VAR_DIR / "broker"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_broker_dir / "queue"),

@@ -21,6 +21,7 @@ import kombu.pools
 import pytest
 from django.db import connections
 
+from demo_project.broker import TRANSPORT
 from tests.conftest import service_unavailable
 from tests.support import isolation
 from tests.support.processes import REPO, Transport, WorkerProcess, reachable
@@ -126,6 +127,7 @@ def client_for(transport: Transport, queue: str, app: Any = None) -> Iterator[An
             "result_backend",
             "task_default_queue",
             "broker_transport_options",
+            "broker_transport",
         )
     }
     options: dict[str, Any] = {}
@@ -141,6 +143,7 @@ def client_for(transport: Transport, queue: str, app: Any = None) -> Iterator[An
         result_backend=transport.result_backend,
         task_default_queue=queue,
         broker_transport_options=options,
+        broker_transport=TRANSPORT if transport.fs_folder else None,
     )
     _reset_connections(app)
     try:

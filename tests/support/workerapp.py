@@ -17,6 +17,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 
 from celery_deadlines import DEADLINE_HEADER, ORIGIN_HEADER, SOURCE_HEADER, DeadlineTask
 from celery_deadlines.clock import get_clock
+from demo_project.broker import TRANSPORT
 
 
 def _filesystem_options() -> dict[str, Any]:
@@ -34,6 +35,8 @@ def _filesystem_options() -> dict[str, Any]:
 app = Celery("workerapp")
 app.conf.update(
     broker_url=os.environ.get("TEST_BROKER_URL", "memory://"),
+    # the demo's filesystem transport (demo_project/broker.py: kombu#1551)
+    broker_transport=TRANSPORT if os.environ.get("TEST_FS_FOLDER") else None,
     result_backend=os.environ.get("TEST_RESULT_BACKEND", "cache+memory://"),
     broker_transport_options=_filesystem_options(),
     task_serializer="json",
