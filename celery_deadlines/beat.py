@@ -35,6 +35,7 @@ behaviour to another scheduler class whose entries carry a :class:`ZonedSchedule
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -47,7 +48,10 @@ from .conf import settings_for
 from .errors import ConfigurationError, DeadlineRefused
 from .rules import skew
 from .rules.budgets import parse_duration
-from .rules.schedules import WEEKDAYS, LocalSchedule, Occurrence, classify, occurrences
+from .rules.periodic import Periodic
+from .rules.periodic import classify as periodic_classify
+from .rules.periodic import occurrences as periodic_occurrences
+from .rules.schedules import WEEKDAYS, Backlog, LocalSchedule, Occurrence, classify, occurrences
 from .rules.wire import OCCURRENCE_HEADER
 from .signals import clock_uncertain
 
@@ -58,15 +62,85 @@ _HORIZON = timedelta(days=8)
 _TICK = timedelta(microseconds=1)
 #: How soon an entry with an unhandled occurrence is looked at again.
 RETRY_PENDING = timedelta(seconds=5)
+#: The most occurrences of one :class:`PeriodicSchedule` one pass publishes or records
+#: (the latest; the ledger's bulk lookups stay within every database's parameter limit).
+OCCURRENCE_LIMIT = 500
 
 
-class ZonedSchedule(BaseSchedule):
-    """A beat schedule from a :class:`LocalSchedule`, read on the library's clock.
+class OccurrenceSchedule(BaseSchedule):
+    """A beat schedule of named occurrences, each with a window, read on the library's
+    clock: the part :class:`ZonedSchedule` and :class:`PeriodicSchedule` share, and what
+    :func:`catch_up` reconciles against the ledger.
 
     ``is_due`` has no side effects (beat calls it to order its heap too): an entry is
     due while an occurrence in ``(handled_through, now]`` exists, where
     ``handled_through`` is what the scheduler last reconciled, at most ``catch_up`` ago.
     """
+
+    #: the schedule's name in the ledger (the prefix of its run ids)
+    name: str
+    #: how long each occurrence has to be done in
+    window: timedelta
+    #: how far back the occurrences a restarted scheduler looks at go
+    catch_up: timedelta
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        #: the instant through which every occurrence is published or recorded missed
+        self.handled_through: datetime | None = None
+        #: after a failed attempt (database away, clock in doubt): not due again before
+        #: this, so beat waits instead of trying on every tick
+        self.retry_at: datetime | None = None
+        #: occurrences at or before this are not the schedule's (it did not exist yet, or
+        #: said something else): neither published nor recorded missed
+        self.floor: datetime | None = None
+
+    def occurrences(self, start: datetime, end: datetime) -> Iterator[Occurrence]:
+        """Every occurrence with ``start <= at < end``, in order."""
+        raise NotImplementedError
+
+    def backlog(self, since: datetime, now: datetime) -> tuple[Backlog, int]:
+        """The occurrences in ``(since, now]``, due and missed, and how many earlier
+        ones in that span were left out (not looked at)."""
+        raise NotImplementedError
+
+    def now(self) -> datetime:
+        return get_clock().now()
+
+    def is_due(self, last_run_at: datetime | None) -> schedstate:
+        now = self.now()
+        if self.retry_at is not None and now < self.retry_at:
+            return schedstate(False, (self.retry_at - now).total_seconds())
+        floor = max(
+            [now - self.catch_up, *(t for t in (self.handled_through, self.floor) if t is not None)]
+        )
+        pending = next(self.occurrences(floor + _TICK, now + _TICK), None)
+        upcoming = next(self.occurrences(now + _TICK, now + _HORIZON), None)
+        wait = (upcoming.at - now).total_seconds() if upcoming is not None else 3600.0
+        if pending is not None:
+            # look again soon: if publishing fails (the database is away), the occurrence
+            # is retried within its window, not at the next occurrence
+            wait = min(wait, RETRY_PENDING.total_seconds())
+        return schedstate(pending is not None, max(wait, 0.0))
+
+    def remaining_estimate(self, last_run_at: datetime | None) -> timedelta:
+        now = self.now()
+        upcoming = next(self.occurrences(now + _TICK, now + _HORIZON), None)
+        return (upcoming.at - now) if upcoming is not None else timedelta(hours=1)
+
+
+def _catch_up_of(value: timedelta | float, window: timedelta, kind: str) -> timedelta:
+    catch_up = parse_duration(value, name=f"{kind} catch_up")
+    if catch_up < window:
+        raise ValueError(
+            "catch_up must be at least the schedule's window, or an occurrence still "
+            "within its window could be forgotten after a restart"
+        )
+    return catch_up
+
+
+class ZonedSchedule(OccurrenceSchedule):
+    """A beat schedule from a :class:`LocalSchedule` (one local time on given days)."""
 
     def __init__(
         self, local: LocalSchedule, catch_up: timedelta | float = timedelta(days=7), **kw: Any
@@ -78,41 +152,15 @@ class ZonedSchedule(BaseSchedule):
                 "run id, and the ledger finds the schedule's history by it"
             )
         self.local = local
-        self.catch_up = parse_duration(catch_up, name="ZonedSchedule catch_up")
-        if self.catch_up < local.window:
-            raise ValueError(
-                "catch_up must be at least the schedule's window, or an occurrence still "
-                "within its window could be forgotten after a restart"
-            )
-        #: the instant through which every occurrence is published or recorded missed
-        self.handled_through: datetime | None = None
-        #: after a failed attempt (database away, clock in doubt): not due again before
-        #: this, so beat waits instead of trying on every tick
-        self.retry_at: datetime | None = None
+        self.name = local.name
+        self.window = local.window
+        self.catch_up = _catch_up_of(catch_up, local.window, "ZonedSchedule")
 
-    def now(self) -> datetime:
-        return get_clock().now()
+    def occurrences(self, start: datetime, end: datetime) -> Iterator[Occurrence]:
+        return occurrences(self.local, start, end)
 
-    def is_due(self, last_run_at: datetime | None) -> schedstate:
-        now = self.now()
-        if self.retry_at is not None and now < self.retry_at:
-            return schedstate(False, (self.retry_at - now).total_seconds())
-        floor = now - self.catch_up
-        if self.handled_through is not None and self.handled_through > floor:
-            floor = self.handled_through
-        pending = next(occurrences(self.local, floor + _TICK, now + _TICK), None)
-        upcoming = next(occurrences(self.local, now + _TICK, now + _HORIZON), None)
-        wait = (upcoming.at - now).total_seconds() if upcoming is not None else 3600.0
-        if pending is not None:
-            # look again soon: if publishing fails (the database is away), the occurrence
-            # is retried within its window, not at the next occurrence
-            wait = min(wait, RETRY_PENDING.total_seconds())
-        return schedstate(pending is not None, max(wait, 0.0))
-
-    def remaining_estimate(self, last_run_at: datetime | None) -> timedelta:
-        now = self.now()
-        upcoming = next(occurrences(self.local, now + _TICK, now + _HORIZON), None)
-        return (upcoming.at - now) if upcoming is not None else timedelta(hours=1)
+    def backlog(self, since: datetime, now: datetime) -> tuple[Backlog, int]:
+        return classify(self.local, since, now), 0
 
     def __reduce__(self) -> tuple[Any, ...]:
         return self.__class__, (self.local, self.catch_up)
@@ -131,6 +179,50 @@ class ZonedSchedule(BaseSchedule):
         return f"<ZonedSchedule {local.name or ''} {local.at} {local.zone} days {days}>"
 
 
+class PeriodicSchedule(OccurrenceSchedule):
+    """A beat schedule from a :class:`~celery_deadlines.rules.periodic.Periodic`: every
+    N on a fixed grid, a crontab in a zone, or once (what a django-celery-beat row
+    holds: see :mod:`celery_deadlines.beat_database`). One pass looks at the latest
+    ``limit`` occurrences at most."""
+
+    def __init__(
+        self,
+        periodic: Periodic,
+        catch_up: timedelta | float = timedelta(days=7),
+        limit: int = OCCURRENCE_LIMIT,
+        **kw: Any,
+    ) -> None:
+        super().__init__(**kw)
+        self.periodic = periodic
+        self.name = periodic.name
+        self.window = periodic.window
+        self.catch_up = _catch_up_of(catch_up, periodic.window, "PeriodicSchedule")
+        self.limit = limit
+
+    def occurrences(self, start: datetime, end: datetime) -> Iterator[Occurrence]:
+        return periodic_occurrences(self.periodic, start, end)
+
+    def backlog(self, since: datetime, now: datetime) -> tuple[Backlog, int]:
+        return periodic_classify(self.periodic, since, now, self.limit)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return self.__class__, (self.periodic, self.catch_up, self.limit)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PeriodicSchedule):
+            return self._key() == other._key()
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def _key(self) -> tuple[Periodic, timedelta, int]:
+        return self.periodic, self.catch_up, self.limit
+
+    def __repr__(self) -> str:
+        return f"<PeriodicSchedule {self.name} {self.periodic.rule} window {self.window}>"
+
+
 def occurrence_header(occurrence: Occurrence) -> dict[str, str]:
     """What a scheduled run carries on the wire (and the ledger stores)."""
     return {
@@ -142,25 +234,37 @@ def occurrence_header(occurrence: Occurrence) -> dict[str, str]:
 
 
 class ZonedSchedulerMixin:
-    """Publishes :class:`ZonedSchedule` entries by occurrence, reconciled by run id."""
+    """Publishes the entries whose schedule is an :class:`OccurrenceSchedule`
+    (:class:`ZonedSchedule`, :class:`PeriodicSchedule`) by occurrence, reconciled by run
+    id; every other entry is the scheduler's own. For a scheduler that keeps
+    ``beat_schedule`` in beat's memory or state file (Celery's); django-celery-beat's
+    writes it to its table, which holds none of these: use
+    :class:`celery_deadlines.beat_database.DatabaseDeadlineScheduler` there."""
 
     app: Any
+    _tasks_since_sync: int
 
     def apply_async(
         self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any
     ) -> Any:
-        if not isinstance(entry.schedule, ZonedSchedule):
+        if not isinstance(entry.schedule, OccurrenceSchedule):
             return super().apply_async(entry, producer, advance, **kwargs)  # type: ignore[misc]
         from django.db import close_old_connections
 
         entry = self.reserve(entry) if advance else entry  # type: ignore[attr-defined]
         close_old_connections()  # beat has no request cycle: drop a connection that broke
-        zoned: ZonedSchedule = entry.schedule
+        schedule: OccurrenceSchedule = entry.schedule
         try:
             return catch_up(self.app, entry, producer)
         except Exception as exc:  # beat logs it; the entry is due again in RETRY_PENDING
-            zoned.retry_at = zoned.now() + RETRY_PENDING
+            schedule.retry_at = schedule.now() + RETRY_PENDING
             raise SchedulingError(f"Couldn't apply scheduled task {entry.name}: {exc}") from exc
+        finally:
+            # as Celery's own apply_async: beat's state (its file, django-celery-beat's
+            # rows) is written every beat_sync_every publishes or sync_every seconds
+            self._tasks_since_sync += 1
+            if self.should_sync():  # type: ignore[attr-defined]
+                self._do_sync()  # type: ignore[attr-defined]
 
 
 def catch_up(app: Any, entry: Any, producer: Any = None) -> list[str]:
@@ -172,17 +276,28 @@ def catch_up(app: Any, entry: Any, producer: Any = None) -> list[str]:
     from .ledger.api import NewRun, store_for
     from .task import DeadlineTask
 
-    zoned: ZonedSchedule = entry.schedule
+    schedule: OccurrenceSchedule = entry.schedule
     store = store_for(app)
     if not _clock_agrees(app, store, entry.name):
-        zoned.retry_at = zoned.now() + RETRY_PENDING
+        schedule.retry_at = schedule.now() + RETRY_PENDING
         return []
-    zoned.retry_at = None
-    now = zoned.now()
-    last = store.sweeps.last_occurrence(zoned.local.name)
+    schedule.retry_at = None
+    now = schedule.now()
+    last = store.sweeps.last_occurrence(schedule.name)
     # a schedule the ledger has never seen starts now: nothing before it was "missed"
-    since = now - zoned.local.window if last is None else max(last, now - zoned.catch_up)
-    backlog = classify(zoned.local, since, now)
+    since = now - schedule.window if last is None else max(last, now - schedule.catch_up)
+    if schedule.floor is not None and schedule.floor > since:
+        since = schedule.floor
+    backlog, left_out = schedule.backlog(since, now)
+    if left_out:
+        logger.warning(
+            "%s: %d occurrences since %s are older than the latest %d looked at: they are "
+            "neither published nor recorded missed",
+            entry.name,
+            left_out,
+            since.isoformat(),
+            len(backlog.due) + len(backlog.missed),
+        )
     known = store.sweeps.known([o.run_id for o in (*backlog.due, *backlog.missed)])
     for missed in backlog.missed:
         if missed.run_id in known:
@@ -215,7 +330,7 @@ def catch_up(app: Any, entry: Any, producer: Any = None) -> list[str]:
     task = app.tasks[entry.task]
     if not isinstance(task, DeadlineTask):
         raise ConfigurationError(
-            f"beat entry {entry.name!r}: a ZonedSchedule needs a DeadlineTask, and "
+            f"beat entry {entry.name!r}: a {type(schedule).__name__} needs a DeadlineTask, and "
             f"{entry.task} is not one (base=DeadlineTask)"
         )
     for due in backlog.due:
@@ -248,7 +363,7 @@ def catch_up(app: Any, entry: Any, producer: Any = None) -> list[str]:
             due.at.isoformat(),
             due.deadline.isoformat(),
         )
-    zoned.handled_through = now
+    schedule.handled_through = now
     logger.info(
         "%s: occurrences reconciled through %s: %d published, %d already recorded",
         entry.name,
@@ -288,18 +403,15 @@ class DeadlineScheduler(ZonedSchedulerMixin, PersistentScheduler):
 
 
 __all__ = [
+    "OCCURRENCE_LIMIT",
+    "WEEKDAYS",
     "DeadlineScheduler",
+    "LocalSchedule",
+    "OccurrenceSchedule",
+    "Periodic",
+    "PeriodicSchedule",
     "ZonedSchedule",
     "ZonedSchedulerMixin",
     "catch_up",
     "occurrence_header",
-]
-
-
-__all__ = [
-    "WEEKDAYS",
-    "DeadlineScheduler",
-    "LocalSchedule",
-    "ZonedSchedule",
-    "ZonedSchedulerMixin",
 ]

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from celery.exceptions import Ignore
 
+from . import ledger
 from .claiming import caller_of
 from .clock import get_clock
 from .conf import settings_for
@@ -29,7 +30,7 @@ from .rules.observations import ActionClass, Observation
 from .rules.plans import Plan, Verdict
 from .rules.plans import resume as resume_plan
 from .rules.states import CALLER_UNKNOWN, Status
-from .signals import plan_resumed
+from .signals import plan_resumed, report_operator_needed
 
 if TYPE_CHECKING:
     from .effects import EffectScope
@@ -43,7 +44,13 @@ logger = logging.getLogger("celery_deadlines")
 
 
 class Unresolved(Ignore):
-    """The attempt ended with an effect of unknown outcome: the run is now UNKNOWN."""
+    """The attempt ended with an effect of unknown outcome: the run is now UNKNOWN.
+    ``args``: the detail, and the keys of the effects whose outcome is unknown (what
+    the worker's ``task-unknown`` event names)."""
+
+    @property
+    def keys(self) -> list[str]:
+        return list(self.args[1]) if len(self.args) > 1 else []
 
 
 class Paused(Ignore):
@@ -62,7 +69,12 @@ def end_unresolved(
     if task is not None and caller_of(task).stores_errors:
         meta = outcomes.unknown_meta(attempt.unresolved, repr(exc) if exc else outcome.detail)
         task.backend.store_result(attempt.lease.task_id, meta, CALLER_UNKNOWN, request=task.request)
-    raise Unresolved(outcome.detail)
+    if task is not None:
+        names = {key: attempt.effect_names.get(key, "") for key in attempt.unresolved}
+        alone = outcomes.needing_an_operator(names, lambda name: bool(task.effect_reconciler(name)))
+        if alone:
+            report_operator_needed(task, attempt.lease.task_id, task.name, alone, outcome.detail)
+    raise Unresolved(outcome.detail, sorted(attempt.unresolved))
 
 
 class AttemptAPI:
@@ -315,8 +327,41 @@ class AttemptAPI:
     def _ledger_attempt(self, feature: str) -> Attempt:
         attempt = self._attempt()
         if attempt is None:
-            raise ConfigurationError(
-                f"{feature} need the run ledger: add 'celery_deadlines' to INSTALLED_APPS "
-                "and run the task in a worker"
-            )
+            raise ConfigurationError(f"{feature} {_why_no_attempt(self)}")
         return attempt
+
+
+#: How a test runs a body with a claimed attempt and no database (docs/howto.md).
+IN_MEMORY = (
+    "or test it against the in-memory ledger, which eager runs claim too "
+    "(celery_deadlines.testing.use_ledger(FakeLedger()), or "
+    "pytest_plugins = ['celery_deadlines.pytest_plugin'])"
+)
+
+
+def _why_no_attempt(task: Any) -> str:
+    """Why this delivery of ``task`` has no claimed attempt, and what gives it one: the
+    ledger is off (the Django app, or this Celery app's ``deadlines_ledger``), the body
+    was called directly, or the run is eager (``task_always_eager``, ``apply()``): the
+    database's ledger claims no eager run, which has no worker to renew its lease or
+    reconcile it."""
+    if not ledger.enabled_for(task.app):
+        if not ledger.active():
+            return (
+                "need the run ledger: add 'celery_deadlines' to INSTALLED_APPS and run the "
+                f"task in a worker, {IN_MEMORY}"
+            )
+        return (
+            "need the run ledger, which this Celery app turned off (deadlines_ledger = "
+            f"False): turn it on and run the task in a worker, {IN_MEMORY}"
+        )
+    request = task.request
+    if request.called_directly:
+        return (
+            "need a claimed attempt, and a direct call (task(...)) claims none: run the task "
+            "through Celery (delay(), apply_async(); apply() against the in-memory ledger)"
+        )
+    return (
+        "need a worker: an eager run (task_always_eager, apply()) claims no attempt in the "
+        f"database's run ledger; run the task in a worker, {IN_MEMORY}"
+    )

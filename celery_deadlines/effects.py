@@ -159,6 +159,7 @@ class EffectScope:
         self.fence = fence
         self._dispatched = True
         self.attempt.unresolved.add(self.key)
+        self.attempt.effect_names[self.key] = self.name
         hit("effect.dispatched", self.attempt.lease.task_id)
         return self
 

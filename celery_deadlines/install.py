@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from celery.signals import before_task_publish
 
-from . import canvas, exporter, timelimits
+from . import canvas, exporter, sentry, timelimits
 from .propagation import on_before_task_publish
 
 _DISPATCH_UID = "celery_deadlines.propagation.on_before_task_publish"
@@ -17,7 +17,9 @@ def install() -> None:
     the worker signals that serve metrics when ``deadlines_metrics_port`` is set, and
     the workflow gate around ``apply_async`` of Celery's chain, group and chord
     (:mod:`celery_deadlines.canvas`), and, in a worker, one event-loop timer for every
-    job's time limits (:mod:`celery_deadlines.timelimits`).
+    job's time limits (:mod:`celery_deadlines.timelimits`), and the ``task_failure``
+    receiver that gives Sentry's transaction of a refused run its status
+    (:mod:`celery_deadlines.sentry`; it imports nothing of Sentry's).
 
     Called for you when a :class:`DeadlineTask` is bound to an app and when the Django
     app is ready; call it yourself in a process that only sends tasks by name.
@@ -26,3 +28,4 @@ def install() -> None:
     exporter.connect()
     canvas.patch()
     timelimits.connect()
+    sentry.connect()

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from celery._state import get_current_worker_task
+from celery.exceptions import Retry
 
 from . import ledger
 from .propagation import attempt_state, headers_of
@@ -87,6 +88,27 @@ def publish(
     )
     sent = api.record_run(task.app, run, send)
     return sent if sent is not None else task.AsyncResult(task_id)
+
+
+def hand_to_eager_retry(task: Task[Any, Any], attempt: Any, retry: object) -> None:
+    """An eager retry publishes nothing (``apply()`` runs ``retry.sig`` in place): hand
+    the run to it here, as :func:`publish` does for a worker's retry message, so that
+    its claim finds the run RETRYING. Only a ledger that claims eager runs (a test's
+    in-memory one) gives an eager run an ``attempt``."""
+    if attempt is None or not isinstance(retry, Retry) or not getattr(retry, "is_eager", False):
+        return
+    sig = getattr(retry, "sig", None)
+    if sig is None:
+        return
+    api = ledger.api_for(task.app)
+    body, _, _ = api.encode_message(task.serializer, sig.args, sig.kwargs, {})
+    api.hand_to_retry(
+        attempt,
+        retries=task.request.retries + 1,
+        available_at=None,
+        message_body=body,
+        send=lambda: None,
+    )
 
 
 def run_of_request(

@@ -27,13 +27,14 @@ from celery.worker.request import Request
 from celery.worker.state import task_ready
 
 from . import ledger, options, recording
+from .body import Unresolved
 from .claiming import answer_a_waiting_caller, caller_of
 from .clock import get_clock
 from .conf import settings_for
 from .errors import DeadlineRefused
 from .rules import gates, outcomes, stamping
 from .rules.quoting import shown
-from .rules.states import Status
+from .rules.states import UNKNOWN_EVENT, Status
 from .signals import report_refusal
 from .task import DeadlineTask
 
@@ -336,6 +337,9 @@ class DeadlineRequest(Request):
                 return
         elif isinstance(exc, WorkerLostError) and self._lost_to_the_ledger(exc):
             return
+        elif isinstance(exc, Unresolved):
+            # Celery only acknowledges an Ignore: Flower would show STARTED for ever
+            self.send_event(UNKNOWN_EVENT, effects=exc.keys, detail=str(exc.args[0]))
         super().on_failure(exc_info, send_failed_event, return_ok)
 
     def _with_ledger(self) -> bool:
@@ -385,7 +389,9 @@ class DeadlineRequest(Request):
             logger.exception("recording the time limit of %s in the ledger failed", self.id)
         self._time_limit_written = written
         if written == Status.UNKNOWN:
-            logger.error(
+            # a WARNING: the ERROR that pages a person comes from tell_caller_unknown,
+            # only when no reconciler of the task can settle the effect
+            logger.warning(
                 "Hard time limit (%s s) exceeded for %s[%s]: an effect's outcome is "
                 "unknown; the run ledger reconciles it",
                 timeout,
@@ -394,7 +400,7 @@ class DeadlineRequest(Request):
             )
             task_ready(self)
             try:
-                api.tell_caller_unknown(self.task.app, self.id, detail)
+                api.tell_caller_unknown(self.task.app, self.id, detail, self.name)
             except Exception:
                 logger.exception("storing the UNKNOWN state of %s failed", self.id)
             # as Celery handles a timed-out message (the setting is not in the stubs)

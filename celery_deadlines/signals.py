@@ -65,6 +65,41 @@ plan_resumed = Signal(
     name="plan_resumed", providing_args=["task_id", "task_name", "verdict", "action"]
 )
 
+#: A run needs a person: it ended UNKNOWN with effects whose outcome only an operator can
+#: settle (no reconciler of its task answers for them). ``keys``: those effects' keys;
+#: sent once per run, where it ended UNKNOWN (its pool process, the worker whose hard
+#: time limit killed it, or the reconciler that found its lease lapsed), with an ERROR
+#: log record that error trackers pick up.
+operator_needed = Signal(
+    name="operator_needed", providing_args=["task_id", "task_name", "keys", "detail"]
+)
+
+
+def report_operator_needed(
+    sender: object, task_id: str, task_name: str, keys: list[str], detail: str
+) -> None:
+    """Log at ERROR (once per run: the caller ends the run UNKNOWN exactly once) and send
+    :data:`operator_needed`. The record's ``extra`` names the run for an error tracker
+    (Sentry's logging integration puts it in the event's extra data)."""
+    logger.error(
+        "%s[%s] needs an operator: the outcome of effect(s) %s is unknown (%s) and no "
+        "reconciler of its task can settle it; find out what happened and resolve it "
+        "with evidence (admin: Effects, resolve; manage.py deadlines explain %s)",
+        task_name,
+        task_id,
+        ", ".join(keys),
+        detail,
+        task_id,
+        extra={
+            "celery_deadlines.task_id": task_id,
+            "celery_deadlines.task_name": task_name,
+            "celery_deadlines.effect_keys": list(keys),
+        },
+    )
+    operator_needed.send(
+        sender=sender, task_id=task_id, task_name=task_name, keys=keys, detail=detail
+    )
+
 
 def report_refusal(
     sender: object,

@@ -461,9 +461,14 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
             return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **call)
         state.retrying = True  # the publish Celery makes next is this attempt's retry
         try:
-            return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **call)
+            retried = super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **call)
+        except Retry as raised:
+            recording.hand_to_eager_retry(self, state.attempt, raised)
+            raise
         finally:
             state.retrying = False
+        recording.hand_to_eager_retry(self, state.attempt, retried)
+        return retried
 
     def _admit_retry(
         self, anchor: Anchor, eta: datetime | None, countdown: float | None, exc: Exception | None
@@ -496,9 +501,12 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
     def _with_ledger(self, *, eager: bool | None = None) -> bool:
         """Is this run recorded in the ledger? The Django app is on, and the run is not
         eager (``eager``: the request's; by default the app's ``task_always_eager``,
-        read only when the ledger is on: Celery's configuration is slow to read)."""
+        read only when the ledger is on: Celery's configuration is slow to read), or
+        the ledger is one that claims eager runs (the in-memory ledger of a test)."""
         if not ledger.enabled_for(self.app):
             return False
+        if ledger.records_eager_runs():
+            return True
         return not (self.app.conf.task_always_eager if eager is None else eager)
 
 

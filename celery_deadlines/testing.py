@@ -8,8 +8,11 @@ tests prove that enforcement runs on the monotonic clock.
 DeadlineTask records, claims, fences and ends its runs there by the database ledger's
 rules, and guards its effects (``self.effect(...)``) as the effect ledger does, so task
 code's ledger paths are unit-tested without a database (the idea of procrastinate's
-in-memory connector). Stored plans, the reconciler and the purge need the real ledger.
-tests/django/test_ledger_contract.py holds the fake to the SQLite and PostgreSQL ledgers.
+in-memory connector). Unlike the database's ledger it claims eager runs too
+(``apply()``, ``task_always_eager``), so a body's effects run eagerly, once per key.
+Stored plans, the reconciler and the purge need the real ledger.
+tests/django/test_ledger_contract.py holds the fake to the SQLite and PostgreSQL ledgers;
+:mod:`celery_deadlines.pytest_plugin` installs a fresh one for every test of a suite.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any, Final, NoReturn
 from . import conf
 from .clock import get_clock, set_clock
 from .conf import settings_for
-from .rules.outcomes import unknown_meta
+from .rules.outcomes import needing_an_operator, unknown_meta
 from .rules.records import ClaimRefused, Lease
 from .rules.states import (
     CALLER_UNKNOWN,
@@ -34,6 +37,7 @@ from .rules.states import (
     UNRESOLVED,
     EffectState,
 )
+from .signals import report_operator_needed
 
 
 class FakeClock:
@@ -128,9 +132,12 @@ class FakeLedger:
     ends runs here by the same rules as the database's ledger (one claim per run and
     token, a stale attempt's write refused, a refused claim's reason, the outbox row
     before the message, an effect dispatched at most once per key, a run with an effect
-    of unknown outcome ended UNKNOWN). Time is the installed clock's (use
-    :class:`FakeClock`). Stored plans, the reconciler and the purge are not played:
-    test those against a database.
+    of unknown outcome ended UNKNOWN). Eager runs (``apply()``, ``task_always_eager``)
+    are recorded and claimed here too, which the database's ledger never does (an eager
+    run has no worker to renew its lease), and an eager retry is handed its run as a
+    worker's retry message is. Time is the installed clock's (use :class:`FakeClock`).
+    Stored plans, the reconciler and the purge are not played: test those against a
+    database.
     """
 
     #: How long a lapsed lease is left to the worker that supervised it before another
@@ -319,11 +326,17 @@ class FakeLedger:
             detail=run.detail,
         )
 
-    def tell_caller_unknown(self, app: Any, task_id: str, error: str) -> None:
+    def tell_caller_unknown(self, app: Any, task_id: str, error: str, task_name: str = "") -> None:
         if task_id not in self.runs:
             return
         meta = unknown_meta(self.unresolved(task_id), error)
         app.backend.store_result(task_id, meta, CALLER_UNKNOWN)
+        task = app.tasks.get(task_name) if task_name else None
+        if task is not None:
+            names = {key: self.effects[key].name for key in self.unresolved(task_id)}
+            alone = needing_an_operator(names, lambda name: bool(task.effect_reconciler(name)))
+            if alone:
+                report_operator_needed(task, task_id, task_name, alone, error)
 
     def lapse_owned(self, app: Any, task_id: str, *_: Any) -> bool:
         self.lapse(task_id)
@@ -379,6 +392,7 @@ class FakeAttempt:
         self.lost = False
         self.reading = None
         self.unresolved: set[str] = set()
+        self.effect_names: dict[str, str] = {}
 
     @property
     def last_checkpoint(self) -> tuple[str, Any] | None:
@@ -588,7 +602,8 @@ class _FakeStore:
 
 @contextmanager
 def use_ledger(ledger: FakeLedger) -> Iterator[FakeLedger]:
-    """Run DeadlineTasks against ``ledger`` for the duration of the block (any app)."""
+    """Run DeadlineTasks against ``ledger`` for the duration of the block (any app, any
+    thread of this process: a worker thread of ``celery.contrib.pytest`` too)."""
     from . import ledger as the_ledger
 
     previous = the_ledger.install(ledger)

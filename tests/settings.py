@@ -8,12 +8,17 @@ and dropped afterwards).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import dj_database_url
 
 from demo_project.settings import *  # noqa: F403
 from demo_project.settings import DATABASES
+
+if importlib.util.find_spec("django_celery_beat") is not None:
+    # (not in the matrix: django-celery-beat does not support its newest Django yet)
+    INSTALLED_APPS = [*INSTALLED_APPS, "django_celery_beat"]  # noqa: F405
 
 DATABASES["postgres"] = dj_database_url.parse(
     os.environ.get("TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres"),

@@ -94,7 +94,9 @@ class LedgerAPI(Protocol):
 
     def ended_run(self, app: Any, task_id: str) -> _Expired | None: ...
 
-    def tell_caller_unknown(self, app: Any, task_id: str, error: str) -> None: ...
+    def tell_caller_unknown(
+        self, app: Any, task_id: str, error: str, task_name: str = ""
+    ) -> None: ...
 
     def lapse_owned(
         self, app: Any, task_id: str, hostname: str | None, pid: object, detail: str
@@ -138,6 +140,13 @@ def install(fake: Any) -> Any:
     global _installed
     previous, _installed = _installed, fake
     return previous
+
+
+def records_eager_runs() -> bool:
+    """True when eager runs (``apply()``, ``task_always_eager``) are recorded and claimed:
+    only by a ledger a test installed. The database's ledger never claims one: an eager
+    run has no worker to renew its lease, and its row would wait for the reconciler."""
+    return _installed is not None
 
 
 def active() -> bool:

@@ -213,12 +213,16 @@ def ended_run(app: Any, task_id: str) -> Expired | None:
     return store_for(app, dedicated=True).runs.ended(task_id)
 
 
-def tell_caller_unknown(app: Any, task_id: str, error: str) -> None:
-    """The run ended its attempt UNKNOWN: show the caller the Celery state ``UNKNOWN``."""
+def tell_caller_unknown(app: Any, task_id: str, error: str, task_name: str = "") -> None:
+    """The run ended its attempt UNKNOWN: show the caller the Celery state ``UNKNOWN``,
+    and (``task_name`` given: whoever ended it) page a person if no reconciler of the
+    task can settle an effect (:func:`.operations.ask_for_operator`)."""
     store = store_for(app, dedicated=True)
     run_id = store.outbox.run_id(task_id)
     if run_id is not None:
         operations.tell_caller_unknown(app, store, run_id, task_id, error)
+        if task_name:
+            operations.ask_for_operator(app, store, run_id, task_id, task_name, error)
 
 
 def lapse_owned(app: Any, task_id: str, hostname: str | None, pid: object, detail: str) -> bool:

@@ -52,6 +52,8 @@ class Attempt:
     reading: ClockReading | None = None
     #: keys this attempt dispatched whose outcome is not recorded (or is UNKNOWN)
     unresolved: set[str] = field(default_factory=set)
+    #: the effect name of each key this attempt dispatched (who can reconcile it)
+    effect_names: dict[str, str] = field(default_factory=dict)
 
     @property
     def effects(self) -> Effects:

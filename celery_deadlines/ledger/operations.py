@@ -15,11 +15,11 @@ from datetime import datetime
 from typing import Any
 
 from ..errors import RunFailed
+from ..rules import outcomes
 from ..rules.gates import Gate
-from ..rules.outcomes import unknown_meta
-from ..rules.states import CALLER_UNKNOWN, Status
-from ..signals import run_expired
-from . import outbox
+from ..rules.states import Status
+from ..signals import report_operator_needed, run_expired
+from . import outbox, telling
 from .sql.connection import Store
 from .sql.effects import Pending
 from .sql.rows import Expired, NewRun, Unclaimed
@@ -100,18 +100,35 @@ def _announce_release(
             reason=reason,
             deadline=None,
         )
-        store_refusal(app, expired, store.database_now(), detail)
+        store_refusal(app, store, expired, store.database_now(), detail)
     return released
 
 
 def tell_caller_unknown(app: Any, store: Store, run_id: int, task_id: str, error: str) -> None:
     """The caller's result shows the run as UNKNOWN (the Celery state ``UNKNOWN``, naming
-    the effects whose outcome is unknown), until the settled outcome replaces it."""
-    meta = unknown_meta(store.effects.unresolved_keys(run_id), error)
+    the effects whose outcome is unknown), and so does Flower (``task-unknown``), until
+    the settled outcome replaces it (:func:`.telling.tell_unknown`)."""
+    telling.tell_unknown(app, store, run_id, task_id, error)
+
+
+def ask_for_operator(
+    app: Any, store: Store, run_id: int, task_id: str, task_name: str, detail: str
+) -> None:
+    """The run just ended UNKNOWN here: page a person (ERROR, ``operator_needed``) if an
+    effect of it has no reconciler in its task (a task this process does not know has
+    none it could call). Called once per run, by whoever wrote UNKNOWN."""
     try:
-        app.backend.store_result(task_id, meta, CALLER_UNKNOWN)
-    except Exception:  # the ledger holds the truth; the caller keeps its last state
-        logger.exception("storing the UNKNOWN state of run %s failed", task_id)
+        names = store.effects.unresolved_names(run_id)
+    except Exception:  # the run is UNKNOWN either way; the admin lists it
+        logger.exception("reading the unresolved effects of run %s failed", task_id)
+        return
+    task = app.tasks.get(task_name)
+    finder = getattr(task, "effect_reconciler", None)
+    alone = outcomes.needing_an_operator(
+        names, lambda name: finder is not None and finder(name) is not None
+    )
+    if alone:
+        report_operator_needed(task or task_name, task_id, task_name, alone, detail)
 
 
 def requeue_run(app: Any, store: Store, run_id: int, *, operator: str) -> bool:
@@ -139,7 +156,7 @@ def expire_run(app: Any, store: Store, run_id: int, *, operator: str) -> bool:
         deadline=ended.deadline,
         detail=f"expired by {operator}",
     )
-    store_refusal(app, expired, store.database_now(), gate=Gate.OPERATOR)
+    store_refusal(app, store, expired, store.database_now(), gate=Gate.OPERATOR)
     return True
 
 
@@ -171,7 +188,7 @@ def republish(app: Any, store: Store, run_id: int, message: Unclaimed | None = N
                 "%s[%s] FAILED (message_unreadable): %s", message.task_name, message.task_id, detail
             )
             failed = RunFailed(message.task_id, "message_unreadable", detail)
-            tell_caller_failed(app, message.task_id, failed)
+            tell_caller_failed(app, store, message.task_id, message.task_name, failed)
         return False
     except Exception:  # the sweeper publishes it again later; nothing is lost
         logger.exception("republishing run %s failed; the sweeper will try again", run_id)
@@ -179,28 +196,30 @@ def republish(app: Any, store: Store, run_id: int, message: Unclaimed | None = N
     return True
 
 
-def tell_caller_failed(app: Any, task_id: str, error: Exception) -> None:
-    """Store ``error`` as the run's failure for the caller waiting on its result."""
-    try:
-        app.backend.mark_as_failure(task_id, error)
-    except Exception:  # the ledger holds the outcome
-        logger.exception("storing the failure of run %s in the result backend failed", task_id)
+def tell_caller_failed(
+    app: Any, store: Store, task_id: str, task_name: str, error: Exception
+) -> None:
+    """Store ``error`` as the run's failure for the caller waiting on its result, as a
+    worker stores one (:func:`.telling.tell_failed`: never over a final state)."""
+    telling.tell_failed(app, store, task_id, task_name, error)
 
 
 def store_refusal(
-    app: Any, expired: Expired, now: datetime, detail: str = "", *, gate: Gate = Gate.CLAIM
+    app: Any,
+    store: Store,
+    expired: Expired,
+    now: datetime,
+    detail: str = "",
+    *,
+    gate: Gate = Gate.CLAIM,
 ) -> None:
     """Tell the caller waiting on the result why the run ended (a typed refusal), and
     the operator (a WARNING and :data:`~celery_deadlines.signals.run_expired`): an
     expiry found by the sweeper is never silent."""
     detail = detail or expired.detail or "the deadline passed before any worker claimed the run"
     announce_expiry(app, expired.task_id, expired.task_name, expired.reason, detail)
-    try:
-        app.backend.mark_as_failure(expired.task_id, expired.refusal(gate.value, now, detail))
-    except Exception:  # the ledger already holds the outcome
-        logger.exception(
-            "storing the expiry of run %s in the result backend failed", expired.task_id
-        )
+    refusal = expired.refusal(gate.value, now, detail)
+    telling.tell_failed(app, store, expired.task_id, expired.task_name, refusal)
 
 
 def announce_expiry(sender: Any, task_id: str, task_name: str, reason: str, detail: str) -> None:

@@ -44,10 +44,12 @@ from ..rules.states import Status
 from .clockwatch import ClockWatch
 from .forks import no_fork_meanwhile
 from .operations import (
+    ask_for_operator,
     release_settled,
     republish,
     settle_effect,
     store_refusal,
+    tell_caller_failed,
     tell_caller_unknown,
 )
 from .retention import PeriodicPurge
@@ -136,7 +138,7 @@ def reconcile_once(app: Any, store: Store, *, clock_certain: bool = True) -> Rep
             now = get_clock().now()
         for expired in expired_runs:
             report.expired.append(expired.task_id)
-            store_refusal(app, expired, now)
+            store_refusal(app, store, expired, now)
     max_lost = settings.get(conf.MAX_LOST_LEASES)
     for lapsed in store.sweeps.lapsed_leases():
         _settle(app, store, lapsed, max_lost, report)
@@ -183,6 +185,7 @@ def _settle(app: Any, store: Store, lapsed: LapsedLease, max_lost: int, report: 
         if marked:
             report.unknown.append(lapsed.task_id)
             tell_caller_unknown(app, store, lapsed.run_id, lapsed.task_id, detail)
+            ask_for_operator(app, store, lapsed.run_id, lapsed.task_id, lapsed.task_name, detail)
     elif step is Settle.EXPIRE:
         detail = f"lease of {lapsed.owner} lapsed and the deadline has passed"
         reason = expiry_reason(delivery_task=lapsed.delivery_task)
@@ -195,12 +198,13 @@ def _settle(app: Any, store: Store, lapsed: LapsedLease, max_lost: int, report: 
                 reason=reason,
                 deadline=lapsed.deadline,
             )
-            store_refusal(app, expired, store.database_now(), detail)
+            store_refusal(app, store, expired, store.database_now(), detail)
     elif step is Settle.FAIL:
         detail = f"lost {lapsed.lost_leases + 1} leases (deadlines_max_lost_leases={max_lost})"
         if store.sweeps.settle_lapsed(lapsed, Status.FAILED, "worker_lost", detail):
             report.failed.append(lapsed.task_id)
-            app.backend.mark_as_failure(lapsed.task_id, WorkerLostError(detail))
+            failure = WorkerLostError(detail)
+            tell_caller_failed(app, store, lapsed.task_id, lapsed.task_name, failure)
     elif store.sweeps.requeue_lapsed(lapsed):
         with no_fork_meanwhile():
             republish(app, store, lapsed.run_id)

@@ -1,4 +1,5 @@
-"""Worker signals of the Django tier: reconcile at start, periodically, and on loss.
+"""Worker signals of the Django tier: reconcile at start, periodically, and on loss;
+record a run Celery itself ended (revoked, terminated, expired by its ``expires``).
 
 Connected by the Django app's ``ready()``; they act only in a ``celery worker`` whose
 app has DeadlineTasks, and only while the ledger is active.
@@ -10,10 +11,13 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from celery.signals import worker_ready, worker_shutdown
+from celery.signals import task_revoked, worker_ready, worker_shutdown
 
 from .. import conf
 from ..conf import settings_for
+from ..rules.contracts import is_deadline_task
+from ..rules.outcomes import ended_by_celery
+from . import telling
 from .api import store_for
 from .clockwatch import ClockWatch
 from .reconcile import Reconciler, running
@@ -28,6 +32,7 @@ CLOCK_CHECK_INTERVAL = timedelta(seconds=10)
 def connect() -> None:
     worker_ready.connect(_start, dispatch_uid="celery_deadlines.ledger.start", weak=False)
     worker_shutdown.connect(_stop, dispatch_uid="celery_deadlines.ledger.stop", weak=False)
+    task_revoked.connect(_revoked, dispatch_uid="celery_deadlines.ledger.revoked", weak=False)
 
 
 def _start(sender: Any = None, **_: Any) -> None:
@@ -50,6 +55,7 @@ def _start(sender: Any = None, **_: Any) -> None:
             "the clock is measured (and the ledger reconciled) every %s s",
             interval.total_seconds(),
         )
+    telling.attach(sender)  # what the ledger ends is told as this worker would tell it
     Reconciler(app, store, interval, watch).start()
     logger.info(
         "run ledger reconciler started (every %s)%s",
@@ -62,3 +68,32 @@ def _stop(**_: Any) -> None:
     reconciler = running()
     if reconciler is not None:
         reconciler.stop()
+    telling.detach()
+
+
+def _revoked(
+    sender: Any = None,
+    request: Any = None,
+    terminated: bool = False,
+    signum: Any = None,
+    expired: bool = False,
+    **_: Any,
+) -> None:
+    """Celery ended a DeadlineTask's run in this worker (it stored REVOKED and sent
+    ``task-revoked``): the ledger records that end, so that the sweeper neither
+    republishes the discarded message nor expires the run later with a refusal that
+    says no worker took it. A run already ended, or with an effect of unknown outcome
+    (the reconciler asks what happened first), is left as it is."""
+    from . import enabled_for
+
+    app = getattr(sender, "app", None)
+    task_id = getattr(request, "id", None)
+    if app is None or not task_id or not is_deadline_task(sender) or not enabled_for(app):
+        return
+    status, reason, detail = ended_by_celery(
+        expired=bool(expired), terminated=bool(terminated), signum=signum
+    )
+    try:
+        store_for(app).sweeps.end_by_celery(task_id, status, reason, detail)
+    except Exception:  # the message is discarded either way; the sweeper ends the run later
+        logger.exception("recording that Celery ended run %s failed", task_id)

@@ -10,10 +10,10 @@ decision is a small value, so the rules are unit-tested without a worker or a da
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal, NamedTuple
+from typing import Any, Final, Literal, NamedTuple
 
 from ..errors import DeadlineRefused, DispatchRefused, PlanRefused
 from .contracts import OnExpiry
@@ -127,6 +127,15 @@ def after_body(
     return Outcome(Status.FAILED, "error", repr(exc)[:2000])
 
 
+def needing_an_operator(
+    effects: Mapping[str, str], has_reconciler: Callable[[str], bool]
+) -> list[str]:
+    """The keys of the unresolved ``effects`` (key -> effect name) that only a person can
+    settle: no reconciler of the run's task answers for their name (the workers'
+    reconciler asks the others, and pages nobody unless it cannot decide)."""
+    return sorted(key for key, name in effects.items() if not has_reconciler(name))
+
+
 #: A hard time limit that fires this close to the deadline was the deadline's cap.
 DEADLINE_CAP_SLACK = timedelta(seconds=1)
 
@@ -139,6 +148,30 @@ def after_time_limit(
     if deadline is not None and now >= deadline - DEADLINE_CAP_SLACK:
         return Status.EXPIRED, expiry_reason(delivery_task=delivery_task).value
     return Status.FAILED, "time_limit"
+
+
+#: The reasons of a run Celery itself ended in a worker (the ``task_revoked`` signal).
+EXPIRED_BY_CELERY: Final = "expired_by_celery"
+REVOKED_BY_CELERY: Final = "revoked_by_celery"
+
+
+def ended_by_celery(
+    *, expired: bool, terminated: bool, signum: object = None
+) -> tuple[Status, str, str]:
+    """A run Celery ended in a worker, as the ledger records it (status, reason,
+    detail): its own ``expires`` passed (EXPIRED, ``expired_by_celery``: the caller was
+    told ``TaskRevokedError``, and no deadline of the library's was involved), or it was
+    revoked, or terminated while running (FAILED, ``revoked_by_celery``). What the
+    caller was told stays."""
+    if expired:
+        return Status.EXPIRED, EXPIRED_BY_CELERY, "Celery discarded the message: its expires passed"
+    if terminated:
+        return (
+            Status.FAILED,
+            REVOKED_BY_CELERY,
+            f"revoked and terminated by Celery (signal {signum})",
+        )
+    return Status.FAILED, REVOKED_BY_CELERY, "revoked: Celery discarded the message"
 
 
 class Settle(enum.Enum):

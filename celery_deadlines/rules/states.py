@@ -85,6 +85,11 @@ DISPATCHABLE: Final = frozenset({EffectState.INTENT_RECORDED, EffectState.NOT_DI
 #: outcome to be reconciled. Not one of Celery's ready states: ``get()`` keeps waiting
 #: (until its timeout) for the final SUCCESS or FAILURE that replaces it.
 CALLER_UNKNOWN: Final = "UNKNOWN"
+#: The task event a run that ended UNKNOWN is announced with (by its worker, or by the
+#: reconciler): Flower (``celery.events.state``) shows an event type it has no state for
+#: as its upper-cased suffix, here ``UNKNOWN``, ranked above STARTED and RECEIVED and
+#: below SUCCESS and FAILURE, so the settled outcome's event still replaces it.
+UNKNOWN_EVENT: Final = "task-unknown"
 
 
 def choices(states: Iterable[enum.StrEnum], labels: Mapping[Any, str]) -> list[tuple[str, str]]:

@@ -13,7 +13,7 @@ header                     meaning
 ``x_delivery_deadline``    until when a completion notice is still worth sending
 ``x_deadline_origin``      id of the task whose publish computed the deadline
 ``x_deadline_source``      where it came from: call, task, setting, default,
-                           scope or parent
+                           scope, parent or expires
 ``x_deadline_occurrence``  a scheduled run's occurrence: ``{"schedule",
                            "zone", "local", "at"}`` (the local wall time it
                            was resolved from, and the UTC instant)

@@ -1,6 +1,7 @@
 """Timezone-true schedules through Celery beat's own scheduler loop, on SQLite and
 PostgreSQL: each occurrence is published once as its run id, with its window; after a
-restart or an outage the ledger, not beat's state file, says what was done.
+restart or an outage the ledger, not beat's state file, says what was done
+(django-celery-beat's rows: test_beat_database.py).
 
 Beat's ``tick()`` runs for real; its clock is the library's (a :class:`FakeClock`), and
 the broker is kombu's in-memory transport.
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import UTC, datetime, time, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from celery import Celery
@@ -41,7 +43,10 @@ def app_for(alias: str) -> Celery:
     if alias not in _apps:
         app = _apps[alias] = Celery(f"beat-{alias}", broker="memory://", backend="cache+memory://")
         app.conf.update(task_default_queue=QUEUE, deadlines_ledger=True, deadlines_database=alias)
+        # (no result expiry: django-celery-beat would add a cleanup row of its own)
+        app.conf.result_expires = None
         app.task(base=DeadlineTask, name="shop.send_digest")(send_digest)
+        app.task(base=DeadlineTask, name="shop.budgeted", budget=20)(budgeted)
         app.task(name="shop.plain")(plain)
     return _apps[alias]
 
@@ -52,6 +57,10 @@ def send_digest() -> str:
 
 def plain() -> str:
     return "plain"
+
+
+def budgeted() -> str:
+    return "within 20 s"
 
 
 @pytest.fixture
@@ -71,11 +80,13 @@ def beat(app: Celery, state: Path, *entries: tuple[str, LocalSchedule]) -> Deadl
     return DeadlineScheduler(app=app, schedule_filename=str(state), lazy=False)
 
 
-def run_beat(scheduler: DeadlineScheduler, clock: FakeClock, seconds: float) -> None:
-    """Let beat's loop run for ``seconds`` of the fake clock, a second at a time."""
+def run_beat(scheduler: Any, clock: FakeClock, seconds: float, *others: Any) -> None:
+    """Let beat's loop run for ``seconds`` of the fake clock, a second at a time (with
+    ``others``: several beats at once, each taking its turn every second)."""
     for _ in range(int(seconds)):
-        while scheduler.tick() == 0:
-            pass
+        for each in (scheduler, *others):
+            while each.tick() == 0:
+                pass
         clock.advance(1)
 
 
@@ -231,3 +242,6 @@ def test_with_a_skew_budget_beat_publishes_nothing_while_its_clock_disagrees_wit
         app.conf.deadlines_clock_skew_budget = None
     assert (published(app), runs(app)) == ([], {})
     assert "clock uncertain (offset" in caplog.text
+
+
+# -- django-celery-beat: DatabaseDeadlineScheduler ------------------------------------------

@@ -291,9 +291,15 @@ def test_a_manage_py_command_in_the_docs_exists_with_its_options(argv: list[str]
     command.create_parser("manage.py", name).parse_args(arguments)  # CommandError if wrong
 
 
-def test_the_celery_commands_in_the_docs_exist() -> None:
+def test_the_celery_commands_in_the_docs_exist_and_name_classes_that_import() -> None:
     from celery.bin.celery import celery
+    from celery.utils.imports import symbol_by_name
 
-    subcommands = {argv[argv.index("-A") + 2] for _, argv in shell_commands("celery")}
-    assert subcommands == {"worker"}
+    commands = [argv for _, argv in shell_commands("celery")]
+    subcommands = {argv[argv.index("-A") + 2] for argv in commands}
+    assert "worker" in subcommands
     assert subcommands <= set(celery.commands)
+    # a scheduler or pool class a command names (``beat -S module:Class``) exists
+    named = [argv[argv.index(flag) + 1] for argv in commands for flag in ("-S",) if flag in argv]
+    for path in named:
+        assert isinstance(symbol_by_name(path), type), path

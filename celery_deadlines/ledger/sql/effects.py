@@ -144,6 +144,11 @@ class Effects(Statements):
         _, rows = self.store.execute(UNRESOLVED_KEYS.text[self.store.dialect.vendor], [run_id])
         return [str(row[0]) for row in rows]
 
+    def unresolved_names(self, run_id: int) -> dict[str, str]:
+        """The run's effects dispatched without a recorded outcome: key -> effect name."""
+        _, rows = self.store.execute(UNRESOLVED_NAMES.text[self.store.dialect.vendor], [run_id])
+        return {str(key): str(name) for key, name in rows}
+
     def mark_unknown(self, run_id: int, token: int) -> int:
         """The effects the lapsed attempt ``token`` dispatched without an outcome: UNKNOWN.
 
@@ -284,6 +289,10 @@ UNRESOLVED: Final = Sql(
 UNRESOLVED_KEYS: Final = Sql(
     "effects.unresolved_keys",
     "SELECT key FROM {effect} WHERE run_id = %s AND state IN {unresolved} ORDER BY id",
+)
+UNRESOLVED_NAMES: Final = Sql(
+    "effects.unresolved_names",
+    "SELECT key, name FROM {effect} WHERE run_id = %s AND state IN {unresolved} ORDER BY id",
 )
 MARK_UNKNOWN: Final = Sql(
     "effects.mark_unknown",

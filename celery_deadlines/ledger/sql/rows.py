@@ -55,6 +55,16 @@ class Unclaimed:
     content_encoding: str
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """A run as it was published: its outbox message, the queue Celery routed it to and
+    its workflow's root (``None`` where not recorded)."""
+
+    message: Unclaimed
+    queue: str | None
+    root_id: str | None
+
+
 def from_json(value: Any) -> Any:
     """A JSON column as read back (PostgreSQL decodes it; SQLite returns text)."""
     if isinstance(value, (str, bytes)):
@@ -81,6 +91,7 @@ __all__ = [
     "LapsedLease",
     "Lease",
     "NewRun",
+    "Recorded",
     "Unclaimed",
     "as_bytes",
     "from_json",

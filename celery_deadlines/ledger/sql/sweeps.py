@@ -11,7 +11,7 @@ from typing import Any, Final
 
 from ...rules.states import Status
 from .predicates import RUN, SUPERVISOR_GRACE
-from .rows import Expired, LapsedLease, NewRun, Unclaimed, as_bytes
+from .rows import Expired, LapsedLease, NewRun, Recorded, Unclaimed, as_bytes
 from .statements import Sql, Statements
 
 
@@ -150,6 +150,25 @@ class Sweeps(Statements):
         _, rows = self.execute(MESSAGE_OF.text[self.dialect.vendor], [run_id])
         return self._message(rows[0]) if rows else None
 
+    def recorded(self, task_id: str) -> Recorded | None:
+        """The run ``task_id`` as it was published: its outbox message, its queue and
+        root (what a run the ledger ends is told to the result backend with)."""
+        _, rows = self.execute(RECORDED.text[self.dialect.vendor], [task_id])
+        if not rows:
+            return None
+        *message, queue, root_id = rows[0]
+        return Recorded(self._message(tuple(message)), queue or None, root_id or None)
+
+    def end_by_celery(self, task_id: str, status: str, reason: str, detail: str) -> bool:
+        """End an unfinished run Celery itself ended (revoked, terminated, or its own
+        ``expires`` passed, in a worker): ``status`` and ``reason`` say which; a holder
+        of its lease is fenced. ``False`` if it had ended already, or if one of its
+        effects has no recorded outcome (the reconciler asks what happened first)."""
+        count, _ = self.execute(
+            END_BY_CELERY.text[self.dialect.vendor], [status, reason, detail, detail, task_id]
+        )
+        return count == 1
+
     def _message(self, row: tuple[Any, ...]) -> Unclaimed:
         """An :class:`Unclaimed` from a row of :data:`MESSAGE_COLUMNS`."""
         run_id, task_id, name, version, retries, available_at, body, ctype, encoding = row
@@ -266,3 +285,15 @@ FAIL_UNREADABLE: Final = Sql(
     """,
 )
 MESSAGE_OF: Final = Sql("sweeps.message_of", "SELECT {message_columns} FROM {run} WHERE id = %s")
+RECORDED: Final = Sql(
+    "sweeps.recorded", "SELECT {message_columns}, queue, root_id FROM {run} WHERE task_id = %s"
+)
+END_BY_CELERY: Final = Sql(
+    "sweeps.end_by_celery",
+    """
+    UPDATE {run} SET status = %s, reason = %s, detail = %s,
+        lease_token = lease_token + 1, owner = '', lease_expires_at = NULL,
+        version = version + 1, op = 'celery', op_detail = %s, updated_at = {now}
+    WHERE task_id = %s AND status NOT IN {terminal} AND NOT {has_unresolved}
+    """,
+)

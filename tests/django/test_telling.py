@@ -1,0 +1,218 @@
+"""What Celery's own tools are told of a run the ledger ends, against the ledger on SQLite
+and PostgreSQL: the result stored with the request a worker would have had (the
+extended fields django-celery-results and Flower show), never over a final state the
+caller was already told; and a run Celery itself ended, recorded as what it is.
+
+The in-process integration of these with a real worker, Flower and django-celery-results
+is tests/integration/test_beside_flower_and_results.py; here each rule is held alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from celery import Celery, states
+from celery.backends import cache as cache_backend
+from celery.exceptions import TaskRevokedError
+
+from celery_deadlines import DeadlineRefused, DeadlineTask, NotFound, operator_needed
+from celery_deadlines.ledger import api, outbox, telling
+from celery_deadlines.ledger.reconcile import reconcile_once
+from celery_deadlines.ledger.sql.connection import Store
+from celery_deadlines.ledger.sql.rows import Lease, NewRun
+from celery_deadlines.models import Run, Status
+from celery_deadlines.rules.outcomes import ended_by_celery
+from tests.support.memory_queue import drain
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
+
+
+@pytest.fixture
+def store(alias: str) -> Store:
+    """The ledger on ``alias`` (each test on both; the workers' stores closed after)."""
+    return Store(alias)
+
+
+@pytest.fixture
+def app() -> Iterator[Celery]:
+    # Celery's in-memory cache backend is one dict for every app of the process: a
+    # result another test stored under the same id would read as "already told"
+    cache_backend._DUMMY_CLIENT_CACHE.clear()  # type: ignore[attr-defined]
+    app = Celery("telling-test", broker="memory://", backend="cache+memory://")
+    app.conf.update(result_extended=True, task_default_queue="q")
+    drain(app, "q")
+    yield app
+    drain(app, "q")
+    app.close()
+
+
+def record(store: Store, task_id: str, *, past_deadline: bool = True, **options: Any) -> None:
+    """A run published to queue ``orders`` with ``(7,)`` and ``{"fast": True}``."""
+    body, content_type, encoding = outbox.encode_message(
+        "json", [7], {"fast": True}, {"queue": "orders", **options}
+    )
+    store.outbox.enqueue(
+        NewRun(
+            task_id=task_id,
+            task_name="shop.ship",
+            deadline=store.database_now() + timedelta(seconds=600),
+            root_id="root-1",
+            queue="orders",
+            message_body=body,
+            content_type=content_type,
+            content_encoding=encoding,
+        )
+    )
+    if past_deadline:
+        Run.objects.using(store.using).filter(task_id=task_id).update(
+            deadline=store.database_now() - timedelta(seconds=1), op="age"
+        )
+
+
+def meta(app: Celery, task_id: str) -> dict[str, Any]:
+    found: dict[str, Any] = app.backend.get_task_meta(task_id, cache=False)
+    return found
+
+
+def test_a_run_the_sweeper_expires_is_stored_with_the_fields_a_workers_failure_has(
+    store: Store, app: Celery
+) -> None:
+    record(store, "swept", headers={"periodic_task_name": "nightly"})
+    assert reconcile_once(app, store).expired == ["swept"]
+    stored = meta(app, "swept")
+    assert stored["status"] == states.FAILURE
+    assert (stored["name"], stored["args"], stored["kwargs"]) == ("shop.ship", [7], {"fast": True})
+    assert (stored["queue"], stored["retries"]) == ("orders", 0)
+    with pytest.raises(DeadlineRefused, match="deadline_passed"):
+        app.AsyncResult("swept").get(timeout=1)
+
+
+def test_the_request_of_a_recorded_run_carries_what_django_celery_results_reads(
+    store: Store, app: Celery
+) -> None:
+    record(store, "told", past_deadline=False, headers={"periodic_task_name": "nightly"})
+    request: Any = telling.request_for(app, store, "told")
+    assert (request.task, request.root_id, request.periodic_task_name) == (
+        "shop.ship",
+        "root-1",
+        "nightly",
+    )
+    assert (request.argsrepr, request.kwargsrepr) == ("(7,)", "{'fast': True}")
+    assert request.delivery_info == {"routing_key": "orders"}
+
+
+def test_a_run_with_no_readable_message_is_told_with_its_name_and_id_alone(
+    store: Store, app: Celery
+) -> None:
+    record(store, "opaque", past_deadline=False)
+    Run.objects.using(store.using).filter(task_id="opaque").update(
+        content_type="application/x-python-serialize", op="age"
+    )  # pickle: a stored row is never decoded with a serializer the app does not accept
+    request: Any = telling.request_for(app, store, "opaque")
+    assert (request.id, request.task, request.args) == ("opaque", "shop.ship", None)
+
+
+def test_a_final_state_the_caller_was_told_is_never_replaced_by_the_ledgers_end(
+    store: Store, app: Celery
+) -> None:
+    record(store, "revoked")
+    app.backend.mark_as_revoked("revoked", "expired")
+    assert reconcile_once(app, store).expired == ["revoked"]  # the ledger ends it ...
+    assert meta(app, "revoked")["status"] == states.REVOKED  # ... and tells nobody over it
+    with pytest.raises(TaskRevokedError):
+        app.AsyncResult("revoked").get(timeout=1)
+
+
+@pytest.mark.parametrize(
+    ("expired", "terminated", "status", "reason"),
+    [
+        (True, False, Status.EXPIRED, "expired_by_celery"),
+        (False, False, Status.FAILED, "revoked_by_celery"),
+        (False, True, Status.FAILED, "revoked_by_celery"),
+    ],
+)
+def test_a_run_celery_ended_is_recorded_as_what_celery_did_and_fences_its_holder(
+    store: Store, expired: bool, terminated: bool, status: Status, reason: str
+) -> None:
+    record(store, "celery", past_deadline=False)
+    before = Run.objects.using(store.using).get(task_id="celery").lease_token
+    end = ended_by_celery(expired=expired, terminated=terminated, signum=15)
+    assert store.sweeps.end_by_celery("celery", *end)
+    run = Run.objects.using(store.using).get(task_id="celery")
+    assert (run.status, run.reason, run.op) == (status, reason, "celery")
+    assert run.lease_token == before + 1
+    assert not store.sweeps.end_by_celery("celery", *end)  # ended once; never again
+
+
+def test_a_run_celery_ended_after_the_ledger_ended_it_keeps_the_ledgers_end(
+    store: Store, app: Celery
+) -> None:
+    record(store, "ended")
+    reconcile_once(app, store)
+    assert not store.sweeps.end_by_celery("ended", *ended_by_celery(expired=True, terminated=False))
+    assert Run.objects.using(store.using).get(task_id="ended").reason == "deadline_passed"
+
+
+# -- a run that needs a person -------------------------------------------------------
+
+
+@pytest.fixture
+def pages() -> Iterator[list[dict[str, Any]]]:
+    sent: list[dict[str, Any]] = []
+
+    def record_page(sender: Any = None, **fields: Any) -> None:
+        sent.append(fields)
+
+    operator_needed.connect(record_page, weak=False, dispatch_uid="test_telling.pages")
+    yield sent
+    operator_needed.disconnect(dispatch_uid="test_telling.pages")
+
+
+def dispatched_and_lapsed(store: Store, task_id: str, key: str) -> None:
+    """The run's attempt dispatched ``key`` (effect ``pay``), then its worker vanished."""
+    record(store, task_id, past_deadline=False)
+    lease = store.runs.claim(
+        task_id, 0, owner="w:1", ttl=timedelta(seconds=30), reserve=timedelta(0), max_lost_leases=5
+    )
+    assert isinstance(lease, Lease)
+    store.effects.record_intent(lease, key, "pay", "execution", "f")
+    assert store.effects.dispatch(lease, key) == 1
+    Run.objects.using(store.using).filter(task_id=task_id).update(
+        lease_expires_at=store.database_now() - timedelta(seconds=2), op="age"
+    )
+
+
+def ship() -> None:
+    """The task of every recorded run here (its body never runs)."""
+
+
+def ship_task(app: Celery, *, reconciled: bool) -> None:
+    task = app.task(base=DeadlineTask, name="shop.ship", shared=False)(ship)
+    if reconciled:
+        task.reconciler("pay")(lambda pending: NotFound(evidence="provider"))
+
+
+@pytest.mark.parametrize("reconciled", [False, True], ids=["no-reconciler", "reconciler"])
+def test_the_reconciler_pages_a_person_once_only_for_an_effect_its_task_cannot_settle(
+    store: Store, app: Celery, pages: list[dict[str, Any]], reconciled: bool
+) -> None:
+    ship_task(app, reconciled=reconciled)
+    dispatched_and_lapsed(store, "lapsed", "lapsed:pay")
+    assert reconcile_once(app, store).unknown == ["lapsed"]
+    reconcile_once(app, store)  # a later pass: never again
+    expected = [] if reconciled else [("lapsed", "shop.ship", ["lapsed:pay"])]
+    assert [(p["task_id"], p["task_name"], p["keys"]) for p in pages] == expected
+
+
+def test_a_hard_time_limit_that_leaves_an_effect_unknown_pages_through_the_ledger_api(
+    store: Store, app: Celery, pages: list[dict[str, Any]]
+) -> None:
+    ship_task(app, reconciled=False)
+    app.conf.deadlines_database = store.using
+    dispatched_and_lapsed(store, "limited", "limited:pay")
+    api.tell_caller_unknown(app, "limited", "hard time limit (5 s) exceeded", "shop.ship")
+    assert [(p["task_id"], p["keys"]) for p in pages] == [("limited", ["limited:pay"])]
+    assert str(app.AsyncResult("limited").state) == "UNKNOWN"

@@ -1,0 +1,228 @@
+"""django-celery-beat's rows and the library's zoned schedules in one real ``celery beat -S
+celery_deadlines.beat_database:DatabaseDeadlineScheduler``, with a real worker, Redis and
+PostgreSQL (the ledger and django-celery-beat's tables in one database, as a Django
+project has them).
+
+A row "every second, expire_seconds N" saved as the admin saves it is published once per
+occurrence, as the run ``<row>:UTC@<second>`` with the deadline ``second + N``; beat
+killed and restarted, or two beats at once, neither lose nor double one, and those whose
+window closed while no beat ran are recorded ``EXPIRED`` / ``missed_occurrence``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+from django.test import override_settings
+from django_celery_beat.models import (  # type: ignore[import-untyped]
+    IntervalSchedule,
+    PeriodicTask,
+)
+
+from celery_deadlines.models import Run, Status
+from tests.integration.conftest import LEDGER_DB, ended, ledger_database_url
+from tests.support.processes import Transport, kill_group, read_log, spawn, wait_for
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.usefixtures("postgres"),
+    pytest.mark.django_db(transaction=True, databases=[LEDGER_DB]),
+]
+
+SCHEDULER = "celery_deadlines.beat_database:DatabaseDeadlineScheduler"
+ZONE = "Europe/Berlin"
+ROW = "every-second"
+SECOND = timedelta(seconds=1)
+
+
+class BeatTablesOnTheLedgerDatabase:
+    """This process saves django-celery-beat's rows where the beat reads them (the ledger's
+    PostgreSQL database), the change marker the admin's save writes included."""
+
+    def db_for_read(self, model: Any, **hints: Any) -> str | None:
+        return LEDGER_DB if model._meta.app_label == "django_celery_beat" else None
+
+    db_for_write = db_for_read
+
+
+def save_row(name: str, every: int, expire_seconds: int) -> None:
+    """Save a PeriodicTask as the admin does: ``l.report`` every ``every`` seconds."""
+    router = f"{__name__}.{BeatTablesOnTheLedgerDatabase.__name__}"
+    with override_settings(DATABASE_ROUTERS=[router]):
+        interval, _ = IntervalSchedule.objects.get_or_create(every=every, period="seconds")
+        PeriodicTask.objects.create(
+            name=name, task="l.report", interval=interval, expire_seconds=expire_seconds
+        )
+
+
+class DatabaseBeat:
+    """One ``celery beat`` subprocess with django-celery-beat's scheduler and the library's."""
+
+    def __init__(self, transport: Transport, queue: str, folder: Path, env: dict[str, str]):
+        self.log_path = folder / "beat.log"
+        self.started_at = datetime.now(UTC)
+        self.process = spawn(
+            [
+                "-A", "tests.support.ledgerapp", "beat", "-S", SCHEDULER,
+                "-s", str(folder / "celerybeat-schedule"), "--max-interval", "1", "-l", "INFO",
+            ],
+            transport, queue, env, self.log_path, "ab",
+        )  # fmt: skip
+
+    def log(self) -> str:
+        return read_log(self.log_path)
+
+    def kill(self) -> datetime:
+        """SIGKILL (no shutdown, no sync of its rows); when it was dead for certain."""
+        kill_group(self.process)
+        return datetime.now(UTC)
+
+
+@pytest.fixture
+def database_beat(
+    redis_broker: Transport, queue: str, sink: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., DatabaseBeat]]:
+    started: list[DatabaseBeat] = []
+
+    def start(**env: str) -> DatabaseBeat:
+        folder = tmp_path / f"beat-{len(started)}"
+        folder.mkdir()
+        beat = DatabaseBeat(
+            redis_broker, queue, folder,
+            {
+                "TEST_DATABASE_URL": ledger_database_url(),
+                "TEST_SINK": str(sink),
+                "DJANGO_SETTINGS_MODULE": "tests.support.dcb_settings",
+                **env,
+            },
+        )  # fmt: skip
+        started.append(beat)
+        wait_for(lambda: "beat: Starting..." in beat.log(), 30)
+        return beat
+
+    yield start
+    for beat in started:
+        beat.kill()
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        for beat in started:
+            print(f"--- {beat.log_path} ---\n{beat.log()}")
+
+
+def row_runs(name: str = ROW) -> list[Run]:
+    return list(Run.objects.using(LEDGER_DB).filter(schedule=name).order_by("not_before"))
+
+
+def executions(sink: Path) -> dict[str, int]:
+    """How many times each run id's body ran (the task's own sink: one line a run)."""
+    counts: dict[str, int] = {}
+    if sink.exists():
+        for line in filter(None, sink.read_text().splitlines()):
+            entry = json.loads(line)
+            if entry["kind"] == "effect":
+                counts[entry["key"]] = counts.get(entry["key"], 0) + 1
+    return counts
+
+
+def all_ended(name: str = ROW) -> list[Run] | None:
+    runs = row_runs(name)
+    return runs if runs and all(run.is_terminal for run in runs) else None
+
+
+def occurrence_of(run: Run) -> datetime:
+    """The instant of the occurrence the run is (every run of a row has one)."""
+    assert run.not_before is not None, f"{run.task_id} has no occurrence instant"
+    return run.not_before
+
+
+def assert_each_second_once(runs: list[Run], sink: Path, window: timedelta) -> None:
+    """From the first occurrence to the last, every second has exactly one run, named by
+    its second, with its window; no body ran twice, and none of a missed one ran."""
+    instants = [occurrence_of(run) for run in runs]
+    first = instants[0]
+    assert instants == [first + SECOND * k for k in range(len(runs))]  # none lost
+    assert first.microsecond == 0  # on the grid
+    ran = executions(sink)
+    for run in runs:
+        local = occurrence_of(run).astimezone(UTC).replace(tzinfo=None).isoformat()
+        assert run.task_id == f"{ROW}:UTC@{local}"
+        assert run.deadline == occurrence_of(run) + window
+        assert run.status in (Status.SUCCEEDED, Status.EXPIRED), run
+        assert ran.get(run.task_id, 0) == (1 if run.status == Status.SUCCEEDED else 0), run
+
+
+def test_a_zoned_entry_and_an_admin_row_run_side_by_side_under_the_database_scheduler(
+    redis_broker: Transport, ledger_worker: Any, sink: Path, database_beat: Any
+) -> None:
+    ledger_worker(redis_broker)
+    # the zoned entry: daily at a local time a few seconds from now, in Berlin
+    at = (datetime.now(UTC) + timedelta(seconds=5)).replace(microsecond=0)
+    local = at.astimezone(ZoneInfo(ZONE)).replace(tzinfo=None)
+    zoned_id = f"zoned:{ZONE}@{local.isoformat()}"
+    beat = database_beat(
+        TEST_BEAT_AT=local.time().isoformat(), TEST_BEAT_ZONE=ZONE, TEST_BEAT_WINDOW="60",
+        TEST_BEAT_NAME="zoned",
+    )  # fmt: skip
+    save_row(ROW, every=1, expire_seconds=10)  # while beat runs, as an operator would
+    zoned = wait_for(lambda: ended(zoned_id), 40)
+    wait_for(lambda: sum(run.status == Status.SUCCEEDED for run in row_runs()) >= 3, 30)
+    beat.kill()
+    assert (zoned.status, zoned.not_before, zoned.deadline) == (
+        Status.SUCCEEDED, at, at + timedelta(seconds=60),
+    )  # fmt: skip
+    assert executions(sink)[zoned_id] == 1
+    # the zoned entry stayed in beat's memory: the table holds only the admin's row
+    names = PeriodicTask.objects.using(LEDGER_DB).values_list("name", flat=True)
+    assert "zoned" not in names
+    assert ROW in names
+    assert "Cannot convert schedule type" not in beat.log()
+    assert_each_second_once(wait_for(all_ended, 30), sink, timedelta(seconds=10))
+
+
+def test_a_killed_and_restarted_beat_neither_loses_nor_doubles_a_rows_occurrence(
+    redis_broker: Transport, ledger_worker: Any, sink: Path, database_beat: Any
+) -> None:
+    window = timedelta(seconds=2)
+    ledger_worker(redis_broker)
+    save_row(ROW, every=1, expire_seconds=2)
+    first = database_beat()
+    wait_for(lambda: len(row_runs()) >= 2, 30)
+    killed_at = first.kill()  # its rows' last_run_at is not written
+    # down for longer than the window: at least one occurrence is missed for certain
+    wait_for(lambda: datetime.now(UTC) > killed_at + window + 2 * SECOND, 10)
+    restarted = database_beat()
+    wait_for(lambda: any(run.not_before > restarted.started_at + SECOND for run in row_runs()), 30)
+    restarted.kill()
+    runs = wait_for(all_ended, 30)
+    assert_each_second_once(runs, sink, window)
+    # whatever fell while no beat ran, and whose window closed before the restarted one
+    # started, is recorded missed (and never ran): nothing in between was forgotten
+    down = [
+        run for run in runs if killed_at < run.not_before and run.deadline < restarted.started_at
+    ]
+    assert down, "the outage was longer than the window"
+    for run in down:
+        assert (run.status, run.reason) == (Status.EXPIRED, "missed_occurrence"), run
+        assert "was not published before its window closed" in run.detail
+    assert "occurrences reconciled through" in restarted.log()
+
+
+def test_two_beats_at_once_publish_each_of_a_rows_occurrences_once(
+    redis_broker: Transport, ledger_worker: Any, sink: Path, database_beat: Any
+) -> None:
+    window = timedelta(seconds=10)
+    ledger_worker(redis_broker)
+    save_row(ROW, every=1, expire_seconds=10)
+    beats = [database_beat(), database_beat()]
+    both = max(beat.started_at for beat in beats)
+    wait_for(lambda: any(run.not_before > both + 3 * SECOND for run in row_runs()), 30)
+    for beat in beats:
+        beat.kill()
+    assert_each_second_once(wait_for(all_ended, 30), sink, window)
+    assert all(run.status == Status.SUCCEEDED for run in row_runs())
