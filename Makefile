@@ -61,13 +61,17 @@ bench-ledger: $(INSTALLED)
 
 ## Unit and Django tests on another interpreter, the newest Django, the oldest Celery.
 MATRIX_VENV := .venv-$(notdir $(PYTHON))
+#: The newest Django: django-celery-beat caps it (Django<6.1), so the other interpreters
+#: run without it (its tests, tests/django/test_beat_database.py, skip there; the main
+#: interpreter runs them).
+define newest_django
+	$(MATRIX_VENV)/bin/python -m pip uninstall --quiet --yes django-celery-beat
+	$(MATRIX_VENV)/bin/python -m pip install --quiet --upgrade django
+endef
 matrix:
 	$(MAKE) --no-print-directory VENV=$(MATRIX_VENV) PYTHON=$(PYTHON) $(MATRIX_VENV)/.installed
 	$(MATRIX_VENV)/bin/python -m pip install --quiet 'celery==5.5.*'
-	@# the newest Django: django-celery-beat caps it (Django<6.1), so its tests run only
-	@# on the main interpreter (tests/django/test_beat_database.py skips without it)
-	$(MATRIX_VENV)/bin/python -m pip uninstall --quiet --yes django-celery-beat
-	$(MATRIX_VENV)/bin/python -m pip install --quiet --upgrade django
+	$(newest_django)
 	$(MATRIX_VENV)/bin/python -c 'import celery, django; print("celery", celery.__version__, "django", django.__version__)'
 	$(MATRIX_VENV)/bin/python -m pytest tests/unit tests/django
 
@@ -80,6 +84,7 @@ celery-compat: $(INSTALLED)
 ## Python version the package claims is tested; the matrix above runs the newest).
 matrix-unit:
 	$(MAKE) --no-print-directory VENV=$(MATRIX_VENV) PYTHON=$(PYTHON) $(MATRIX_VENV)/.installed
+	$(newest_django)
 	$(MATRIX_VENV)/bin/python -m pytest -n 0 tests/unit
 
 clean:

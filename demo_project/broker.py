@@ -6,7 +6,7 @@ kombu's own ``_put`` creates the message file under its final name and then writ
 a worker polling the folder can move and read it in between, find it empty, and stop
 with ``Unrecoverable error: JSONDecodeError`` (kombu#1551; seen here when a task fanned
 out a dozen children while the worker polled). Here the message is written under a
-name the consumer does not read (``.partial`` after ``.msg``) and renamed into place,
+name the consumer does not read (``.partial`` for ``.msg``) and renamed into place,
 which POSIX makes atomic: a consumer sees the whole file or none.
 """
 
@@ -27,9 +27,10 @@ class Channel(filesystem.Channel):
     # kombu's own signature (its stubs disagree with the virtual base's)
     def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:  # type: ignore[override]
         # kombu's name (its consumer sorts by it: the millisecond comes first)
-        name = f"{round(monotonic() * 1000)}_{uuid.uuid4()}.{queue}.msg"
-        final = os.path.join(self.data_folder_out, name)
-        partial = f"{final}.partial"
+        stem = os.path.join(self.data_folder_out, f"{round(monotonic() * 1000)}_{uuid.uuid4()}")
+        final = f"{stem}.{queue}.msg"
+        # no ".<queue>.msg" in it: kombu 5.5's consumer takes any name containing that
+        partial = f"{stem}.{queue}.partial"
         try:
             with open(partial, "wb") as file:
                 file.write(str_to_bytes(dumps(payload)))
