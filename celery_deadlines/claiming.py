@@ -220,8 +220,9 @@ def answer_a_waiting_caller(
     ``worker_lost``), an expiry as the claim gate's
     :class:`~celery_deadlines.errors.DeadlineRefused`. Only the result is stored: the
     message's errbacks and chord are not called, since the ended attempt may still be
-    calling them (a duplicate delivery racing its last milliseconds). A success's return
-    value is not in the ledger: it is only logged. Nothing here may fail the delivery:
+    calling them (a duplicate delivery racing its last milliseconds). A success is told
+    with the return value its completion kept, when one was kept (it is logged
+    otherwise). Nothing here may fail the delivery:
     an error reading or storing is logged, and the ledger stays the record.
 
     ``wait_for_the_attempt`` (a pool process; never the worker's main process, whose
@@ -241,14 +242,7 @@ def answer_a_waiting_caller(
             return
         if ended.status == Status.SUCCEEDED:
             if not caller.ignores_result:
-                logger.warning(
-                    "%s[%s]: the run SUCCEEDED but its caller has no result (state %s): "
-                    "the worker that ended it died or stalled before storing it, and the "
-                    "ledger does not keep return values",
-                    caller.task_name,
-                    task_id,
-                    told,
-                )
+                _tell_a_success(caller, task_id, ended, told)
             return
         error = _ledgers_outcome(task_id, ended, now)
         logger.warning(
@@ -265,6 +259,36 @@ def answer_a_waiting_caller(
         logger.exception(
             "%s[%s]: telling the caller the run's end failed", caller.task_name, task_id
         )
+
+
+def _tell_a_success(caller: Caller, task_id: str, ended: Expired, told: str | None) -> None:
+    """A SUCCEEDED run whose caller has no result: store the return value its completion
+    kept (:mod:`celery_deadlines.ledger.results`), or say why none can be told."""
+    why = "the ledger kept no return value (an ignore_result task, or one over the limit)"
+    if ended.result is not None:
+        try:
+            value = ledger.api_for(caller.app).read_result(caller.app, ended.result)
+        except ValueError as unreadable:  # UnreadableMessage: never decoded otherwise
+            why = f"its kept return value is not read here: {unreadable}"
+        else:
+            logger.warning(
+                "%s[%s]: the run SUCCEEDED but its caller had no result (state %s): the "
+                "worker that ended it died or stalled before storing it; stored now: the "
+                "return value the ledger kept",
+                caller.task_name,
+                task_id,
+                told,
+            )
+            caller.backend.mark_as_done(task_id, value)
+            return
+    logger.warning(
+        "%s[%s]: the run SUCCEEDED but its caller has no result (state %s): the worker "
+        "that ended it died or stalled before storing it, and %s",
+        caller.task_name,
+        task_id,
+        told,
+        why,
+    )
 
 
 def _caller_state(caller: Caller, task_id: str) -> str | None:

@@ -80,6 +80,12 @@ class Run(models.Model):
     available_at = models.DateTimeField(null=True, blank=True)
     published_at = models.DateTimeField(null=True, blank=True)
 
+    # A success's return value, encoded with the result serializer (bounded; none for an
+    # ignore_result task): what a redelivery tells a caller its ended attempt never told.
+    result = models.BinaryField(null=True, blank=True)
+    result_content_type = models.CharField(max_length=128, null=True, blank=True)
+    result_encoding = models.CharField(max_length=64, null=True, blank=True)
+
     # The last write: what it was (copied into its RunEvent by the audit trigger).
     op = models.CharField(max_length=32, default="enqueue")
     op_detail = models.TextField(blank=True, default="")

@@ -423,7 +423,7 @@ class DeadlineRequest(Request):
             logger.exception("recording the loss of %s in the ledger failed", self.id)
             return False
         if not settled_by_ledger:
-            return False
+            return self._lost_after_its_success(exc)
         task_ready(self)
         logger.warning(
             "%s[%s]: pool process lost (%r); the run ledger settles the run",
@@ -436,6 +436,37 @@ class DeadlineRequest(Request):
             requeue=bool(self.task.reject_on_worker_lost),
             ack=getattr(self.task, "acks_on_failure", True),  # not in the stubs
         )
+        return True
+
+    def _lost_after_its_success(self, exc: BaseException) -> bool:
+        """The pool process died after the ledger recorded SUCCEEDED: Celery would store
+        ``WorkerLostError`` over a success (over a ``SUCCESS`` already stored, too). The
+        result already stored stays; else the return value the completion kept is
+        stored. ``False`` (Celery's own handling) when the run did not succeed, or no
+        value was kept and none stored."""
+        task = self.task
+        try:
+            ended = ledger.api_for(task.app).ended_run(task.app, self.id)
+            if ended is None or ended.status != Status.SUCCEEDED:
+                return False
+            stored = task.backend.get_task_meta(self.id, cache=False).get("status")
+            if stored != "SUCCESS":
+                if ended.result is None or caller_of(task).ignores_result:
+                    return False
+                value = ledger.api_for(task.app).read_result(task.app, ended.result)
+                task.backend.mark_as_done(self.id, value, request=self._context)
+        except Exception:  # Celery's own handling: the ledger still says SUCCEEDED
+            logger.exception("telling the success of %s after its pool process died", self.id)
+            return False
+        task_ready(self)
+        logger.warning(
+            "%s[%s]: pool process lost (%r) after the run SUCCEEDED; its result is %s",
+            self.name,
+            self.id,
+            exc,
+            "the one already stored" if stored == "SUCCESS" else "the value the ledger kept",
+        )
+        self._end_message(requeue=False)  # done: never delivered again
         return True
 
     def _end_message(self, *, requeue: bool, ack: bool = True) -> None:

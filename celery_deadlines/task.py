@@ -418,7 +418,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
                     attempt.stop()  # no renewal may follow the attempt's final write
                 if attempt.unresolved:
                     end_unresolved(attempt, task=self)
-                attempt.succeed()
+                attempt.succeed(self._result_to_keep(result))
                 hit("run.completed", self.request.id)
                 return result
             except (Retry, StaleLease, Unresolved, Paused):
@@ -497,6 +497,14 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         return limit is not None and self.request.retries + 1 > limit
 
     # -- helpers -------------------------------------------------------------------------
+
+    def _result_to_keep(self, result: Any) -> Any:
+        """The return value the ledger keeps with the run's end, so a redelivery after
+        a worker died before Celery stored it tells the caller: nothing when Celery
+        would store nothing (``ignore_result``)."""
+        if self.ignore_result:
+            return None
+        return ledger.api_for(self.app).keep_result(self.app, result)
 
     def _with_ledger(self, *, eager: bool | None = None) -> bool:
         """Is this run recorded in the ledger? The Django app is on, and the run is not

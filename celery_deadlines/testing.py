@@ -103,6 +103,8 @@ class FakeRun:
     checkpoint: tuple[str, Any] | None = None
     #: the recorded message: (body, content type, encoding)
     message: tuple[bytes, str, str] | None = None
+    #: a success's kept return value (``KeptResult``), as the completion wrote it
+    result: Any = None
     #: ``(kind, outcome, detail)`` of every write asked of the run, applied or rejected
     events: list[tuple[str, str, str]] = field(default_factory=list)
 
@@ -324,7 +326,14 @@ class FakeLedger:
             reason=run.reason,
             deadline=run.deadline,
             detail=run.detail,
+            result=run.result if run.status == "SUCCEEDED" else None,
         )
+
+    def keep_result(self, app: Any, value: Any) -> Any:
+        return self._api.keep_result(app, value)
+
+    def read_result(self, app: Any, kept: Any) -> Any:
+        return self._api.read_result(app, kept)
 
     def tell_caller_unknown(self, app: Any, task_id: str, error: str, task_name: str = "") -> None:
         if task_id not in self.runs:
@@ -420,18 +429,20 @@ class FakeAttempt:
     def checkpoint(self, name: str, data: Any) -> None:
         self._write("checkpoint", "checkpoint", checkpoint=(name, data))
 
-    def succeed(self) -> None:
-        self._finish("SUCCEEDED", "", "", "succeed")
+    def succeed(self, result: Any = None) -> None:
+        self._finish("SUCCEEDED", "", "", "succeed", result)
 
     def end(self, status: Any, reason: str, detail: str) -> None:
         self._finish(str(status), reason, detail, "finish")
 
-    def _finish(self, status: str, reason: str, detail: str, write: str) -> None:
+    def _finish(
+        self, status: str, reason: str, detail: str, write: str, result: Any = None
+    ) -> None:
         # an effect dispatched without an outcome ends the run UNKNOWN whatever ``status``
         # says: the attempt may not know of it, and it must be reconciled first
         if self.ledger.unresolved(self.lease.task_id):
             status, reason = "UNKNOWN", "effect_unresolved"
-        changes = {"status": status, "reason": reason, "detail": detail}
+        changes = {"status": status, "reason": reason, "detail": detail, "result": result}
         self._write(status.lower(), write, **changes, lease_expires_at=None)
 
     def retry(

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from ..rules.records import ClaimRefused as _ClaimRefused
     from ..rules.records import Expired as _Expired
     from ..rules.records import Held as _Held
+    from ..rules.records import KeptResult as _KeptResult
     from ..rules.records import NewRun as _NewRun
     from ..rules.states import Status
     from .attempt import Attempt
@@ -93,6 +94,10 @@ class LedgerAPI(Protocol):
     ) -> str | None: ...
 
     def ended_run(self, app: Any, task_id: str) -> _Expired | None: ...
+
+    def keep_result(self, app: Any, value: Any) -> _KeptResult | None: ...
+
+    def read_result(self, app: Any, kept: _KeptResult) -> Any: ...
 
     def tell_caller_unknown(
         self, app: Any, task_id: str, error: str, task_name: str = ""

@@ -17,7 +17,7 @@ from .. import conf
 from .._crashpoints import hit
 from ..conf import settings_for
 from ..errors import LedgerUnreachable
-from ..rules.records import ClaimRefused, Expired, Held, Lease, NewRun
+from ..rules.records import ClaimRefused, Expired, Held, KeptResult, Lease, NewRun
 from ..rules.skew import ClockReading, Readiness, describe, gate
 from ..rules.states import Status
 from . import operations, outbox
@@ -26,6 +26,8 @@ from .clockwatch import measure
 from .outbox import check_repeat, encode_message, readable_by_workers
 from .patience import CONNECTION_ERRORS, Patience
 from .reconcile import running
+from .results import keep as _keep
+from .results import read as _read
 from .sql.connection import Store
 from .sql.rows import ExistingRun
 
@@ -44,8 +46,10 @@ __all__ = [
     "end_owned",
     "ended_run",
     "hand_to_retry",
+    "keep_result",
     "lapse_owned",
     "measure",
+    "read_result",
     "readable_by_workers",
     "record_run",
     "refuse_run",
@@ -211,6 +215,16 @@ def ended_run(app: Any, task_id: str) -> Expired | None:
     """How the run of ``task_id`` ended (its status, reason, detail and deadline), or
     ``None`` if it has not ended or is not recorded."""
     return store_for(app, dedicated=True).runs.ended(task_id)
+
+
+def keep_result(app: Any, value: Any) -> KeptResult | None:
+    """A success's return value to keep with the run's completion (:mod:`.results`)."""
+    return _keep(app, value)
+
+
+def read_result(app: Any, kept: KeptResult) -> Any:
+    """A kept return value, decoded as :mod:`.results` allows (``UnreadableMessage``)."""
+    return _read(app, kept)
 
 
 def tell_caller_unknown(app: Any, task_id: str, error: str, task_name: str = "") -> None:

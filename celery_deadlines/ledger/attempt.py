@@ -24,7 +24,7 @@ from .heartbeat import heartbeat
 from .patience import Patience
 from .sql.connection import Store
 from .sql.effects import Effects
-from .sql.rows import Lease
+from .sql.rows import KeptResult, Lease
 
 #: How many lease TTLs an attempt keeps writing its end while the database is away.
 FINISH_PATIENCE = 4
@@ -85,17 +85,20 @@ class Attempt:
     def checkpoint(self, name: str, data: Any) -> None:
         self.check(self.store.runs.checkpoint(self.lease, self.owner, name, data), "checkpoint")
 
-    def succeed(self) -> None:
-        self.check(self._finish(Status.SUCCEEDED, "", ""), "succeed")
+    def succeed(self, result: KeptResult | None = None) -> None:
+        """End the run SUCCEEDED, keeping ``result`` (:mod:`.results`) in the same write."""
+        self.check(self._finish(Status.SUCCEEDED, "", "", result), "succeed")
 
     def end(self, status: Status, reason: str, detail: str) -> None:
         self.check(self._finish(status, reason, detail), "finish")
 
-    def _finish(self, status: Status, reason: str, detail: str) -> bool:
+    def _finish(
+        self, status: Status, reason: str, detail: str, result: KeptResult | None = None
+    ) -> bool:
         """Write the run's end (:meth:`_last_write`)."""
         runs = self.store.runs
         return self._last_write(
-            lambda: runs.finish(self.lease, self.owner, status, reason, detail),
+            lambda: runs.finish(self.lease, self.owner, status, reason, detail, result),
             status.value.lower(),
         )
 

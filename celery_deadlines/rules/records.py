@@ -92,6 +92,16 @@ class ClaimRefused:
 
 
 @dataclass(frozen=True)
+class KeptResult:
+    """A success's return value as the ledger keeps it: encoded with the app's result
+    serializer (``body``, ``content_type``, ``encoding``), never decoded with another."""
+
+    body: bytes
+    content_type: str
+    encoding: str
+
+
+@dataclass(frozen=True)
 class Expired:
     """A run the ledger ended: expired or failed on its own (the reconciler reports
     these), or read back as it ended (:meth:`~.runs.Runs.ended`)."""
@@ -105,6 +115,8 @@ class Expired:
     #: when the run's row last changed, by the database clock: its end, read back
     #: (:meth:`~.runs.Runs.ended`); ``None`` where not read
     ended_at: datetime | None = None
+    #: a SUCCEEDED run's kept return value, read back; ``None``: none kept
+    result: KeptResult | None = None
 
     def refusal(self, gate: str, now: datetime, detail: str) -> DeadlineRefused:
         """What the caller is told of this expiry: ``gate``'s refusal at ``now``."""

@@ -260,6 +260,46 @@ def test_a_body_that_retries_while_the_database_restarts_is_retried_not_failed(
 # -- the end: committed in the ledger, never stored for the caller --------------------------
 
 
+def test_a_success_whose_worker_died_before_storing_it_is_told_its_value_on_redelivery(
+    claims: tuple[Celery, list[str]],
+) -> None:
+    """The soaks' ``result_unstored_after_success``: a run's completion committed
+    SUCCEEDED, its worker died before Celery stored the result, and the caller stayed
+    ``PENDING``. The completion kept the return value; the redelivery tells it."""
+    app, _ran = claims
+
+    @app.task(base=DeadlineTask, bind=True, name="lost.succeeds", budget=600, shared=False)
+    def succeeds(self: DeadlineTask) -> dict[str, Any]:
+        return {"receipt": "r-42", "amount": 1250}
+
+    succeeds.apply_async(task_id="unstored-ok")
+    [message] = drain(app, QUEUE)
+    assert execute(app, message)[0] == "SUCCESS"
+    run = Run.objects.get(task_id="unstored-ok")
+    assert (run.status, run.result_content_type) == ("SUCCEEDED", "application/json")
+    app.backend.forget("unstored-ok")  # what the dead worker never stored
+    assert execute(app, message)[0] == "IGNORED"
+    told = app.AsyncResult("unstored-ok")
+    assert (told.state, told.result) == ("SUCCESS", {"receipt": "r-42", "amount": 1250})
+
+
+def test_an_ignore_result_task_keeps_no_return_value_in_the_ledger(
+    claims: tuple[Celery, list[str]],
+) -> None:
+    app, _ran = claims
+
+    options: dict[str, Any] = {"budget": 600, "shared": False, "ignore_result": True}
+
+    @app.task(base=DeadlineTask, bind=True, name="lost.quiet", **options)
+    def quiet(self: DeadlineTask) -> str:
+        return "not kept"
+
+    quiet.apply_async(task_id="quiet-1")
+    assert execute_next(app, QUEUE)[0] == "SUCCESS"
+    run = Run.objects.get(task_id="quiet-1")
+    assert (run.status, run.result) == ("SUCCEEDED", None)
+
+
 def test_a_failed_run_whose_worker_died_before_storing_the_error_is_told_on_redelivery(
     claims: tuple[Celery, list[str]],
 ) -> None:

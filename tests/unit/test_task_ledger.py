@@ -27,6 +27,8 @@ from celery_deadlines import (
     StaleLease,
     claiming,
 )
+from celery_deadlines.ledger import results
+from celery_deadlines.ledger.outbox import UnreadableMessage
 from celery_deadlines.testing import FakeClock, FakeLedger, use_ledger
 from tests.support.memory_queue import drain
 from tests.support.trace import execute, execute_next
@@ -246,19 +248,48 @@ def test_a_run_that_ended_longer_ago_than_the_grace_is_told_at_once(
     assert isinstance(app.AsyncResult("r2w").result, RunFailed)
 
 
-def test_a_redelivery_of_a_success_whose_result_was_lost_says_so_and_stores_nothing(
+def test_a_redelivery_of_a_success_whose_result_was_lost_tells_the_kept_return_value(
     app: Celery, ledger: FakeLedger, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # the ledger does not keep return values: the caller keeps waiting, the log says why
+    # the worker died after the ledger's SUCCEEDED, before Celery stored the result
     work = tasks(app, Calls())["work"]
     work.apply_async(task_id="r2s")
     [message] = drain(app, QUEUE)
-    assert execute(app, message)[0] == "SUCCESS"
+    assert execute(app, message) == ("SUCCESS", 1)
     app.backend.forget("r2s")
     with caplog.at_level("WARNING", logger="celery_deadlines"):
         assert execute(app, message)[0] == "IGNORED"
-    assert app.AsyncResult("r2s").state == "PENDING"
-    assert "SUCCEEDED but its caller has no result (state PENDING)" in caplog.text
+    told = app.AsyncResult("r2s")
+    assert (told.state, told.result) == ("SUCCESS", 1)
+    assert "stored now: the return value the ledger kept" in caplog.text
+
+
+def test_a_success_too_large_to_keep_is_left_to_the_result_backend_and_the_log_says_so(
+    app: Celery, ledger: FakeLedger, caplog: pytest.LogCaptureFixture
+) -> None:
+    @app.task(base=DeadlineTask, bind=True, name="fake.large", budget=60, shared=False)
+    def large(self: DeadlineTask) -> str:
+        return "x" * (results.RESULT_LIMIT + 1)
+
+    large.apply_async(task_id="r2l")
+    [message] = drain(app, QUEUE)
+    assert execute(app, message)[0] == "SUCCESS"
+    app.backend.forget("r2l")
+    with caplog.at_level("WARNING", logger="celery_deadlines"):
+        assert execute(app, message)[0] == "IGNORED"
+    assert app.AsyncResult("r2l").state == "PENDING"
+    assert "the ledger kept no return value" in caplog.text
+
+
+def test_a_kept_return_value_is_decoded_only_with_the_result_serializer(
+    app: Celery,
+) -> None:
+    kept = results.keep(app, {"paid": 1})
+    assert kept is not None
+    assert results.read(app, kept) == {"paid": 1}
+    forged = dataclasses.replace(kept, content_type="application/x-python-serialize")
+    with pytest.raises(UnreadableMessage, match="not decoded here"):
+        results.read(app, forged)  # a row rewritten to pickle is never unpickled
 
 
 def test_a_delivery_while_another_worker_holds_a_live_lease_is_not_run(

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ...rules.records import ClaimRefused, Expired, Lease, NewRun
+from ...rules.records import ClaimRefused, Expired, KeptResult, Lease, NewRun
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,7 @@ __all__ = [
     "ClaimRefused",
     "ExistingRun",
     "Expired",
+    "KeptResult",
     "LapsedLease",
     "Lease",
     "NewRun",

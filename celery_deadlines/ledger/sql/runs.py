@@ -24,13 +24,14 @@ statement: one round trip per state transition. Nothing here reads the worker's 
 from __future__ import annotations
 
 import json
+from dataclasses import astuple
 from datetime import datetime, timedelta
 from typing import Any, Final, NamedTuple
 
 from ...rules.states import Status
 from .dialect import Dialect
 from .predicates import CLAIM_CHECKS, SUPERVISOR_GRACE
-from .rows import ClaimRefused, Expired, Lease, NewRun, from_json, required
+from .rows import ClaimRefused, Expired, KeptResult, Lease, NewRun, from_json, required
 from .statements import Sql, Statements
 
 #: What a won claim returns, after its leading ``true``.
@@ -251,17 +252,26 @@ class Runs(Statements):
         )
 
     def finish(
-        self, lease: Lease, owner: str, status: Status, reason: str = "", detail: str = ""
+        self,
+        lease: Lease,
+        owner: str,
+        status: Status,
+        reason: str = "",
+        detail: str = "",
+        result: KeptResult | None = None,
     ) -> bool:
-        """End the run (SUCCEEDED, FAILED, EXPIRED, UNKNOWN) under the attempt's token.
+        """End the run (SUCCEEDED, FAILED, EXPIRED, UNKNOWN) under the attempt's token,
+        keeping ``result`` (a success's return value; ``None``: none kept) in the same
+        statement.
 
         If one of the run's effects is dispatched without an outcome, the run ends UNKNOWN
         whatever ``status`` says: the attempt may not know of it (another attempt's
         dispatch), and the reconciler must settle it before the run may end.
         """
+        kept = (None, None, None) if result is None else astuple(result)
         return self._fenced(
             FINISH,
-            [status.value, reason, detail, status.value.lower(), detail],
+            [status.value, reason, detail, status.value.lower(), detail, *kept],
             lease,
             status.value.lower(),
             owner,
@@ -283,7 +293,10 @@ class Runs(Statements):
         _, rows = self.execute(ENDED.text[self.dialect.vendor], [task_id])
         if not rows:
             return None
-        name, status, reason, detail, deadline, ended_at = rows[0]
+        name, status, reason, detail, deadline, ended_at, body, content_type, encoding = rows[0]
+        kept = None
+        if body is not None and content_type is not None:
+            kept = KeptResult(bytes(body), str(content_type), str(encoding or ""))
         return Expired(
             task_id=task_id,
             task_name=str(name),
@@ -292,6 +305,7 @@ class Runs(Statements):
             deadline=self.dialect.instant(deadline),
             detail=str(detail),
             ended_at=self.dialect.instant(ended_at),
+            result=kept,
         )
 
     def retry(
@@ -458,7 +472,8 @@ FINISH: Final = _fenced_write(
     """
     status = CASE WHEN {has_unresolved} THEN 'UNKNOWN' ELSE %s END,
     reason = CASE WHEN {has_unresolved} THEN 'effect_unresolved' ELSE %s END,
-    detail = %s, lease_expires_at = NULL, op = %s, op_detail = %s
+    detail = %s, lease_expires_at = NULL, op = %s, op_detail = %s,
+    result = %s, result_content_type = %s, result_encoding = %s
     """,
 )
 RETRY: Final = _fenced_write(
@@ -489,7 +504,8 @@ LAST_WRITE: Final = Sql(
 ENDED: Final = Sql(
     "runs.ended",
     """
-    SELECT task_name, status, reason, detail, deadline, updated_at FROM {run}
+    SELECT task_name, status, reason, detail, deadline, updated_at,
+        result, result_content_type, result_encoding FROM {run}
     WHERE task_id = %s AND status IN {terminal}
     """,
 )

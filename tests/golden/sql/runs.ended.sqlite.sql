@@ -1,2 +1,3 @@
-SELECT task_name, status, reason, detail, deadline, updated_at FROM celery_deadlines_run
+SELECT task_name, status, reason, detail, deadline, updated_at,
+    result, result_content_type, result_encoding FROM celery_deadlines_run
 WHERE task_id = %s AND status IN ('SUCCEEDED', 'FAILED', 'EXPIRED')
