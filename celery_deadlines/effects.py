@@ -146,6 +146,8 @@ class EffectScope:
             self.completed = True
             self.failed = recorded.state == EffectState.FAILED
             self.result = recorded.result
+            if not self.failed:
+                self.attempt.performed[self.key] = self.name  # replayed: it was done
             return self
         if recorded.state in (EffectState.DISPATCHED, EffectState.UNKNOWN):
             raise self._refused("unresolved", f"state {recorded.state}")
@@ -204,6 +206,7 @@ class EffectScope:
         """Record what the provider returned (JSON-serialisable)."""
         self._record(self.attempt.effects.succeed, result)
         self.completed, self.result = True, result
+        self.attempt.performed[self.key] = self.name
 
     def fail(self, error: str) -> None:
         """Record a definitive refusal by the provider: the effect will not be retried."""

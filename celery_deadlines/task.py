@@ -522,7 +522,8 @@ def end_after_body(attempt: Attempt, exc: BaseException, *, task: Any = None) ->
     """Write the run's outcome for a body that raised ``exc``, as Celery reads ``exc``
     (the caller re-raises it). With an effect dispatched and no outcome known, whatever
     was raised, the run ends UNKNOWN and :class:`~celery_deadlines.body.Unresolved` is
-    raised instead: never FAILED, never released to run again."""
+    raised instead: never FAILED, never released to run again. A run that fails after
+    effects were performed names them in its record and in ``exc``'s notes."""
     if attempt.unresolved:
         end_unresolved(attempt, exc, task=task)
     celery: outcomes.CeleryEnd = None
@@ -530,7 +531,14 @@ def end_after_body(attempt: Attempt, exc: BaseException, *, task: Any = None) ->
         celery = "ignore"
     elif isinstance(exc, Reject):
         celery = "requeue" if getattr(exc, "requeue", False) else "reject"
-    outcome = outcomes.after_body(exc, celery=celery, unresolved_keys=attempt.unresolved)
+    outcome = outcomes.after_body(
+        exc, celery=celery, unresolved_keys=attempt.unresolved, performed=attempt.performed
+    )
+    note = outcomes.note_for(outcome, attempt.performed)
+    if note is not None:
+        # the caller's error says it too: its traceback (any result serializer) and
+        # the exception's notes (a pickling backend, an eager run, Sentry)
+        exc.add_note(note)
     if outcome.released:
         attempt.release(outcome.detail)
     elif outcome.status is not None:

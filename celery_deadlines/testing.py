@@ -402,6 +402,7 @@ class FakeAttempt:
         self.reading = None
         self.unresolved: set[str] = set()
         self.effect_names: dict[str, str] = {}
+        self.performed: dict[str, str] = {}
 
     @property
     def last_checkpoint(self) -> tuple[str, Any] | None:

@@ -54,6 +54,9 @@ class Attempt:
     unresolved: set[str] = field(default_factory=set)
     #: the effect name of each key this attempt dispatched (who can reconcile it)
     effect_names: dict[str, str] = field(default_factory=dict)
+    #: the effects this run has performed (key -> name): this attempt's, and those an
+    #: earlier attempt performed and this one replayed
+    performed: dict[str, str] = field(default_factory=dict)
 
     @property
     def effects(self) -> Effects:

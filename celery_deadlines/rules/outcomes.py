@@ -98,14 +98,46 @@ def unresolved(keys: frozenset[str] | set[str], exc: BaseException | None = None
     return Outcome(Status.UNKNOWN, "effect_unresolved", detail[:2000])
 
 
+def performed_note(performed: Mapping[str, str]) -> str | None:
+    """What a failed run's error and record add when its effects were performed
+    (``performed``: key -> effect name, this attempt's and those replayed from earlier
+    ones): a failed order that was paid is never silent. ``None`` when none was."""
+    if not performed:
+        return None
+    done = ", ".join(f"{name} ({key})" for key, name in sorted(performed.items()))
+    return f"celery-deadlines: effects performed before this error: {done}"
+
+
 def after_body(
-    exc: BaseException, *, celery: CeleryEnd, unresolved_keys: frozenset[str] | set[str]
+    exc: BaseException,
+    *,
+    celery: CeleryEnd,
+    unresolved_keys: frozenset[str] | set[str],
+    performed: Mapping[str, str] | None = None,
 ) -> Outcome:
     """The run's end for a body that raised ``exc`` (``celery``: what Celery makes of it).
 
     An effect dispatched without a known outcome makes the run UNKNOWN whatever was
-    raised: never FAILED, never released to run again.
+    raised: never FAILED, never released to run again. A run that fails or expires
+    after effects were performed says which (:func:`performed_note`) in its detail.
     """
+    outcome = _after_body(exc, celery=celery, unresolved_keys=unresolved_keys)
+    note = note_for(outcome, performed or {})
+    if note is None:
+        return outcome
+    return Outcome(outcome.status, outcome.reason, f"{outcome.detail}; {note}"[:2000])
+
+
+def note_for(outcome: Outcome, performed: Mapping[str, str]) -> str | None:
+    """The :func:`performed_note` of a run that ends FAILED or EXPIRED, else ``None``."""
+    if outcome.status not in (Status.FAILED, Status.EXPIRED):
+        return None
+    return performed_note(performed)
+
+
+def _after_body(
+    exc: BaseException, *, celery: CeleryEnd, unresolved_keys: frozenset[str] | set[str]
+) -> Outcome:
     if unresolved_keys:
         return unresolved(unresolved_keys, exc)
     if celery == "ignore":

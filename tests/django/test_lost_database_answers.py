@@ -15,6 +15,7 @@ from django.db import InterfaceError, OperationalError, ProgrammingError
 
 from celery_deadlines import DeadlineTask, LedgerUnreachable, RunFailed
 from celery_deadlines.errors import StaleLease
+from celery_deadlines.explain import facts, render_text
 from celery_deadlines.ledger import patience
 from celery_deadlines.ledger.attempt import Attempt
 from celery_deadlines.ledger.sql.connection import Store
@@ -298,6 +299,31 @@ def test_an_ignore_result_task_keeps_no_return_value_in_the_ledger(
     assert execute_next(app, QUEUE)[0] == "SUCCESS"
     run = Run.objects.get(task_id="quiet-1")
     assert (run.status, run.result) == ("SUCCEEDED", None)
+
+
+def test_a_failed_order_that_was_paid_says_so_in_its_record_error_and_explanation(
+    claims: tuple[Celery, list[str]],
+) -> None:
+    app, _ran = claims
+
+    @app.task(base=DeadlineTask, bind=True, name="lost.paid", budget=600, shared=False)
+    def paid(self: DeadlineTask) -> None:
+        with self.effect("charge", key="order-9:charge"):
+            pass  # the provider took the payment
+        raise ValueError("the mail provider is down")
+
+    paid.apply_async(task_id="paid-1")
+    state, raised = execute_next(app, QUEUE)
+    note = "celery-deadlines: effects performed before this error: charge (order-9:charge)"
+    assert (state, raised.__notes__) == ("FAILURE", [note])
+    assert note in str(app.AsyncResult("paid-1").traceback)
+    run = Run.objects.get(task_id="paid-1")
+    assert (run.status, run.detail) == (
+        "FAILED",
+        f"ValueError('the mail provider is down'); {note}",
+    )
+    told = render_text(facts(run, events=list(run.events.all()), database_now=run.updated_at))
+    assert any(note in line for line in told), told
 
 
 def test_a_failed_run_whose_worker_died_before_storing_the_error_is_told_on_redelivery(

@@ -456,3 +456,54 @@ def assert_told_the_claim_gates_refusal(app: Celery, task_id: str) -> None:
         "deadline_passed",
         "lease lapsed",
     )
+
+
+def test_a_run_that_fails_after_its_effect_was_performed_names_it_in_its_record_and_error(
+    app: Celery, ledger: FakeLedger
+) -> None:
+    @app.task(base=DeadlineTask, bind=True, name="fake.order", budget=60, shared=False)
+    def order(self: DeadlineTask, key: str) -> None:
+        with self.effect("charge", key=f"{key}:charge"):
+            pass  # the provider took the payment
+        raise ValueError("the confirmation mail bounced")
+
+    order.apply_async(("o-7",), task_id="r-paid")
+    state, raised = execute_next(app, QUEUE)
+    note = "celery-deadlines: effects performed before this error: charge (o-7:charge)"
+    assert (state, type(raised)) == ("FAILURE", ValueError)
+    assert note in getattr(raised, "__notes__", [])
+    run = ledger.run("r-paid")
+    assert (run.status, run.reason) == ("FAILED", "error")
+    assert run.detail == f"ValueError('the confirmation mail bounced'); {note}"
+    assert note in str(app.AsyncResult("r-paid").traceback)  # what any caller reads
+
+
+def test_a_run_that_fails_before_any_effect_adds_nothing_to_its_error(
+    app: Celery, ledger: FakeLedger
+) -> None:
+    work = tasks(app, Calls())["work"]
+    work.apply_async(("error",), task_id="r-unpaid")
+    state, raised = execute_next(app, QUEUE)
+    assert (state, getattr(raised, "__notes__", None)) == ("FAILURE", None)
+    assert ledger.run("r-unpaid").detail == "ValueError('boom')"
+
+
+def test_an_effect_an_earlier_attempt_performed_is_named_when_a_later_one_fails(
+    app: Celery, ledger: FakeLedger
+) -> None:
+    @app.task(base=DeadlineTask, bind=True, name="fake.reorder", budget=60, shared=False)
+    def reorder(self: DeadlineTask, key: str) -> None:
+        with self.effect("charge", key=f"{key}:charge"):
+            pass  # performed by attempt 1, replayed by attempt 2
+        if not self.request.retries:
+            raise self.retry(countdown=0)
+        raise ValueError("the stock was gone")
+
+    reorder.apply_async(("o-8",), task_id="r-replayed")
+    assert execute_next(app, QUEUE)[0] == "RETRY"
+    state, raised = execute_next(app, QUEUE)
+    assert (state, type(raised)) == ("FAILURE", ValueError)
+    assert getattr(raised, "__notes__", []) == [
+        "celery-deadlines: effects performed before this error: charge (o-8:charge)"
+    ]
+    assert ledger.effects["o-8:charge"].dispatches == 1  # replayed, never called again
