@@ -134,8 +134,11 @@ class EffectScope:
 
     def __enter__(self) -> EffectScope:
         effects = self.attempt.effects
-        recorded = effects.record_intent(
-            self.attempt.lease, self.key, self.name, self.kind, self.fingerprint
+        lease = self.attempt.lease
+        # the intent is one upsert: written again after a lost answer, it finds itself
+        recorded = self.attempt.patiently(
+            f"intent of {self.key}",
+            lambda: effects.record_intent(lease, self.key, self.name, self.kind, self.fingerprint),
         )
         if recorded.fingerprint != self.fingerprint:
             raise EffectConflict(
@@ -153,7 +156,11 @@ class EffectScope:
             raise self._refused("unresolved", f"state {recorded.state}")
         fresh_until = self._check_evidence()
         hit("effect.intent", self.attempt.lease.task_id)
-        fence = effects.dispatch(self.attempt.lease, self.key, fresh_until)
+        fence = self.attempt.patiently(
+            f"dispatch of {self.key}",
+            lambda: effects.dispatch(lease, self.key, fresh_until),
+            done=self._dispatched_by_this_attempt,
+        )
         if fence is None:
             lease, owner = self.attempt.lease, self.attempt.owner
             reason = effects.why_refused(lease, self.key, owner, fresh_until)
@@ -164,6 +171,20 @@ class EffectScope:
         self.attempt.effect_names[self.key] = self.name
         hit("effect.dispatched", self.attempt.lease.task_id)
         return self
+
+    def _dispatched_by_this_attempt(self) -> int | None:
+        """After a guard whose answer was lost: its dispatch number if it committed."""
+        found = self.attempt.effects.state_of(self.key)
+        if found is None:
+            return None
+        state, token, dispatches = found
+        mine = state == EffectState.DISPATCHED and token == self.token
+        return dispatches if mine else None
+
+    def _outcome_written(self, state: str) -> bool | None:
+        """After an outcome write whose answer was lost: ``True`` if it committed."""
+        found = self.attempt.effects.state_of(self.key)
+        return True if found is not None and found[:2] == (state, self.token) else None
 
     def _refused(self, reason: str, detail: str = "") -> DispatchRefused:
         """The guard's refusal, announced (:data:`~celery_deadlines.signals.dispatch_refused`;
@@ -204,21 +225,27 @@ class EffectScope:
 
     def succeed(self, result: Any = None) -> None:
         """Record what the provider returned (JSON-serialisable)."""
-        self._record(self.attempt.effects.succeed, result)
+        self._record(self.attempt.effects.succeed, result, EffectState.SUCCEEDED)
         self.completed, self.result = True, result
         self.attempt.performed[self.key] = self.name
 
     def fail(self, error: str) -> None:
         """Record a definitive refusal by the provider: the effect will not be retried."""
-        self._record(self.attempt.effects.fail, error)
+        self._record(self.attempt.effects.fail, error, EffectState.FAILED)
         self.completed, self.failed = True, True
 
-    def _record(self, write: Any, value: Any) -> None:
+    def _record(self, write: Any, value: Any, state: str) -> None:
         if not self._dispatched:
             raise RuntimeError(f"effect {self.key} was not dispatched by this attempt")
         self._dispatched = False
         hit("effect.before_outcome", self.attempt.lease.task_id)
-        if not write(self.attempt.lease, self.key, value):
+        lease = self.attempt.lease
+        written = self.attempt.patiently(
+            f"outcome of {self.key}",
+            lambda: write(lease, self.key, value),
+            done=lambda: self._outcome_written(state),
+        )
+        if not written:
             # settled meanwhile (reconciled, or dispatched again under a newer token):
             # this attempt's outcome is not the record; it is a stale holder
             lease = self.attempt.lease
@@ -244,13 +271,25 @@ class EffectScope:
         effects = self.attempt.effects
         if exc is None:
             self.succeed(None)  # the call returned and nothing said otherwise
-        elif isinstance(exc, self.not_sent):
-            effects.not_sent(self.attempt.lease, self.key, repr(exc)[:2000])
+            return
+        lease, error = self.attempt.lease, repr(exc)[:2000]
+        if isinstance(exc, self.not_sent):
             self._dispatched = False
+            self.attempt.patiently(
+                f"outcome of {self.key}",
+                lambda: effects.not_sent(lease, self.key, error),
+                done=lambda: self._outcome_written(EffectState.NOT_DISPATCHED),
+            )
             self.attempt.unresolved.discard(self.key)
         else:
-            # a timeout, a reset, a soft time limit...: it may have happened
-            effects.unknown(self.attempt.lease, self.key, repr(exc)[:2000])
+            # a timeout, a reset, a soft time limit...: it may have happened (its write
+            # may wait a lease for the database; if it cannot, the effect stays
+            # DISPATCHED, which the reconciler reads as UNKNOWN: the same answer)
+            self.attempt.patiently(
+                f"outcome of {self.key}",
+                lambda: effects.unknown(lease, self.key, error),
+                done=lambda: self._outcome_written(EffectState.UNKNOWN),
+            )
 
 
 __all__ = ["EffectScope", "Found", "NotFound", "PendingEffect", "fingerprint_of"]

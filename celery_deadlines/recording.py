@@ -66,6 +66,7 @@ def publish(
             retry_of, retries=retries, available_at=available_at, message_body=body, send=send
         )
     parent = get_current_worker_task()
+    running = attempt_state(parent) if parent is not None else None
     parent_id = call.get("parent_id") or (parent.request.id if parent else None)
     root_id = call.get("root_id") or (
         (parent.request.root_id or parent.request.id) if parent else None
@@ -86,7 +87,8 @@ def publish(
         content_encoding=encoding,
         **wire.decode_occurrence((call.get("headers") or {}).get(wire.OCCURRENCE_HEADER)),
     )
-    sent = api.record_run(task.app, run, send)
+    publisher = running.attempt if running is not None else None
+    sent = api.record_run(task.app, run, send, publisher=publisher)
     return sent if sent is not None else task.AsyncResult(task_id)
 
 

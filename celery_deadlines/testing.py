@@ -191,7 +191,9 @@ class FakeLedger:
     ) -> tuple[bytes, str, str]:
         return self._api.encode_message(serializer, args, kwargs, options)
 
-    def record_run(self, app: Any, run: Any, send: Callable[[], Any]) -> Any:
+    def record_run(
+        self, app: Any, run: Any, send: Callable[[], Any], *, publisher: Any = None
+    ) -> Any:
         known = self.runs.get(run.task_id)
         if known is not None:  # a reused id: the same run again, or a conflict
             existing = self._api.ExistingRun(
@@ -430,6 +432,10 @@ class FakeAttempt:
     def checkpoint(self, name: str, data: Any) -> None:
         self._write("checkpoint", "checkpoint", checkpoint=(name, data))
 
+    def patiently(self, what: str, write: Callable[[], Any], done: Any = None) -> Any:
+        """The write at once: the in-memory ledger is never away."""
+        return write()
+
     def succeed(self, result: Any = None) -> None:
         self._finish("SUCCEEDED", "", "", "succeed", result)
 
@@ -562,6 +568,10 @@ class FakeEffects:
 
     def unresolved_keys(self, task_id: str) -> list[str]:
         return self.ledger.unresolved(task_id)
+
+    def state_of(self, key: str) -> tuple[str, int, int] | None:
+        effect = self.ledger.effects.get(key)
+        return None if effect is None else (effect.state, effect.lease_token, effect.dispatches)
 
     def describe(self, key: str) -> str:
         """The effect as it stands: ``dispatch 2 (DISPATCHED, run r1, token 5)``."""

@@ -42,7 +42,9 @@ class LedgerAPI(Protocol):
         self, serializer: str, args: Any, kwargs: Any, options: dict[str, Any]
     ) -> tuple[bytes, str, str]: ...
 
-    def record_run(self, app: Any, run: _NewRun, send: Callable[[], Any]) -> Any: ...
+    def record_run(
+        self, app: Any, run: _NewRun, send: Callable[[], Any], *, publisher: Any = None
+    ) -> Any: ...
 
     def hand_to_retry(
         self,

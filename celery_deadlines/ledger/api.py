@@ -13,6 +13,8 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import connections
+
 from .. import conf
 from .._crashpoints import hit
 from ..conf import settings_for
@@ -74,13 +76,33 @@ def store_for(app: Any, *, dedicated: bool = False) -> Store:
         return store
 
 
-def record_run(app: Any, run: NewRun, send: Callable[[], Any]) -> Any:
+def record_run(
+    app: Any, run: NewRun, send: Callable[[], Any], *, publisher: Attempt | None = None
+) -> Any:
     """Record a new run, then ``send()`` its message (see :mod:`.outbox`); returns what
     ``send()`` returned, or ``None`` when the publish waits for the transaction's commit
     or the run already exists with the same task and arguments (nothing is sent; another
-    task or other arguments raise :class:`~celery_deadlines.errors.RunConflict`)."""
+    task or other arguments raise :class:`~celery_deadlines.errors.RunConflict`).
+
+    ``publisher``: the attempt whose body publishes the run. Outside the caller's own
+    transaction its row rides out a database cut as the body's other writes do
+    (:meth:`~.attempt.Attempt.patiently`); a row whose commit's answer was lost is found
+    again, and the sweeper publishes it (nothing is lost, nothing sent twice). Inside
+    the caller's ``transaction.atomic()`` the library cannot try again: the error is
+    the caller's (docs/howto.md)."""
     accept = outbox.readable_by_workers(app, run.task_name)
-    return outbox.record(store_for(app), run, send, accept=accept)
+    store = store_for(app)
+    connection = connections[store.using]
+    if publisher is None or connection.in_atomic_block:
+        return outbox.record(store, run, send, accept=accept)
+
+    def record() -> Any:
+        # Django's connection is unusable after a lost one until it is closed: outside
+        # a transaction, closing it is safe (the next statement connects again)
+        connection.close_if_unusable_or_obsolete()
+        return outbox.record(store, run, send, accept=accept)
+
+    return publisher.patiently(f"the outbox row of {run.task_name}[{run.task_id}]", record)
 
 
 def hand_to_retry(

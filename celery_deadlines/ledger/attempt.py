@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import DatabaseError
 
@@ -21,13 +21,15 @@ from ..rules.skew import ClockReading
 from ..rules.states import Status
 from ..signals import write_refused
 from .heartbeat import heartbeat
-from .patience import Patience
+from .patience import CONNECTION_ERRORS, Patience
 from .sql.connection import Store
 from .sql.effects import Effects
 from .sql.rows import KeptResult, Lease
 
 #: How many lease TTLs an attempt keeps writing its end while the database is away.
 FINISH_PATIENCE = 4
+
+_T = TypeVar("_T")
 
 
 def owner_name(hostname: str | None) -> str:
@@ -86,7 +88,47 @@ class Attempt:
         return expires
 
     def checkpoint(self, name: str, data: Any) -> None:
-        self.check(self.store.runs.checkpoint(self.lease, self.owner, name, data), "checkpoint")
+        # the same values under the same fence: written again, it changes nothing more
+        runs = self.store.runs
+        written = self.patiently(
+            "checkpoint", lambda: runs.checkpoint(self.lease, self.owner, name, data)
+        )
+        self.check(written, "checkpoint")
+
+    def patiently(
+        self, what: str, write: Callable[[], _T], done: Callable[[], _T | None] | None = None
+    ) -> _T:
+        """``write()``, a write the body makes through the library (an effect's intent,
+        guard or outcome, a checkpoint), through a database that may be away: tried again
+        every :data:`~.patience.RETRY_INTERVAL` for at most one lease, the claim's rule.
+
+        A write whose answer the connection lost may have committed: ``done()`` reads
+        what it would have left and returns its answer, or ``None`` to write again (a
+        write that is the same under its fence whatever ran before needs none). After a
+        whole lease without the database this attempt's lease has lapsed (no renewal
+        reached it): :class:`StaleLease` is raised, so the body stops, Celery stores
+        nothing, and the reconciler requeues the run, or, if an effect was dispatched,
+        marks it UNKNOWN. Never the body's failure: a lost connection is not its outcome.
+        """
+        patience = Patience(self.ttl)
+        answer_lost = False
+        while True:
+            try:
+                if answer_lost and done is not None:
+                    found = done()
+                    if found is not None:
+                        return found
+                return write()
+            except CONNECTION_ERRORS as exc:
+                answer_lost = True
+                if patience.spent():
+                    self.lost = True
+                    why = (
+                        f"the ledger's database was unreachable for {patience.waited():.1f} s "
+                        f"(a lease is {self.ttl.total_seconds()} s): {exc}"
+                    )
+                    raise StaleLease(self.lease.task_id, self.lease.token, what, why) from exc
+            patience.pause()
 
     def succeed(self, result: KeptResult | None = None) -> None:
         """End the run SUCCEEDED, keeping ``result`` (:mod:`.results`) in the same write."""

@@ -301,6 +301,45 @@ def test_an_ignore_result_task_keeps_no_return_value_in_the_ledger(
     assert (run.status, run.result) == ("SUCCEEDED", None)
 
 
+@pytest.mark.parametrize("committed", [False, True], ids=["cut-before", "answer-lost"])
+def test_a_child_whose_outbox_row_meets_a_cut_is_recorded_and_the_parent_succeeds(
+    claims: tuple[Celery, list[str]], monkeypatch: pytest.MonkeyPatch, committed: bool
+) -> None:
+    """The soak's orders: ``notify.apply_async`` in the body met a 1 s database cut at
+    its outbox row and the paid order ended ``FAILED error``. The row rides it out; a
+    row whose answer was lost is found, and its message is the sweeper's to publish."""
+    from celery_deadlines.ledger.sql.outbox import Outbox
+
+    app, _ran = claims
+
+    @app.task(base=DeadlineTask, bind=True, name="lost.parent", budget=600, shared=False)
+    def parent(self: DeadlineTask) -> str:
+        app.tasks["lost.claim"].apply_async(task_id="child-1")
+        return "notified"
+
+    real = Outbox.enqueue
+    cut: list[str] = []
+
+    def enqueue(self: Outbox, run: Any) -> bool:
+        if run.task_id == "child-1" and not cut:  # the child's row, the first time
+            cut.append(run.task_id)
+            if committed:
+                real(self, run)
+            raise OperationalError("consuming input failed: server closed the connection")
+        return bool(real(self, run))
+
+    parent.apply_async(task_id="parent-1")
+    monkeypatch.setattr(Outbox, "enqueue", enqueue)
+    assert execute_next(app, QUEUE) == ("SUCCESS", "notified")
+    assert cut == ["child-1"]
+    child = Run.objects.get(task_id="child-1")
+    assert (child.status, Run.objects.get(task_id="parent-1").status) == ("QUEUED", "SUCCEEDED")
+    sent = [message["headers"]["id"] for message in drain(app, QUEUE)]
+    # published at once after a cut before the database; after a lost answer the row
+    # stands unpublished, and the sweeper publishes it (deadlines_republish_after)
+    assert sent == ([] if committed else ["child-1"])
+
+
 def test_a_failed_order_that_was_paid_says_so_in_its_record_error_and_explanation(
     claims: tuple[Celery, list[str]],
 ) -> None:

@@ -134,6 +134,15 @@ class Effects(Statements):
 
     # -- the run's side --------------------------------------------------------------------
 
+    def state_of(self, key: str) -> tuple[str, int, int] | None:
+        """The effect ``key``'s state, lease token and dispatch number, or ``None``: what
+        a write whose answer the connection lost left (did it commit?)."""
+        _, rows = self.store.execute(STATE_OF.text[self.store.dialect.vendor], [key])
+        if not rows:
+            return None
+        state, token, dispatches = rows[0]
+        return str(state), int(token), int(dispatches)
+
     def unresolved(self, run_id: int) -> bool:
         """Does the run have an effect dispatched without a recorded outcome?"""
         _, rows = self.store.execute(UNRESOLVED.text[self.store.dialect.vendor], [run_id])
@@ -282,6 +291,9 @@ _OUTCOME = """
 OUTCOME_RESULT: Final = Sql("effects.outcome_result", _OUTCOME, value="result = {json}")
 OUTCOME_ERROR: Final = Sql("effects.outcome_error", _OUTCOME, value="error = %s")
 
+STATE_OF: Final = Sql(
+    "effects.state_of", "SELECT state, lease_token, dispatches FROM {effect} WHERE key = %s"
+)
 UNRESOLVED: Final = Sql(
     "effects.unresolved",
     "SELECT 1 FROM {effect} WHERE run_id = %s AND state IN {unresolved} LIMIT 1",

@@ -1,0 +1,149 @@
+"""The writes a body makes through the library ride out a database cut (issue 31, item 1):
+an effect's intent, guard and outcome, and a checkpoint, on SQLite and PostgreSQL.
+
+Each test injects the cut where the nemesis soak met it: a statement that raises
+``OperationalError`` before it reached the database, or after it committed (its answer
+lost). The write is tried again every ``RETRY_INTERVAL`` for at most one lease; a
+write that had committed is found, never made twice; after a whole lease without the
+database the attempt stops (``StaleLease``: the body's failure is never the cut's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.db import OperationalError
+
+from celery_deadlines.errors import StaleLease
+from celery_deadlines.ledger import patience
+from celery_deadlines.ledger.attempt import Attempt
+from celery_deadlines.ledger.sql.connection import Store
+from celery_deadlines.ledger.sql.effects import Effects
+from celery_deadlines.models import EffectState, Run, RunEvent
+from celery_deadlines.testing import FakeClock
+from tests.django.test_effects import TTL, attempt, charge, effect, record
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
+
+CUT = "consuming input failed: server closed the connection unexpectedly"
+
+
+@pytest.fixture
+def store(alias: str, monkeypatch: pytest.MonkeyPatch) -> Store:
+    monkeypatch.setattr(patience, "RETRY_INTERVAL", 0)
+    return Store(alias)
+
+
+def cut(
+    monkeypatch: pytest.MonkeyPatch,
+    statement: str,
+    *,
+    times: int = 1,
+    committed: bool = False,
+    clock: FakeClock | None = None,
+) -> list[int]:
+    """``Effects.<statement>`` loses its connection ``times`` times: before reaching the
+    database, or after committing (``committed``); each cut lasts 5 s on ``clock``."""
+    real = getattr(Effects, statement)
+    calls: list[int] = []
+
+    def cut_statement(self: Effects, *args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) <= times:
+            if committed:
+                real(self, *args, **kwargs)
+            if clock is not None:
+                clock.advance(5)
+            raise OperationalError(CUT)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Effects, statement, cut_statement)
+    return calls
+
+
+def provider_call(store: Store, current: Attempt, calls: list[str]) -> Callable[[], None]:
+    def pay() -> None:
+        with charge(current) as fx:
+            calls.append(f"pay under dispatch {fx.fence}")
+            fx.succeed({"paid": 100})
+
+    return pay
+
+
+@pytest.mark.parametrize("committed", [False, True], ids=["cut-before", "answer-lost"])
+@pytest.mark.parametrize("statement", ["record_intent", "dispatch", "succeed"])
+def test_an_effect_write_cut_once_is_written_once_and_the_provider_called_once(
+    store: Store, monkeypatch: pytest.MonkeyPatch, statement: str, committed: bool
+) -> None:
+    record(store)
+    current = attempt(store, "w1:1")
+    tries = cut(monkeypatch, statement, committed=committed)
+    calls: list[str] = []
+    provider_call(store, current, calls)()
+    assert calls == ["pay under dispatch 1"]
+    # a cut before the database: written again; a lost answer: its commit is found
+    # (the intent, an upsert, is simply written again: it finds itself)
+    found_commit = committed and statement != "record_intent"
+    assert len(tries) == (1 if found_commit else 2)
+    found = effect(store)
+    assert (found.state, found.dispatches, found.result) == (
+        EffectState.SUCCEEDED, 1, {"paid": 100},
+    )  # fmt: skip
+    rejected = RunEvent.objects.using(store.using).filter(outcome="rejected")
+    assert list(rejected.values_list("kind", flat=True)) == []  # nothing refused
+
+
+def test_an_ambiguous_outcome_whose_write_meets_a_cut_is_still_recorded_unknown(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record(store)
+    current = attempt(store, "w1:1")
+    cut(monkeypatch, "unknown")
+    with pytest.raises(TimeoutError), charge(current):
+        raise TimeoutError("the provider did not answer")
+    assert effect(store).state == EffectState.UNKNOWN
+    assert current.unresolved == {"order-42:charge:v1"}  # the run ends UNKNOWN, never FAILED
+
+
+def test_a_checkpoint_that_meets_a_cut_is_written_once_the_database_is_back(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from celery_deadlines.ledger.sql.runs import Runs
+
+    record(store)
+    current = attempt(store, "w1:1")
+    real = Runs.checkpoint
+    calls: list[int] = []
+
+    def checkpoint(self: Runs, *args: Any, **kwargs: Any) -> bool:
+        calls.append(1)
+        if len(calls) == 1:
+            real(self, *args, **kwargs)  # committed; its answer lost
+            raise OperationalError(CUT)
+        return bool(real(self, *args, **kwargs))
+
+    monkeypatch.setattr(Runs, "checkpoint", checkpoint)
+    current.checkpoint("paid", {"payment": "P-1"})
+    run = Run.objects.using(store.using).get(task_id="charge-1")
+    assert (run.checkpoint_name, run.checkpoint_data, len(calls)) == (
+        "paid", {"payment": "P-1"}, 2,
+    )  # fmt: skip
+
+
+def test_a_database_away_for_a_whole_lease_stops_the_attempt_without_failing_the_run(
+    store: Store, monkeypatch: pytest.MonkeyPatch, clock: FakeClock
+) -> None:
+    record(store)
+    current = attempt(store, "w1:1")
+    lease_seconds = TTL.total_seconds()
+    tries = cut(monkeypatch, "dispatch", times=999, clock=clock)
+    calls: list[str] = []
+    with pytest.raises(StaleLease, match="unreachable"):
+        provider_call(store, current, calls)()
+    assert calls == []  # the guard never passed: the provider was never called
+    assert len(tries) == int(lease_seconds // 5)  # one lease of tries, 5 s each
+    assert current.lost
+    run = Run.objects.using(store.using).get(task_id="charge-1")
+    assert (run.status, effect(store).state) == ("RUNNING", EffectState.INTENT_RECORDED)
