@@ -37,10 +37,12 @@ from .. import conf
 from .._crashpoints import hit
 from ..clock import get_clock
 from ..conf import settings_for
+from ..errors import RunFailed
 from ..rules import outcomes
-from ..rules.gates import expiry_reason
+from ..rules.gates import Gate, expiry_reason
 from ..rules.outcomes import Found, NotFound, PendingEffect, Settle
 from ..rules.states import Status
+from . import telling
 from .clockwatch import ClockWatch
 from .forks import no_fork_meanwhile
 from .operations import (
@@ -155,9 +157,62 @@ def reconcile_once(app: Any, store: Store, *, clock_certain: bool = True) -> Rep
                 sent = republish(app, store, unclaimed.run_id, unclaimed)
             if sent:  # a message no worker would decode failed its run instead
                 report.republished.append(unclaimed.task_id)
+    _tell_the_left_waiting(app, store)
     if report:
         logger.info("reconciled the run ledger: %s", report)
     return report
+
+
+#: How far back a pass looks for runs the ledger ended whose caller may not have been
+#: told, and how long it leaves a just-ended run to the process that ended it.
+RETELL_WINDOW: Final = timedelta(minutes=10)
+RETELL_GRACE: Final = timedelta(seconds=2)
+#: The runs this process has looked at (a bounded memory: each is asked about once).
+_looked_at: dict[str, None] = {}
+_looked_at_lock = threading.Lock()
+_LOOKED_AT_LIMIT: Final = 10_000
+
+
+def _tell_the_left_waiting(app: Any, store: Store) -> None:
+    """A reconciler (or sweeper) that ended a run and died before telling its caller
+    left the caller waiting for good when no message comes back (an early-acked one, or
+    one a broker lost): the nemesis soak, seed 452933, a worker SIGKILLed 37 ms after its
+    reconciler committed an expiry, the broker's data lost a second later. Each pass
+    looks at the runs the ledger ended within :data:`RETELL_WINDOW` (past
+    :data:`RETELL_GRACE`), each once per process, and tells a caller whose result holds
+    no final state what the ledger recorded (never over one that does)."""
+    try:
+        now = store.database_now()
+        ended = store.sweeps.ended_by_the_ledger(now - RETELL_WINDOW, now - RETELL_GRACE)
+    except DatabaseError:
+        return  # the next pass looks again
+    with _looked_at_lock:
+        fresh = [run for run in ended if run.task_id not in _looked_at]
+        for run in fresh:
+            _looked_at[run.task_id] = None
+        while len(_looked_at) > _LOOKED_AT_LIMIT:
+            del _looked_at[next(iter(_looked_at))]
+    for run in fresh:
+        if telling.already_told(app, run.task_id) is not None:
+            continue
+        logger.warning(
+            "%s[%s] ended %s (%s) by the ledger, and its caller was not told (whoever ended "
+            "it stopped before telling it); told now",
+            run.task_name,
+            run.task_id,
+            run.status,
+            run.reason,
+        )
+        telling.tell_failed(app, store, run.task_id, run.task_name, _ledgers_error(run, now))
+
+
+def _ledgers_error(run: Expired, now: Any) -> Exception:
+    """What the caller of a run the ledger ended is told (as when it ended it)."""
+    if run.status == Status.EXPIRED:
+        return run.refusal(Gate.CLAIM.value, now, run.detail)
+    if run.reason == "worker_lost":
+        return WorkerLostError(run.detail)
+    return RunFailed(run.task_id, run.reason, run.detail)
 
 
 def _settle(app: Any, store: Store, lapsed: LapsedLease, max_lost: int, report: Report) -> None:

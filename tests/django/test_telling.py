@@ -216,3 +216,48 @@ def test_a_hard_time_limit_that_leaves_an_effect_unknown_pages_through_the_ledge
     api.tell_caller_unknown(app, "limited", "hard time limit (5 s) exceeded", "shop.ship")
     assert [(p["task_id"], p["keys"]) for p in pages] == [("limited", ["limited:pay"])]
     assert str(app.AsyncResult("limited").state) == "UNKNOWN"
+
+
+def test_a_caller_left_waiting_by_a_reconciler_that_died_after_its_expiry_is_told_later(
+    store: Store, app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nemesis soak, seed 452933: a worker was SIGKILLed 37 ms after its reconciler
+    committed an expiry, before it told the caller, and the broker lost the message."""
+    from celery_deadlines.ledger import reconcile
+
+    monkeypatch.setattr(reconcile, "_looked_at", {})
+    record(store, "died")
+    with monkeypatch.context() as dying:
+        dying.setattr(reconcile, "store_refusal", lambda *args, **kwargs: None)
+        assert reconcile_once(app, store).expired == ["died"]  # committed, never told
+    assert app.AsyncResult("died").state == states.PENDING
+    reconcile_once(app, store)  # within the grace: left to the process that ended it
+    assert app.AsyncResult("died").state == states.PENDING
+    Run.objects.using(store.using).filter(task_id="died").update(
+        updated_at=store.database_now() - reconcile.RETELL_GRACE * 2
+    )  # (the ORM's update leaves op as the expiry wrote it)
+    reconcile_once(app, store)  # any worker's next pass
+    with pytest.raises(DeadlineRefused, match="deadline_passed"):
+        app.AsyncResult("died").get(timeout=1)
+    assert meta(app, "died")["name"] == "shop.ship"
+
+
+def test_a_run_the_ledger_ended_whose_caller_was_told_is_not_told_again(
+    store: Store, app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from celery_deadlines.ledger import reconcile
+
+    monkeypatch.setattr(reconcile, "_looked_at", {})
+    record(store, "told-once")
+    reconcile_once(app, store)
+    first = meta(app, "told-once")
+    Run.objects.using(store.using).filter(task_id="told-once").update(
+        updated_at=store.database_now() - reconcile.RETELL_GRACE * 2
+    )
+    stored: list[str] = []
+    monkeypatch.setattr(
+        app.backend, "mark_as_failure", lambda task_id, *a, **k: stored.append(task_id)
+    )
+    reconcile_once(app, store)
+    assert stored == []  # looked at, found told: nothing stored over it
+    assert repr(meta(app, "told-once")["result"]) == repr(first["result"])

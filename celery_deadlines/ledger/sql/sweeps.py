@@ -59,6 +59,28 @@ class Sweeps(Statements):
             for r in rows
         ]
 
+    def ended_by_the_ledger(
+        self, since: datetime, until: datetime, limit: int = 100
+    ) -> list[Expired]:
+        """Runs the sweeper or the reconciler ended FAILED or EXPIRED in ``(since,
+        until]`` (by the database clock), oldest first: whose caller a reconciler that
+        died between its commit and telling it left waiting
+        (:func:`~..reconcile.reconcile_once`)."""
+        d = self.dialect
+        params = [d.param(since), d.param(until), limit]
+        _, rows = self.execute(ENDED_BY_THE_LEDGER.text[d.vendor], params)
+        return [
+            Expired(
+                task_id=r[0],
+                task_name=r[1],
+                status=r[2],
+                reason=r[3],
+                deadline=d.instant(r[4]),
+                detail=r[5],
+            )
+            for r in rows
+        ]
+
     def lapsed_leases(self, limit: int = 100) -> list[LapsedLease]:
         """Runs whose lease expired by the database clock (the first two steps of restart
         reconciliation, docs/concepts.md).
@@ -207,6 +229,16 @@ EXPIRE_UNCLAIMED: Final = Sql(
         LIMIT %s
     ) AND status IN {waiting} AND deadline <= {now}
     RETURNING task_id, task_name, status, reason, deadline, detail
+    """,
+)
+ENDED_BY_THE_LEDGER: Final = Sql(
+    "sweeps.ended_by_the_ledger",
+    """
+    SELECT task_id, task_name, status, reason, deadline, detail FROM {run}
+    WHERE status IN ('EXPIRED', 'FAILED') AND op IN ('expire', 'reconcile')
+      AND updated_at > %s AND updated_at <= %s
+    ORDER BY updated_at
+    LIMIT %s
     """,
 )
 #: Leases lapsed for the supervisor's grace already (its negative is the parameter).
