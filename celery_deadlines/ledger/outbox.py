@@ -83,11 +83,16 @@ class UnreadableMessage(ValueError):
     not one it accepts, or its body is not what the content type says."""
 
 
-def accepted_content(app: Celery) -> frozenset[str]:
-    """The content types the app accepts (``accept_content``, as kombu names them; unset,
-    kombu accepts every registered serializer)."""
+def content_type_of(serializer: str) -> str | None:
+    """The content type ``serializer`` (a name, or a content type already) writes."""
+    return serializer if "/" in serializer else _registry.name_to_type.get(serializer)
+
+
+def accepted_content(app: Celery, accept: Any = None) -> frozenset[str]:
+    """The content types the app accepts (``accept``, else ``accept_content``, as kombu
+    names them; unset, kombu accepts every registered serializer)."""
     try:
-        accepted = prepare_accept_content(app.conf.accept_content)
+        accepted = prepare_accept_content(app.conf.accept_content if accept is None else accept)
     except Exception:  # noqa: BLE001 (a serializer named but not installed: none of it)
         return frozenset()
     return frozenset(_registry.type_to_name if accepted is None else accepted)
@@ -98,8 +103,7 @@ def readable_by_workers(app: Celery, task_name: str) -> frozenset[str]:
     wrote it in (the task's serializer; the app's ``task_serializer`` for a task not
     registered here), if the app accepts it. Never what the row itself names."""
     task = app.tasks.get(task_name)
-    serializer = str(getattr(task, "serializer", None) or app.conf.task_serializer)
-    written = serializer if "/" in serializer else _registry.name_to_type.get(serializer)
+    written = content_type_of(str(getattr(task, "serializer", None) or app.conf.task_serializer))
     return accepted_content(app) & {written} if written else frozenset()
 
 

@@ -16,10 +16,10 @@ import logging
 from typing import Any, Final
 
 from celery import Celery
-from kombu.serialization import dumps, loads, prepare_accept_content
+from kombu.serialization import dumps, loads
 
 from ..rules.records import KeptResult
-from .outbox import UnreadableMessage, _registry
+from .outbox import UnreadableMessage, accepted_content, content_type_of
 
 logger = logging.getLogger("celery_deadlines")
 
@@ -45,15 +45,9 @@ def keep(app: Celery, value: Any) -> KeptResult | None:
 def result_content(app: Celery) -> frozenset[str]:
     """The one content type a kept value is decoded with: the result serializer's, if
     the app accepts it for results."""
-    serializer = str(app.conf.result_serializer)
-    written = serializer if "/" in serializer else _registry.name_to_type.get(serializer)
-    accept = app.conf.result_accept_content or app.conf.accept_content
-    try:
-        accepted = prepare_accept_content(accept)
-    except Exception:  # noqa: BLE001 (a serializer named but not installed: none of it)
-        return frozenset()
-    everything = frozenset(_registry.type_to_name)
-    return (everything if accepted is None else frozenset(accepted)) & {written}
+    written = content_type_of(str(app.conf.result_serializer))
+    accepted = accepted_content(app, app.conf.result_accept_content or app.conf.accept_content)
+    return accepted & {written} if written else frozenset()
 
 
 def read(app: Celery, kept: KeptResult) -> Any:

@@ -45,19 +45,8 @@ class Sweeps(Statements):
         them, or while they were paused. The reason is the one a worker's gate gives for
         the same deadline (``deadline_passed``; ``delivery_expired`` for a delivery
         task's run): one word for one situation, whoever finds it."""
-        d = self.dialect
-        _, rows = self.execute(EXPIRE_UNCLAIMED.text[d.vendor], [limit])
-        return [
-            Expired(
-                task_id=r[0],
-                task_name=r[1],
-                status=r[2],
-                reason=r[3],
-                deadline=d.instant(r[4]),
-                detail=r[5],
-            )
-            for r in rows
-        ]
+        _, rows = self.execute(EXPIRE_UNCLAIMED.text[self.dialect.vendor], [limit])
+        return self._ended(rows)
 
     def ended_by_the_ledger(
         self, since: datetime, until: datetime, limit: int = 100
@@ -69,13 +58,19 @@ class Sweeps(Statements):
         d = self.dialect
         params = [d.param(since), d.param(until), limit]
         _, rows = self.execute(ENDED_BY_THE_LEDGER.text[d.vendor], params)
+        return self._ended(rows)
+
+    def _ended(self, rows: list[tuple[Any, ...]]) -> list[Expired]:
+        """:class:`Expired` from rows of ``task_id, task_name, status, reason, deadline,
+        detail``."""
+        instant = self.dialect.instant
         return [
             Expired(
                 task_id=r[0],
                 task_name=r[1],
                 status=r[2],
                 reason=r[3],
-                deadline=d.instant(r[4]),
+                deadline=instant(r[4]),
                 detail=r[5],
             )
             for r in rows
