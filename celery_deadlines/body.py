@@ -112,7 +112,7 @@ class AttemptAPI:
         process's: what a plan's ``created_at`` and an observation's stamp are read from,
         so the resume gate and the dispatch guard judge them by the same clock."""
         attempt = self._attempt()
-        return attempt.store.database_now() if attempt is not None else get_clock().now()
+        return attempt.database_now() if attempt is not None else get_clock().now()
 
     # -- the lease and checkpoints ---------------------------------------------------------
 
@@ -251,9 +251,7 @@ class AttemptAPI:
         """Store ``plan`` as the run's active plan, fenced by this attempt's token (the
         previous one is kept as superseded history). Raises :class:`StaleLease` if the
         attempt no longer owns the run."""
-        attempt = self._ledger_attempt("plans")
-        saved = attempt.store.plans.save(attempt.lease, attempt.owner, plan.plan_id, plan.to_json())
-        attempt.check(saved, "save_plan")
+        self._ledger_attempt("plans").save_plan(plan.plan_id, plan.to_json())
 
     def resume_plan(self, current: Mapping[str, Any]) -> Verdict | None:
         """The resume gate: may the run's stored plan go on, given the ``current`` facts?
@@ -274,13 +272,10 @@ class AttemptAPI:
         Every call sends :data:`~celery_deadlines.signals.plan_resumed`.
         """
         attempt = self._ledger_attempt("plans")
-        plans = attempt.store.plans
-        stored = plans.active(attempt.lease.run_id)
+        stored = attempt.active_plan()
         if stored is None:
             return None
-        verdict = resume_plan(
-            Plan.from_json(stored.document), attempt.store.database_now(), current
-        )
+        verdict = resume_plan(Plan.from_json(stored.document), attempt.database_now(), current)
         contract = settings_for(self.app).contract_of(self.name)
         on_expiry = contract.on_expiry if contract is not None else OnExpiry.REFUSE
         step = outcomes.after_plan(verdict.may_execute, on_expiry)
@@ -291,10 +286,7 @@ class AttemptAPI:
         if step is outcomes.PlanStep.CONTINUE:
             return verdict
         detail = verdict.explain()
-        invalidated = plans.invalidate(
-            attempt.lease, attempt.owner, stored.row_id, verdict.reason, detail
-        )
-        attempt.check(invalidated, "invalidate_plan")
+        attempt.invalidate_plan(stored.row_id, verdict.reason, detail)
         if step is outcomes.PlanStep.REVALIDATE:
             logger.info("%s[%s]: plan invalidated (%s); revalidating", self.name, task_id, detail)
             return verdict

@@ -350,6 +350,8 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
             attempt.start()
         if deadline is not None:
             state.anchor = Anchor.at(deadline, now, started)
+            if state.attempt is not None:
+                state.attempt.deadline_at = state.anchor.deadline_monotonic()
         tracing.annotate_attempt(
             deadline=deadline,
             now=now,

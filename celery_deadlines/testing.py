@@ -405,6 +405,7 @@ class FakeAttempt:
         self.unresolved: set[str] = set()
         self.effect_names: dict[str, str] = {}
         self.performed: dict[str, str] = {}
+        self.deadline_at: float | None = None
 
     @property
     def last_checkpoint(self) -> tuple[str, Any] | None:
@@ -414,9 +415,21 @@ class FakeAttempt:
     @property
     def store(self) -> _FakeStore:
         """The part of the ledger's store task code reaches through the attempt: the
-        effect ledger, rejected writes and the ledger's clock (the installed clock).
-        Stored plans raise ``NotImplementedError``: test those against a database."""
+        effect ledger and rejected writes."""
         return _FakeStore(self.ledger)
+
+    def database_now(self) -> datetime:
+        """The ledger's clock: the installed one."""
+        return get_clock().now()
+
+    def active_plan(self) -> NoReturn:
+        _no_plans()
+
+    def save_plan(self, plan_id: str, document: dict[str, Any]) -> NoReturn:
+        _no_plans()
+
+    def invalidate_plan(self, row_id: int, reason: str, detail: str) -> NoReturn:
+        _no_plans()
 
     @property
     def effects(self) -> FakeEffects:
@@ -610,16 +623,12 @@ class _FakeStore:
         self.effects = FakeEffects(ledger)
         self.runs = _FakeRuns(ledger)
 
-    def database_now(self) -> datetime:
-        """The ledger's clock: the installed one."""
-        return get_clock().now()
 
-    @property
-    def plans(self) -> NoReturn:
-        raise NotImplementedError(
-            "the fake ledger does not store plans: test them against a database "
-            "(celery_deadlines' own tests do, on SQLite and PostgreSQL)"
-        )
+def _no_plans() -> NoReturn:
+    raise NotImplementedError(
+        "the fake ledger does not store plans: test them against a database "
+        "(celery_deadlines' own tests do, on SQLite and PostgreSQL)"
+    )
 
 
 @contextmanager

@@ -24,6 +24,7 @@ from .heartbeat import heartbeat
 from .patience import CONNECTION_ERRORS, Patience
 from .sql.connection import Store
 from .sql.effects import Effects
+from .sql.plans import StoredPlan
 from .sql.rows import KeptResult, Lease
 
 #: How many lease TTLs an attempt keeps writing its end while the database is away.
@@ -59,6 +60,9 @@ class Attempt:
     #: the effects this run has performed (key -> name): this attempt's, and those an
     #: earlier attempt performed and this one replayed
     performed: dict[str, str] = field(default_factory=dict)
+    #: the monotonic reading at which the run's deadline passes (set when the attempt's
+    #: budget is anchored): a write is never tried past it, its lease ends there too
+    deadline_at: float | None = None
 
     @property
     def effects(self) -> Effects:
@@ -98,19 +102,22 @@ class Attempt:
     def patiently(
         self, what: str, write: Callable[[], _T], done: Callable[[], _T | None] | None = None
     ) -> _T:
-        """``write()``, a write the body makes through the library (an effect's intent,
-        guard or outcome, a checkpoint), through a database that may be away: tried again
-        every :data:`~.patience.RETRY_INTERVAL` for at most one lease, the claim's rule.
+        """``write()``, a statement the body makes through the library (an effect's
+        intent, guard or outcome, a checkpoint, a plan, the ledger's clock for an
+        observation), through a database that may be away: tried again every
+        :data:`~.patience.RETRY_INTERVAL` for at most one lease, the claim's rule, and
+        never past the run's deadline (:attr:`deadline_at`).
 
         A write whose answer the connection lost may have committed: ``done()`` reads
         what it would have left and returns its answer, or ``None`` to write again (a
         write that is the same under its fence whatever ran before needs none). After a
-        whole lease without the database this attempt's lease has lapsed (no renewal
-        reached it): :class:`StaleLease` is raised, so the body stops, Celery stores
-        nothing, and the reconciler requeues the run, or, if an effect was dispatched,
-        marks it UNKNOWN. Never the body's failure: a lost connection is not its outcome.
+        whole lease without the database (or once the deadline has passed) this
+        attempt's lease has lapsed (no renewal reached it; a lease ends at the deadline):
+        :class:`StaleLease` is raised, so the body stops, Celery stores nothing, and the
+        reconciler requeues or expires the run, or, if an effect was dispatched, marks it
+        UNKNOWN. Never the body's failure: a lost connection is not its outcome.
         """
-        patience = Patience(self.ttl)
+        patience = Patience(self.ttl, until=self.deadline_at)
         answer_lost = False
         while True:
             try:
@@ -123,12 +130,58 @@ class Attempt:
                 answer_lost = True
                 if patience.spent():
                     self.lost = True
+                    span = (
+                        "until the run's deadline passed"
+                        if patience.cut_short
+                        else f"(a lease is {self.ttl.total_seconds()} s)"
+                    )
                     why = (
                         f"the ledger's database was unreachable for {patience.waited():.1f} s "
-                        f"(a lease is {self.ttl.total_seconds()} s): {exc}"
+                        f"{span}: {exc}"
                     )
                     raise StaleLease(self.lease.task_id, self.lease.token, what, why) from exc
             patience.pause()
+
+    def database_now(self) -> datetime:
+        """The ledger's clock (the database's), read :meth:`patiently`."""
+        return self.patiently("a reading of the ledger's clock", self.store.database_now)
+
+    def active_plan(self) -> StoredPlan | None:
+        """The run's active plan, read :meth:`patiently`."""
+        plans, run_id = self.store.plans, self.lease.run_id
+        return self.patiently("a read of the active plan", lambda: plans.active(run_id))
+
+    def save_plan(self, plan_id: str, document: dict[str, Any]) -> None:
+        """Make ``document`` the run's active plan, under this attempt's fence, written
+        :meth:`patiently`: a save whose answer was lost is found as the active plan."""
+        plans = self.store.plans
+
+        def saved() -> bool | None:
+            active = plans.active(self.lease.run_id)
+            mine = active is not None and active.lease_token == self.lease.token
+            return True if mine and active is not None and active.document == document else None
+
+        written = self.patiently(
+            f"plan {plan_id}",
+            lambda: plans.save(self.lease, self.owner, plan_id, document),
+            done=saved,
+        )
+        self.check(written, "save_plan")
+
+    def invalidate_plan(self, row_id: int, reason: str, detail: str) -> None:
+        """Retire the active plan ``row_id`` (it failed its resume gate), written
+        :meth:`patiently`: an invalidation whose answer was lost is found."""
+        plans = self.store.plans
+
+        def retired() -> bool | None:
+            return True if plans.state_of(row_id) == "INVALIDATED" else None
+
+        written = self.patiently(
+            f"invalidation of plan {row_id}",
+            lambda: plans.invalidate(self.lease, self.owner, row_id, reason, detail),
+            done=retired,
+        )
+        self.check(written, "invalidate_plan")
 
     def succeed(self, result: KeptResult | None = None) -> None:
         """End the run SUCCEEDED, keeping ``result`` (:mod:`.results`) in the same write."""

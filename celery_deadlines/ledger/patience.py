@@ -25,11 +25,16 @@ _T = TypeVar("_T")
 
 
 class Patience:
-    """A span of time, from now, during which the database is tried again."""
+    """A span of time, from now, during which the database is tried again; ``until``, a
+    monotonic reading (the run's deadline), ends it sooner if it comes first."""
 
-    def __init__(self, span: timedelta) -> None:
+    def __init__(self, span: timedelta, until: float | None = None) -> None:
         self.started = get_clock().monotonic()
         self.give_up = self.started + span.total_seconds()
+        #: whether ``until`` ends the span (the deadline comes before it would)
+        self.cut_short = until is not None and until < self.give_up
+        if until is not None:
+            self.give_up = min(self.give_up, until)
 
     def waited(self) -> float:
         """Seconds since the first try."""

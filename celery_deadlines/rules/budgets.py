@@ -180,3 +180,7 @@ class Anchor:
     def remaining(self, monotonic: float) -> timedelta:
         """Budget left at the monotonic reading ``monotonic`` (negative once overrun)."""
         return self.budget_at_start - timedelta(seconds=monotonic - self.started_monotonic)
+
+    def deadline_monotonic(self) -> float:
+        """The monotonic reading at which the deadline passes."""
+        return self.started_monotonic + self.budget_at_start.total_seconds()

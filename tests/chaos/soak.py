@@ -814,21 +814,20 @@ class Soak:
         }
         self.calls = read_jsonl(self.sink_log)
         verdict = oracle.check(planned, ledger, self.calls, [], SUCCEEDS, callers=callers)
-        self.unstored = self.explain_unstored(verdict)
-        self.outage_failed = self.explain_outage_failures(verdict, rows)
+        self.unstored = self.unstored_after_success(verdict)
+        self.outage_failed = self.failed_during_outages(verdict, rows)
+        self.db_retried, self.replayed = retried_for_the_database(orders, rows)
         unknown = [task_id for task_id in rows if task_id.split(".")[0] not in by_id]
         verdict.unexpected.extend(f"run {task_id}" for task_id in unknown)
         return verdict, len(orders)
 
-    def explain_unstored(self, verdict: Any) -> list[str]:
-        """Take out of ``disagreeing`` each run the ledger says SUCCEEDED whose caller
-        still sees a waiting state (:data:`STILL_WAITING`: what an earlier moment of the
-        run stored, a retried attempt's RETRY for one) *because the nemesis killed the
-        process that completed it*, after it did: the documented window between
-        ``succeed()`` and Celery storing the result (docs/failure-semantics.md). The
-        caller's ``get()`` keeps waiting; it is never told an outcome. Anything else
-        stays a violation (CI seed 311159: RETRY, the pool process killed 9 ms after
-        ``succeed()``, was counted a violation while only PENDING was explained)."""
+    def unstored_after_success(self, verdict: Any) -> list[str]:
+        """The runs of ``disagreeing`` the ledger says SUCCEEDED whose caller still sees
+        a waiting state (:data:`STILL_WAITING`: what an earlier moment of the run stored,
+        a retried attempt's RETRY for one) *after the nemesis killed the process that
+        completed it*: the window between ``succeed()`` and Celery storing the result,
+        which the kept result closes (issue 31). Each is named with the kill as evidence;
+        it stays a violation."""
 
         def evidence(entry: str) -> str | None:
             event = last_applied(entry.split(":")[0], "succeeded")
@@ -848,14 +847,14 @@ class Soak:
                     return f"completed by {event.owner}, then fault {fault}"
             return None
 
-        verdict.disagreeing, explained = take_out(verdict.disagreeing, evidence)
-        return explained
+        return with_evidence(verdict.disagreeing, evidence)
 
-    def explain_outage_failures(self, verdict: Any, rows: dict[str, Any]) -> list[str]:
-        """Take out of ``unexplained`` each run that ended FAILED because its body's own
-        database write failed *while the nemesis had the database cut, or crashed and
-        restarting* (the detail is the connection's error): Celery's semantics, a body
-        that raised. Anything else stays a violation."""
+    def failed_during_outages(self, verdict: Any, rows: dict[str, Any]) -> list[str]:
+        """The runs of ``unexplained`` that ended FAILED with the database connection's
+        error *while the nemesis had the database cut, or crashed and restarting*: the
+        library's writes wait a cut out and the workload's orders retry their own
+        (docs/howto.md, "Ride out a database outage"), so each is a bug. Named with the
+        fault as evidence; it stays a violation."""
         outages = []
         for fault in self.schedule:
             if fault["kind"] == "db_cut":  # recorded as it began
@@ -880,8 +879,7 @@ class Soak:
                     return f"{run.detail[:60]}..., during fault {fault}"
             return None
 
-        verdict.unexplained, explained = take_out(verdict.unexplained, evidence)
-        return explained
+        return with_evidence(verdict.unexplained, evidence)
 
     def teardown(self) -> None:
         for worker in self.workers:
@@ -910,9 +908,9 @@ class Soak:
                 print(json.dumps(entry), flush=True)
             log(f"logs kept in {self.folder}")
         for entry in self.unstored:
-            log(f"result not stored (the documented window after succeed()): {entry}")
+            log(f"result not stored after succeed(): {entry}")
         for entry in self.outage_failed:
-            log(f"failed by its body's database write during a cut (explained): {entry}")
+            log(f"failed during a database outage: {entry}")
         per_kind = " ".join(f"{kind}={self.injected[kind]}" for kind in KINDS)
         ended = Counter(f"{run.status}/{run.reason or '-'}" for run in self.rows.values())
         log(f"faults: {per_kind}")
@@ -920,8 +918,9 @@ class Soak:
         log(
             f"also: mismatched={len(verdict.mismatched)} overran={len(verdict.overran)} "
             f"disagreeing={len(verdict.disagreeing)} unexpected={len(verdict.unexpected)} "
-            f"result_unstored_after_success={len(self.unstored)} (documented window) "
-            f"failed_during_db_cut={len(self.outage_failed)} (explained); "
+            f"result_unstored_after_success={len(self.unstored)} "
+            f"failed_during_db_cut={len(self.outage_failed)} "
+            f"retried_for_the_database={self.db_retried} (payment replayed: {self.replayed}); "
             f"seed={self.seed} tier={self.tier_name} {seconds:.0f} s"
         )
         print(
@@ -968,19 +967,33 @@ def ledgered(run: Any) -> Any:
     )  # fmt: skip
 
 
-def take_out(
-    entries: list[str], evidence: Callable[[str], str | None]
-) -> tuple[list[str], list[str]]:
-    """``entries`` split into the violations kept and those ``evidence`` explains (each
-    with its explanation)."""
-    kept, explained = [], []
-    for entry in entries:
-        why = evidence(entry)
-        if why is None:
-            kept.append(entry)
-        else:
-            explained.append(f"{entry}: {why}")
-    return kept, explained
+def with_evidence(entries: list[str], evidence: Callable[[str], str | None]) -> list[str]:
+    """The ``entries`` ``evidence`` has something to say about, each with it."""
+    found = ((entry, evidence(entry)) for entry in entries)
+    return [f"{entry}: {why}" for entry, why in found if why is not None]
+
+
+def retried_for_the_database(orders: list[Order], rows: dict[str, Any]) -> tuple[int, int]:
+    """How many orders retried more often than their flavour does (the retries that
+    ``autoretry_for`` Django's connection errors made), and how many of those had paid
+    before a later attempt succeeded (their payment replayed from the effect ledger)."""
+    from celery_deadlines.models import Effect
+
+    planned = {order.task_id: 1 if order.flavour == "retry" else 0 for order in orders}
+    retried = [
+        run for task_id, run in rows.items() if run.retries > planned.get(task_id, run.retries)
+    ]
+    paid_by = dict(
+        Effect.objects.filter(run__in=retried, name="pay", state="SUCCEEDED").values_list(
+            "run_id", "lease_token"
+        )
+    )
+    replayed = sum(
+        1
+        for run in retried
+        if run.status == "SUCCEEDED" and paid_by.get(run.id, run.lease_token) < run.lease_token
+    )
+    return len(retried), replayed
 
 
 def last_applied(task_id: str, kind: str) -> Any:

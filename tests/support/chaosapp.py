@@ -16,6 +16,11 @@ the soak's tasks added. ``c.order`` is published by the soak's producer processe
   asks the provider);
 * ``expire``: dawdles past its deadline before paying: the deadline's cap must end it,
   and the provider must never see the call.
+
+Every order rides out a database cut as docs/howto.md says ("Ride out a database
+outage"): the library's own writes wait it out, and the body's own transaction (the
+notice's outbox row) is retried through the retry gate (``autoretry_for`` Django's
+connection errors), so its next attempt replays the payment from the effect ledger.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, transaction
 
 from celery_deadlines import DeadlineTask
 from tests.support.ledgerapp import _pay_once, app, find_remote_payment
@@ -53,7 +58,10 @@ def _work(task: DeadlineTask, seconds: float) -> None:
         time.sleep(0.05)
 
 
-@app.task(base=DeadlineTask, bind=True, name="c.order", reconcilers={"pay": find_remote_payment})
+@app.task(
+    base=DeadlineTask, bind=True, name="c.order", reconcilers={"pay": find_remote_payment},
+    autoretry_for=(OperationalError, InterfaceError), retry_backoff=True, retry_backoff_max=8,
+)  # fmt: skip
 def order(self: DeadlineTask, order_id: str, flavour: str, work: float) -> Any:
     if flavour == "retry" and not self.request.retries:
         raise self.retry(countdown=0.2)

@@ -90,6 +90,11 @@ class Plans(Statements):
         assert created is not None
         return StoredPlan(row_id, document, token, created)
 
+    def state_of(self, row_id: int) -> str | None:
+        """The state of plan ``row_id`` (``None``: no such plan)."""
+        _, rows = self.store.execute(f"SELECT state FROM {PLAN} WHERE id = %s", [row_id])
+        return str(rows[0][0]) if rows else None
+
     def invalidate(self, lease: Lease, owner: str, row_id: int, reason: str, detail: str) -> bool:
         """Retire the active plan ``row_id`` as history: it failed its resume gate.
         ``False`` (recorded as a rejected event): the attempt no longer owns the run."""
