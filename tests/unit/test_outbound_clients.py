@@ -20,7 +20,7 @@ from requests.adapters import HTTPAdapter
 
 from celery_deadlines import DeadlineRefused, deadline_scope
 from celery_deadlines.outbound_grpc import DeadlineInterceptor
-from celery_deadlines.outbound_httpx import AsyncDeadlineHook, DeadlineHook
+from celery_deadlines.outbound_httpx import async_deadline_hooks, deadline_hooks
 from celery_deadlines.outbound_requests import DeadlineAdapter
 from celery_deadlines.rules.gates import Decision
 from celery_deadlines.testing import FakeClock
@@ -71,9 +71,7 @@ def test_an_httpx_request_carries_the_deadline_and_its_timeouts_are_capped(
     app: Celery, clock: FakeClock
 ) -> None:
     seen = Seen()
-    client = httpx.Client(
-        transport=httpx.MockTransport(seen), event_hooks={"request": [DeadlineHook()]}
-    )
+    client = httpx.Client(transport=httpx.MockTransport(seen), event_hooks=deadline_hooks())
     with deadline_scope(budget=5, app=app):
         client.get("http://api.example/a", headers={"X-Request-Deadline": "forged"}, timeout=60)
         client.get("http://api.example/b", timeout=httpx.Timeout(60, read=2))
@@ -94,9 +92,7 @@ def test_each_phase_of_an_httpx_call_gets_what_is_left_when_it_starts(
     """httpcore reads the request's timeouts at each network operation: a read that
     starts late in the call is given only what is left of it then."""
     seen = Seen()
-    client = httpx.Client(
-        transport=httpx.MockTransport(seen), event_hooks={"request": [DeadlineHook()]}
-    )
+    client = httpx.Client(transport=httpx.MockTransport(seen), event_hooks=deadline_hooks())
     with deadline_scope(budget=5, app=app):
         client.get("http://api.example/", timeout=60)
     assert seen.read("read") == pytest.approx(4.9)
@@ -107,11 +103,32 @@ def test_each_phase_of_an_httpx_call_gets_what_is_left_when_it_starts(
     assert seen.read("read") == 1e-6  # the call's time is up: its timeout error, at once
 
 
+def test_an_httpx_answer_still_arriving_when_the_calls_time_is_up_is_cut_between_chunks(
+    app: Celery, clock: FakeClock
+) -> None:
+    def body() -> Iterator[bytes]:
+        yield b"a"
+        clock.advance(5)  # the service trickles the rest, past the call's time
+        yield b"b"
+        yield b"c"
+
+    client = httpx.Client(
+        transport=httpx.MockTransport(lambda request: httpx.Response(200, content=body())),
+        event_hooks=deadline_hooks(),
+    )
+    chunks: list[bytes] = []
+    with (
+        deadline_scope(budget=5, app=app),
+        client.stream("GET", "http://api.example/") as response,
+        pytest.raises(httpx.ReadTimeout, match="time ran out"),
+    ):
+        chunks.extend(response.iter_raw())
+    assert chunks == [b"a"]
+
+
 def test_an_httpx_request_without_a_deadline_is_sent_as_written(app: Celery) -> None:
     seen = Seen()
-    client = httpx.Client(
-        transport=httpx.MockTransport(seen), event_hooks={"request": [DeadlineHook()]}
-    )
+    client = httpx.Client(transport=httpx.MockTransport(seen), event_hooks=deadline_hooks())
     client.get("http://api.example/", timeout=60)
     (request,) = seen.requests
     assert "grpc-timeout" not in request.headers
@@ -126,10 +143,10 @@ def test_every_hop_of_an_httpx_redirect_passes_the_gate(app: Celery, clock: Fake
         return httpx.Response(200)
 
     sent: list[httpx.Request] = []
+    hooks = deadline_hooks()
+    hooks["request"].append(sent.append)
     client = httpx.Client(
-        transport=httpx.MockTransport(handler),
-        event_hooks={"request": [DeadlineHook(), sent.append]},
-        follow_redirects=True,
+        transport=httpx.MockTransport(handler), event_hooks=hooks, follow_redirects=True
     )
     with deadline_scope(budget=5, app=app):
         client.get("http://api.example/old")
@@ -144,7 +161,7 @@ def test_an_httpx_call_that_cannot_finish_is_refused_before_any_byte_is_sent(
     refusals: list[Decision],
 ) -> None:
     address, reached = listener
-    client = httpx.Client(event_hooks={"request": [DeadlineHook(reserve=2)]})
+    client = httpx.Client(event_hooks=deadline_hooks(reserve=2))
     with deadline_scope(budget=5, app=app):
         clock.advance(3)
         with pytest.raises(DeadlineRefused) as refused:
@@ -163,11 +180,11 @@ def test_an_async_httpx_call_is_capped_or_refused_as_a_sync_one(
 
     async def calls() -> None:
         async with httpx.AsyncClient(
-            transport=httpx.MockTransport(seen), event_hooks={"request": [AsyncDeadlineHook()]}
+            transport=httpx.MockTransport(seen), event_hooks=async_deadline_hooks()
         ) as client:
             await client.get("http://api.example/", timeout=60)
         assert seen.read("pool") == pytest.approx(4.9)
-        async with httpx.AsyncClient(event_hooks={"request": [AsyncDeadlineHook()]}) as client:
+        async with httpx.AsyncClient(event_hooks=async_deadline_hooks()) as client:
             clock.advance(4.95)
             await client.get(f"http://{address}/")
 
@@ -177,9 +194,9 @@ def test_an_async_httpx_call_is_capped_or_refused_as_a_sync_one(
     assert not reached()
 
 
-def test_a_hook_with_a_bad_reserve_fails_where_the_client_is_made() -> None:
+def test_hooks_with_a_bad_reserve_fail_where_the_client_is_made() -> None:
     with pytest.raises(ValueError, match="reserve"):
-        DeadlineHook(reserve=-1)
+        deadline_hooks(reserve=-1)
 
 
 # -- requests ------------------------------------------------------------------------------------
