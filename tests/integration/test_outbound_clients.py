@@ -33,13 +33,14 @@ pytestmark = pytest.mark.integration
 #: The scope's budget: long enough for a loaded machine to send the call, far shorter
 #: than the callers' own timeouts (30 s) and than the slow services take (until the end).
 BUDGET = 1.5
-#: How long a slow service would take: past any reasonable run of a test.
-FOREVER = 60.0
+#: How long a slow service would take: far past the deadline (without the deadline, a
+#: call would take this long, and then fail the test).
+FOREVER = 20.0
 
 
 class Service(BaseHTTPRequestHandler):
     """``/echo``: the request's headers, as JSON. ``/hang``: no answer. ``/trickle``: a
-    chunked answer, one byte every 50 ms."""
+    chunked answer, one byte every 50 ms, for :data:`FOREVER`."""
 
     protocol_version = "HTTP/1.1"
     released: threading.Event
@@ -57,12 +58,15 @@ class Service(BaseHTTPRequestHandler):
             self.send_response(200)
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
-            while not self.released.wait(0.05):  # creates the slowness under test
+            for _ in range(int(FOREVER / 0.05)):
+                if self.released.wait(0.05):  # creates the slowness under test
+                    return
                 try:
                     self.wfile.write(b"1\r\nx\r\n")
                     self.wfile.flush()
                 except OSError:  # the client gave up
                     return
+            self.wfile.write(b"0\r\n\r\n")
             return
         body = json.dumps(self.received[-1]).encode()
         self.send_response(200)
@@ -143,10 +147,11 @@ def test_a_requests_call_to_a_service_that_does_not_answer_is_cut_when_its_time_
 
 
 @pytest.fixture
-def grpc_service() -> Iterator[str]:
+def grpc_service() -> Iterator[tuple[str, list[float | None]]]:
     """``/t.Service/Deadline``: what the server knows of the call's deadline (JSON);
-    ``/t.Service/Hang``: no answer."""
+    ``/t.Service/Hang``: no answer, after recording the time the call had left."""
     released = threading.Event()
+    hung: list[float | None] = []
 
     def deadline(request: bytes, context: grpc.ServicerContext) -> bytes:
         seen = {
@@ -156,6 +161,7 @@ def grpc_service() -> Iterator[str]:
         return json.dumps(seen).encode()
 
     def hang(request: bytes, context: grpc.ServicerContext) -> bytes:
+        hung.append(context.time_remaining())
         released.wait(FOREVER)
         return b""
 
@@ -169,15 +175,16 @@ def grpc_service() -> Iterator[str]:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), handlers=[handlers])
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    yield f"127.0.0.1:{port}"
+    yield f"127.0.0.1:{port}", hung
     released.set()
     server.stop(None)
 
 
 def test_a_grpc_server_receives_the_calls_capped_deadline_and_the_deadline_itself(
-    grpc_service: str,
+    grpc_service: tuple[str, list[float | None]],
 ) -> None:
-    channel = grpc.intercept_channel(grpc.insecure_channel(grpc_service), DeadlineInterceptor())
+    address, _ = grpc_service
+    channel = grpc.intercept_channel(grpc.insecure_channel(address), DeadlineInterceptor())
     ask: Any = channel.unary_unary("/t.Service/Deadline")
     with deadline_scope(budget=BUDGET) as scope:
         seen = json.loads(ask(b"", timeout=30))
@@ -188,11 +195,15 @@ def test_a_grpc_server_receives_the_calls_capped_deadline_and_the_deadline_itsel
 
 
 def test_a_grpc_call_to_a_server_that_does_not_answer_ends_deadline_exceeded_in_time(
-    grpc_service: str,
+    grpc_service: tuple[str, list[float | None]],
 ) -> None:
-    channel = grpc.intercept_channel(grpc.insecure_channel(grpc_service), DeadlineInterceptor())
+    address, hung = grpc_service
+    channel = grpc.intercept_channel(grpc.insecure_channel(address), DeadlineInterceptor())
     hang: Any = channel.unary_unary("/t.Service/Hang")
     with deadline_scope(budget=BUDGET), pytest.raises(grpc.RpcError) as failed:
         hang(b"", timeout=30)
     channel.close()
     assert failed.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    (left,) = hung  # the server was told the capped time, not the caller's 30 s
+    assert left is not None
+    assert 0 < left <= BUDGET - 0.1
