@@ -125,8 +125,6 @@ class _Gate:
         for name, value in call.headers.items():
             request.headers[name] = value  # our deadline, never a caller's
         own = request.extensions.get("timeout") or {}
-        if isinstance(own, _CappedTimeouts):  # a redirect of a call admitted before
-            own = own.own
         request.extensions["timeout"] = _CappedTimeouts(own, call)
 
     @staticmethod

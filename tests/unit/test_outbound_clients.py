@@ -259,8 +259,8 @@ def test_a_requests_call_carries_the_deadline_and_its_timeouts_are_capped(
     assert request.headers["grpc-timeout"] == "5000000u"  # ours, never a caller's
     assert request.headers["x-request-deadline"] == DEADLINE
     assert (sent.connect_timeout, sent.total) == (pytest.approx(connect), pytest.approx(4.9))
-    sent.start_connect()
-    assert sent.read_timeout == pytest.approx(read)
+    sent.start_connect()  # urllib3 takes what the connection took (its own clock) from total
+    assert sent.read_timeout == pytest.approx(read, abs=0.05)
 
 
 def test_a_requests_call_without_a_deadline_is_sent_as_written(
