@@ -21,9 +21,9 @@ connection, the request's writes, the answer's headers, its body. Each phase get
 caller's own timeout, at most what is left of the call then. Between the chunks of the
 answer's body, a call whose time is up ends: a service that trickles its answer is cut
 too. Every cut is the client's own timeout error (``httpx.PoolTimeout``,
-``ConnectTimeout``, ``WriteTimeout``, ``ReadTimeout``). What is left unbounded: an
-answer that stops arriving in the middle of its body waits out the body's read
-timeout, which was what was left of the call when the body began.
+``ConnectTimeout``, ``WriteTimeout``, ``ReadTimeout``). What is not cut at the instant
+the call's time is up: an answer that stops arriving in the middle of its body waits out
+the body's read timeout, which was what was left of the call when the body began.
 """
 
 from __future__ import annotations
