@@ -26,6 +26,7 @@ from .errors import (
 )
 from .ingress import ingress_scope
 from .install import install
+from .outbound import deadline_headers
 from .propagation import deadline_scope
 from .rules.gates import Gate, Reason
 from .rules.outcomes import Found, NotFound, PendingEffect
@@ -57,6 +58,8 @@ __all__ = [  # noqa: RUF022 (grouped by role, not sorted)
     "deadline_scope",
     "ingress_scope",
     "install",
+    # the deadline on the calls a body makes to other services
+    "deadline_headers",
     # effects: what a reconciler answers
     "Found",
     "NotFound",

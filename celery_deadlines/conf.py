@@ -28,6 +28,7 @@ from .rules.incoming import (
     parse_networks,
     parse_request_budgets,
 )
+from .rules.outgoing import DEFAULT_HEADERS as DEFAULT_OUTBOUND_HEADERS
 from .rules.quoting import shown
 from .rules.retention import DEFAULT_RETENTION, parse_retention
 
@@ -271,6 +272,24 @@ REMAINING_HEADER: Final = Setting(
 )
 
 
+# -- a call to another service (outbound.py and its client adapters) -------------------------
+OUTBOUND_HEADERS: Final = Setting(
+    "deadlines_outbound_headers",
+    DEFAULT_OUTBOUND_HEADERS,
+    _honoured,
+    "Headers that carry the deadline to the services a body calls, {header name: "
+    "'grpc-timeout' | 'milliseconds' | 'rfc3339'} (the receiving side's "
+    "deadlines_request_headers); {}: none, the calls' timeouts are still capped.",
+)
+OUTBOUND_RESERVE: Final = Setting(
+    "deadlines_outbound_reserve",
+    0.1,
+    _reserve,
+    "Time an outbound call leaves its caller: its timeout is at most the time left minus "
+    "this, and a call with no more than this left is refused before it is sent.",
+)
+
+
 # -- the run ledger (Django tier) ------------------------------------------------------------
 def _flag(value: object, name: str, settings: Settings) -> bool:
     if not isinstance(value, bool):
@@ -353,6 +372,8 @@ SETTINGS: Final[tuple[Setting[Any], ...]] = (
     REQUEST_HEADERS,
     TRUSTED_PROXIES,
     REMAINING_HEADER,
+    OUTBOUND_HEADERS,
+    OUTBOUND_RESERVE,
     LEDGER,
     LEASE_TTL,
     RECONCILE_INTERVAL,

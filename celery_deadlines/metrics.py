@@ -14,7 +14,9 @@ so nothing here is on the path of a decision: a failing exporter never changes o
 
 ==================================================  ==========================================
 ``celery_deadlines_refusals_total``                 gate refusals, by ``task``, ``gate``,
-                                                    ``reason`` (``deadline_refused``)
+                                                    ``reason`` (``deadline_refused``; a call
+                                                    refused outside a task: ``task`` is its
+                                                    method and host)
 ``celery_deadlines_runs_expired_total``            runs the ledger expired on its own, by
                                                     ``task``, ``reason`` (``run_expired``)
 ``celery_deadlines_dispatch_refusals_total``        side effects the dispatch guard refused,

@@ -13,7 +13,8 @@ given the status that says what happened instead:
 the refusal                                             the status
 ======================================================  ======================
 ``DeadlineRefused`` (the retry gate; a child refused    ``deadline_exceeded``
-at enqueue; a run's outcome ``DeadlineRefused``)
+at enqueue; a call refused at the outbound gate; a
+run's outcome ``DeadlineRefused``)
 ... with the reason ``invalid_deadline``                ``invalid_argument``
 ``DispatchRefused`` ``deadline_passed``                 ``deadline_exceeded``
 ``DispatchRefused`` ``stale_lease`` (another attempt    ``aborted``

@@ -24,7 +24,7 @@ from typing import Any
 from celery.utils.dispatch import Signal
 
 from . import tracing
-from .rules.gates import Decision
+from .rules.gates import Decision, Gate
 
 logger = logging.getLogger("celery_deadlines")
 
@@ -112,10 +112,12 @@ def report_refusal(
     """Log a refusal, record it on the current span (:mod:`celery_deadlines.tracing`;
     ``carrier``: the message's headers, where no span is current) and send
     :data:`deadline_refused`."""
+    # a refused publish has no id yet; a call refused outside any task has no task
+    unnamed = "no task" if decision.gate is Gate.OUTBOUND else "not published"
     logger.warning(
         "%s[%s] refused at %s gate: %s; deadline %s, clock read %s%s",
         task_name,
-        task_id or "not published",
+        task_id or unnamed,
         decision.gate,
         decision.reason,
         decision.deadline.isoformat() if decision.deadline else "unreadable",

@@ -17,6 +17,8 @@ retry      ``countdown + attempt_timeout + skew_allowance > remaining`` (or less
            than ``reserve`` would be left when the retry is due)
 workflow   at the enqueue of a chain, group or chord: its critical path needs
            more than the time left (:func:`celery_deadlines.rules.workflows.fit`)
+outbound   a call to another service (HTTP, gRPC) would start with no more than
+           its reserve left (:func:`celery_deadlines.rules.outgoing.admit`)
 =========  ====================================================================
 """
 
@@ -41,6 +43,8 @@ class Gate(enum.StrEnum):
     CLAIM = "claim"
     ATTEMPT = "attempt"
     RETRY = "retry"
+    #: a call to another service, before any byte of it is sent (rules/outgoing.py)
+    OUTBOUND = "outbound"
     #: not a rule: a person ended the run (the admin's *expire now*)
     OPERATOR = "operator"
 

@@ -58,6 +58,10 @@ def test_the_demo_settings_pass_the_checks() -> None:
         ("CELERY_DEADLINES_CONTRACTS", {"shop.x": {"timeout": 5}}, "unknown key(s) timeout"),
         ("CELERY_DEADLINES_WORKFLOW_CHECK", "strict", "one of 'refuse', 'warn', 'off'"),
         ("CELERY_DEADLINES_WORKFLOW_CHECK", True, "one of 'refuse', 'warn', 'off'"),
+        # a negative reserve would let a call outlive the deadline
+        ("CELERY_DEADLINES_OUTBOUND_RESERVE", -0.5, "must be zero or more seconds"),
+        ("CELERY_DEADLINES_OUTBOUND_HEADERS", {"X-Deadline": "iso8601"}, "must be one of"),
+        ("CELERY_DEADLINES_OUTBOUND_HEADERS", "grpc-timeout", "must map header names"),
     ],
 )
 def test_a_bad_value_is_an_error_that_names_the_setting(

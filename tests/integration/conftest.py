@@ -362,6 +362,9 @@ def ledger_client(queue: str) -> Iterator[Callable[[Transport], Any]]:
 class LedgerWorkers:
     """Starts ledger workers for one test (``env`` adds TEST_* knobs)."""
 
+    #: the worker's app: the ledger app, or a module that adds tasks to it
+    app_module = "tests.support.ledgerapp"
+
     def __init__(self, tmp_path: Path, queue: str, sink: Path) -> None:
         self.tmp_path, self.queue, self.sink = tmp_path, queue, sink
         self.started: list[WorkerProcess] = []
@@ -384,7 +387,7 @@ class LedgerWorkers:
             self.queue,
             self.tmp_path / f"ledger-worker-{len(self.started)}.log",
             concurrency=concurrency,
-            app_module="tests.support.ledgerapp",
+            app_module=self.app_module,
             node=f"{self.queue}-{len(self.started)}",
             extra_env={
                 "TEST_DATABASE_URL": self.url,

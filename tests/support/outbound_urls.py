@@ -1,0 +1,57 @@
+"""The views of the service the outbound tests call, behind DeadlineMiddleware
+(tests/support/outbound_settings.py), in a server process of its own
+(tests/support/outbound_server.py).
+
+``/publish/`` publishes ``o.probe`` (which the test's worker runs:
+tests/support/outboundapp.py) through :data:`app`, on the broker and queue the
+environment names, and answers the task's id and the deadline the view ran under.
+``/slow/`` answers nothing for a minute: a service that ignores the deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from celery import Celery
+from django.http import HttpRequest, JsonResponse
+from django.urls import path
+
+from celery_deadlines import DeadlineTask
+from celery_deadlines.middleware import deadline_budget
+from celery_deadlines.propagation import inherited
+
+app = Celery("outbound-service", set_as_current=False)
+app.conf.update(
+    broker_url=os.environ.get("TEST_BROKER_URL", "memory://"),
+    result_backend=os.environ.get("TEST_RESULT_BACKEND", "cache+memory://"),
+    task_default_queue=os.environ.get("TEST_QUEUE", "celery"),
+    task_serializer="json",
+    result_serializer="json",
+    accept_content=["json"],
+    deadlines_ledger=False,  # the service publishes; the worker's ledger records the run
+)
+
+
+@app.task(base=DeadlineTask, bind=True, name="o.probe", shared=False)
+def probe(self: DeadlineTask) -> None:
+    """Stands for tests.support.outboundapp's o.probe, which the worker runs."""
+
+
+@deadline_budget(60)  # far longer than any caller's: the header shortens it
+def publish(request: HttpRequest) -> JsonResponse:
+    deadline = inherited().deadline
+    result: Any = probe.apply_async()
+    return JsonResponse(
+        {"task_id": result.id, "deadline": None if deadline is None else deadline.timestamp()}
+    )
+
+
+@deadline_budget(60)
+def slow(request: HttpRequest) -> JsonResponse:
+    time.sleep(60)  # the slowness under test: the caller's deadline is long gone
+    return JsonResponse({})
+
+
+urlpatterns = [path("publish/", publish), path("slow/", slow)]

@@ -1,0 +1,369 @@
+"""The client adapters on a fake clock: httpx's request hooks, requests' adapter and the
+gRPC interceptor add the deadline's headers, cap each call's timeout, and refuse a call
+that cannot finish before anything reaches the network (a listening socket that no
+connection reaches). Their timeouts against real, slow services:
+tests/integration/test_outbound_clients.py."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+import requests
+from celery import Celery
+from requests.adapters import HTTPAdapter
+
+from celery_deadlines import DeadlineRefused, deadline_scope
+from celery_deadlines.outbound_grpc import DeadlineInterceptor
+from celery_deadlines.outbound_httpx import async_deadline_hooks, deadline_hooks
+from celery_deadlines.outbound_requests import DeadlineAdapter
+from celery_deadlines.rules.gates import Decision
+from celery_deadlines.testing import FakeClock
+
+DEADLINE = "2030-01-01T12:00:05.000000Z"  # the fake clock's start, plus the scope's 5 s
+RESERVE = 0.1  # deadlines_outbound_reserve's default
+
+
+@pytest.fixture
+def listener() -> Iterator[tuple[str, Callable[[], bool]]]:
+    """A listening socket nobody accepts on: its address, and whether anything connected
+    (the kernel completes a connection into the backlog without ``accept``)."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        server.setblocking(False)
+
+        def reached() -> bool:
+            try:
+                connection, _ = server.accept()
+            except BlockingIOError:
+                return False
+            connection.close()
+            return True
+
+        yield f"127.0.0.1:{server.getsockname()[1]}", reached
+
+
+# -- httpx ---------------------------------------------------------------------------------------
+
+
+class Seen:
+    """What an httpx transport was handed: the requests, and each one's timeouts as
+    httpcore reads them (at that moment)."""
+
+    def __init__(self) -> None:
+        self.requests: list[httpx.Request] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        return httpx.Response(200)
+
+    def read(self, phase: str, index: int = -1) -> Any:
+        return self.requests[index].extensions["timeout"].get(phase)
+
+
+def test_an_httpx_request_carries_the_deadline_and_its_timeouts_are_capped(
+    app: Celery, clock: FakeClock
+) -> None:
+    seen = Seen()
+    client = httpx.Client(transport=httpx.MockTransport(seen), event_hooks=deadline_hooks())
+    with deadline_scope(budget=5, app=app):
+        client.get("http://api.example/a", headers={"X-Request-Deadline": "forged"}, timeout=60)
+        client.get("http://api.example/b", timeout=httpx.Timeout(60, read=2))
+    first, _ = seen.requests
+    assert first.headers["grpc-timeout"] == "5000000u"
+    assert first.headers["x-request-timeout-ms"] == "5000"
+    assert first.headers.get_list("x-request-deadline") == [DEADLINE]  # ours, never a caller's
+    assert {phase: seen.read(phase, 0) for phase in ("connect", "read", "write", "pool")} == {
+        phase: pytest.approx(5 - RESERVE) for phase in ("connect", "read", "write", "pool")
+    }
+    assert seen.read("read", 1) == 2  # a shorter timeout of the caller's own is kept
+    assert seen.read("connect", 1) == pytest.approx(5 - RESERVE)
+
+
+def test_each_phase_of_an_httpx_call_gets_what_is_left_when_it_starts(
+    app: Celery, clock: FakeClock
+) -> None:
+    """httpcore reads the request's timeouts at each network operation: a read that
+    starts late in the call is given only what is left of it then."""
+    seen = Seen()
+    client = httpx.Client(transport=httpx.MockTransport(seen), event_hooks=deadline_hooks())
+    with deadline_scope(budget=5, app=app):
+        client.get("http://api.example/", timeout=60)
+    assert seen.read("read") == pytest.approx(4.9)
+    clock.advance(3)
+    assert seen.read("read") == pytest.approx(1.9)
+    assert seen.requests[-1].extensions["timeout"]["write"] == pytest.approx(1.9)
+    clock.advance(2)
+    assert seen.read("read") == 1e-6  # the call's time is up: its timeout error, at once
+
+
+def test_an_httpx_answer_still_arriving_when_the_calls_time_is_up_is_cut_between_chunks(
+    app: Celery, clock: FakeClock
+) -> None:
+    def body() -> Iterator[bytes]:
+        yield b"a"
+        clock.advance(5)  # the service trickles the rest, past the call's time
+        yield b"b"
+        yield b"c"
+
+    client = httpx.Client(
+        transport=httpx.MockTransport(lambda request: httpx.Response(200, content=body())),
+        event_hooks=deadline_hooks(),
+    )
+    chunks: list[bytes] = []
+    with (
+        deadline_scope(budget=5, app=app),
+        client.stream("GET", "http://api.example/") as response,
+        pytest.raises(httpx.ReadTimeout, match="time ran out"),
+    ):
+        chunks.extend(response.iter_raw())
+    assert chunks == [b"a"]
+
+
+def test_an_httpx_request_without_a_deadline_is_sent_as_written(app: Celery) -> None:
+    seen = Seen()
+    client = httpx.Client(transport=httpx.MockTransport(seen), event_hooks=deadline_hooks())
+    client.get("http://api.example/", timeout=60)
+    (request,) = seen.requests
+    assert "grpc-timeout" not in request.headers
+    assert request.extensions["timeout"] == {"connect": 60, "read": 60, "write": 60, "pool": 60}
+
+
+def test_every_hop_of_an_httpx_redirect_passes_the_gate(app: Celery, clock: FakeClock) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/old":
+            clock.advance(2)  # the first hop took 2 s
+            return httpx.Response(302, headers={"Location": "http://other.example/new"})
+        return httpx.Response(200)
+
+    sent: list[httpx.Request] = []
+    hooks = deadline_hooks()
+    hooks["request"].append(sent.append)
+    client = httpx.Client(
+        transport=httpx.MockTransport(handler), event_hooks=hooks, follow_redirects=True
+    )
+    with deadline_scope(budget=5, app=app):
+        client.get("http://api.example/old")
+    assert [r.headers["x-request-timeout-ms"] for r in sent] == ["5000", "3000"]
+    assert sent[-1].extensions["timeout"].get("read") == pytest.approx(3 - RESERVE)
+
+
+def test_an_httpx_call_that_cannot_finish_is_refused_before_any_byte_is_sent(
+    app: Celery,
+    clock: FakeClock,
+    listener: tuple[str, Callable[[], bool]],
+    refusals: list[Decision],
+) -> None:
+    address, reached = listener
+    client = httpx.Client(event_hooks=deadline_hooks(reserve=2))
+    with deadline_scope(budget=5, app=app):
+        clock.advance(3)
+        with pytest.raises(DeadlineRefused) as refused:
+            client.get(f"http://{address}/")
+    assert (refused.value.gate, refused.value.reason) == ("outbound", "insufficient_budget")
+    assert refused.value.detail.startswith(f"GET {address}: 2.000 s left")
+    assert len(refusals) == 1
+    assert not reached()
+
+
+def test_an_async_httpx_call_is_capped_or_refused_as_a_sync_one(
+    app: Celery, clock: FakeClock, listener: tuple[str, Callable[[], bool]]
+) -> None:
+    address, reached = listener
+    seen = Seen()
+
+    async def calls() -> None:
+        async with httpx.AsyncClient(
+            transport=httpx.MockTransport(seen), event_hooks=async_deadline_hooks()
+        ) as client:
+            await client.get("http://api.example/", timeout=60)
+        assert seen.read("pool") == pytest.approx(4.9)
+        async with httpx.AsyncClient(event_hooks=async_deadline_hooks()) as client:
+            clock.advance(4.95)
+            await client.get(f"http://{address}/")
+
+    with deadline_scope(budget=5, app=app), pytest.raises(DeadlineRefused):
+        asyncio.run(calls())
+    assert seen.requests[0].headers["x-request-deadline"] == DEADLINE
+    assert not reached()
+
+
+def test_hooks_with_a_bad_reserve_fail_where_the_client_is_made() -> None:
+    with pytest.raises(ValueError, match="reserve"):
+        deadline_hooks(reserve=-1)
+
+
+# -- requests ------------------------------------------------------------------------------------
+
+
+class Handed(HTTPAdapter):
+    """Where DeadlineAdapter hands a request on (``HTTPAdapter.send``), recorded."""
+
+    handed: list[tuple[requests.PreparedRequest, Any]]
+
+    def send(
+        self,
+        request: requests.PreparedRequest,
+        stream: bool = False,
+        timeout: Any = None,
+        verify: Any = True,
+        cert: Any = None,
+        proxies: dict[str, str] | None = None,
+    ) -> requests.Response:
+        self.handed.append((request, timeout))
+        response = requests.Response()
+        response.status_code, response.request = 200, request
+        return response
+
+
+class RecordedDeadlineAdapter(DeadlineAdapter, Handed):
+    pass
+
+
+@pytest.fixture
+def session() -> tuple[requests.Session, RecordedDeadlineAdapter]:
+    adapter = RecordedDeadlineAdapter()
+    adapter.handed = []
+    session = requests.Session()
+    session.mount("http://", adapter)
+    return session, adapter
+
+
+@pytest.mark.parametrize(
+    ("timeout", "connect", "read"),
+    [
+        (None, 4.9, 4.9),
+        (60, 4.9, 4.9),
+        ((1.5, 60), 1.5, 4.9),
+        ((60, 2), 4.9, 2),
+    ],
+)
+def test_a_requests_call_carries_the_deadline_and_its_timeouts_are_capped(
+    app: Celery,
+    clock: FakeClock,
+    session: tuple[requests.Session, RecordedDeadlineAdapter],
+    timeout: Any,
+    connect: float,
+    read: float,
+) -> None:
+    client, adapter = session
+    with deadline_scope(budget=5, app=app):
+        client.get("http://api.example/", headers={"grpc-timeout": "1H"}, timeout=timeout)
+    ((request, sent),) = adapter.handed
+    assert request.headers["grpc-timeout"] == "5000000u"  # ours, never a caller's
+    assert request.headers["x-request-deadline"] == DEADLINE
+    assert (sent.connect_timeout, sent.total) == (pytest.approx(connect), pytest.approx(4.9))
+    sent.start_connect()  # urllib3 takes what the connection took (its own clock) from total
+    assert sent.read_timeout == pytest.approx(read, abs=0.05)
+
+
+def test_a_requests_call_without_a_deadline_is_sent_as_written(
+    app: Celery, session: tuple[requests.Session, RecordedDeadlineAdapter]
+) -> None:
+    client, adapter = session
+    client.get("http://api.example/", timeout=(3, 7))
+    ((request, sent),) = adapter.handed
+    assert "x-request-deadline" not in request.headers
+    assert sent == (3, 7)
+
+
+def test_a_requests_call_that_cannot_finish_is_refused_before_any_byte_is_sent(
+    app: Celery, clock: FakeClock, listener: tuple[str, Callable[[], bool]]
+) -> None:
+    address, reached = listener
+    client = requests.Session()
+    client.mount("http://", DeadlineAdapter())
+    with deadline_scope(budget=5, app=app):
+        clock.advance(5)
+        with pytest.raises(DeadlineRefused) as refused:
+            client.post(f"http://user:secret@{address}/pay?card=4111", data=b"x")
+    assert refused.value.reason == "deadline_passed"
+    assert refused.value.detail.startswith(f"POST {address}: deadline passed")  # no secrets
+    assert not reached()
+
+
+# -- gRPC ----------------------------------------------------------------------------------------
+
+
+class Details(grpc.ClientCallDetails):
+    def __init__(self, timeout: float | None, metadata: Any = None) -> None:
+        self.method = "/shop.Inventory/Reserve"
+        self.timeout = timeout
+        self.metadata = metadata
+        self.credentials = None
+        self.wait_for_ready = None
+        self.compression = None
+
+
+def intercepted(interceptor: DeadlineInterceptor, details: Details) -> grpc.ClientCallDetails:
+    """The details each kind of call continues with (all four must agree)."""
+    continued: list[grpc.ClientCallDetails] = []
+
+    def continuation(given: grpc.ClientCallDetails, request: Any) -> Any:
+        continued.append(given)
+        return request
+
+    interceptor.intercept_unary_unary(continuation, details, "r")
+    interceptor.intercept_unary_stream(continuation, details, "r")
+    interceptor.intercept_stream_unary(continuation, details, iter(["r"]))
+    interceptor.intercept_stream_stream(continuation, details, iter(["r"]))
+    first = continued[0]
+    assert all(
+        (c.timeout, c.metadata, c.method) == (first.timeout, first.metadata, first.method)
+        for c in continued
+    )
+    return first
+
+
+@pytest.mark.parametrize(("own", "expected"), [(None, 4.9), (60.0, 4.9), (1.5, 1.5)])
+def test_a_grpc_calls_timeout_is_capped_and_its_metadata_says_the_deadline(
+    app: Celery, clock: FakeClock, own: float | None, expected: float
+) -> None:
+    given = Details(own, metadata=(("x-request-deadline", "forged"), ("x-tenant", "7")))
+    with deadline_scope(budget=5, app=app):
+        details = intercepted(DeadlineInterceptor(), given)
+    assert details.timeout == pytest.approx(expected)
+    assert details.method == "/shop.Inventory/Reserve"
+    # gRPC sends the timeout as grpc-timeout itself: the other headers go as metadata
+    assert details.metadata == (
+        ("x-tenant", "7"),
+        ("x-request-timeout-ms", "5000"),
+        ("x-request-deadline", DEADLINE),
+    )
+
+
+def test_a_grpc_call_without_a_deadline_is_sent_as_written(app: Celery) -> None:
+    given = Details(30.0)
+    assert intercepted(DeadlineInterceptor(), given) is given
+
+
+def test_a_grpc_call_that_cannot_finish_is_refused_before_any_byte_is_sent(
+    app: Celery,
+    clock: FakeClock,
+    listener: tuple[str, Callable[[], bool]],
+    refusals: list[Decision],
+) -> None:
+    address, reached = listener
+    channel = grpc.intercept_channel(grpc.insecure_channel(address), DeadlineInterceptor())
+    reserve: Any = channel.unary_unary("/shop.Inventory/Reserve")
+    watch: Any = channel.unary_stream("/shop.Inventory/Watch")
+    with deadline_scope(budget=5, app=app):
+        clock.advance(4.95)
+        with pytest.raises(DeadlineRefused) as refused:
+            reserve(b"", timeout=30)
+        future = reserve.future(b"")
+        stream = watch(b"")
+    with pytest.raises(DeadlineRefused):
+        future.result()
+    with pytest.raises(DeadlineRefused):
+        next(iter(stream))
+    channel.close()
+    assert refused.value.detail.startswith("gRPC /shop.Inventory/Reserve: 0.050 s left")
+    assert len(refusals) == 3  # one per call, each where it was refused
+    assert not reached()
