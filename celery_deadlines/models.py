@@ -94,7 +94,14 @@ class Run(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["task_id"], name="cdl_run_task_id_uniq"),
+            # with the pattern operator class on PostgreSQL: the same uniqueness, and a
+            # search by the start of a task id (the list's short id) reads a range of it
+            # whatever the collation (migration 0010; ignored by SQLite)
+            models.UniqueConstraint(
+                fields=["task_id"],
+                name="cdl_run_task_id_uniq",
+                opclasses=["varchar_pattern_ops"],
+            ),
         ]
         indexes = [
             models.Index(fields=["status", "lease_expires_at"], name="cdl_run_status_lease_idx"),
@@ -106,6 +113,15 @@ class Run(models.Model):
                 fields=["updated_at"],
                 condition=models.Q(status__in=ENDED),
                 name="cdl_run_ended_idx",
+            ),
+            # the admin's list pages at any size (migration 0010): the date hierarchy,
+            # and each filter's choices (a loose index scan) and pages, newest first
+            models.Index(fields=["created_at"], name="cdl_run_created_idx"),
+            models.Index(fields=["task_name", "id"], name="cdl_run_task_name_idx"),
+            models.Index(fields=["queue", "id"], name="cdl_run_queue_idx"),
+            # partial: a run without a reason (one that succeeds) never enters it
+            models.Index(
+                fields=["reason", "id"], condition=~models.Q(reason=""), name="cdl_run_reason_idx"
             ),
         ]
         permissions = [
@@ -187,6 +203,9 @@ class Effect(models.Model):
         indexes = [
             models.Index(fields=["run", "id"], name="cdl_effect_run_idx"),
             models.Index(fields=["state"], name="cdl_effect_state_idx"),
+            # the admin's effect list: its filters' choices and pages (migration 0010)
+            models.Index(fields=["name", "id"], name="cdl_effect_name_idx"),
+            models.Index(fields=["kind", "id"], name="cdl_effect_kind_idx"),
         ]
         permissions = [("resolve_effect", "Can resolve an unknown effect with evidence")]
 

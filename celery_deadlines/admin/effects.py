@@ -18,7 +18,8 @@ from ..ledger.sql.connection import Store
 from ..ledger.sql.effects import Pending
 from ..models import Effect, EffectState
 from .base import ReadOnlyAdmin, operator
-from .display import utc
+from .display import badge, short_id, utc
+from .listing import BoundedPaginator, EffectNameFilter, console_queryset
 
 #: The effect's instants, shown in UTC to the millisecond.
 INSTANTS = ("created_at", "dispatched_at", "updated_at", "asked_at")
@@ -46,10 +47,28 @@ class EffectAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
         "evidence",
         "updated_utc",
     )
-    list_filter = ("state", "kind", "name")
+    # as the run list (admin/listing.py): every query reads an index at any size
+    list_filter = ("state", "kind", ("name", EffectNameFilter))
+    list_select_related = ("run",)
+    show_facets = admin.ShowFacets.NEVER
+    show_full_result_count = False
+    paginator = BoundedPaginator
+    sortable_by = ("key",)
     search_fields = ("=key",)
+    search_help_text = "An exact effect key."
     ordering = ("-id",)
     actions = ("resolve",)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Effect]:
+        return console_queryset(super().get_queryset(request))
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Effect], search_term: str
+    ) -> tuple[QuerySet[Effect], bool]:
+        """The effect whose key is exactly ``search_term`` (its unique index; Django's
+        ``=key`` would compare upper-cased keys and read every effect)."""
+        term = search_term.strip()
+        return (queryset.filter(key=term) if term else queryset), False
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         return [
@@ -83,8 +102,17 @@ class EffectAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.display(description="run")
     def run_link(self, effect: Effect) -> SafeString:
+        """The run's short id (the whole one as its title) and status: the task's name
+        is on its page, and would widen the list past a laptop's screen."""
+        run = effect.run
         url = reverse("admin:celery_deadlines_run_change", args=[effect.run_id])
-        return format_html('<a href="{}">{}</a>', url, effect.run)
+        return format_html(
+            '<a href="{}" title="{}">{}</a> {}',
+            url,
+            f"{run.task_name}[{run.task_id}]",
+            short_id(run.task_id),
+            badge(run.status),
+        )
 
     @admin.action(description="Resolve an unknown outcome, with evidence", permissions=["resolve"])
     def resolve(self, request: HttpRequest, queryset: QuerySet[Effect]) -> Any:

@@ -23,7 +23,7 @@ from ..clock import get_clock
 from ..explain import explanation_of
 from ..ledger import operations
 from ..ledger.sql.connection import Store
-from ..models import EffectState, Run, Status
+from ..models import Effect, EffectState, Run, Status
 from .base import ReadOnlyAdmin, operator
 from .display import (
     STYLE,
@@ -34,6 +34,14 @@ from .display import (
     message_parts,
     short_id,
     utc,
+)
+from .listing import (
+    BoundedPaginator,
+    QueueFilter,
+    ReasonFilter,
+    TaskNameFilter,
+    console_queryset,
+    search,
 )
 
 #: The database clock, read once for the page being rendered (the list's time left).
@@ -77,13 +85,51 @@ class RunAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
         "owner",
     )
     list_display_links = ("short_task_id",)
+    # Every query of the list reads an index, at any size (admin/listing.py; held by
+    # tests/django/test_console_plans.py): the statuses are the enum's, the other
+    # filters' values a loose index scan, the periods of the date hierarchy one index
+    # probe each, the count bounded; only the creation instant sorts (its index).
     date_hierarchy = "created_at"
-    list_filter = ("status", "reason", "task_name", "queue", "created_at")
-    search_fields = ("=task_id", "=root_id", "=parent_id", "=effects__key", "task_name")
-    search_help_text = "A task name (or part of one), or an exact task, root, parent or effect key."
+    list_filter = (
+        "status",
+        ("reason", ReasonFilter),
+        ("task_name", TaskNameFilter),
+        ("queue", QueueFilter),
+        "created_at",
+    )
+    show_facets = admin.ShowFacets.NEVER
+    show_full_result_count = False
+    paginator = BoundedPaginator
+    sortable_by = ("created_and_time_left",)
+    # what get_search_results searches (Django shows the box for these)
+    search_fields = ("task_id", "=root_id", "=parent_id", "task_name")
+    search_help_text = (
+        "A task id or its start (the short id shown), an exact root id, parent id or "
+        "effect key, or part of a task name."
+    )
     ordering = ("-id",)
     list_per_page = 50
     actions = ("expire_now", "requeue")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Run]:
+        return console_queryset(super().get_queryset(request))
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Run], search_term: str
+    ) -> tuple[QuerySet[Run], bool]:
+        """:func:`.listing.search`: each kind of id through its index, no duplicates."""
+        db = queryset.db
+
+        def runs_of_key(key: str) -> list[int]:
+            return list(Effect.objects.using(db).filter(key=key).values_list("run_id", flat=True))
+
+        found = search(
+            queryset,
+            search_term,
+            task_names=lambda: Store(db).console.task_names(),
+            runs_of_key=runs_of_key,
+        )
+        return found, False
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         """The sections; one with nothing to show is collapsed."""
