@@ -54,8 +54,9 @@ def triggers_off(execute: Execute) -> Iterator[None]:
 
 # -- a ledger as an operator's console meets it (the admin's list pages) -------------------
 
-#: Run ``n``'s task name: 13 names, each twice as common as the one before (step_0 is
-#: one run in 4,096, step_12 half of them), so a filter meets rare and common values.
+#: Run ``n``'s task name: step_1 to step_11, each twice as common as the one before
+#: (step_11 is half the runs), and step_0 and step_12 one in 4,096 each, so a filter
+#: meets rare and common values.
 TASK_NAME_OF_N = "'shop.tasks.step_' || floor(log(2, 1 + mod(n, 4096)))::int"
 #: Run ``n``'s queue: 5 queues, skewed the same way; one run in 50 has none recorded.
 QUEUE_OF_N = (

@@ -85,6 +85,11 @@ class Run(models.Model):
     result = models.BinaryField(null=True, blank=True)
     result_content_type = models.CharField(max_length=128, null=True, blank=True)
     result_encoding = models.CharField(max_length=64, null=True, blank=True)
+    # A failed body's traceback, bounded (rules.outcomes.TRACEBACK_LIMIT), written with the
+    # run's end: what the run's page and explain show (migration 0011).
+    traceback = models.TextField(
+        null=True, blank=True, help_text="A failed body's traceback, bounded."
+    )
 
     # The last write: what it was (copied into its RunEvent by the audit trigger).
     op = models.CharField(max_length=32, default="enqueue")
@@ -114,14 +119,16 @@ class Run(models.Model):
                 condition=models.Q(status__in=ENDED),
                 name="cdl_run_ended_idx",
             ),
-            # the admin's list pages at any size (migration 0010): the date hierarchy,
-            # and each filter's choices (a loose index scan) and pages, newest first
+            # the admin's list pages at any size (migration 0010): newest first, the date
+            # hierarchy, and each filter's choices (a loose index scan) and pages
             models.Index(fields=["created_at"], name="cdl_run_created_idx"),
-            models.Index(fields=["task_name", "id"], name="cdl_run_task_name_idx"),
-            models.Index(fields=["queue", "id"], name="cdl_run_queue_idx"),
+            models.Index(fields=["task_name", "created_at"], name="cdl_run_task_name_idx"),
+            models.Index(fields=["queue", "created_at"], name="cdl_run_queue_idx"),
             # partial: a run without a reason (one that succeeds) never enters it
             models.Index(
-                fields=["reason", "id"], condition=~models.Q(reason=""), name="cdl_run_reason_idx"
+                fields=["reason", "created_at"],
+                condition=~models.Q(reason=""),
+                name="cdl_run_reason_idx",
             ),
         ]
         permissions = [
@@ -196,6 +203,15 @@ class Effect(models.Model):
     # never; nullable, so that adding it does not rebuild the table; migration 0007).
     asked_at = models.DateTimeField(
         null=True, blank=True, help_text="Database clock: the last attempt that found the key."
+    )
+    # Who settled the last dispatch (an operator in the admin, a worker's reconciler);
+    # the next dispatch clears it. The audit trigger records it as the settlement event's
+    # owner, so the history credits the one who settled (migration 0011).
+    settled_by = models.CharField(
+        max_length=255,
+        null=True,
+        blank=True,
+        help_text="Who settled the last dispatch (an operator, a reconciler).",
     )
 
     class Meta:

@@ -17,34 +17,30 @@ from ..ledger import operations
 from ..ledger.sql.connection import Store
 from ..ledger.sql.effects import Pending
 from ..models import Effect, EffectState
+from . import resolving
 from .base import ReadOnlyAdmin, operator
-from .display import badge, short_id, utc
+from .display import STYLE, badge, breakable, effect_badge, released_as, short_id, utc
 from .listing import BoundedPaginator, EffectNameFilter, console_queryset
+from .resolving import ResolveForm
 
 #: The effect's instants, shown in UTC to the millisecond.
 INSTANTS = ("created_at", "dispatched_at", "updated_at", "asked_at")
-
-
-def _released(status: str) -> str:
-    """What releasing a run after its effects were settled did, in an operator's words."""
-    if status == "QUEUED":
-        return "requeued (its next attempt replays or dispatches the effect)"
-    return "expired (deadline_passed: the deadline passed while the outcome was unknown)"
 
 
 @admin.register(Effect)
 class EffectAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
     """Effects, and the operator's way out of UNKNOWN: resolve with evidence."""
 
+    change_list_template = "admin/celery_deadlines/effect/change_list.html"
     list_display = (
-        "key",
+        "key_breakable",
         "name",
         "kind",
-        "state",
+        "state_badge",
         "run_link",
         "lease_token",
         "dispatches",
-        "evidence",
+        "evidence_short",
         "updated_utc",
     )
     # as the run list (admin/listing.py): every query reads an index at any size
@@ -53,7 +49,7 @@ class EffectAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
     show_facets = admin.ShowFacets.NEVER
     show_full_result_count = False
     paginator = BoundedPaginator
-    sortable_by = ("key",)
+    sortable_by = ("key_breakable",)
     search_fields = ("=key",)
     search_help_text = "An exact effect key."
     ordering = ("-id",)
@@ -78,6 +74,27 @@ class EffectAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return list(self.get_fields(request, obj))
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        return super().changelist_view(request, {**(extra_context or {}), "cdl": STYLE})
+
+    @admin.display(description="key", ordering="key")
+    def key_breakable(self, effect: Effect) -> SafeString:
+        """The key, wrapping after its separators (``order-42:capture:v1``)."""
+        return breakable(effect.key)
+
+    @admin.display(description="state", ordering="state")
+    def state_badge(self, effect: Effect) -> SafeString:
+        return effect_badge(effect.state)
+
+    @admin.display(description="evidence")
+    def evidence_short(self, effect: Effect) -> SafeString | str:
+        """The evidence as JSON, its first 80 characters (the whole as the title)."""
+        if effect.evidence is None:
+            return "-"
+        whole = json.dumps(effect.evidence, default=repr)
+        shown = whole if len(whole) <= 80 else f"{whole[:79]}…"
+        return format_html('<span title="{}">{}</span>', whole, shown)
 
     @admin.display(description="created (UTC)", ordering="created_at")
     def created_at_utc(self, effect: Effect) -> str:
@@ -116,33 +133,30 @@ class EffectAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.action(description="Resolve an unknown outcome, with evidence", permissions=["resolve"])
     def resolve(self, request: HttpRequest, queryset: QuerySet[Effect]) -> Any:
-        from django.template.response import TemplateResponse
-
-        unknown = list(queryset.filter(state__in=[EffectState.UNKNOWN, EffectState.DISPATCHED]))
-        if "apply" not in request.POST:
-            return TemplateResponse(
-                request,
-                "admin/celery_deadlines/resolve_effects.html",
-                {
-                    **self.admin_site.each_context(request),
-                    "effects": unknown,
-                    "opts": self.model._meta,
-                    "title": "Resolve effects of unknown outcome",
-                },
+        """The resolve form (what resolving does to each run, by the database clock),
+        then each selected effect settled as the operator says, through
+        :func:`~celery_deadlines.ledger.operations.settle_effect`. A submission with an
+        error is shown again, the errors beside their fields, nothing lost."""
+        unknown = list(
+            queryset.filter(state__in=[EffectState.UNKNOWN, EffectState.DISPATCHED]).select_related(
+                "run"
             )
-        evidence = str(request.POST.get("evidence", "")).strip()
-        found = request.POST.get("found") == "yes"
-        try:
-            result = json.loads(request.POST.get("result") or "null") if found else None
-        except ValueError:
-            self.message_user(request, "The result must be JSON.", messages.ERROR)
-            return None
-        if not evidence:
-            self.message_user(request, "Evidence is required.", messages.ERROR)
-            return None
+        )
+        store = Store(queryset.db)
+        context = {**self.admin_site.each_context(request), "opts": self.model._meta}
+        if "apply" not in request.POST:
+            return resolving.page(
+                request, context, unknown, ResolveForm(), now=store.database_now()
+            )
+        form = ResolveForm(request.POST)
+        if not form.is_valid():
+            return resolving.page(
+                request, context, unknown, form, now=store.database_now(), seen=request.POST
+            )
         from celery import current_app
 
-        store = Store(queryset.db)
+        found = form.cleaned_data["found"] == "yes"
+        evidence = form.cleaned_data["evidence"].strip()
         who = operator(request)
         resolved, changed, released = 0, [], []
         for effect in unknown:
@@ -155,7 +169,7 @@ class EffectAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
                 store,
                 seen,
                 found=found,
-                result=result,
+                result=form.cleaned_data["replayed"],
                 evidence=f"{evidence} ({who})",
                 by=who,
             )
@@ -163,7 +177,7 @@ class EffectAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
                 resolved += 1
                 said = f"Resolved as {'found' if found else 'not found'}: {evidence}"
                 if settled.released:
-                    moved = _released(settled.released)
+                    moved = released_as(settled.released, settled.reason)
                     released.append(f"run {effect.run.task_id} {moved}")
                     said += f"; run {moved}"
                 self.log_change(request, effect, said)

@@ -33,6 +33,7 @@ from django.db.models import Min, Q, QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
+from ..explain import typed_id
 from ..ledger.sql.connection import Store
 from ..ledger.sql.console import Console
 
@@ -41,8 +42,6 @@ from ..ledger.sql.console import Console
 EXACT_UP_TO: Final = 10_000
 #: The most periods one level of the date hierarchy lists (each is one index probe).
 MOST_PERIODS: Final = 400
-#: What the operator may have copied with a short id: the list's ellipsis.
-ELLIPSES: Final = ("…", "...")
 
 
 class IndexedValuesFilter(admin.AllValuesFieldListFilter):
@@ -177,37 +176,42 @@ def planned_rows(rows: QuerySet[Any]) -> int:
     return int(plan[0]["Plan"]["Plan Rows"])
 
 
-def search_term(text: str) -> str:
-    """What the operator typed, as searched: without the space around it, nor the
-    ellipsis of a short id they copied from the list."""
-    term = text.strip()
-    for ellipsis in ELLIPSES:
-        term = term.removesuffix(ellipsis)
-    return term.strip()
-
-
 def search(
     runs: QuerySet[Any],
     text: str,
     *,
     task_names: Callable[[], Iterable[str]],
     runs_of_key: Callable[[str], Sequence[int]],
+    finds: Callable[[Q], bool],
 ) -> QuerySet[Any]:
     """The runs ``text`` finds: a task id starting with it (a whole id, or the short
     one the list shows), an exact root id, parent id or effect key, or a task name
-    containing it (case ignored). The names are matched among the distinct ones
-    (``task_names``), the key among the effects (``runs_of_key``), each first: the
-    query is then one ``OR`` of index conditions (a bitmap of indexes on PostgreSQL),
-    with no join and no ``DISTINCT``."""
-    term = search_term(text)
+    containing it (case ignored).
+
+    Each kind is looked up first (the names among the distinct ones, ``task_names``;
+    the key among the effects, ``runs_of_key``; each id by one probe of its index,
+    ``finds``), and only the kinds that find something are asked of the list: one
+    condition is read from its index in the list's order (a page of a common task's
+    runs costs what a rare one's does), several are one ``OR`` of index conditions;
+    never a join, nor ``DISTINCT``."""
+    term = typed_id(text)
     if not term:
         return runs
-    found = Q(task_id__startswith=term) | Q(root_id=term) | Q(parent_id=term)
+    found = [
+        condition
+        for condition in (Q(task_id__startswith=term), Q(root_id=term), Q(parent_id=term))
+        if finds(condition)
+    ]
     wanted = term.casefold()
     names = [name for name in task_names() if wanted in name.casefold()]
     if names:
-        found |= Q(task_name__in=names)
+        found.append(Q(task_name=names[0]) if len(names) == 1 else Q(task_name__in=names))
     keyed = list(runs_of_key(term))
     if keyed:
-        found |= Q(pk__in=keyed)
-    return runs.filter(found)
+        found.append(Q(pk__in=keyed))
+    if not found:
+        return runs.none()
+    either = found[0]
+    for condition in found[1:]:
+        either |= condition
+    return runs.filter(either)

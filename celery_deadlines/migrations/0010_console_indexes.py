@@ -1,12 +1,14 @@
 """The operator's console at a million runs (docs/howto.md, "Find a run in the admin"):
 every list page, filter, search and date drill-down reaches the rows through an index.
 
-* ``cdl_run_created_idx`` (``created_at``): the date hierarchy and the date filter; its
-  periods are found one index probe each, never by reading every run.
-* ``cdl_run_task_name_idx``, ``cdl_run_queue_idx`` (the name or queue, then ``id``): a
-  filter's choices by a loose index scan, and a filtered page newest first.
-* ``cdl_run_reason_idx`` (``reason``, ``id``; partial: only runs that have a reason, so
-  a run that succeeds never enters it): the same for the reason filter.
+* ``cdl_run_created_idx`` (``created_at``): the list's order (newest first), the date
+  hierarchy and the date filter; a period is found with one index probe, and a page of
+  any period is read in order, never by sorting the period's runs.
+* ``cdl_run_task_name_idx``, ``cdl_run_queue_idx`` (the name or queue, then
+  ``created_at``): a filter's choices by a loose index scan, and a filtered page read
+  newest first from the index, however common or rare the value.
+* ``cdl_run_reason_idx`` (``reason``, ``created_at``; partial: only runs that have a
+  reason, so a run that succeeds never enters it): the same for the reason filter.
 * ``cdl_run_task_id_uniq`` is rebuilt on PostgreSQL with ``varchar_pattern_ops``: the
   same uniqueness (``ON CONFLICT (task_id)`` infers it), and a search by the start of a
   task id (the short id the list shows) reads its range of the index whatever the
@@ -59,17 +61,17 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name="run",
-            index=models.Index(fields=["task_name", "id"], name="cdl_run_task_name_idx"),
+            index=models.Index(fields=["task_name", "created_at"], name="cdl_run_task_name_idx"),
         ),
         migrations.AddIndex(
             model_name="run",
-            index=models.Index(fields=["queue", "id"], name="cdl_run_queue_idx"),
+            index=models.Index(fields=["queue", "created_at"], name="cdl_run_queue_idx"),
         ),
         migrations.AddIndex(
             model_name="run",
             index=models.Index(
                 condition=~models.Q(reason=""),
-                fields=["reason", "id"],
+                fields=["reason", "created_at"],
                 name="cdl_run_reason_idx",
             ),
         ),

@@ -219,6 +219,23 @@ def test_the_run_list_searches_by_task_name_and_effect_key_and_narrows_by_date(
     assert "queued-bare" in dated
 
 
+def test_the_short_id_the_run_list_shows_finds_its_run_in_search(client: Client) -> None:
+    operator(client)
+    store = Store()
+    wanted, other = "3f2a4c1e-0000-4000-8000-000000000001", "9b1d0c77-0000-4000-8000-000000000002"
+    for task_id in (wanted, other):
+        record(store, task_id)
+    url = reverse("admin:celery_deadlines_run_changelist")
+    listed = page(client, url)
+    short = re.search(rf'<span title="{wanted}">([^<]+)</span>', listed)
+    assert short is not None
+    assert short[1] == "3f2a4c1e…"
+    found = page(client, url, q=short[1])  # as copied from the list, its ellipsis too
+    assert wanted in found
+    assert other not in found
+    assert other in page(client, url, q=" 9b1d0c77 ")
+
+
 def test_the_run_list_filters_by_the_queue_a_run_was_routed_to(
     client: Client, ledger: dict[str, Run]
 ) -> None:

@@ -123,16 +123,17 @@ def pages(f: Filled) -> dict[str, tuple[str, str]]:
     effects = "/admin/celery_deadlines/effect/"
     y, m, d = f.year, f.month, f.day
     return {
-        "the run list": (runs, "celery_deadlines_run_pkey"),
-        "page 100": (f"{runs}?p=100", "celery_deadlines_run_pkey"),
+        "the run list": (runs, "cdl_run_created_idx"),
+        "page 100": (f"{runs}?p=100", "cdl_run_created_idx"),
         "status: a common one": (f"{runs}?status__exact=SUCCEEDED", "celery_deadlines_run"),
         "status: a rare one": (f"{runs}?status__exact=UNKNOWN", "cdl_run_status_lease_idx"),
         "reason": (f"{runs}?reason=retry_budget_exhausted", "cdl_run_reason_idx"),
         "reason: the filter's choices": (runs, "cdl_run_reason_idx"),
         "task: a rare one": (f"{runs}?task_name=shop.tasks.step_0", "cdl_run_task_name_idx"),
-        "task: a common one": (f"{runs}?task_name=shop.tasks.step_12", "celery_deadlines_run"),
+        "task: a common one": (f"{runs}?task_name=shop.tasks.step_11", "cdl_run_task_name_idx"),
         "task: the filter's choices": (runs, "cdl_run_task_name_idx"),
         "queue": (f"{runs}?queue=reports", "cdl_run_queue_idx"),
+        "queue: a common one": (f"{runs}?queue=celery", "cdl_run_queue_idx"),
         "queue: not recorded": (f"{runs}?queue__isnull=True", "cdl_run_queue_idx"),
         "created: past 7 days": (
             f"{runs}?"
