@@ -60,11 +60,11 @@ STYLE = SafeString(
     # a separator): break-word, unlike anywhere, does not let the table squeeze a
     # column into breaking inside a word (retry_budge|t_exhauste|d)
     "#result_list td.field-short_task_id,#result_list td.field-owner_breakable,"
-    "#result_list td.field-reason_code,#result_list td.field-key_breakable,"
+    "#result_list td.field-status_and_reason,#result_list td.field-key_breakable,"
     "#result_list td.field-run_link,#result_list td.field-evidence_short"
     "{max-width:16em;overflow-wrap:break-word;word-break:normal}"
     "#result_list td.field-task{max-width:14em;overflow-wrap:break-word;word-break:normal}"
-    "#result_list td.field-created_and_time_left,#result_list td.field-updated_utc"
+    "#result_list td.field-created_and_time_left,#result_list td.field-state_and_updated"
     "{white-space:nowrap}"
     "details.cdl>summary{cursor:pointer;font-weight:bold;padding:6px 0}</style>"
 )

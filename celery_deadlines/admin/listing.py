@@ -21,7 +21,7 @@ without a sequential scan of the run, effect or event table, on PostgreSQL.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import date, datetime, timedelta, tzinfo
 from functools import cached_property
 from typing import Any, Final
@@ -32,10 +32,12 @@ from django.db import connections
 from django.db.models import Min, Q, QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
+from django.utils.safestring import SafeString
 
 from ..explain import typed_id
 from ..ledger.sql.connection import Store
 from ..ledger.sql.console import Console
+from .display import breakable
 
 #: A list counts its rows exactly up to this many (at most this many index entries
 #: read); past it, the planner's estimate, shown as "about".
@@ -64,6 +66,15 @@ class IndexedValuesFilter(admin.AllValuesFieldListFilter):
 
     def values(self, console: Console) -> list[str | None]:
         raise NotImplementedError
+
+    def choices(self, changelist: Any) -> Iterator[Any]:
+        """Django's choices, each value wrapping only after its separators (a task
+        name after its dots, a reason after its underscores), never inside a word."""
+        for choice in super().choices(changelist):
+            display = choice.get("display")
+            if isinstance(display, str) and not isinstance(display, SafeString):
+                choice = {**choice, "display": breakable(display)}
+            yield choice
 
 
 class TaskNameFilter(IndexedValuesFilter):

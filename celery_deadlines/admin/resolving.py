@@ -95,6 +95,6 @@ def page(
             "form": form,
             "any_past": any(row["past"] for row in rows),
             "cdl": STYLE,
-            "title": "Resolve effects of unknown outcome",
+            "title": f"Resolve {len(rows)} effect(s) of unknown outcome",
         },
     )

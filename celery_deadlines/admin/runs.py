@@ -55,8 +55,8 @@ _explained: ContextVar[Explanation | None] = ContextVar("cdl_explained", default
 
 SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Times (database clock)", ("created_utc", "started", "runtime", "ended", "time_limits")),
+    ("Result or error (what the caller was told)", ("result_or_error",)),
     ("Message (what the task was called with)", ("args", "kwargs", "options")),
-    ("Result or error", ("result_or_error",)),
     (
         "Lease (who may act on this run now)",
         ("owner_now", "lease_expires_utc", "lease_token", "version", "attempt", "lost_leases"),
@@ -83,8 +83,7 @@ class RunAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = (
         "short_task_id",
         "task",
-        "status_badge",
-        "reason_code",
+        "status_and_reason",
         "created_and_time_left",
         "owner_breakable",
     )
@@ -291,10 +290,15 @@ class RunAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
             '<span title="{}">{}</span>', run.task_id, breakable(short_id(run.task_id))
         )
 
-    @admin.display(description="reason", ordering="reason")
-    def reason_code(self, run: Run) -> SafeString:
-        """The reason, wrapping only after its underscores."""
-        return breakable(run.reason)
+    @admin.display(description="status / reason", ordering="status")
+    def status_and_reason(self, run: Run) -> SafeString:
+        """The status badge above the reason (wrapping only after its underscores): one
+        cell, so the list fits a 1,366-pixel screen with the sidebar open."""
+        if not run.reason:
+            return badge(run.status)
+        return format_html(
+            '{}<br><span class="cdl-reason">{}</span>', badge(run.status), breakable(run.reason)
+        )
 
     def _said(self, words: Callable[[Explanation], str]) -> str:
         """What the page's explanation says (``-`` outside the run's page)."""
