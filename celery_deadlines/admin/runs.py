@@ -425,7 +425,9 @@ class RunAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
             url = reverse("admin:django_celery_results_taskresult_change", args=[stored.pk])
         except NoReverseMatch:
             return f"{stored.status}: {shown}"
-        return format_html('<a href="{}">{}</a>: <pre>{}</pre>', url, stored.status, shown)
+        return format_html(
+            '<a href="{}">{}</a>: <pre class="cdl-traceback">{}</pre>', url, stored.status, shown
+        )
 
     @admin.action(description="Expire now (fences the current holder)", permissions=["expire"])
     def expire_now(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:

@@ -306,12 +306,7 @@ def walk(page: Any, base: str, paged: Paged, shoot: Shoot | None = None) -> Walk
 
     assert page.locator("button.cdl-resolve").count() == 1, "no Resolve… button"
     measure("run page")
-    bottom = page.evaluate(
-        "() => { const h = [...document.querySelectorAll('h2, summary, legend')]"
-        ".find(e => /Message/.test(e.textContent));"
-        " return h ? h.getBoundingClientRect().top + window.scrollY : 1100; }"
-    )
-    picture(page, "admin-run-unknown-effect", int(bottom) - 10)
+    picture(page, "admin-run-unknown-effect", above_the_message(page))
 
     with page.expect_navigation():
         page.locator("button.cdl-resolve").click()
@@ -336,8 +331,19 @@ def walk(page: Any, base: str, paged: Paged, shoot: Shoot | None = None) -> Walk
     page.goto(f"{base}/admin/celery_deadlines/run/{paged.pk}/change/")
     walked.status = page.locator("#cdl-status").inner_text()
     walked.caller = page.locator(".field-result_or_error .readonly").inner_text()
-    picture(page, "admin-run-performed-past-deadline", int(bottom) - 10)
+    picture(page, "admin-run-performed-past-deadline", above_the_message(page))
     return walked
+
+
+def above_the_message(page: Any) -> int:
+    """How far down the run's page its message section starts: a picture of the page
+    ends there (the summary, timeline, effects, workflow, times and result above it)."""
+    top = page.evaluate(
+        "() => { const h = [...document.querySelectorAll('h2, summary, legend')]"
+        ".find(e => /Message/.test(e.textContent));"
+        " return h ? h.getBoundingClientRect().top + window.scrollY : 1100; }"
+    )
+    return int(top) - 10
 
 
 if __name__ == "__main__":  # the demo's process: add the paged run, say which it is
