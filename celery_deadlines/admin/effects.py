@@ -48,6 +48,7 @@ class EffectAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
     show_facets = admin.ShowFacets.NEVER
     show_full_result_count = False
     paginator = BoundedPaginator
+    # the one column with an ordering (its unique index): no other sorts, even by URL
     sortable_by = ("key_breakable",)
     search_fields = ("=key",)
     search_help_text = "An exact effect key."

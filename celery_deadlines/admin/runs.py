@@ -103,6 +103,7 @@ class RunAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
     show_facets = admin.ShowFacets.NEVER
     show_full_result_count = False
     paginator = BoundedPaginator
+    # the one column with an ordering (its index): no other sorts, even asked by URL
     sortable_by = ("created_and_time_left",)
     # what get_search_results searches (Django shows the box for these)
     search_fields = ("task_id", "=root_id", "=parent_id", "task_name")
@@ -282,7 +283,7 @@ class RunAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
             badge(member.status),
         )
 
-    @admin.display(description="id", ordering="task_id")
+    @admin.display(description="id")
     def short_task_id(self, run: Run) -> SafeString:
         """A UUID by its first 8 characters, a custom id whole (wrapping after its
         separators); the whole id is the title."""
@@ -290,7 +291,7 @@ class RunAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
             '<span title="{}">{}</span>', run.task_id, breakable(short_id(run.task_id))
         )
 
-    @admin.display(description="status / reason", ordering="status")
+    @admin.display(description="status / reason")
     def status_and_reason(self, run: Run) -> SafeString:
         """The status badge above the reason (wrapping only after its underscores): one
         cell, so the list fits a 1,366-pixel screen with the sidebar open."""
@@ -326,12 +327,12 @@ class RunAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
     def time_limits(self, run: Run) -> str:
         return self._said(lambda f: said.limits_text(f["time_limits"]))
 
-    @admin.display(description="owner", ordering="owner")
+    @admin.display(description="owner")
     def owner_breakable(self, run: Run) -> SafeString:
         """The owner, wrapping after its separators (``celery@host-1.example:42``)."""
         return breakable(run.owner)
 
-    @admin.display(description="task name", ordering="task_name")
+    @admin.display(description="task name")
     def task(self, run: Run) -> SafeString:
         return dotted(run.task_name)
 

@@ -35,6 +35,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext, override_settings
 
 from bench import ledger_fill
+from celery_deadlines.admin import EffectAdmin, RunAdmin
 from celery_deadlines.admin.listing import EXACT_UP_TO
 from celery_deadlines.models import Effect, Run
 from tests.conftest import service_unavailable
@@ -122,6 +123,8 @@ def pages(f: Filled) -> dict[str, tuple[str, str]]:
     runs = "/admin/celery_deadlines/run/"
     effects = "/admin/celery_deadlines/effect/"
     y, m, d = f.year, f.month, f.day
+    # the list's columns are numbered after its action checkbox
+    created = 1 + RunAdmin.list_display.index("created_and_time_left")
     return {
         "the run list": (runs, "cdl_run_created_idx"),
         "page 100": (f"{runs}?p=100", "cdl_run_created_idx"),
@@ -160,8 +163,14 @@ def pages(f: Filled) -> dict[str, tuple[str, str]]:
             f"{runs}?created_at__year={y}&created_at__month={m}&created_at__day={d}",
             "cdl_run_created_idx",
         ),
-        "sorted by creation": (f"{runs}?o=5", "cdl_run_created_idx"),
-        "sorted by creation, newest first": (f"{runs}?o=-5", "cdl_run_created_idx"),
+        "sorted by creation": (f"{runs}?o={created}", "cdl_run_created_idx"),
+        "sorted by creation, newest first": (f"{runs}?o=-{created}", "cdl_run_created_idx"),
+        # a URL asking to sort by a column that has no index: not sorted by it
+        **{
+            f"asked to sort by column {column}": (f"{runs}?o={column}", "cdl_run_created_idx")
+            for column in range(1, len(RunAdmin.list_display) + 1)
+            if column != created
+        },
         "filters, search and a date at once": (
             f"{runs}?status__exact=FAILED&q=step_5&created_at__year={y}",
             "cdl_run_task_name_idx",
@@ -178,6 +187,13 @@ def pages(f: Filled) -> dict[str, tuple[str, str]]:
         "effects: a name": (f"{effects}?name=charge", "cdl_effect_name_idx"),
         "effects: the name filter's choices": (effects, "cdl_effect_name_idx"),
         "effects: a key": (f"{effects}?q={f.key}", "cdl_effect_key_uniq"),
+        **{
+            f"effects: asked to sort by column {column}": (
+                f"{effects}?o={column}",
+                "celery_deadlines_effect",
+            )
+            for column in range(1, len(EffectAdmin.list_display) + 1)
+        },
     }
 
 
