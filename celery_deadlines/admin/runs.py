@@ -336,10 +336,6 @@ class RunAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
     def task(self, run: Run) -> SafeString:
         return dotted(run.task_name)
 
-    @admin.display(description="status", ordering="status")
-    def status_badge(self, run: Run) -> SafeString:
-        return badge(run.status)
-
     @admin.display(description="time left / ended after")
     def time_left(self, run: Run) -> str:
         now = _database_now.get() or get_clock().now()
