@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test test-unit test-integration fuzz lint dist bench bench-ledger matrix matrix-unit celery-compat clean screenshots chaos chaos-soak chaos-rabbitmq
+.PHONY: demo test test-unit test-integration fuzz lint dist bench bench-ledger matrix matrix-unit celery-compat clean screenshots browser chaos chaos-soak chaos-rabbitmq
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,9 +33,23 @@ DEADLINES_FUZZ_EXAMPLES ?= 10000
 fuzz: $(INSTALLED)
 	DEADLINES_FUZZ_EXAMPLES=$(DEADLINES_FUZZ_EXAMPLES) $(BIN)/python -m pytest -n 0 tests/unit/test_fuzz_parsers.py
 
-## The admin's pictures in docs/images/, from headless Chromium against the demo's data
-## (needs `apt-get install chromium` and `$(BIN)/pip install playwright`; see the script).
+# Playwright's Python client only (it downloads no browser: Debian's chromium drives it).
+CHROMIUM := /usr/bin/chromium
+define browser_ready
+	$(BIN)/python -m pip install --quiet playwright
+	@test -x $(CHROMIUM) || { echo "needs Debian's chromium: apt-get install -y chromium"; exit 1; }
+endef
+
+## The operator's console in headless Chromium (tests/browser): find a run by its short id,
+## open it, resolve its UNKNOWN charge with evidence, see the caller's result; the lists
+## fit 1366 px. Opt-in (about 2 minutes, the demo first: beyond CI's budget).
+browser: $(INSTALLED)
+	$(browser_ready)
+	DEADLINES_BROWSER=1 $(BIN)/python -m pytest -n 0 tests/browser
+
+## The admin's pictures in docs/images/, taken along the same path (tools/screenshots.py).
 screenshots: $(INSTALLED)
+	$(browser_ready)
 	$(BIN)/python tools/screenshots.py
 
 lint: $(INSTALLED)

@@ -23,6 +23,7 @@ M claim_ratio R3 scale_ratio R4``.
 
 Usage: python bench/ledger.py [--tasks 1000] [--rounds 5] [--claims 2000] [--races 3]
     [--scale 1000000] [--scale-small 10000] [--samples 200] [--skip-end-to-end]
+    [--scale-only] [--page-samples 20]
 """
 
 from __future__ import annotations
@@ -298,6 +299,10 @@ def main() -> None:
     parser.add_argument("--scale-small", type=int, default=10_000, help="of the small ledger")
     parser.add_argument("--samples", type=int, default=200, help="timings of each statement")
     parser.add_argument("--skip-end-to-end", action="store_true", help="claims and scale only")
+    parser.add_argument(
+        "--scale-only", action="store_true", help="the two sizes alone (statements, console)"
+    )
+    parser.add_argument("--page-samples", type=int, default=20, help="timings of each page")
     args = parser.parse_args()
 
     with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
@@ -311,7 +316,8 @@ def main() -> None:
         from bench import ledgerapp
 
         call_command("migrate", verbosity=0)
-        for reuse in (False, True) if not args.skip_end_to_end else ():
+        skip = args.skip_end_to_end or args.scale_only
+        for reuse in (False, True) if not skip else ():
             os.environ["BENCH_DB_REUSE_MAX"] = "1000000" if reuse else ""
             worker = start_worker(Path(f"/tmp/{QUEUE}-{int(reuse)}.log"))
             if not args.skip_end_to_end:
@@ -319,6 +325,9 @@ def main() -> None:
             os.killpg(worker.pid, signal.SIGTERM)
             worker.wait(30)
             worker = None
+        if args.scale_only:
+            at_scale(args.scale_small, args.scale, args.samples, args.page_samples)
+            return
         won_rates, cas = [], [raw_cas()]
         for race in range(args.races):
             won_rate, attempt_rate, won, statements = racing_claims(args.claims)
@@ -356,7 +365,7 @@ def main() -> None:
             flush=True,
         )
         print(flush=True)
-        scale_ratio = at_scale(args.scale_small, args.scale, args.samples)
+        scale_ratio = at_scale(args.scale_small, args.scale, args.samples, args.page_samples)
         print(
             f"ledger: default {_ratio(ratios.get(False))} tuned {_ratio(ratios.get(True))} "
             f"claims_won_per_s {won_rate:.0f} raw_cas_per_s {cas_rate:.0f} "
@@ -377,8 +386,9 @@ def _ratio(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}x"
 
 
-def at_scale(small_runs: int, large_runs: int, samples: int) -> float:
-    """The ledger at two sizes (bench/ledger_scale.py); the worst ratio large / small."""
+def at_scale(small_runs: int, large_runs: int, samples: int, page_samples: int) -> float:
+    """The ledger at two sizes (bench/ledger_scale.py); the worst ratio large / small of
+    its statements (the console's pages' is printed)."""
     from django.core.management import call_command
 
     from bench import ledger_scale
@@ -387,6 +397,8 @@ def at_scale(small_runs: int, large_runs: int, samples: int) -> float:
     for alias, runs in (("small", small_runs), ("large", large_runs)):
         call_command("migrate", database=alias, verbosity=0)
         ledger_scale.fill(alias, runs)
+        for table in ("run", "effect", "runevent"):  # as autovacuum leaves the tables
+            ledger_scale.sql(alias, f"VACUUM ANALYZE celery_deadlines_{table}")
     print(f"filled the two ledgers in {time.perf_counter() - started:.0f} s", flush=True)
     small, large = ledger_scale.Ledger("small"), ledger_scale.Ledger("large")
     main_ledger = ledger_scale.Ledger("default")  # commits flushed, as in production
@@ -395,6 +407,8 @@ def at_scale(small_runs: int, large_runs: int, samples: int) -> float:
     worst = ledger_scale.compare(small, large, samples)
     clean = ledger_scale.sweeper_plans(large)
     print(f"sweeper's plans: {'no' if clean else 'a'} sequential scan of a ledger table")
+    pages = ledger_scale.admin_pages(small, large, page_samples)
+    print(f"console: worst page ratio {pages:.2f} (goal: flat; each page < 0.5 s)", flush=True)
     for ledger in (small, large):
         ledger.worker.close()
     return worst

@@ -8,6 +8,13 @@ runs in the other, written with ``INSERT ... SELECT generate_series`` (triggers 
 then ``ANALYZE``). Each statement is then timed on both, alternating sample by sample,
 so the machine's load swings touch both sizes alike; the medians are compared.
 
+Then the operator's console on both (:func:`admin_pages`): the admin's run and effect
+list pages (the list, page 200, each kind of search, each filter, the date hierarchy's
+months and days, the effect list, one run's page) through Django's test client as a
+superuser, alternating sizes, each page's median and the ratio. The ended runs carry
+13 task names (each twice as common as the one before), 5 queues and their reasons
+(``bench/ledger_fill.py``), created over the same 30 days at both sizes.
+
 Also here: where a run's milliseconds go on the small ledger (the producer's row, the
 claim, a lost claim, the completion, django-celery-results' ``store_result``), with the
 server's own share of the claim and the completion (``EXPLAIN ANALYZE``: planning,
@@ -33,7 +40,14 @@ LIVE = (("waiting", 200, "QUEUED"), ("running", 100, "RUNNING"), ("unknown", 10,
 RUN_COLUMNS = (
     "task_id, task_name, status, reason, detail, deadline, root_id, parent_id, retries, "
     "attempt, lost_leases, owner, lease_token, version, checkpoint_name, content_type, "
-    "content_encoding, published_at, lease_expires_at, op, op_detail, created_at, updated_at"
+    "content_encoding, published_at, lease_expires_at, op, op_detail, created_at, "
+    "updated_at, queue"
+)
+#: An ended run's reason, by its status (as the console's filter meets them).
+ENDED_REASON = (
+    "CASE WHEN {status} = 'FAILED' THEN (ARRAY['error', 'time_limit'])[1 + mod(n, 2)] "
+    "WHEN {status} = 'EXPIRED' THEN (ARRAY['deadline_passed', 'retry_budget_exhausted', "
+    "'insufficient_budget'])[1 + mod(n, 3)] ELSE '' END"
 )
 
 
@@ -47,18 +61,30 @@ def sql(alias: str, statement: str, params: Any = None) -> list[tuple[Any, ...]]
 
 def insert_runs(alias: str, prefix: str, first: int, count: int, status: str) -> None:
     """Runs ``prefix-first .. prefix-(first+count-1)``; ended ones ended over the last
-    30 days; live ones due in an hour (running: leased for an hour)."""
+    30 days (spread alike at any size), with the console's task names, queues and
+    reasons; live ones due in an hour (running: leased for an hour)."""
     ended = status in ("SUCCEEDED", "FAILED", "EXPIRED") or status.startswith("(")
-    at = "now() - (n % 2592000) * interval '1 second'" if ended else "now()"
+    last = first + count - 1
+    # ids and instants rise together, as a ledger's rows are written
+    at = (
+        f"now() - (({last} - n) * 2592.0 / {count}) * interval '1000 seconds'" if ended else "now()"
+    )
     lease = "now() + interval '1 hour'" if status == "RUNNING" else "NULL"
+    row_status = status if ended else f"'{status}'"
+    if ended:
+        name, reason = ledger_fill.TASK_NAME_OF_N, ENDED_REASON.format(status=row_status)
+        queue = ledger_fill.QUEUE_OF_N
+    else:
+        name, reason, queue = "'bench.task'", "''", "'celery'"
     sql(
         alias,
         f"""
         INSERT INTO celery_deadlines_run ({RUN_COLUMNS})
-        SELECT '{prefix}-' || n, 'bench.task', {status if ended else f"'{status}'"}, '', '',
+        SELECT '{prefix}-' || n, {name}, {row_status}, {reason}, '',
             now() + interval '1 hour', '', '', 0, 1, 0, 'w', 1, 3, '', '', '',
-            {at} - interval '1 minute', {lease}, 'bench', '', {at} - interval '1 minute', {at}
-        FROM generate_series({first}, {first + count - 1}) AS n
+            {at} - interval '1 minute', {lease}, 'bench', '', {at} - interval '1 minute', {at},
+            {queue}
+        FROM generate_series({first}, {last}) AS n
         """,
     )
 
@@ -325,4 +351,106 @@ def compare(small: Ledger, large: Ledger, samples: int) -> float:
         b = statistics.median(times["large"][name])
         worst = max(worst, b / a)
         print(f"  {name:14s} {a * 1000:7.3f} {b * 1000:7.3f}   ratio {b / a:.2f}")
+    return worst
+
+
+def console_pages(alias: str) -> dict[str, str]:
+    """The admin pages an operator opens, by name -> URL, for the ledger ``alias``: the
+    same names at both sizes (a run, a key and a day that exist in both; page 200 exists
+    at 10,000 runs). The id prefix ``ended-4711`` matches 1 run at 10^4 and 111 at 10^6:
+    a search's cost grows with what it finds, not with the ledger."""
+    from celery_deadlines.models import Run
+
+    runs, effects = "/admin/celery_deadlines/run/", "/admin/celery_deadlines/effect/"
+    ended = Run.objects.using(alias).filter(task_id__startswith="ended-")
+    oldest = ended.order_by("created_at").values_list("created_at", flat=True)[0]
+    day = ended.order_by("-created_at").values_list("created_at", flat=True)[0]
+    one = Run.objects.using(alias).get(task_id="ended-40")
+    # a run the statements' samples made: its id is "bench-" and a UUID's hex, so its
+    # first 8 hex are as unique as the short id the list shows of a Celery task id
+    uuid_run = Run.objects.using(alias).filter(task_id__startswith="bench-").order_by("id")[0]
+    return {
+        "run list": runs,
+        "page 200": f"{runs}?p=200",
+        "search: task name": f"{runs}?q=step_3",
+        "search: short id…": f"{runs}?q={uuid_run.task_id[:14]}…",
+        "search: id prefix": f"{runs}?q=ended-4711",
+        "search: effect key": f"{runs}?q=key-ended-40",
+        "filter: status": f"{runs}?status__exact=FAILED",
+        "filter: task": f"{runs}?task_name=shop.tasks.step_5",
+        "filter: queue": f"{runs}?queue=payments",
+        "filter: reason": f"{runs}?reason=retry_budget_exhausted",
+        "dates: a month": f"{runs}?created_at__year={day.year}&created_at__month={day.month}",
+        "dates: the first month": (
+            f"{runs}?created_at__year={oldest.year}&created_at__month={oldest.month}"
+        ),
+        "dates: a day": (
+            f"{runs}?created_at__year={day.year}&created_at__month={day.month}"
+            f"&created_at__day={day.day}"
+        ),
+        "effect list": effects,
+        "effects: by name": f"{effects}?name=charge",
+        "one run's page": f"{runs}{one.pk}/change/",
+    }
+
+
+def admin_pages(small: Ledger, large: Ledger, samples: int) -> float:
+    """Time the console's pages on both sizes (Django's test client, a superuser),
+    alternating sample by sample; print each page's medians and their ratio; return
+    the worst ratio large / small."""
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    from bench.console_urls import LedgerOfTheSize
+
+    user = User.objects.filter(username="bench-operator").first()
+    if user is None:
+        user = User.objects.create_superuser("bench-operator", password="bench")
+    client = Client()
+    client.force_login(user)
+    urls = {}
+    for ledger in (small, large):
+        urls[ledger.alias] = console_pages(ledger.alias)
+
+    def page(alias: str, url: str) -> float:
+        LedgerOfTheSize.alias = alias
+        try:
+            started = time.perf_counter()
+            response = client.get(url)
+            took = time.perf_counter() - started
+        finally:
+            LedgerOfTheSize.alias = None
+        if response.status_code != 200:
+            raise RuntimeError(f"{url} on {alias} answered {response.status_code}")
+        return took
+
+    names = list(urls[small.alias])
+    for _ in range(2):  # warm both (templates, caches, connections)
+        for ledger in (small, large):
+            for name in names:
+                page(ledger.alias, urls[ledger.alias][name])
+    times: dict[str, dict[str, list[float]]] = {"small": {}, "large": {}}
+    for index in range(samples):
+        order = [("small", small), ("large", large)]
+        if index % 2:
+            order.reverse()
+        for size, ledger in order:
+            for name in names:
+                seconds = page(ledger.alias, urls[ledger.alias][name])
+                times[size].setdefault(name, []).append(seconds)
+    small_runs, large_runs = runs_in(small.alias), runs_in(large.alias)
+    print(
+        f"the console's pages at {small_runs:,} and at {large_runs:,} runs ({samples} "
+        "samples each, alternating; Django's test client as a superuser; median ms):"
+    )
+    worst = 0.0
+    for name in names:
+        a = statistics.median(times["small"][name])
+        b = statistics.median(times["large"][name])
+        worst = max(worst, b / a)
+        print(
+            f"  {name:20s} {a * 1000:7.1f} {b * 1000:7.1f}   ratio {b / a:.2f}"
+            f"   (large: {min(times['large'][name]) * 1000:.0f}-"
+            f"{max(times['large'][name]) * 1000:.0f})"
+        )
     return worst

@@ -9,7 +9,37 @@ import dj_database_url
 SECRET_KEY = "bench-only"
 USE_TZ = True
 TIME_ZONE = "UTC"
-INSTALLED_APPS = ["django_celery_results", "celery_deadlines"]
+INSTALLED_APPS = [
+    # the admin, for the list pages ledger_scale.py times at two sizes
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django_celery_results",
+    "celery_deadlines",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+ROOT_URLCONF = "bench.console_urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+# the admin's pages read the ledger of the size being timed (bench.console_urls.Ledger)
+DATABASE_ROUTERS = ["bench.console_urls.LedgerOfTheSize"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 DATABASES = {
     "default": dj_database_url.parse(

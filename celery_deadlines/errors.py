@@ -76,6 +76,24 @@ class DeadlineRefused(DeadlineError):
         return f"{text}: {self.detail}" if self.detail else text
 
 
+class PerformedPastDeadline(DeadlineRefused):
+    """The run's side effect was performed, and its deadline passed before the run could
+    go on: it ended EXPIRED, reason ``performed_past_deadline`` (gate ``release``).
+
+    Not a refusal of work never done: the effects ``detail`` names happened (an operator
+    or the task's reconciler found them at the provider after the deadline); the task's
+    work after them did not run, and their results were not replayed to it. A
+    :class:`DeadlineRefused`, for callers that handle those; its message says what
+    happened."""
+
+    def __str__(self) -> str:
+        return (
+            f"the run ended past its deadline after its side effect was performed: "
+            f"{self.reason} (deadline {self.deadline or 'none'}, clock read "
+            f"{self.clock_reading}): {self.detail}"
+        )
+
+
 class WorkflowRefused(DeadlineRefused):
     """A chain, group or chord was refused whole at enqueue: its critical path (each
     step's countdown, reserve and attempt timeout) needs more than the time left before

@@ -85,6 +85,11 @@ class Run(models.Model):
     result = models.BinaryField(null=True, blank=True)
     result_content_type = models.CharField(max_length=128, null=True, blank=True)
     result_encoding = models.CharField(max_length=64, null=True, blank=True)
+    # A failed body's traceback, bounded (rules.outcomes.TRACEBACK_LIMIT), written with the
+    # run's end: what the run's page and explain show (migration 0011).
+    traceback = models.TextField(
+        null=True, blank=True, help_text="A failed body's traceback, bounded."
+    )
 
     # The last write: what it was (copied into its RunEvent by the audit trigger).
     op = models.CharField(max_length=32, default="enqueue")
@@ -94,7 +99,14 @@ class Run(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["task_id"], name="cdl_run_task_id_uniq"),
+            # with the pattern operator class on PostgreSQL: the same uniqueness, and a
+            # search by the start of a task id (the list's short id) reads a range of it
+            # whatever the collation (migration 0010; ignored by SQLite)
+            models.UniqueConstraint(
+                fields=["task_id"],
+                name="cdl_run_task_id_uniq",
+                opclasses=["varchar_pattern_ops"],
+            ),
         ]
         indexes = [
             models.Index(fields=["status", "lease_expires_at"], name="cdl_run_status_lease_idx"),
@@ -106,6 +118,17 @@ class Run(models.Model):
                 fields=["updated_at"],
                 condition=models.Q(status__in=ENDED),
                 name="cdl_run_ended_idx",
+            ),
+            # the admin's list pages at any size (migration 0010): newest first, the date
+            # hierarchy, and each filter's choices (a loose index scan) and pages
+            models.Index(fields=["created_at"], name="cdl_run_created_idx"),
+            models.Index(fields=["task_name", "created_at"], name="cdl_run_task_name_idx"),
+            models.Index(fields=["queue", "created_at"], name="cdl_run_queue_idx"),
+            # partial: a run without a reason (one that succeeds) never enters it
+            models.Index(
+                fields=["reason", "created_at"],
+                condition=~models.Q(reason=""),
+                name="cdl_run_reason_idx",
             ),
         ]
         permissions = [
@@ -181,12 +204,24 @@ class Effect(models.Model):
     asked_at = models.DateTimeField(
         null=True, blank=True, help_text="Database clock: the last attempt that found the key."
     )
+    # Who settled the last dispatch (an operator in the admin, a worker's reconciler);
+    # the next dispatch clears it. The audit trigger records it as the settlement event's
+    # owner, so the history credits the one who settled (migration 0011).
+    settled_by = models.CharField(
+        max_length=255,
+        null=True,
+        blank=True,
+        help_text="Who settled the last dispatch (an operator, a reconciler).",
+    )
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["key"], name="cdl_effect_key_uniq")]
         indexes = [
             models.Index(fields=["run", "id"], name="cdl_effect_run_idx"),
             models.Index(fields=["state"], name="cdl_effect_state_idx"),
+            # the admin's effect list: its filters' choices and pages (migration 0010)
+            models.Index(fields=["name", "id"], name="cdl_effect_name_idx"),
+            models.Index(fields=["kind", "id"], name="cdl_effect_kind_idx"),
         ]
         permissions = [("resolve_effect", "Can resolve an unknown effect with evidence")]
 

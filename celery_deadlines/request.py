@@ -40,8 +40,8 @@ from .task import DeadlineTask
 
 logger = logging.getLogger("celery_deadlines")
 
-#: Smallest time limit handed to billiard: 0 would mean "no limit at all".
-MIN_TIME_LIMIT = 0.01
+#: Smallest time limit handed to billiard (``gates.MIN_TIME_LIMIT``).
+MIN_TIME_LIMIT = gates.MIN_TIME_LIMIT
 
 
 #: a hard time limit's outcome not decided yet

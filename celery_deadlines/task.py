@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
+from traceback import format_exception
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from celery import Task
@@ -40,6 +41,7 @@ from .propagation import attempt_state, state_of
 from .rules import gates, outcomes, stamping
 from .rules.budgets import UNSET, Anchor
 from .rules.quoting import shown
+from .rules.states import Status
 from .signals import report_refusal
 
 if TYPE_CHECKING:
@@ -543,6 +545,10 @@ def end_after_body(attempt: Attempt, exc: BaseException, *, task: Any = None) ->
         exc.add_note(note)
     if outcome.released:
         attempt.release(outcome.detail)
+    elif outcome.status == Status.FAILED:
+        # the run's page and explain show what Celery's result would (bounded)
+        trace = outcomes.bounded_traceback("".join(format_exception(exc)))
+        attempt.end(outcome.status, outcome.reason, outcome.detail, trace)
     elif outcome.status is not None:
         attempt.end(outcome.status, outcome.reason, outcome.detail)
 

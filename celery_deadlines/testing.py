@@ -105,6 +105,8 @@ class FakeRun:
     message: tuple[bytes, str, str] | None = None
     #: a success's kept return value (``KeptResult``), as the completion wrote it
     result: Any = None
+    #: a failed body's traceback, bounded, as the run's end wrote it
+    traceback: str | None = None
     #: ``(kind, outcome, detail)`` of every write asked of the run, applied or rejected
     events: list[tuple[str, str, str]] = field(default_factory=list)
 
@@ -452,17 +454,29 @@ class FakeAttempt:
     def succeed(self, result: Any = None) -> None:
         self._finish("SUCCEEDED", "", "", "succeed", result)
 
-    def end(self, status: Any, reason: str, detail: str) -> None:
-        self._finish(str(status), reason, detail, "finish")
+    def end(self, status: Any, reason: str, detail: str, traceback: str | None = None) -> None:
+        self._finish(str(status), reason, detail, "finish", traceback=traceback)
 
     def _finish(
-        self, status: str, reason: str, detail: str, write: str, result: Any = None
+        self,
+        status: str,
+        reason: str,
+        detail: str,
+        write: str,
+        result: Any = None,
+        traceback: str | None = None,
     ) -> None:
         # an effect dispatched without an outcome ends the run UNKNOWN whatever ``status``
         # says: the attempt may not know of it, and it must be reconciled first
         if self.ledger.unresolved(self.lease.task_id):
             status, reason = "UNKNOWN", "effect_unresolved"
-        changes = {"status": status, "reason": reason, "detail": detail, "result": result}
+        changes = {
+            "status": status,
+            "reason": reason,
+            "detail": detail,
+            "result": result,
+            "traceback": traceback,
+        }
         self._write(status.lower(), write, **changes, lease_expires_at=None)
 
     def retry(

@@ -3,6 +3,7 @@ No queries here; every instant is UTC to the millisecond with a ``Z``."""
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -10,14 +11,19 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from ..explain import utc
-from ..rules.states import STATUS_LABELS, TERMINAL, Status
+from ..rules.outcomes import PERFORMED_PAST_DEADLINE
+from ..rules.states import EFFECT_LABELS, STATUS_LABELS, TERMINAL, EffectState, Status
 
 __all__ = [
     "badge",
+    "breakable",
     "describe_time_left",
     "dotted",
+    "effect_badge",
     "human",
     "message_parts",
+    "released_as",
+    "resolving_does",
     "short_id",
     "utc",
 ]
@@ -47,11 +53,18 @@ STYLE = SafeString(
     ".cdl-effects td.cdl-mono{white-space:normal;min-width:9em}"
     ".cdl-effects td:last-child{white-space:nowrap}"
     ".cdl-mono{font-family:monospace;white-space:nowrap}"
+    ".cdl-traceback{max-height:30em;overflow:auto;white-space:pre-wrap;font-size:11px}"
+    ".cdl-warning{background:#fff3cd;border:1px solid #d4a72c;padding:8px 12px}"
     "#result_list thead th,#result_list thead th *{white-space:normal}"
-    "#result_list td.field-owner,#result_list td.field-reason"
-    "{max-width:14em;overflow-wrap:anywhere}"
-    "#result_list td.field-task{max-width:14em;overflow-wrap:break-word}"
-    "#result_list td.field-created_and_time_left"
+    # ids, keys, reasons and owners wrap only where display.breakable put a <wbr> (after
+    # a separator): break-word, unlike anywhere, does not let the table squeeze a
+    # column into breaking inside a word (retry_budge|t_exhauste|d)
+    "#result_list td.field-short_task_id,#result_list td.field-owner_breakable,"
+    "#result_list td.field-status_and_reason,#result_list td.field-key_breakable,"
+    "#result_list td.field-run_link,#result_list td.field-evidence_short"
+    "{max-width:16em;overflow-wrap:break-word;word-break:normal}"
+    "#result_list td.field-task{max-width:14em;overflow-wrap:break-word;word-break:normal}"
+    "#result_list td.field-created_and_time_left,#result_list td.field-state_and_updated"
     "{white-space:nowrap}"
     "details.cdl>summary{cursor:pointer;font-weight:bold;padding:6px 0}</style>"
 )
@@ -71,6 +84,75 @@ def badge(status: str) -> SafeString:
     )
 
 
+#: An effect state's badge colour: waiting grey, out blue, unknown as a run's UNKNOWN,
+#: done green, refused red.
+EFFECT_COLOURS = {
+    EffectState.INTENT_RECORDED: "#6c757d",
+    EffectState.DISPATCHED: "#0d6efd",
+    EffectState.UNKNOWN: COLOURS[Status.UNKNOWN],
+    EffectState.SUCCEEDED: "#198754",
+    EffectState.FAILED: "#dc3545",
+    EffectState.NOT_DISPATCHED: "#6c757d",
+}
+
+
+def effect_badge(state: str) -> SafeString:
+    """An effect's state as a coloured badge (UNKNOWN as a run's), its label the tooltip."""
+    try:
+        known = EffectState(state)
+    except ValueError:
+        return format_html('<span class="cdl-badge" style="background:#333">{}</span>', state)
+    return format_html(
+        '<span class="cdl-badge" style="background:{}" title="{}">{}</span>',
+        EFFECT_COLOURS[known],
+        EFFECT_LABELS[known],
+        state,
+    )
+
+
+def resolving_does(*, deadline: datetime | None, now: datetime) -> tuple[bool, str]:
+    """What resolving an effect of a run with ``deadline`` does now (by the database
+    clock ``now``): whether the deadline has passed, and the sentence the resolve form
+    shows before the operator submits."""
+    if deadline is not None and deadline <= now:
+        return True, (
+            f"its deadline passed {human((now - deadline).total_seconds())} ago "
+            f"({utc(deadline)}): resolving ends the run EXPIRED. Found: the effect is "
+            f"recorded as performed and the run ends {PERFORMED_PAST_DEADLINE}; its "
+            "result is not replayed (the task does not go on after it), and its caller "
+            "is told PerformedPastDeadline. Not found: it ends deadline_passed, nothing "
+            "is dispatched again, and its caller is told DeadlineRefused."
+        )
+    left = (
+        "no deadline"
+        if deadline is None
+        else (
+            f"{human((deadline - now).total_seconds())} left until its deadline ({utc(deadline)})"
+        )
+    )
+    return False, (
+        f"{left}: resolving queues the run again at once. Found: the effect is recorded as "
+        "performed and its result is replayed to the run's next attempt (not called "
+        "again). Not found: the next attempt dispatches it again."
+    )
+
+
+def released_as(status: str, reason: str) -> str:
+    """What releasing a run after its effects were settled did, in an operator's words."""
+    if status == Status.QUEUED:
+        return "requeued (its next attempt replays the effect's result, or dispatches it again)"
+    if reason == PERFORMED_PAST_DEADLINE:
+        return (
+            f"expired ({reason}: the effect is recorded as performed, but the deadline had "
+            "passed: the task does not go on after it, and its caller is told "
+            "PerformedPastDeadline)"
+        )
+    return (
+        f"expired ({reason}: the deadline had passed; nothing is dispatched again, and its "
+        "caller is told DeadlineRefused)"
+    )
+
+
 def dotted(name: str) -> SafeString:
     """A dotted name (``shop.tasks.send_confirmation``) that wraps after its dots, not
     inside a word: a word-break opportunity after each dot."""
@@ -78,9 +160,29 @@ def dotted(name: str) -> SafeString:
     return format_html_join(SafeString(".<wbr>"), "{}", ((part,) for part in parts))
 
 
-def short_id(task_id: str, length: int = 8) -> str:
-    """The first characters of a task id (the full id is the link's title)."""
-    return task_id if len(task_id) <= length + 1 else f"{task_id[:length]}…"
+#: A Celery task id: a UUID, shown by its first 8 hex digits.
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+#: Where an id, a key, a name or an owner may wrap: after these.
+_SEPARATORS = re.compile(r"(?<=[.:_@/\-])")
+
+
+def short_id(task_id: str, length: int = 8, longest: int = 36) -> str:
+    """A task id as the list shows it: a UUID (Celery's) by its first ``length``
+    characters and an ellipsis, unique in practice (search and ``explain`` take it);
+    any other id (a custom one, ``order-42:capture``) whole, up to ``longest``
+    characters, else its first ``longest - 1`` and an ellipsis. The whole id is the
+    title."""
+    if _UUID.fullmatch(task_id):
+        return f"{task_id[:length]}…"
+    return task_id if len(task_id) <= longest else f"{task_id[: longest - 1]}…"
+
+
+def breakable(text: str) -> SafeString:
+    """``text`` with a word-break opportunity after each ``. : _ @ / -``: a long id,
+    key, reason or owner wraps there, never inside a word."""
+    return format_html_join(
+        SafeString("<wbr>"), "{}", ((part,) for part in _SEPARATORS.split(text))
+    )
 
 
 def human(seconds: float) -> str:

@@ -17,39 +17,54 @@ from ..ledger import operations
 from ..ledger.sql.connection import Store
 from ..ledger.sql.effects import Pending
 from ..models import Effect, EffectState
+from . import resolving
 from .base import ReadOnlyAdmin, operator
-from .display import utc
+from .display import STYLE, badge, breakable, effect_badge, released_as, short_id, utc
+from .listing import BoundedPaginator, EffectNameFilter, console_queryset
+from .resolving import ResolveForm
 
 #: The effect's instants, shown in UTC to the millisecond.
 INSTANTS = ("created_at", "dispatched_at", "updated_at", "asked_at")
-
-
-def _released(status: str) -> str:
-    """What releasing a run after its effects were settled did, in an operator's words."""
-    if status == "QUEUED":
-        return "requeued (its next attempt replays or dispatches the effect)"
-    return "expired (deadline_passed: the deadline passed while the outcome was unknown)"
 
 
 @admin.register(Effect)
 class EffectAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
     """Effects, and the operator's way out of UNKNOWN: resolve with evidence."""
 
+    change_list_template = "admin/celery_deadlines/effect/change_list.html"
+    # two-line cells where two facts go together, so the list fits a 1,366-pixel
+    # screen with the sidebar open (the browser test measures it)
     list_display = (
-        "key",
-        "name",
-        "kind",
-        "state",
+        "key_breakable",
+        "name_and_kind",
+        "state_and_updated",
         "run_link",
-        "lease_token",
-        "dispatches",
-        "evidence",
-        "updated_utc",
+        "token_and_dispatch",
+        "evidence_short",
     )
-    list_filter = ("state", "kind", "name")
+    # as the run list (admin/listing.py): every query reads an index at any size
+    list_filter = ("state", "kind", ("name", EffectNameFilter))
+    list_select_related = ("run",)
+    show_facets = admin.ShowFacets.NEVER
+    show_full_result_count = False
+    paginator = BoundedPaginator
+    # the one column with an ordering (its unique index): no other sorts, even by URL
+    sortable_by = ("key_breakable",)
     search_fields = ("=key",)
+    search_help_text = "An exact effect key."
     ordering = ("-id",)
     actions = ("resolve",)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Effect]:
+        return console_queryset(super().get_queryset(request))
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Effect], search_term: str
+    ) -> tuple[QuerySet[Effect], bool]:
+        """The effect whose key is exactly ``search_term`` (its unique index; Django's
+        ``=key`` would compare upper-cased keys and read every effect)."""
+        term = search_term.strip()
+        return (queryset.filter(key=term) if term else queryset), False
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         return [
@@ -59,6 +74,37 @@ class EffectAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return list(self.get_fields(request, obj))
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        return super().changelist_view(request, {**(extra_context or {}), "cdl": STYLE})
+
+    @admin.display(description="key", ordering="key")
+    def key_breakable(self, effect: Effect) -> SafeString:
+        """The key, wrapping after its separators (``order-42:capture:v1``)."""
+        return breakable(effect.key)
+
+    @admin.display(description="name / kind")
+    def name_and_kind(self, effect: Effect) -> SafeString:
+        return format_html("{}<br>{}", breakable(effect.name), effect.kind)
+
+    @admin.display(description="state / updated (UTC)")
+    def state_and_updated(self, effect: Effect) -> SafeString:
+        """The state as a badge (UNKNOWN stands out), above its last change."""
+        return format_html("{}<br>{}", effect_badge(effect.state), utc(effect.updated_at))
+
+    @admin.display(description="token / dispatch")
+    def token_and_dispatch(self, effect: Effect) -> str:
+        """The token of the attempt that last acted on it, and its dispatch number."""
+        return f"{effect.lease_token} / {effect.dispatches}"
+
+    @admin.display(description="evidence")
+    def evidence_short(self, effect: Effect) -> SafeString | str:
+        """The evidence as JSON, its first 80 characters (the whole as the title)."""
+        if effect.evidence is None:
+            return "-"
+        whole = json.dumps(effect.evidence, default=repr)
+        shown = whole if len(whole) <= 80 else f"{whole[:79]}…"
+        return format_html('<span title="{}">{}</span>', whole, shown)
 
     @admin.display(description="created (UTC)", ordering="created_at")
     def created_at_utc(self, effect: Effect) -> str:
@@ -72,8 +118,6 @@ class EffectAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
     def updated_at_utc(self, effect: Effect) -> str:
         return utc(effect.updated_at)
 
-    updated_utc = updated_at_utc
-
     @admin.display(description="last asked for (UTC)", ordering="asked_at")
     def asked_at_utc(self, effect: Effect) -> str:
         return utc(effect.asked_at)
@@ -83,38 +127,44 @@ class EffectAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.display(description="run")
     def run_link(self, effect: Effect) -> SafeString:
+        """The run's short id (the whole one as its title) and status: the task's name
+        is on its page, and would widen the list past a laptop's screen."""
+        run = effect.run
         url = reverse("admin:celery_deadlines_run_change", args=[effect.run_id])
-        return format_html('<a href="{}">{}</a>', url, effect.run)
+        return format_html(
+            '<a href="{}" title="{}">{}</a> {}',
+            url,
+            f"{run.task_name}[{run.task_id}]",
+            breakable(short_id(run.task_id)),
+            badge(run.status),
+        )
 
     @admin.action(description="Resolve an unknown outcome, with evidence", permissions=["resolve"])
     def resolve(self, request: HttpRequest, queryset: QuerySet[Effect]) -> Any:
-        from django.template.response import TemplateResponse
-
-        unknown = list(queryset.filter(state__in=[EffectState.UNKNOWN, EffectState.DISPATCHED]))
-        if "apply" not in request.POST:
-            return TemplateResponse(
-                request,
-                "admin/celery_deadlines/resolve_effects.html",
-                {
-                    **self.admin_site.each_context(request),
-                    "effects": unknown,
-                    "opts": self.model._meta,
-                    "title": "Resolve effects of unknown outcome",
-                },
+        """The resolve form (what resolving does to each run, by the database clock),
+        then each selected effect settled as the operator says, through
+        :func:`~celery_deadlines.ledger.operations.settle_effect`. A submission with an
+        error is shown again, the errors beside their fields, nothing lost."""
+        unknown = list(
+            queryset.filter(state__in=[EffectState.UNKNOWN, EffectState.DISPATCHED]).select_related(
+                "run"
             )
-        evidence = str(request.POST.get("evidence", "")).strip()
-        found = request.POST.get("found") == "yes"
-        try:
-            result = json.loads(request.POST.get("result") or "null") if found else None
-        except ValueError:
-            self.message_user(request, "The result must be JSON.", messages.ERROR)
-            return None
-        if not evidence:
-            self.message_user(request, "Evidence is required.", messages.ERROR)
-            return None
+        )
+        store = Store(queryset.db)
+        context = {**self.admin_site.each_context(request), "opts": self.model._meta}
+        if "apply" not in request.POST:
+            return resolving.page(
+                request, context, unknown, ResolveForm(), now=store.database_now()
+            )
+        form = ResolveForm(request.POST)
+        if not form.is_valid():
+            return resolving.page(
+                request, context, unknown, form, now=store.database_now(), seen=request.POST
+            )
         from celery import current_app
 
-        store = Store(queryset.db)
+        found = form.cleaned_data["found"] == "yes"
+        evidence = form.cleaned_data["evidence"].strip()
         who = operator(request)
         resolved, changed, released = 0, [], []
         for effect in unknown:
@@ -127,7 +177,7 @@ class EffectAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
                 store,
                 seen,
                 found=found,
-                result=result,
+                result=form.cleaned_data["replayed"],
                 evidence=f"{evidence} ({who})",
                 by=who,
             )
@@ -135,7 +185,7 @@ class EffectAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
                 resolved += 1
                 said = f"Resolved as {'found' if found else 'not found'}: {evidence}"
                 if settled.released:
-                    moved = _released(settled.released)
+                    moved = released_as(settled.released, settled.reason)
                     released.append(f"run {effect.run.task_id} {moved}")
                     said += f"; run {moved}"
                 self.log_change(request, effect, said)

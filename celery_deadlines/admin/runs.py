@@ -20,31 +20,46 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from ..clock import get_clock
-from ..explain import explanation_of
+from ..explain import Explanation, explanation_of
+from ..explain import text as said
 from ..ledger import operations
 from ..ledger.sql.connection import Store
-from ..models import EffectState, Run, Status
+from ..models import Effect, EffectState, Run, Status
 from .base import ReadOnlyAdmin, operator
 from .display import (
     STYLE,
     badge,
+    breakable,
     describe_time_left,
     dotted,
+    effect_badge,
     human,
     message_parts,
     short_id,
     utc,
 )
+from .listing import (
+    BoundedPaginator,
+    QueueFilter,
+    ReasonFilter,
+    TaskNameFilter,
+    console_queryset,
+    search,
+)
 
 #: The database clock, read once for the page being rendered (the list's time left).
 _database_now: ContextVar[datetime | None] = ContextVar("cdl_database_now", default=None)
+#: The run's explanation, built once for the page being rendered: the summary and the
+#: sections say the same (one owner, one claim, one runtime).
+_explained: ContextVar[Explanation | None] = ContextVar("cdl_explained", default=None)
 
 SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Times (database clock)", ("created_utc", "started", "runtime", "ended", "time_limits")),
+    ("Result or error (what the caller was told)", ("result_or_error",)),
     ("Message (what the task was called with)", ("args", "kwargs", "options")),
-    ("Result or error", ("result_or_error",)),
     (
         "Lease (who may act on this run now)",
-        ("owner", "lease_expires_utc", "lease_token", "version", "attempt", "lost_leases"),
+        ("owner_now", "lease_expires_utc", "lease_token", "version", "attempt", "lost_leases"),
     ),
     (
         "Last durable checkpoint",
@@ -54,10 +69,7 @@ SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "Schedule (the occurrence this run is for)",
         ("schedule", "schedule_zone", "schedule_local", "not_before_utc"),
     ),
-    (
-        "Outbox",
-        ("retries", "available_utc", "published_utc", "created_utc", "updated_utc"),
-    ),
+    ("Outbox", ("retries", "available_utc", "published_utc", "updated_utc")),
 )
 
 
@@ -71,19 +83,60 @@ class RunAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = (
         "short_task_id",
         "task",
-        "status_badge",
-        "reason",
+        "status_and_reason",
         "created_and_time_left",
-        "owner",
+        "owner_breakable",
     )
     list_display_links = ("short_task_id",)
+    # Every query of the list reads an index, at any size (admin/listing.py; held by
+    # tests/django/test_console_plans.py): the statuses are the enum's, the other
+    # filters' values a loose index scan, the periods of the date hierarchy one index
+    # probe each, the count bounded; only the creation instant sorts (its index).
     date_hierarchy = "created_at"
-    list_filter = ("status", "reason", "task_name", "queue", "created_at")
-    search_fields = ("=task_id", "=root_id", "=parent_id", "=effects__key", "task_name")
-    search_help_text = "A task name (or part of one), or an exact task, root, parent or effect key."
-    ordering = ("-id",)
+    list_filter = (
+        "status",
+        ("reason", ReasonFilter),
+        ("task_name", TaskNameFilter),
+        ("queue", QueueFilter),
+        "created_at",
+    )
+    show_facets = admin.ShowFacets.NEVER
+    show_full_result_count = False
+    paginator = BoundedPaginator
+    # the one column with an ordering (its index): no other sorts, even asked by URL
+    sortable_by = ("created_and_time_left",)
+    # what get_search_results searches (Django shows the box for these)
+    search_fields = ("task_id", "=root_id", "=parent_id", "task_name")
+    search_help_text = (
+        "A task id or its start (the short id shown), an exact root id, parent id or "
+        "effect key, or part of a task name."
+    )
+    # newest first, read from cdl_run_created_idx (a filtered page from its filter's
+    # index, which holds the creation instant after the value)
+    ordering = ("-created_at", "-id")
     list_per_page = 50
     actions = ("expire_now", "requeue")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Run]:
+        return console_queryset(super().get_queryset(request))
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Run], search_term: str
+    ) -> tuple[QuerySet[Run], bool]:
+        """:func:`.listing.search`: each kind of id through its index, no duplicates."""
+        db = queryset.db
+
+        def runs_of_key(key: str) -> list[int]:
+            return list(Effect.objects.using(db).filter(key=key).values_list("run_id", flat=True))
+
+        found = search(
+            queryset,
+            search_term,
+            task_names=lambda: Store(db).console.task_names(),
+            runs_of_key=runs_of_key,
+            finds=lambda condition: Run.objects.using(db).filter(condition).exists(),
+        )
+        return found, False
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         """The sections; one with nothing to show is collapsed."""
@@ -122,38 +175,58 @@ class RunAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
     ) -> HttpResponse:
+        """The run's page, its summary and sections made from one explanation."""
         run = self.get_object(request, object_id)
         context = dict(extra_context or {})
+        found = None
         if run is not None:
-            context.update(self._panels(request, run))
-        return super().change_view(request, object_id, form_url, context)
+            found = explanation_of(run.task_id, using=run._state.db or "default")
+            context.update(self._panels(request, run, found))
+        token = _explained.set(found)
+        try:
+            response = super().change_view(request, object_id, form_url, context)
+            if hasattr(response, "render"):
+                response.render()  # the sections read the explanation while it is set
+            return response
+        finally:
+            _explained.reset(token)
 
     def _db(self, request: HttpRequest) -> str:
         return self.get_queryset(request).db
 
-    def _panels(self, request: HttpRequest, run: Run) -> dict[str, Any]:
+    def _panels(self, request: HttpRequest, run: Run, found: Explanation | None) -> dict[str, Any]:
         """The page's summary (the explanation, by the database clock), timeline,
         effects and workflow."""
         db = run._state.db or "default"
-        found = explanation_of(run.task_id, using=db)
         if found is None:
             return {}
         left, ended = found["time_left_seconds"], found["ended"]
         if ended is not None:
             ran = ended["ran_seconds"]
-            time = f"ended {ended['at']}" + (f", ran {human(ran)}" if ran is not None else "")
+            time = f"ended {ended['at']}" + (
+                f", ran {said.duration(ran)}" if ran is not None else ", never claimed"
+            )
         elif left is None:
             time = "no deadline"
         elif left < 0:
             time = f"passed {human(left)} ago"
         else:
             time = f"{human(left)} left"
-        family = {r.task_id: r for r in Run.objects.using(db).filter(root_id=run.root_id)}
+        # the runs the workflow section names, by their task ids (never the whole
+        # family: a root's runs can be a million, and runs recorded without one share '')
+        named = {run.root_id, run.parent_id, *(c["task_id"] for c in found["children"])}
+        family = {r.task_id: r for r in Run.objects.using(db).filter(task_id__in=named - {""})}
         effects = list(run.effects.using(db).order_by("id"))
         return {
             "cdl": STYLE,
             "summary": found,
             "status_badge": badge(run.status),
+            "reason": breakable(run.reason),
+            "owner_now": said.owner_now(found),
+            "claimed": said.claimed(found),
+            "started": said.started(found),
+            "runtime": said.runtime(found),
+            "time_limits": said.limits_text(found["time_limits"]),
             "time": time,
             "timeline": found["history"],
             "effects": [
@@ -162,7 +235,7 @@ class RunAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
                     "key": e.key,
                     "name": e.name,
                     "kind": e.kind,
-                    "state": e.state,
+                    "state": effect_badge(e.state),
                     "token": e.lease_token,
                     "dispatches": e.dispatches,
                     "dispatched": utc(e.dispatched_at),
@@ -199,7 +272,7 @@ class RunAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
             return ""
         if task_id == run.task_id:
             return format_html("this run {}", badge(run.status))
-        member = family.get(task_id) or Run.objects.filter(task_id=task_id).first()
+        member = family.get(task_id)
         if member is None:
             return task_id
         return format_html(
@@ -210,17 +283,58 @@ class RunAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
             badge(member.status),
         )
 
-    @admin.display(description="id", ordering="task_id")
+    @admin.display(description="id")
     def short_task_id(self, run: Run) -> SafeString:
-        return format_html('<span title="{}">{}</span>', run.task_id, short_id(run.task_id))
+        """A UUID by its first 8 characters, a custom id whole (wrapping after its
+        separators); the whole id is the title."""
+        return format_html(
+            '<span title="{}">{}</span>', run.task_id, breakable(short_id(run.task_id))
+        )
 
-    @admin.display(description="task name", ordering="task_name")
+    @admin.display(description="status / reason")
+    def status_and_reason(self, run: Run) -> SafeString:
+        """The status badge above the reason (wrapping only after its underscores): one
+        cell, so the list fits a 1,366-pixel screen with the sidebar open."""
+        if not run.reason:
+            return badge(run.status)
+        return format_html(
+            '{}<br><span class="cdl-reason">{}</span>', badge(run.status), breakable(run.reason)
+        )
+
+    def _said(self, words: Callable[[Explanation], str]) -> str:
+        """What the page's explanation says (``-`` outside the run's page)."""
+        found = _explained.get()
+        return "-" if found is None else words(found)
+
+    @admin.display(description="owner now")
+    def owner_now(self, run: Run) -> str:
+        """The summary's words: a live lease's owner, else nobody (and the last claim's)."""
+        return self._said(said.owner_now)
+
+    @admin.display(description="started (UTC)")
+    def started(self, run: Run) -> str:
+        return self._said(said.started)
+
+    @admin.display(description="runtime")
+    def runtime(self, run: Run) -> str:
+        return self._said(said.runtime)
+
+    @admin.display(description="ended (UTC)")
+    def ended(self, run: Run) -> str:
+        return self._said(lambda f: f["ended"]["at"] if f["ended"] else "-")
+
+    @admin.display(description="time limits")
+    def time_limits(self, run: Run) -> str:
+        return self._said(lambda f: said.limits_text(f["time_limits"]))
+
+    @admin.display(description="owner")
+    def owner_breakable(self, run: Run) -> SafeString:
+        """The owner, wrapping after its separators (``celery@host-1.example:42``)."""
+        return breakable(run.owner)
+
+    @admin.display(description="task name")
     def task(self, run: Run) -> SafeString:
         return dotted(run.task_name)
-
-    @admin.display(description="status", ordering="status")
-    def status_badge(self, run: Run) -> SafeString:
-        return badge(run.status)
 
     @admin.display(description="time left / ended after")
     def time_left(self, run: Run) -> str:
@@ -290,8 +404,13 @@ class RunAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
     @admin.display(description="result or error")
     def result_or_error(self, run: Run) -> SafeString | str:
         """The stored result (django-celery-results' ``TaskResult``, linked, when it is
-        installed), else the error a failed run ended with."""
-        error = run.detail if run.status == Status.FAILED and run.detail else "-"
+        installed), else the error a failed run ended with and its traceback as the run
+        kept it (bounded: ``rules.outcomes.TRACEBACK_LIMIT``)."""
+        error: SafeString | str = "-"
+        if run.status == Status.FAILED and run.traceback:
+            error = format_html('{}<pre class="cdl-traceback">{}</pre>', run.detail, run.traceback)
+        elif run.status == Status.FAILED and run.detail:
+            error = run.detail
         if not apps.is_installed("django_celery_results"):
             return error
         model = apps.get_model("django_celery_results", "TaskResult")
@@ -303,7 +422,9 @@ class RunAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
             url = reverse("admin:django_celery_results_taskresult_change", args=[stored.pk])
         except NoReverseMatch:
             return f"{stored.status}: {shown}"
-        return format_html('<a href="{}">{}</a>: <pre>{}</pre>', url, stored.status, shown)
+        return format_html(
+            '<a href="{}">{}</a>: <pre class="cdl-traceback">{}</pre>', url, stored.status, shown
+        )
 
     @admin.action(description="Expire now (fences the current holder)", permissions=["expire"])
     def expire_now(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:

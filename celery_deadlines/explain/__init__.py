@@ -15,11 +15,20 @@ from __future__ import annotations
 
 import json
 
-from .facts import explanation_of, facts
+from .facts import explanation_of, facts, task_ids_named, typed_id
 from .shape import Explanation, utc
 from .text import render_text
 
-__all__ = ["Explanation", "explanation_of", "facts", "render_text", "to_json", "utc"]
+__all__ = [
+    "Explanation",
+    "explanation_of",
+    "facts",
+    "render_text",
+    "task_ids_named",
+    "to_json",
+    "typed_id",
+    "utc",
+]
 
 
 def to_json(explanation: Explanation) -> str:

@@ -6,9 +6,11 @@ through :func:`explanation_of`; the text and the JSON are both rendered from the
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from ..models import Effect, Run, RunEvent, RunPlan
+from ..rules import gates
+from ..rules.outcomes import PERFORMED_PAST_DEADLINE
 from ..rules.states import TERMINAL, UNRESOLVED, EffectState, Status
 from .shape import (
     Checkpoint,
@@ -22,6 +24,7 @@ from .shape import (
     PlanFacts,
     Refused,
     Replay,
+    TimeLimits,
     UnknownEffect,
     instant,
     seconds,
@@ -35,6 +38,34 @@ REPLAYED_BY = {
     "reconciled": "the reconciler: its effects were resolved",
     "requeue_now": "an operator",
 }
+
+
+#: What the operator may have copied with a short id from the admin's list: its ellipsis.
+ELLIPSES = ("…", "...")
+
+
+def typed_id(text: str) -> str:
+    """An id as the operator has it, as it is looked up: without the space around it,
+    nor the ellipsis of a short id copied from the admin's list (``3f2a4c1e…``)."""
+    given = text.strip()
+    for ellipsis in ELLIPSES:
+        given = given.removesuffix(ellipsis)
+    return given.strip()
+
+
+def task_ids_named(given: str, using: str = "default", most: int = 5) -> list[str]:
+    """The task ids ``given`` names: itself if a run has it (a whole id is never
+    ambiguous, even when it starts another), else the ids of the runs whose task id
+    starts with it (:func:`typed_id`), in order, at most ``most`` + 1 (more than
+    ``most``: there are more). One probe of the task id's index either way."""
+    given = typed_id(given)
+    runs = Run.objects.using(using)
+    if not given:
+        return []
+    if runs.filter(task_id=given).exists():
+        return [given]
+    starting = runs.filter(task_id__startswith=given).order_by("task_id")
+    return list(starting.values_list("task_id", flat=True)[: most + 1])
 
 
 def explanation_of(task_id: str, using: str = "default") -> Explanation | None:
@@ -51,8 +82,25 @@ def explanation_of(task_id: str, using: str = "default") -> Explanation | None:
         effects=list(run.effects.using(using).order_by("id")),
         plans=list(run.plans.using(using).order_by("id")),
         children=list(Run.objects.using(using).filter(parent_id=task_id).order_by("id")),
+        limits=task_limits(run.task_name),
         database_now=Store(using).database_now(),  # read last: no row is younger
     )
+
+
+#: A task's own time limits (hard, soft; ``None``: none), as a Celery app has them.
+Limits = tuple[float | None, float | None]
+
+
+def task_limits(task_name: str) -> Limits | None:
+    """The task's own time limits as this process's Celery app has them (its
+    ``time_limit`` and ``soft_time_limit``, which default to the app's settings), or
+    ``None`` when the task is not registered here."""
+    from celery import current_app
+
+    task = current_app.tasks.get(task_name)
+    if task is None:
+        return None
+    return (task.time_limit or None, task.soft_time_limit or None)
 
 
 def facts(
@@ -62,16 +110,21 @@ def facts(
     effects: Sequence[Effect] = (),
     plans: Sequence[RunPlan] = (),
     children: Sequence[Run] = (),
+    limits: Limits | None = None,
     database_now: datetime,
 ) -> Explanation:
-    """The checklist's answers for ``run`` as plain values (``events`` oldest first)."""
+    """The checklist's answers for ``run`` as plain values (``events`` oldest first;
+    ``limits``: the task's own time limits, ``None`` if not known here)."""
     applied = [e for e in events if e.outcome == RunEvent.Outcome.APPLIED]
     claims = [e for e in applied if e.kind == "claim"]
     current_claim = next((e for e in reversed(claims) if e.lease_token == run.lease_token), None)
+    # a released run (its token moved on) was last claimed all the same
+    claim = current_claim or (claims[-1] if claims else None)
     live = run.lease_expires_at is not None and run.lease_expires_at > database_now
     planned = [e for e in effects if e.state == EffectState.INTENT_RECORDED]
     dispatched = [e for e in effects if e.state == EffectState.DISPATCHED]
-    ended = _ended(run, applied, claims[0].at if claims else None)
+    runtime = running_time(applied, database_now)
+    ended = _ended(run, applied, runtime)
     left = None
     if ended is None and run.deadline is not None:
         left = seconds(run.deadline - database_now)
@@ -90,11 +143,17 @@ def facts(
         "ended": ended,
         "next_step": next_step(run, effects, live=live, time_left=left),
         "owner": run.owner if live else None,
+        "last_owner": (claims[-1].owner or None) if claims else None,
         "lease_expires_at": instant(run.lease_expires_at),
         "lease_live": live,
         "fencing_token": run.lease_token,
-        "claimed_version": current_claim.version if current_claim else None,
-        "claimed_at": instant(current_claim.at) if current_claim else None,
+        "claimed_version": claim.version if claim else None,
+        "claimed_at": instant(claim.at) if claim else None,
+        "claimed_token": claim.lease_token if claim else None,
+        "started_at": instant(claims[0].at) if claims else None,
+        "runtime_seconds": None if runtime is None else seconds(runtime),
+        "time_limits": _limits(run, claims[-1] if claims else None, limits),
+        "traceback": run.traceback,
         "version": run.version,
         "attempts": run.attempt,
         "lost_leases": run.lost_leases,
@@ -175,6 +234,11 @@ def next_step(run: Run, effects: Sequence[Effect], *, live: bool, time_left: flo
     status = run.status
     if status == Status.SUCCEEDED:
         return "none: it succeeded (final)"
+    if status == Status.EXPIRED and run.reason == PERFORMED_PAST_DEADLINE:
+        return (
+            "none: it expired after its side effect was performed (final); the task's "
+            "work after the effect did not run"
+        )
     if status == Status.EXPIRED:
         return "none: it expired (final)"
     if status == Status.FAILED:
@@ -202,7 +266,46 @@ def next_step(run: Run, effects: Sequence[Effect], *, live: bool, time_left: flo
     return "a worker's claim (the sweeper republishes it if it waits too long)"
 
 
-def _ended(run: Run, applied: Sequence[RunEvent], first_claim: datetime | None) -> Ended | None:
+def running_time(applied: Sequence[RunEvent], now: datetime) -> timedelta | None:
+    """How long the run was RUNNING, by its applied events (oldest first), summed over
+    its attempts: a run that waited UNKNOWN for an operator did not run meanwhile. A
+    run RUNNING at its last event counts up to ``now``. ``None``: never claimed."""
+    total, since, claimed = timedelta(0), None, False
+    for event in applied:
+        running = event.status == Status.RUNNING
+        if running and since is None:
+            since, claimed = event.at, True
+        elif not running and since is not None:
+            total += event.at - since
+            since = None
+    if since is not None:
+        total += max(now - since, timedelta(0))
+    return total if claimed else None
+
+
+def _limits(run: Run, claim: RunEvent | None, limits: Limits | None) -> TimeLimits | None:
+    """The time limits the attempt gate gave the attempt of ``claim``: the task's own
+    (``limits``) capped at the time the deadline left then. ``None``: no deadline, or
+    never claimed."""
+    if run.deadline is None or claim is None:
+        return None
+    task_hard, task_soft = limits if limits is not None else (None, None)
+    hard, soft = gates.cap_time_limits(
+        run.deadline - claim.at, task_hard, task_soft, gates.MIN_TIME_LIMIT
+    )
+    return TimeLimits(
+        at=utc(claim.at),
+        hard_seconds=round(hard, 3),
+        soft_seconds=None if soft is None else round(soft, 3),
+        task_known=limits is not None,
+        task_hard_seconds=task_hard,
+        task_soft_seconds=task_soft,
+        hard_capped=task_hard is None or hard < task_hard,
+        soft_capped=soft is not None and task_soft is not None and soft < task_soft,
+    )
+
+
+def _ended(run: Run, applied: Sequence[RunEvent], runtime: timedelta | None) -> Ended | None:
     """When ``run`` reached its final status: the last applied event that moved it into
     one (the last write if the history is not given)."""
     if run.status not in TERMINAL:
@@ -215,7 +318,7 @@ def _ended(run: Run, applied: Sequence[RunEvent], first_claim: datetime | None) 
         before = event.status
     return Ended(
         at=utc(at),
-        ran_seconds=None if first_claim is None else seconds(at - first_claim),
+        ran_seconds=None if runtime is None else seconds(runtime),
         after_enqueue_seconds=seconds(at - run.created_at),
         before_deadline_seconds=None if run.deadline is None else seconds(run.deadline - at),
     )

@@ -86,13 +86,32 @@ class Checkpoint(TypedDict):
 
 class Ended(TypedDict):
     """When a run reached its final status (SUCCEEDED, FAILED, EXPIRED), and how long
-    it took: from its first claim (``null``: never claimed), from its enqueue, and how far
-    before its deadline (negative: after it; ``null``: no deadline)."""
+    it took: how long it ran (its time RUNNING, summed over its attempts; ``null``: never
+    claimed), from its enqueue, and how far before its deadline (negative: after it;
+    ``null``: no deadline)."""
 
     at: str
     ran_seconds: float | None
     after_enqueue_seconds: float
     before_deadline_seconds: float | None
+
+
+class TimeLimits(TypedDict):
+    """The time limits the attempt gate gives the run's last attempt: the task's own
+    (as this process's Celery app has them; ``task_known`` false: not registered here),
+    capped at the time its deadline left at its claim (``at``). The worker caps them a
+    few milliseconds before the claim, when it hands the run to a pool process (only the
+    prefork and gevent pools enforce them)."""
+
+    at: str
+    hard_seconds: float
+    soft_seconds: float | None
+    task_known: bool
+    task_hard_seconds: float | None
+    task_soft_seconds: float | None
+    #: the deadline made the limit (shorter than the task's own, or the task has none)
+    hard_capped: bool
+    soft_capped: bool
 
 
 class NextEffect(TypedDict):
@@ -134,12 +153,25 @@ class Explanation(TypedDict):
     ended: Ended | None
     #: what moves the run next (for UNKNOWN: what resolves it)
     next_step: str
+    #: the owner of a live lease; ``null``: nobody may act on the run now
     owner: str | None
+    #: who made the run's last claim (``null``: never claimed)
+    last_owner: str | None
     lease_expires_at: str | None
     lease_live: bool
     fencing_token: int
+    #: the current token's claim, else the last claim (the run was released since)
     claimed_version: int | None
     claimed_at: str | None
+    claimed_token: int | None
+    #: the first claim (the body starts right after a claim); ``null``: never claimed
+    started_at: str | None
+    #: its time RUNNING, summed over its attempts (a running one's up to the database
+    #: clock); ``null``: never claimed
+    runtime_seconds: float | None
+    time_limits: TimeLimits | None
+    #: a failed body's traceback, as kept (bounded); ``null``: none kept
+    traceback: str | None
     version: int
     attempts: int
     lost_leases: int

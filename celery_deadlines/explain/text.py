@@ -13,7 +13,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from .shape import Ended, Explanation
+from .shape import Ended, Explanation, TimeLimits
 
 #: Between two columns.
 GAP = "  "
@@ -31,6 +31,9 @@ def render_text(f: Explanation) -> list[str]:
         _time(f),
         ("database clock", f["database_clock"]),
         ("next step", f["next_step"]),
+        ("started", started(f)),
+        ("runtime", runtime(f)),
+        ("time limits", limits_text(f["time_limits"])),
         *_lease(f),
         ("family", _family(f)),
     ]
@@ -104,7 +107,13 @@ def render_text(f: Explanation) -> list[str]:
             ],
         ),
     ]
-    return [printable(line) for line in lines + _sections(sections)]
+    trace = f["traceback"]
+    tail = (
+        ["", "  traceback (kept, bounded):", *(f"    {t}" for t in trace.splitlines())]
+        if trace
+        else []
+    )
+    return [printable(line) for line in lines + _sections(sections) + tail]
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[Any]], indent: str = "    ") -> list[str]:
@@ -141,11 +150,88 @@ def _time(f: Explanation) -> tuple[str, str]:
     return "time left", f"{duration(left)} by the database clock"
 
 
+def started(f: Explanation) -> str:
+    """When its first claim started it (a pool process claims right before the body)."""
+    at = f["started_at"]
+    return "never: never claimed" if at is None else f"{at} (its first claim)"
+
+
+def runtime(f: Explanation) -> str:
+    """How long it ran: its time RUNNING, over its attempts."""
+    ran = f["runtime_seconds"]
+    if ran is None:
+        return "-: never claimed"
+    so_far = "" if f["ended"] is not None or f["status"] != "RUNNING" else " so far"
+    return f"{duration(ran)}{so_far} (time running over {f['attempts']} attempt(s))"
+
+
+def limits_text(limits: TimeLimits | None) -> str:
+    """The time limits the deadline capped (or not) at the run's last claim."""
+    if limits is None:
+        return "none capped: no deadline, or never claimed"
+    said = [
+        _limit(
+            "hard",
+            limits["hard_seconds"],
+            limits["task_hard_seconds"],
+            capped=limits["hard_capped"],
+            known=limits["task_known"],
+        )
+    ]
+    if limits["soft_seconds"] is not None:
+        said.append(
+            _limit(
+                "soft",
+                limits["soft_seconds"],
+                limits["task_soft_seconds"],
+                capped=limits["soft_capped"],
+                known=True,
+            )
+        )
+    elif limits["task_known"]:
+        said.append("no soft limit (the task has none)")
+    return f"{'; '.join(said)} (at its last claim, {limits['at']})"
+
+
+def _limit(name: str, value: float, own: float | None, *, capped: bool, known: bool) -> str:
+    if not known:
+        return (
+            f"{name} limit at most {duration(value)}, the deadline's cap (the task's own "
+            "limits are not known here)"
+        )
+    if capped and own is None:
+        return f"{name} limit set to {duration(value)} by the deadline (the task has none)"
+    if capped and own is not None:
+        own_said = f"the task's own: {duration(own)}"
+        return f"{name} limit capped to {duration(value)} by the deadline ({own_said})"
+    return f"{name} limit {duration(value)}, the task's own (the deadline left more)"
+
+
+def owner_now(f: Explanation) -> str:
+    """Who may act on the run now: the owner of a live lease, else nobody (and who
+    claimed it last)."""
+    if f["owner"]:
+        return f["owner"]
+    if f["last_owner"]:
+        return f"nobody (no live lease; last claimed by {f['last_owner']})"
+    return "nobody (no live lease)"
+
+
+def claimed(f: Explanation) -> str:
+    """The version the current claim made, or the last claim's of a run released since."""
+    if f["claimed_version"] is None:
+        return "never claimed"
+    said = f"{f['claimed_version']} (claim at {f['claimed_at']}"
+    if f["claimed_token"] != f["fencing_token"]:
+        said += f" under token {f['claimed_token']}; released since: token now {f['fencing_token']}"
+    return said + ")"
+
+
 def _ended(ended: Ended) -> str:
     ran = ended["ran_seconds"]
     margin = ended["before_deadline_seconds"]
     parts = [
-        "never claimed" if ran is None else f"ran {duration(ran)} from its first claim",
+        "never claimed" if ran is None else f"ran {duration(ran)} (time running)",
         f"{duration(ended['after_enqueue_seconds'])} after its enqueue",
         "no deadline"
         if margin is None
@@ -157,17 +243,14 @@ def _ended(ended: Ended) -> str:
 
 
 def _lease(f: Explanation) -> list[tuple[str, str]]:
-    claimed = "-"
-    if f["claimed_version"] is not None:
-        claimed = f"{f['claimed_version']} (claim at {f['claimed_at']})"
     checkpoint = f["last_checkpoint"]
     next_effect = f["next_effect"]
     token = f["fencing_token"]
     return [
-        ("owner now", f["owner"] or "nobody (no live lease)"),
+        ("owner now", owner_now(f)),
         ("lease expires", f["lease_expires_at"] or "-"),
         ("fencing token", str(token)),
-        ("claimed version", claimed),
+        ("claimed version", claimed(f) if f["claimed_version"] is not None else "-"),
         ("version now", str(f["version"])),
         ("attempts", f"{f['attempts']} claim(s), {f['lost_leases']} lease(s) lost"),
         (

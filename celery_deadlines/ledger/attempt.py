@@ -187,16 +187,22 @@ class Attempt:
         """End the run SUCCEEDED, keeping ``result`` (:mod:`.results`) in the same write."""
         self.check(self._finish(Status.SUCCEEDED, "", "", result), "succeed")
 
-    def end(self, status: Status, reason: str, detail: str) -> None:
-        self.check(self._finish(status, reason, detail), "finish")
+    def end(self, status: Status, reason: str, detail: str, traceback: str | None = None) -> None:
+        """End the run ``status`` (``traceback``: a failed body's, bounded)."""
+        self.check(self._finish(status, reason, detail, traceback=traceback), "finish")
 
     def _finish(
-        self, status: Status, reason: str, detail: str, result: KeptResult | None = None
+        self,
+        status: Status,
+        reason: str,
+        detail: str,
+        result: KeptResult | None = None,
+        traceback: str | None = None,
     ) -> bool:
         """Write the run's end (:meth:`_last_write`)."""
         runs = self.store.runs
         return self._last_write(
-            lambda: runs.finish(self.lease, self.owner, status, reason, detail, result),
+            lambda: runs.finish(self.lease, self.owner, status, reason, detail, result, traceback),
             status.value.lower(),
         )
 

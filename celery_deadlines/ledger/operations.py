@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ..errors import RunFailed
+from ..errors import PerformedPastDeadline, RunFailed
 from ..rules import outcomes
 from ..rules.gates import Gate
 from ..rules.states import Status
 from ..signals import report_operator_needed, run_expired
 from . import outbox, telling
 from .sql.connection import Store
-from .sql.effects import Pending
+from .sql.effects import Pending, Released
 from .sql.rows import Expired, NewRun, Unclaimed
 
 logger = logging.getLogger("celery_deadlines")
@@ -30,11 +30,13 @@ logger = logging.getLogger("celery_deadlines")
 @dataclass(frozen=True)
 class Settled:
     """What settling one effect did: ``applied`` (or ``detail`` says why not), and the
-    status its run was released to (``QUEUED``, ``EXPIRED``) or ``None``."""
+    status its run was released to (``QUEUED``, ``EXPIRED``) or ``None``, with the
+    reason (``deadline_passed``, ``performed_past_deadline``; ``""`` when queued)."""
 
     applied: bool
     released: str | None = None
     detail: str = ""
+    reason: str = ""
 
 
 def settle_effect(
@@ -60,12 +62,14 @@ def settle_effect(
     # machine saw it)
     with store.transaction():
         settlement = store.effects.settle(seen, found, result, evidence, by=by)
-        written = store.effects.release_resolved(seen.run_id) if settlement.applied else None
+        written = store.effects.release_resolved(seen.run_id, by=by) if settlement.applied else None
     if not settlement.applied:
         logger.warning("%s[%s]: %s", seen.task_name, seen.task_id, settlement.detail)
         return Settled(False, detail=settlement.detail)
-    released = _announce_release(app, store, seen.run_id, seen.task_id, seen.task_name, written)
-    return Settled(True, released)
+    _announce_release(app, store, seen.run_id, seen.task_id, seen.task_name, written)
+    if written is None:
+        return Settled(True)
+    return Settled(True, written.status, reason=written.reason)
 
 
 def release_settled(
@@ -76,7 +80,8 @@ def release_settled(
     the caller told why. Returns the status written, or ``None`` (another reconciler or
     operator released it, or an effect is still unresolved)."""
     written = store.effects.release_resolved(run_id)
-    return _announce_release(app, store, run_id, task_id, task_name, written)
+    _announce_release(app, store, run_id, task_id, task_name, written)
+    return written.status if written is not None else None
 
 
 def _announce_release(
@@ -85,23 +90,33 @@ def _announce_release(
     run_id: int,
     task_id: str,
     task_name: str,
-    written: tuple[str, str] | None,
-) -> str | None:
-    """After a release committed: republish a queued run, tell an expired one's caller."""
-    released, reason = written if written is not None else (None, "")
-    if released == Status.QUEUED:
+    written: Released | None,
+) -> None:
+    """After a release committed: republish a queued run; tell an expired one's caller
+    and the operator what it ended with: :class:`~..errors.PerformedPastDeadline` when
+    an effect of it was performed, else a ``deadline_passed`` refusal, each at the
+    ``release`` gate with the run's deadline."""
+    if written is None:
+        return
+    if written.status == Status.QUEUED:
         republish(app, store, run_id)
-    elif released == Status.EXPIRED:
-        detail = "the deadline passed while an effect's outcome was unknown; it is recorded"
-        expired = Expired(
-            task_id=task_id,
-            task_name=task_name,
-            status=Status.EXPIRED,
-            reason=reason,
-            deadline=None,
-        )
-        store_refusal(app, store, expired, store.database_now(), detail)
-    return released
+        return
+    if written.status != Status.EXPIRED:
+        return
+    expired = Expired(
+        task_id=task_id,
+        task_name=task_name,
+        status=Status.EXPIRED,
+        reason=written.reason,
+        deadline=written.deadline,
+        detail=written.detail,
+    )
+    now = store.database_now()
+    announce_expiry(app, task_id, task_name, written.reason, written.detail)
+    refusal = expired.refusal(Gate.RELEASE.value, now, written.detail)
+    if written.reason == outcomes.PERFORMED_PAST_DEADLINE:
+        refusal = PerformedPastDeadline(*refusal.args)
+    telling.tell_failed(app, store, task_id, task_name, refusal)
 
 
 def tell_caller_unknown(app: Any, store: Store, run_id: int, task_id: str, error: str) -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import enum
 from datetime import UTC, datetime, timedelta
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from ..errors import DeadlineRefused, InvalidDeadline, WorkflowRefused
 from .budgets import capped_seconds
@@ -47,6 +47,9 @@ class Gate(enum.StrEnum):
     OUTBOUND = "outbound"
     #: not a rule: a person ended the run (the admin's *expire now*)
     OPERATOR = "operator"
+    #: not a rule: a run that waited for an effect's outcome was released once it was
+    #: settled (by its task's reconciler or an operator), and its deadline had passed
+    RELEASE = "release"
 
 
 class Reason(enum.StrEnum):
@@ -224,6 +227,11 @@ def allow_retry(
             f"but {seconds(remaining)} left",
         )
     return Decision(Gate.RETRY, None, deadline, now, remaining)
+
+
+#: The shortest time limit the attempt gate gives (seconds): billiard reads 0 as "no
+#: limit", so a nearly spent budget must not become 0.
+MIN_TIME_LIMIT: Final = 0.01
 
 
 def cap_time_limits(

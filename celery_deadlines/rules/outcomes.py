@@ -56,6 +56,30 @@ class PendingEffect(NamedTuple):
     fence: int = 1
 
 
+#: The reason of a run that waited UNKNOWN and whose effects were settled after its
+#: deadline with one of them found performed: it ends EXPIRED, the effect done and the
+#: task's work after it not (the caller is told
+#: :class:`~celery_deadlines.errors.PerformedPastDeadline`).
+PERFORMED_PAST_DEADLINE: Final = "performed_past_deadline"
+#: The detail of such a run settled past its deadline with nothing performed (reason
+#: ``deadline_passed``).
+UNPERFORMED_PAST_DEADLINE: Final = (
+    "the deadline passed while an effect's outcome was unknown; it was settled as not "
+    "performed, and is not dispatched again"
+)
+
+
+def performed_past_deadline_detail(performed: Mapping[str, str]) -> str:
+    """The detail of a run ended ``performed_past_deadline`` (``performed``: key ->
+    effect name, the run's effects with a recorded success): what was done, and that the
+    task's work after it was not."""
+    done = ", ".join(f"{name} ({key})" for key, name in sorted(performed.items()))
+    return (
+        f"performed: {done or 'an effect'}; its outcome was settled after the deadline, "
+        "so the task did not go on after it (its result is not replayed)"
+    )[:2000]
+
+
 # -- a run's end after an attempt ------------------------------------------------------------
 
 #: What Celery makes of an exception a body raised (``Ignore``, ``Reject`` with or
@@ -126,6 +150,19 @@ def after_body(
     if note is None:
         return outcome
     return Outcome(outcome.status, outcome.reason, f"{outcome.detail}; {note}"[:2000])
+
+
+#: How much of a failed body's traceback a run keeps (characters): the last ones, where
+#: the innermost frames and the exception are; the outer frames cut are counted instead.
+TRACEBACK_LIMIT: Final = 16_000
+
+
+def bounded_traceback(text: str, limit: int = TRACEBACK_LIMIT) -> str:
+    """A formatted traceback as the run keeps it: whole up to ``limit`` characters, else
+    its last ``limit`` characters after a line saying how many were cut."""
+    if len(text) <= limit:
+        return text
+    return f"[{len(text) - limit} characters of outer frames cut]\n{text[-limit:]}"
 
 
 def note_for(outcome: Outcome, performed: Mapping[str, str]) -> str | None:

@@ -6,6 +6,7 @@ writes, a stale holder's refused write), then read through the Django test clien
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -98,8 +99,8 @@ def test_the_run_list_is_compact_with_a_status_badge_owner_created_and_time_left
 ) -> None:
     login(client)
     page = run_list(client)
-    for expected in ("order-42", "charge-42", "label-42", "celery@shop:201"):
-        assert expected in page
+    for expected in ("order-42", "charge-42", "label-42", "celery@<wbr>shop:<wbr>201"):
+        assert expected in page  # an owner wraps after its separators
     assert 'class="cdl-badge"' in page
     assert ">SUCCEEDED</span>" in page
     assert ">RUNNING</span>" in page
@@ -246,7 +247,7 @@ def test_explain_answers_who_owns_the_run_when_its_lease_expires_and_what_was_fe
 def test_explain_names_a_run_that_does_not_exist() -> None:
     from django.core.management import CommandError, call_command
 
-    with pytest.raises(CommandError, match="no run with task id 'nope'"):
+    with pytest.raises(CommandError, match="no run with task id 'nope', nor one starting with it"):
         call_command("deadlines", "explain", "nope")
 
 
@@ -297,7 +298,7 @@ def test_the_run_page_shows_its_effects_in_one_table(client: Client, unknown_pay
     ).content.decode()
     assert "Side effects (1, at most once per key)" in page
     assert "order-42:pay" in page
-    assert "<td>UNKNOWN</td>" in page
+    assert re.search(r'<td><span class="cdl-badge"[^>]*>UNKNOWN</span></td>', page)
 
 
 def test_an_operator_resolves_an_unknown_effect_with_evidence_and_the_run_is_queued_again(

@@ -12,6 +12,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
+from celery_deadlines.admin.display import STYLE
 from celery_deadlines.explain import utc
 from celery_deadlines.ledger.sql.connection import Store
 from celery_deadlines.models import Effect, EffectState, Run, RunPlan, Status
@@ -217,6 +218,60 @@ def test_the_run_list_searches_by_task_name_and_effect_key_and_narrows_by_date(
         created_at__day=str(today.day),
     )  # fmt: skip
     assert "queued-bare" in dated
+
+
+def test_the_short_id_the_run_list_shows_finds_its_run_in_search(client: Client) -> None:
+    operator(client)
+    store = Store()
+    wanted, other = "3f2a4c1e-0000-4000-8000-000000000001", "9b1d0c77-0000-4000-8000-000000000002"
+    for task_id in (wanted, other):
+        record(store, task_id)
+    url = reverse("admin:celery_deadlines_run_changelist")
+    listed = page(client, url)
+    short = re.search(rf'<span title="{wanted}">([^<]+)</span>', listed)
+    assert short is not None
+    assert short[1] == "3f2a4c1e…"
+    found = page(client, url, q=short[1])  # as copied from the list, its ellipsis too
+    assert wanted in found
+    assert other not in found
+    assert other in page(client, url, q=" 9b1d0c77 ")
+
+
+def test_the_lists_wrap_ids_reasons_and_owners_between_words_and_show_a_custom_id_whole(
+    client: Client,
+) -> None:
+    operator(client)
+    store = Store()
+    record(store, "order-42:capture:v1")  # a custom task id, not Celery's UUID
+    Run.objects.filter(task_id="order-42:capture:v1").update(
+        status=Status.EXPIRED,
+        reason="retry_budget_exhausted",
+        owner="celery@warehouse-east-1.example.internal:4242",
+    )
+    listed = page(client, reverse("admin:celery_deadlines_run_changelist"))
+    assert '<span title="order-42:capture:v1">order-<wbr>42:<wbr>capture:<wbr>v1</span>' in listed
+    assert "retry_<wbr>budget_<wbr>exhausted" in listed
+    assert "celery@<wbr>warehouse-<wbr>east-<wbr>1.<wbr>example.<wbr>internal:<wbr>4242" in listed
+    # a list's cells wrap at those breaks only: nothing lets the table squeeze a column
+    # into breaking inside a word (retry_budge|t_exhauste|d)
+    rules = re.findall(r"(#result_list td[^{]*)\{([^}]*)\}", str(STYLE))
+    assert rules
+    for selector, declarations in rules:
+        assert "anywhere" not in declarations, selector
+        assert "break-all" not in declarations, selector
+
+
+def test_the_effect_list_names_each_run_by_its_short_id_and_status_in_few_columns(
+    client: Client, ledger: dict[str, Run]
+) -> None:
+    operator(client)
+    listed = page(client, reverse("admin:celery_deadlines_effect_changelist"))
+    for column in ("key_breakable", "name_and_kind", "state_and_updated", "run_link"):
+        assert f"column-{column}" in listed
+    assert "column-lease_token" not in listed
+    assert ">shop.charge_card[unknown-full] UNKNOWN</a>" not in listed  # the run's name
+    assert re.search(r'title="shop.charge_card\[unknown-full\]">unknown-<wbr>full</a>', listed)
+    assert re.search(r'<span class="cdl-badge"[^>]*>UNKNOWN</span><br>\d{4}-', listed)
 
 
 def test_the_run_list_filters_by_the_queue_a_run_was_routed_to(

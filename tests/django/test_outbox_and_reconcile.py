@@ -282,7 +282,9 @@ def test_two_reconcilers_that_read_one_lapsed_run_settle_it_once(store: Store, a
     # dispatches again: the second reconciler's reading is stale by then
     [seen] = [p for p in effects.pending() if p.task_id == "lapsed"]
     assert effects.settle(seen, False, None, "none", by="operator").applied
-    assert effects.release_resolved(seen.run_id) == (Status.QUEUED, "")
+    released = effects.release_resolved(seen.run_id)
+    assert released is not None
+    assert (released.status, released.reason) == (Status.QUEUED, "")
     again = claim(store, "lapsed")
     assert effects.dispatch(again, "lapsed:pay") == 2
     _settle(app, store, second, 5, Report())

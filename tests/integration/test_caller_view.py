@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from celery.exceptions import TimeoutError as NoResultYet
 
-from celery_deadlines import DeadlineRefused, RunConflict
+from celery_deadlines import DeadlineRefused, PerformedPastDeadline, RunConflict
 from celery_deadlines.ledger.api import store_for
 from celery_deadlines.ledger.operations import settle_effect
 from celery_deadlines.models import Run
@@ -99,7 +99,10 @@ def test_an_unknown_run_settled_after_its_deadline_fails_for_the_caller_not_pend
     assert (settled.applied, settled.released) == (True, "EXPIRED")
     with pytest.raises(DeadlineRefused) as refused:
         result.get(timeout=10)
-    assert refused.value.reason == "deadline_passed"
+    # the payment happened: the caller is told so, through the result backend's JSON
+    assert isinstance(refused.value, PerformedPastDeadline)
+    assert (refused.value.gate, refused.value.reason) == ("release", "performed_past_deadline")
+    assert refused.value.deadline_at == run.deadline
     assert ended(task_id).status == "EXPIRED"
 
 

@@ -23,7 +23,7 @@ import pytest
 import redis
 from django.db import connections, transaction
 
-from celery_deadlines import DeadlineRefused
+from celery_deadlines import DeadlineRefused, PerformedPastDeadline
 from celery_deadlines.models import Run, RunEvent, Status
 from tests.integration.conftest import LEDGER_DB, ended, provider_calls
 from tests.support.processes import Transport, shift_wall_clock, wait_for
@@ -544,7 +544,7 @@ def test_a_deadline_that_expires_during_the_provider_call_records_the_outcome_no
     with states_told_to_the_caller(redis_broker, task_id, until="FAILURE") as told:
         result = tasks.slow_pay.apply_async(("slow",), task_id=task_id, budget=2)
         run = wait_for(lambda: ended(result.id), 30)
-        with pytest.raises(DeadlineRefused):
+        with pytest.raises(DeadlineRefused) as refused:
             result.get(timeout=15)
     # the caller is told UNKNOWN while the call's outcome is unknown, then the settled
     # outcome; never Celery's TimeLimitExceeded first, which a waiting get() would raise
@@ -553,7 +553,10 @@ def test_a_deadline_that_expires_during_the_provider_call_records_the_outcome_no
     effect = run.effects.get()
     # the call was cut by the deadline: UNKNOWN, then reconciled with the provider
     assert (effect.state, effect.evidence) == ("SUCCEEDED", "sink lookup: found")
-    assert (run.status, run.reason) == (Status.EXPIRED, "deadline_passed")  # not resurrected
+    # the payment happened after all: the run ended past its deadline after it, and
+    # the caller is told so (PerformedPastDeadline, through the result backend's JSON)
+    assert (run.status, run.reason) == (Status.EXPIRED, "performed_past_deadline")
+    assert isinstance(refused.value, PerformedPastDeadline)  # not resurrected
     kinds = [kind for kind, _, _ in history(result.id)]
     assert "effect_unknown" in kinds
     assert len(lines(sink, "effect", "slow")) == 1

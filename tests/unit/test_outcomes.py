@@ -10,12 +10,15 @@ from celery_deadlines.errors import DeadlineRefused, DispatchRefused, PlanRefuse
 from celery_deadlines.rules.contracts import OnExpiry
 from celery_deadlines.rules.outcomes import (
     DEADLINE_CAP_SLACK,
+    TRACEBACK_LIMIT,
     CeleryEnd,
     PlanStep,
     Settle,
     after_body,
     after_plan,
     after_time_limit,
+    bounded_traceback,
+    performed_past_deadline_detail,
     settle_lapsed,
 )
 from celery_deadlines.rules.states import Status
@@ -106,3 +109,23 @@ def test_a_plan_that_may_go_on_continues_whatever_the_contract_says(on_expiry: O
 @pytest.mark.parametrize("on_expiry", list(OnExpiry))
 def test_a_plan_that_may_not_go_on_follows_its_contract(on_expiry: OnExpiry) -> None:
     assert after_plan(False, on_expiry).value == on_expiry.value
+
+
+def test_a_failed_bodys_traceback_is_kept_whole_up_to_its_bound_and_by_its_end_past_it() -> None:
+    short = "Traceback (most recent call last):\n  ...\nValueError: declined\n"
+    assert bounded_traceback(short) == short
+    frames = "".join(f'  File "app.py", line {n}, in step_{n}\n' for n in range(2000))
+    long = f"Traceback (most recent call last):\n{frames}ValueError: declined\n"
+    kept = bounded_traceback(long)
+    cut = len(long) - TRACEBACK_LIMIT
+    assert kept.startswith(f"[{cut} characters of outer frames cut]\n")
+    assert kept.endswith("ValueError: declined\n")
+    assert len(kept) == TRACEBACK_LIMIT + len(f"[{cut} characters of outer frames cut]\n")
+
+
+def test_a_run_ended_past_its_deadline_after_an_effect_names_what_was_performed() -> None:
+    said = performed_past_deadline_detail({"order-42:pay": "pay", "order-42:mail": "mail"})
+    assert said == (
+        "performed: mail (order-42:mail), pay (order-42:pay); its outcome was settled after "
+        "the deadline, so the task did not go on after it (its result is not replayed)"
+    )

@@ -8,6 +8,7 @@
 ``runs``        the producer's and the attempt's statements on the run row
 ``sweeps``      the reconciler's and the scheduler's
 ``operator``    the admin's actions
+``console``     the admin's reads at any size: a filter's values by a loose index scan
 ``effects``     the effect ledger's (intent, the dispatch guard, outcomes, settlement)
 ``plans``       plans stored with the run
 ``retention``   the purge of ended runs (the reconciler and ``manage.py deadlines purge``)

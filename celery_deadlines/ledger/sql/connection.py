@@ -29,6 +29,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.utils import load_backend
 
 from ...clock import get_clock
+from .console import Console
 from .dialect import Dialect, dialect_for
 from .effects import Effects
 from .operator import OperatorActions
@@ -286,6 +287,10 @@ class Store:
     @cached_property
     def operator(self) -> OperatorActions:
         return OperatorActions(self)
+
+    @cached_property
+    def console(self) -> Console:
+        return Console(self)
 
     @cached_property
     def effects(self) -> Effects:

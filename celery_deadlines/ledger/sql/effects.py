@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
+from ...rules import outcomes
+from ...rules.outcomes import PERFORMED_PAST_DEADLINE
 from .rows import Lease, from_json
 from .statements import Sql, Statements
 
@@ -53,6 +55,18 @@ class Pending:
             f"dispatch {self.dispatches} ({self.state}, run {self.run_id}, token "
             f"{self.lease_token})"
         )
+
+
+@dataclass(frozen=True)
+class Released:
+    """What releasing an UNKNOWN run whose effects are resolved wrote: queued again, or
+    past its deadline EXPIRED (``deadline_passed``, or ``performed_past_deadline`` when
+    an effect of it was performed), with its deadline and the detail it ended with."""
+
+    status: str
+    reason: str
+    deadline: datetime | None
+    detail: str
 
 
 @dataclass(frozen=True)
@@ -178,7 +192,8 @@ class Effects(Statements):
         """Settle the dispatch ``seen`` with evidence: found (SUCCEEDED) or not (safe to
         dispatch again). A compare-and-swap on what was asked about: if the effect has
         changed since it was read (settled by someone else, or dispatched again), nothing
-        is written but a rejected event on the run, and the settlement says why.
+        is written but a rejected event on the run, and the settlement says why. ``by``
+        is recorded with it (the history credits the settlement to ``by``).
         """
         count, _ = self.store.execute(
             SETTLE.text[self.store.dialect.vendor],
@@ -186,6 +201,7 @@ class Effects(Statements):
                 "SUCCEEDED" if found else "NOT_DISPATCHED",
                 json.dumps(result if found else None),
                 json.dumps(evidence),
+                by,
                 seen.key,
                 seen.state,
                 seen.dispatches,
@@ -217,14 +233,35 @@ class Effects(Statements):
         _, rows = self.store.execute(SETTLED_UNKNOWN.text[self.store.dialect.vendor], [limit])
         return [(int(r[0]), str(r[1]), str(r[2])) for r in rows]
 
-    def release_resolved(self, run_id: int) -> tuple[str, str] | None:
+    def performed(self, run_id: int) -> dict[str, str]:
+        """The run's effects with a recorded success (performed): key -> effect name."""
+        _, rows = self.store.execute(PERFORMED.text[self.store.dialect.vendor], [run_id])
+        return {str(key): str(name) for key, name in rows}
+
+    def release_resolved(self, run_id: int, by: str = "the reconciler") -> Released | None:
         """An UNKNOWN run all of whose effects are resolved: queued again (token + 1) to
-        replay or dispatch anew, or, past its deadline, EXPIRED (never resurrected).
-        Returns the status and reason written, or ``None``."""
+        replay or dispatch anew, or, past its deadline, EXPIRED (never resurrected):
+        ``performed_past_deadline`` when an effect of it was performed (the detail names
+        them), else ``deadline_passed``. Nothing is published for an expired run, so its
+        ``published_at`` stays. ``by``: who settled its effects (the history says it).
+        Returns what was written, or ``None`` (released by someone else, or an effect
+        is unresolved)."""
+        d = self.store.dialect
+        performed = outcomes.performed_past_deadline_detail(self.performed(run_id))
         _, rows = self.store.execute(
-            RELEASE_RESOLVED.text[self.store.dialect.vendor], [run_id, run_id]
+            RELEASE_RESOLVED.text[d.vendor],
+            [
+                performed,
+                outcomes.UNPERFORMED_PAST_DEADLINE,
+                f"effects resolved by {by}",
+                run_id,
+                run_id,
+            ],
         )
-        return (str(rows[0][0]), str(rows[0][1])) if rows else None
+        if not rows:
+            return None
+        status, reason, deadline, detail = rows[0]
+        return Released(str(status), str(reason), d.instant(deadline), str(detail))
 
 
 RECORD_INTENT: Final = Sql(
@@ -240,7 +277,8 @@ RECORD_INTENT: Final = Sql(
 
 _DISPATCH = """
     UPDATE {effect} SET state = 'DISPATCHED', lease_token = %s, run_id = %s,
-        dispatches = dispatches + 1, dispatched_at = {now}, updated_at = {now}
+        dispatches = dispatches + 1, dispatched_at = {now}, updated_at = {now},
+        settled_by = NULL
     WHERE key = %s AND state IN ('INTENT_RECORDED', 'NOT_DISPATCHED')
       AND EXISTS (
         SELECT 1 FROM {run} r
@@ -325,12 +363,13 @@ PENDING: Final = Sql(
     LIMIT %s
     """,
 )
-#: A settlement: a compare-and-swap on the dispatch that was asked about.
+#: A settlement: a compare-and-swap on the dispatch that was asked about; who settled it
+#: is recorded (the audit trigger makes it the event's owner; the next dispatch clears it).
 SETTLE: Final = Sql(
     "effects.settle",
     """
     UPDATE {effect} SET state = %s, result = {json},
-        evidence = {json}, updated_at = {now}
+        evidence = {json}, settled_by = %s, updated_at = {now}
     WHERE key = %s AND state = %s AND dispatches = %s AND lease_token = %s
       AND run_id = %s
     """,
@@ -349,22 +388,42 @@ SETTLED_UNKNOWN: Final = Sql(
     LIMIT %s
     """,
 )
-#: An UNKNOWN run whose effects are all resolved: queued again (token + 1), or, past its
-#: deadline, EXPIRED (never resurrected).
+PERFORMED: Final = Sql(
+    "effects.performed",
+    "SELECT key, name FROM {effect} WHERE run_id = %s AND state = 'SUCCEEDED' ORDER BY id",
+)
+#: An UNKNOWN run whose effects are all resolved: queued again (token + 1; its message is
+#: published, its UNKNOWN detail no longer holds), or, past its deadline, EXPIRED (never
+#: resurrected, nothing published): ``performed_past_deadline`` with the first detail
+#: parameter when an effect of it was performed, else the expiry's reason with the
+#: second. The clock is read once for the four columns it decides (PostgreSQL's clock
+#: moves within a statement: read twice, a deadline passing between the readings would
+#: queue the run with an expiry's reason).
 RELEASE_RESOLVED: Final = Sql(
     "effects.release_resolved",
     """
     UPDATE {run} SET
-        status = CASE WHEN {past} THEN 'EXPIRED' ELSE 'QUEUED' END,
-        reason = CASE WHEN {past} THEN {expiry_reason} ELSE '' END,
+        (status, reason, detail, published_at) = (
+            SELECT
+                CASE WHEN c.past THEN 'EXPIRED' ELSE 'QUEUED' END,
+                CASE WHEN NOT c.past THEN ''
+                     WHEN c.performed THEN '{performed_reason}'
+                     ELSE {expiry_reason} END,
+                CASE WHEN NOT c.past THEN '' WHEN c.performed THEN %s ELSE %s END,
+                CASE WHEN c.past THEN {run}.published_at ELSE {now} END
+            FROM (SELECT {past} AS past, {performed} AS performed) c
+        ),
         lease_token = lease_token + 1, owner = '', lease_expires_at = NULL,
-        published_at = {now}, version = version + 1, op = 'reconciled',
-        op_detail = 'effects resolved', updated_at = {now}
+        version = version + 1, op = 'reconciled', op_detail = %s, updated_at = {now}
     WHERE id = %s AND status = 'UNKNOWN'
       AND NOT EXISTS (
         SELECT 1 FROM {effect} WHERE run_id = %s AND state IN {unresolved}
       )
-    RETURNING status, reason
+    RETURNING status, reason, deadline, detail
     """,
     past="(deadline IS NOT NULL AND deadline <= {now})",
+    performed=(
+        "EXISTS (SELECT 1 FROM {effect} p WHERE p.run_id = {run}.id AND p.state = 'SUCCEEDED')"
+    ),
+    performed_reason=PERFORMED_PAST_DEADLINE,
 )

@@ -259,10 +259,11 @@ class Runs(Statements):
         reason: str = "",
         detail: str = "",
         result: KeptResult | None = None,
+        traceback: str | None = None,
     ) -> bool:
         """End the run (SUCCEEDED, FAILED, EXPIRED, UNKNOWN) under the attempt's token,
-        keeping ``result`` (a success's return value; ``None``: none kept) in the same
-        statement.
+        keeping ``result`` (a success's return value; ``None``: none kept) and
+        ``traceback`` (a failed body's, bounded by the caller) in the same statement.
 
         If one of the run's effects is dispatched without an outcome, the run ends UNKNOWN
         whatever ``status`` says: the attempt may not know of it (another attempt's
@@ -271,7 +272,7 @@ class Runs(Statements):
         kept = (None, None, None) if result is None else astuple(result)
         return self._fenced(
             FINISH,
-            [status.value, reason, detail, status.value.lower(), detail, *kept],
+            [status.value, reason, detail, status.value.lower(), detail, *kept, traceback],
             lease,
             status.value.lower(),
             owner,
@@ -473,7 +474,7 @@ FINISH: Final = _fenced_write(
     status = CASE WHEN {has_unresolved} THEN 'UNKNOWN' ELSE %s END,
     reason = CASE WHEN {has_unresolved} THEN 'effect_unresolved' ELSE %s END,
     detail = %s, lease_expires_at = NULL, op = %s, op_detail = %s,
-    result = %s, result_content_type = %s, result_encoding = %s
+    result = %s, result_content_type = %s, result_encoding = %s, traceback = %s
     """,
 )
 RETRY: Final = _fenced_write(

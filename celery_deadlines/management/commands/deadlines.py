@@ -11,7 +11,7 @@ from django.conf import settings as django_settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ... import conf
-from ...explain import explanation_of, render_text, to_json
+from ...explain import explanation_of, render_text, task_ids_named, to_json, typed_id
 from ...explain.text import printable
 from ...ledger.reconcile import reconcile_once
 from ...ledger.sql.connection import Store
@@ -29,7 +29,9 @@ class Command(BaseCommand):
         )
         actions = parser.add_subparsers(dest="action", required=True)
         explain_parser = actions.add_parser("explain", help="answer the operator checklist")
-        explain_parser.add_argument("task_id")
+        explain_parser.add_argument(
+            "task_id", help="the run's task id, or its start if no other run's begins so"
+        )
         explain_parser.add_argument("--json", action="store_true", help="the answers as JSON")
         reconcile_parser = actions.add_parser(
             "reconcile", help="one pass of restart reconciliation and sweeping"
@@ -49,9 +51,26 @@ class Command(BaseCommand):
         else:
             self.reconcile(options["database"], as_json=options["json"])
 
-    def explain(self, task_id: str, using: str, *, as_json: bool) -> None:
+    def explain(self, given: str, using: str, *, as_json: bool) -> None:
+        """Explain the run ``given`` names: its task id, or the start of one no other
+        run's task id shares (the short id the admin lists); a start several share is
+        refused with their ids."""
+        most = 5
+        named = task_ids_named(given, using, most)
+        if not named:
+            raise CommandError(f"no run with task id {given!r}, nor one starting with it")
+        if len(named) > 1:
+            shown = ", ".join(printable(task_id) for task_id in named[:most])
+            more = " and more" if len(named) > most else ""
+            raise CommandError(
+                f"{given!r} is not unique: the task ids of {shown}{more} start with it; "
+                "give more of the id"
+            )
+        task_id = named[0]
+        if task_id != typed_id(given):  # said on stderr: stdout stays the answer (--json)
+            self.stderr.write(f"run {printable(task_id)} (its task id starts with {given!r})")
         explanation = explanation_of(task_id, using)
-        if explanation is None:
+        if explanation is None:  # purged between the two reads
             raise CommandError(f"no run with task id {task_id!r}")
         if as_json:
             self.stdout.write(to_json(explanation))

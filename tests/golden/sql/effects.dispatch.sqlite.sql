@@ -1,5 +1,6 @@
 UPDATE celery_deadlines_effect SET state = 'DISPATCHED', lease_token = %s, run_id = %s,
-    dispatches = dispatches + 1, dispatched_at = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'), updated_at = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')
+    dispatches = dispatches + 1, dispatched_at = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'), updated_at = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'),
+    settled_by = NULL
 WHERE key = %s AND state IN ('INTENT_RECORDED', 'NOT_DISPATCHED')
   AND EXISTS (
     SELECT 1 FROM celery_deadlines_run r

@@ -1,11 +1,18 @@
 UPDATE celery_deadlines_run SET
-    status = CASE WHEN (deadline IS NOT NULL AND deadline <= strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')) THEN 'EXPIRED' ELSE 'QUEUED' END,
-    reason = CASE WHEN (deadline IS NOT NULL AND deadline <= strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')) THEN (CASE WHEN delivery_task THEN 'delivery_expired' ELSE 'deadline_passed' END) ELSE '' END,
+    (status, reason, detail, published_at) = (
+        SELECT
+            CASE WHEN c.past THEN 'EXPIRED' ELSE 'QUEUED' END,
+            CASE WHEN NOT c.past THEN ''
+                 WHEN c.performed THEN 'performed_past_deadline'
+                 ELSE (CASE WHEN delivery_task THEN 'delivery_expired' ELSE 'deadline_passed' END) END,
+            CASE WHEN NOT c.past THEN '' WHEN c.performed THEN %s ELSE %s END,
+            CASE WHEN c.past THEN celery_deadlines_run.published_at ELSE strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') END
+        FROM (SELECT (deadline IS NOT NULL AND deadline <= strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')) AS past, EXISTS (SELECT 1 FROM celery_deadlines_effect p WHERE p.run_id = celery_deadlines_run.id AND p.state = 'SUCCEEDED') AS performed) c
+    ),
     lease_token = lease_token + 1, owner = '', lease_expires_at = NULL,
-    published_at = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'), version = version + 1, op = 'reconciled',
-    op_detail = 'effects resolved', updated_at = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')
+    version = version + 1, op = 'reconciled', op_detail = %s, updated_at = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')
 WHERE id = %s AND status = 'UNKNOWN'
   AND NOT EXISTS (
     SELECT 1 FROM celery_deadlines_effect WHERE run_id = %s AND state IN ('DISPATCHED', 'UNKNOWN')
   )
-RETURNING status, reason
+RETURNING status, reason, deadline, detail
