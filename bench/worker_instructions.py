@@ -12,9 +12,11 @@ none, then run through the code a prefork worker runs for each:
 * ``main``: the main process. Celery's own strategy (``task_message_handler``: the
   request, ``revoked()`` when the message has ``expires``, ``task_reserved``), the
   request's ``execute_using_pool`` (the claim gate, the time-limit cap) into a pool that
-  does what billiard's ``AsynPool`` does around a job: the accept callback, one hub
-  timer per job that has a time limit (cancelled when the job ends, as
-  ``on_timeout_cancel`` does) and the success callback (acknowledge, ``task_ready``);
+  does what billiard's ``AsynPool`` does around a job: the accept callback, the job's
+  time-limit handlers when it starts and ends (a plain task: Celery's own, a timer per
+  job that has a limit; a DeadlineTask: the package's ``JobLimits``, which a worker with
+  the package installed gives every pool) and the success callback (acknowledge,
+  ``task_ready``);
 * ``child``: the pool process. Celery's tracer on the request (``before_start``, the
   body, ``__call__``), as ``fast_trace_task`` runs it.
 
@@ -104,22 +106,51 @@ trefs = weakref.WeakValueDictionary()
 
 
 class Pool:
-    # what billiard's AsynPool does in the main process around one job
+    # what billiard's AsynPool does in the main process around one job: the accept
+    # callback, the job's time-limit handlers when a pool process starts it and when it
+    # ends, the success callback. A plain worker's handlers are Celery's own (a timer per
+    # job that has a limit); a worker with this package installed uses its JobLimits
+    # (celery_deadlines.timelimits, patched into every AsynPool by worker_init).
     def apply_async(self, target, args, accept_callback, timeout_callback, callback,
                     error_callback, soft_timeout, timeout, correlation_id):
         accept_callback(1234, time.monotonic())
-        job = correlation_id
-        if soft_timeout:
-            trefs[job] = hub.call_later(soft_timeout, timeout_callback, True, soft_timeout)
-        elif timeout:
-            trefs[job] = hub.call_later(timeout, timeout_callback, False, timeout)
-        tref = trefs.pop(job, None)
-        if tref is not None:
-            tref.cancel()
+        result = SimpleNamespace(_job=correlation_id)
+        self.on_timeout_set(result, soft_timeout, timeout)
+        self.on_timeout_cancel(result)
         callback((False, None, 0.001))
+
+    # Celery's own (celery/concurrency/asynpool.py, _create_timelimit_handlers)
+    def on_timeout_set(self, R, soft, hard):
+        if soft:
+            trefs[R._job] = hub.call_later(soft, self._on_soft_timeout, R._job, soft, hard, hub)
+        elif hard:
+            trefs[R._job] = hub.call_later(hard, self._on_hard_timeout, R._job)
+
+    def _discard_tref(self, job):
+        try:
+            tref = trefs.pop(job)
+            tref.cancel()
+            del tref
+        except (KeyError, AttributeError):
+            pass
+
+    def on_timeout_cancel(self, R):
+        self._discard_tref(R._job)
+
+    def _on_soft_timeout(self, *args):
+        raise AssertionError("no limit comes during the benchmark")
+
+    _on_hard_timeout = _on_soft_timeout
 
 
 pool = Pool()
+pool._tref_for_id = trefs
+if task.name != "m.plain":
+    from celery_deadlines.timelimits import JobLimits
+
+    limits = JobLimits(pool, hub)
+    pool.on_timeout_set = limits.on_timeout_set
+    pool.on_timeout_cancel = limits.on_timeout_cancel
 consumer = SimpleNamespace(
     hostname="bench@worker", connection_errors=(), event_dispatcher=None,
     timer=SimpleNamespace(call_at=None), apply_eta_task=None, disable_rate_limits=True,

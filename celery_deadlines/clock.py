@@ -8,6 +8,13 @@ Two readings, two purposes (docs/concepts.md: persist instants, measure duration
   every "how long is left" question is answered on it, so an NTP step, a VM resume or an
   operator changing the date during the attempt neither adds nor removes budget.
 
+:func:`epoch` is ``now()`` in epoch seconds, the wire's own unit, for the gates a worker
+passes every message through: a deadline header is compared with it as it comes, with
+no datetime built on either side (they cost more than the rest of such a gate), and
+:func:`monotonic` is the installed clock's ``monotonic()`` for the timers it sets. Read
+them as ``clock.epoch()`` and ``clock.monotonic()``: :func:`set_clock` rebinds the names
+(``from .clock import epoch`` would keep the clock of the moment it ran).
+
 Tests inject a :class:`celery_deadlines.testing.FakeClock`. Worker *subprocesses* in the
 integration tests cannot take an object, so :class:`SystemClock` has one test-only seam:
 when the environment variable ``CELERY_DEADLINES_TESTING_WALL_CLOCK_SHIFT_FILE`` names a
@@ -21,6 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
@@ -72,7 +80,24 @@ class SystemClock:
             return 0.0
 
 
+def _epoch_of(clock: Clock) -> Callable[[], float]:
+    """``clock``'s wall clock in epoch seconds: the system's own, unless a test seam or
+    another clock is installed, then what its ``now()`` says."""
+    if type(clock) is SystemClock and not clock._shift_file:
+        return time.time
+    return lambda: clock.now().timestamp()
+
+
+def _monotonic_of(clock: Clock) -> Callable[[], float]:
+    """``clock``'s monotonic clock: the system's own, unless another clock is installed."""
+    return time.monotonic if type(clock) is SystemClock else clock.monotonic
+
+
 _clock: Clock = SystemClock(os.environ.get(WALL_CLOCK_SHIFT_FILE_ENV) or None)
+#: The installed clock's ``now()`` in epoch seconds (rebound by :func:`set_clock`).
+epoch: Callable[[], float] = _epoch_of(_clock)
+#: The installed clock's ``monotonic()`` (rebound by :func:`set_clock`).
+monotonic: Callable[[], float] = _monotonic_of(_clock)
 
 
 def get_clock() -> Clock:
@@ -82,6 +107,8 @@ def get_clock() -> Clock:
 
 def set_clock(clock: Clock) -> Clock:
     """Install ``clock`` for the whole process and return the previous one (tests use this)."""
-    global _clock
+    global _clock, epoch, monotonic
     previous, _clock = _clock, clock
+    epoch = _epoch_of(clock)
+    monotonic = _monotonic_of(clock)
     return previous

@@ -16,16 +16,17 @@ message stamped here is gated when a worker claims it.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
-from weakref import WeakKeyDictionary
 
 from celery import _state as celery_state
 from celery import current_app
+from celery.app.task import Context
+from celery.utils.threads import Local as _Local
 
 from .clock import get_clock
 from .conf import settings_for
@@ -51,53 +52,187 @@ if TYPE_CHECKING:
 logger = logging.getLogger("celery_deadlines")
 
 
-@dataclass(eq=False)
 class AttemptState:
-    """What DeadlineTask keeps about the attempt running in this process, as one object
-    kept beside the request (:func:`begin`, :func:`state_of`), never on it: the deadlines
-    the message carried, the budget's anchor on the monotonic clock, the ledger's claim,
-    and whether the body is running. (Celery copies a request's attributes into its
-    ``headers`` when it pushes another, and ``retry()`` publishes those headers.)"""
+    """What DeadlineTask keeps about the attempt running in this process, on its request
+    (:func:`begin`, :func:`state_of`): the deadlines the message carried, the budget's
+    anchor on the monotonic clock, the ledger's claim, and whether a retry of it is
+    being published.
 
-    carried: Inherited
-    anchor: Anchor | None = None
-    #: the ledger's :class:`~celery_deadlines.ledger.attempt.Attempt`, with the ledger
-    attempt: Attempt | None = None
-    in_body: bool = False
-    #: set by ``retry()`` while Celery publishes the retry of this attempt
-    retrying: bool = False
+    An attempt the gate admitted in epoch seconds (:func:`begin_in_time`) keeps the
+    header as it came, with the clocks' readings then: :attr:`carried` and
+    :attr:`anchor` are worked out from them when first asked for, as the full gate would
+    have, so an attempt whose body asks neither builds no datetime.
+    """
+
+    __slots__ = (
+        "_anchor", "_carried", "attempt", "deadline", "headers", "horizon", "monotonic",
+        "now", "retrying", "task_id",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        carried: Inherited | None,
+        headers: MutableMapping[str, Any] | None = None,
+        task_id: str | None = None,
+        deadline: float = 0.0,
+        now: float = 0.0,
+        monotonic: float = 0.0,
+        horizon: timedelta = timedelta(0),
+    ) -> None:
+        self._carried = carried
+        self._anchor: Anchor | None = None
+        #: the ledger's :class:`~celery_deadlines.ledger.attempt.Attempt`, with the ledger
+        self.attempt: Attempt | None = None
+        #: set by ``retry()`` while Celery publishes the retry of this attempt
+        self.retrying = False
+        #: of an attempt admitted in epoch seconds: the message's headers and task id, its
+        #: deadline header, the wall clock (epoch seconds) and the monotonic clock when it
+        #: started, and the horizon its header is read against
+        self.headers = headers
+        self.task_id = task_id
+        self.deadline = deadline
+        self.now = now
+        self.monotonic = monotonic
+        self.horizon = horizon
+
+    @property
+    def carried(self) -> Inherited:
+        """The deadlines the message carried (or the ledger's, if it said earlier)."""
+        carried = self._carried
+        if carried is None:
+            started = datetime.fromtimestamp(self.now, UTC)
+            assert self.headers is not None  # kept by begin_in_time, the only one without
+            carried = self._carried = read_headers(
+                self.headers, started, self.horizon, self.task_id
+            )
+        return carried
+
+    @carried.setter
+    def carried(self, carried: Inherited) -> None:
+        self._carried = carried
+
+    @property
+    def anchor(self) -> Anchor | None:
+        """The attempt's budget on the monotonic clock, ``None`` without a deadline."""
+        anchor = self._anchor
+        if anchor is None and self.headers is not None:
+            deadline = datetime.fromtimestamp(self.deadline, UTC)
+            started = datetime.fromtimestamp(self.now, UTC)
+            anchor = self._anchor = Anchor(deadline, started, self.monotonic, deadline - started)
+        return anchor
+
+    @anchor.setter
+    def anchor(self, anchor: Anchor | None) -> None:
+        self._anchor = anchor
 
 
-#: Each attempt's state, by the request Celery pushed for it (forgotten with the request).
-#: A state must never refer to its request, or the request would never be forgotten.
-_states: WeakKeyDictionary[Any, AttemptState] = WeakKeyDictionary()
+#: What is handed over (:data:`HANDED`) for an attempt of which nothing is kept: no
+#: deadline, no ledger (its request keeps no state).
+NOTHING_KEPT: Final = AttemptState(NOTHING)
+
+#: The attribute of Celery's request an attempt's state is kept in: read and written at
+#: every message, as cheaply as an attribute is. Celery copies a request's attributes
+#: into the request it pushes for a direct call of the task (``task(...)`` in its body:
+#: the call runs in the same attempt, and finds its state), and, when the request has
+#: no headers of its own, into that request's ``headers``, which ``retry()`` publishes,
+#: leaving out the names of ``Context``'s own attributes: so this is made one of them
+#: (``None`` on the class, set here once), with a leading underscore, as a private
+#: attribute: what enumerates a request's public attributes (Celery's own tests of
+#: ``Context`` among them) does not see it.
+_STATE: Final = "_celery_deadlines_attempt"
+if not hasattr(Context, _STATE):
+    setattr(Context, _STATE, None)
 
 
 def begin(request: Any, carried: Inherited) -> AttemptState:
-    """The state of the attempt that starts on ``request`` (``before_start``)."""
-    state = _states[request] = AttemptState(carried)
+    """The state of the attempt that starts on ``request`` (the attempt gate)."""
+    state = AttemptState(carried)
+    setattr(request, _STATE, state)
+    return state
+
+
+def begin_in_time(
+    request: Any,
+    headers: MutableMapping[str, Any],
+    deadline: float,
+    now: float,
+    monotonic: float,
+    horizon: timedelta,
+) -> AttemptState:
+    """The state of an attempt the gate admitted in epoch seconds: its deadline header
+    (``deadline``), and the clocks' readings when it started (``now``, epoch seconds;
+    ``monotonic``), kept as they are (:class:`AttemptState`)."""
+    state = AttemptState(None, headers, request.id, deadline, now, monotonic, horizon)
+    setattr(request, _STATE, state)
     return state
 
 
 def state_of(request: Any) -> AttemptState | None:
-    """The state of the attempt that started on ``request`` itself, if any."""
-    if request is None:
-        return None
-    try:
-        return _states.get(request)
-    except TypeError:  # not a request Celery made (it cannot be referred to weakly)
-        return None
+    """The state of the attempt ``request`` runs in (its own, or, for the request
+    Celery pushed for a direct call from a body, the attempt's that made the call)."""
+    state = getattr(request, _STATE, None)
+    return state if isinstance(state, AttemptState) else None
+
+
+def pushed_request(task: Any) -> Any:
+    """The request on top of ``task``'s stack in this thread (what ``task.request`` is
+    in an attempt: the one Celery's tracer pushed), or ``None``.
+
+    Read from where Celery keeps the thread's stack: the storage of
+    :class:`celery.utils.threads.Local` for this thread (``_LocalStack``, Celery's
+    default), or the thread's own attributes of a ``threading.local`` stack
+    (``USE_FAST_LOCALS``); through Celery's properties it costs more than the rest of an
+    attempt's start. Any other stack is asked as Celery asks it."""
+    where = _where.get(task)
+    if where is None:
+        where = _where[task] = _where_kept(task.request_stack)
+    storage, ident = where
+    if ident is None:
+        return storage.top  # a stack of another kind: asked as Celery asks it
+    frame = storage.get(ident()) if storage is not None else ident()
+    requests = frame.get("stack") if frame is not None else None
+    return requests[-1] if requests else None
+
+
+def _where_kept(stack: Any) -> tuple[Any, Any]:
+    """Where ``stack`` keeps each thread's requests, as :func:`pushed_request` reads it:
+    ``(storage, ident)`` of a ``Local`` (the thread's frame is ``storage[ident()]``),
+    ``(None, thread's dict)`` of a ``threading.local`` stack, ``(stack, None)`` else."""
+    local = stack.__dict__.get("_local")
+    if type(local) is _Local:
+        return local.__storage__, local.__ident_func__
+    if isinstance(stack, threading.local):
+        return None, lambda: stack.__dict__
+    return stack, None
+
+
+#: :func:`_where_kept` of each task's request stack (Celery makes it once, when it binds
+#: the task), by task (a task lives as long as its app: kept as long as the process).
+_where: dict[Any, tuple[Any, Any]] = {}
+
+
+class _Handed(threading.local):
+    """What the attempt gate kept of the attempt that starts in this thread (its
+    :class:`AttemptState`, or :data:`NOTHING_KEPT`), until the body's call takes it (and
+    sets it back to ``None``): Celery's tracer calls ``before_start`` and then the task,
+    nothing in between, so a call that finds ``None`` here is a direct call (from outside
+    a worker, or from a body). A thread's own (a greenlet's, when the pool patches
+    threads), as Celery's request stack is; an attribute, not a ``ContextVar``: every
+    message sets it twice, and a ``ContextVar`` makes a new context each time."""
+
+    state: AttemptState | None = None
+
+
+HANDED: Final = _Handed()
 
 
 def attempt_state(task: Any) -> AttemptState | None:
     """The state of the attempt ``task`` is running in this thread, if any: its own
     request's, or, in a direct call of the task from its body (Celery pushes a copy of
-    the request), the state of the attempt the call runs in."""
-    for request in reversed(task.request_stack.stack):
-        state = state_of(request)
-        if state is not None:
-            return state
-    return None
+    the request, the state included), the state of the attempt the call runs in. Only
+    the top request is asked: an eager run in a body is an attempt of its own, with
+    nothing kept when it carries no deadline."""
+    return state_of(pushed_request(task))
 
 
 def headers_of(request: Any) -> MutableMapping[str, Any]:
@@ -161,6 +296,8 @@ def deadline_scope(
 def inherited() -> Inherited:
     """The deadlines a message published right now inherits (scope and running task)."""
     scope = _scope.get()
+    if scope is None and _RUNNING is not None and not _RUNNING:
+        return NOTHING  # no scope, and no task runs in any thread (as _parent() says)
     parent = _parent()
     if scope is None:
         return parent
@@ -211,18 +348,9 @@ def _parent() -> Inherited:
 #: The id of the message :meth:`DeadlineTask.apply_async` is publishing in this context,
 #: stamped and clamped already: the one message the publish hook leaves as it is. A
 #: header cannot say "stamped" (whoever publishes writes the headers); only this can.
-_stamped_here: ContextVar[str | None] = ContextVar("celery_deadlines_stamped", default=None)
-
-
-@contextmanager
-def stamped(task_id: str) -> Iterator[None]:
-    """Around Celery's publish of the message ``task_id`` that DeadlineTask stamped: the
-    publish hook does not stamp it again."""
-    token = _stamped_here.set(task_id)
-    try:
-        yield
-    finally:
-        _stamped_here.reset(token)
+#: Set around Celery's publish of that message and reset after it (``set``/``reset``,
+#: not a context manager: every publish of a DeadlineTask does it).
+STAMPED: Final[ContextVar[str | None]] = ContextVar("celery_deadlines_stamped", default=None)
 
 
 def on_before_task_publish(
@@ -241,7 +369,7 @@ def on_before_task_publish(
     """
     if headers is None:
         return
-    here = _stamped_here.get()
+    here = STAMPED.get()
     if here is not None and here == headers.get("id"):
         return
     call = properties if properties is not None else {}

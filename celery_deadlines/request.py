@@ -26,13 +26,13 @@ from celery.utils.time import maybe_iso8601
 from celery.worker.request import Request
 from celery.worker.state import task_ready
 
-from . import ledger, options, recording
+from . import clock, ledger, options, recording
 from .body import Unresolved
 from .claiming import answer_a_waiting_caller, caller_of
 from .clock import get_clock
 from .conf import settings_for
 from .errors import DeadlineRefused
-from .rules import gates, outcomes, stamping
+from .rules import gates, outcomes, stamping, wire
 from .rules.quoting import shown
 from .rules.states import UNKNOWN_EVENT, Status
 from .signals import report_refusal
@@ -104,6 +104,9 @@ class DeadlineRequest(Request):
     #: the claim gate's reading (the deadline's frame) when it last admitted the message,
     #: until the time-limit cap that Celery reads next takes it
     _admitted_at: datetime | None = None
+    #: the same, in epoch seconds, when :meth:`_in_time` admitted it, with the deadline
+    _admitted_seconds: float | None = None
+    _deadline_seconds: float = 0.0
     #: whether ``expires`` is only the cap the run's deadline put there, once decided
     _expires_is_cap: bool | None = None
     #: the clock watch the hand-off judges by (the app's, looked up once), once looked up
@@ -165,13 +168,17 @@ class DeadlineRequest(Request):
     @property
     def time_limits(self) -> tuple[float | None, float | None]:
         hard, soft = self._raw_time_limits
+        admitted = self._admitted_seconds
+        if admitted is not None:
+            # Celery reads this right after the claim gate admitted the message: the cap
+            # is measured from the gate's own reading, microseconds old, not a second one
+            self._admitted_seconds = None
+            return self._capped(self._deadline_seconds - admitted, hard, soft)
         if not stamping.carries_deadlines(self._request_dict):
             return hard, soft  # nothing to cap by (no clock read: this runs for every message)
         now = self._admitted_at
         if now is not None:
-            # Celery reads this right after the claim gate admitted the message: the cap
-            # is measured from the gate's own reading, microseconds old, not a second one
-            self._admitted_at = None
+            self._admitted_at = None  # as above, the gate's own reading
             deadline = self._carried(now).deadline
         else:
             local = get_clock().now()
@@ -181,17 +188,25 @@ class DeadlineRequest(Request):
             now = self._judging_now(local, self._watch())
         if deadline is None or now is None:
             return hard, soft
-        own_hard = hard or self.task.time_limit
-        capped = gates.cap_time_limits(
-            deadline - now, own_hard, soft or self.task.soft_time_limit, MIN_TIME_LIMIT
-        )
-        self._capped_by_deadline = not own_hard or capped[0] < own_hard
-        return capped
+        return self._capped((deadline - now).total_seconds(), hard, soft)
 
     @time_limits.setter
     def time_limits(self, value: Any) -> None:
         hard, soft = value
         self._raw_time_limits = (hard, soft)
+
+    def _capped(
+        self, remaining: float, hard: float | None, soft: float | None
+    ) -> tuple[float, float | None]:
+        """The time limits (the message's own, else the task's) capped at ``remaining``
+        seconds, noting whether the hard one handed to the pool is the deadline's."""
+        task = self.task
+        own_hard = hard or task.time_limit
+        capped = gates.cap_time_limits(
+            remaining, own_hard, soft or task.soft_time_limit, MIN_TIME_LIMIT
+        )
+        self._capped_by_deadline = not own_hard or capped[0] < own_hard
+        return capped
 
     def _carried(self, now: datetime) -> stamping.Inherited:
         """The deadlines the message carries, parsed once (``now``: the clock reading
@@ -234,12 +249,20 @@ class DeadlineRequest(Request):
     def _claim_refusal(self) -> gates.Decision | None:
         """The claim gate's refusal of this message now, ``None`` when it may start.
 
-        Called twice per message (on arrival and when handed to the pool): the deadline,
-        the reserve and the last instant the gate admits are worked out once, and each
-        call reads the clock once and compares (``gates.admit`` is asked for a refusal).
+        Called once or twice per message (on arrival when it has ``expires``, and when
+        handed to the pool). A deadline header as this package writes it (epoch seconds)
+        that is clearly in time is admitted by :meth:`_in_time`, in seconds; every other
+        case, the edges included, is judged below with the full rule: the deadline, the
+        reserve and the last instant the gate admits are worked out once, and each call
+        reads the clock once and compares (``gates.admit`` is asked for a refusal).
         """
-        if not stamping.carries_deadlines(self._request_dict):
-            return None  # no deadline to judge (no clock read: this runs for every message)
+        raw = self._request_dict.get(wire.DEADLINE_HEADER)
+        if raw is None:
+            # no deadline to judge (a delivery deadline alone is the delivery gates'); no
+            # clock read: this runs for every message
+            return None
+        if type(raw) is float and self._in_time(raw):
+            return None
         local = get_clock().now()
         try:
             carried = self._carried(local)
@@ -267,6 +290,27 @@ class DeadlineRequest(Request):
             self._admitted_at = judging  # the time-limit cap, read next, measures from it
             return None
         return gates.admit(gates.Gate.CLAIM, deadline, judging, self._reserve or gates.ZERO)
+
+    def _in_time(self, deadline: float) -> bool:
+        """Whether a deadline header in epoch seconds lets the message start, judged
+        without a datetime: ``True`` only when it is clearly in time (within the
+        horizon, and before the last instant the gate admits)
+        by this worker's clock (no clock-skew budget makes another clock the judge).
+        Then the reading is kept for the time-limit cap. ``False``: judged in full
+        (:class:`~celery_deadlines.options.InSeconds` says what "clearly" means)."""
+        task = self.task
+        if not isinstance(task, DeadlineTask):
+            return False
+        limits = options.in_seconds(task, settings_for(task.app))
+        if not limits.local:
+            return False
+        now = clock.epoch()
+        ahead = deadline - now  # NaN or infinity: not clearly anything, judged in full
+        if not (limits.low < ahead < limits.high):
+            return False
+        self._deadline_seconds = deadline
+        self._admitted_seconds = now
+        return True
 
     def _deadline_task(self) -> DeadlineTask:
         task = self.task

@@ -22,23 +22,25 @@ becomes ``Ignore``: it must not store a result over the current owner's.
 from __future__ import annotations
 
 import logging
+import sys
+from collections.abc import MutableMapping
 from datetime import datetime, timedelta
 from traceback import format_exception
-from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
+from typing import TYPE_CHECKING, Any, ClassVar, Final, NoReturn
 
 from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
 from celery.utils import uuid
 
-from . import claiming, conf, ledger, options, propagation, recording, tracing
+from . import claiming, clock, conf, ledger, options, propagation, recording, tracing
 from ._crashpoints import hit
 from .body import AttemptAPI, Paused, Unresolved, end_unresolved
 from .clock import get_clock
 from .conf import settings_for
 from .errors import DeadlineRefused, DispatchRefused, PlanRefused, StaleLease
 from .install import install
-from .propagation import attempt_state, state_of
-from .rules import gates, outcomes, stamping
+from .propagation import HANDED, NOTHING_KEPT, STAMPED, attempt_state
+from .rules import gates, outcomes, stamping, wire
 from .rules.budgets import UNSET, Anchor
 from .rules.quoting import shown
 from .rules.states import Status
@@ -48,6 +50,12 @@ if TYPE_CHECKING:
     from .ledger.attempt import Attempt
 
 logger = logging.getLogger("celery_deadlines")
+
+#: Celery's call options that move or bound a message's start (a publish with one is
+#: stamped by the full rule).
+_MOVES_START: Final = frozenset({"eta", "countdown", "expires"})
+#: Headers a caller may give that name a deadline of its own.
+_DEADLINE_HEADERS: Final = frozenset({wire.DEADLINE_HEADER, wire.DELIVERY_DEADLINE_HEADER})
 
 #: The refusals a run may end with (see ``DeadlineTask.throws``).
 EXPECTED: tuple[type[Exception], ...] = (DeadlineRefused, PlanRefused, DispatchRefused)
@@ -155,18 +163,23 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         :class:`ConfigurationError` for a bad setting. Either way nothing is published.
         """
         with_ledger = self._with_ledger()
+        if not with_ledger:
+            stamped = self._stamp_in_seconds(call, task_id)
+            if stamped is not None:
+                return self._send(
+                    stamped, args, kwargs, task_id, producer, link, link_error, shadow, call
+                )
         stamp, starts_at = self._stamp(call, task_id, with_ledger)
         if not with_ledger:
+            stamped = stamp is not None
             return self._send(
-                stamp, args, kwargs, task_id, producer, link, link_error, shadow, call
+                stamped, args, kwargs, task_id, producer, link, link_error, shadow, call
             )
         assert stamp is not None  # the ledger records every run it publishes
         task_id = task_id or uuid()
 
         def send() -> Any:
-            return self._send(
-                stamp, args, kwargs, task_id, producer, link, link_error, shadow, call
-            )
+            return self._send(True, args, kwargs, task_id, producer, link, link_error, shadow, call)
 
         links = {"link": link, "link_error": link_error, "shadow": shadow}
         return recording.publish(
@@ -232,9 +245,39 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
             call["headers"] = headers
         return stamp, starts_at
 
+    def _stamp_in_seconds(self, call: dict[str, Any], task_id: str | None) -> bool | None:
+        """The plain cases of :meth:`_stamp`, without a ledger, with no datetime built:
+        a publish that inherits nothing and names nothing of its own (no option of this
+        package's, no deadline header) of a task that says no budget anywhere is
+        Celery's own (``False``: nothing written); of a task whose budget is longer than
+        its reserve, with no delivery budget, and no ``expires``, ``eta`` or
+        ``countdown``, its headers are written in epoch seconds, as :meth:`_stamp` would
+        (``True``). ``None``, nothing written, for any other publish."""
+        if (
+            not stamping.CALL_OPTIONS.isdisjoint(call)
+            or propagation.inherited() is not stamping.NOTHING
+        ):
+            return None
+        given = call.get("headers")
+        if given and not _DEADLINE_HEADERS.isdisjoint(given):
+            return None
+        limits = options.in_seconds(self, settings_for(self.app))
+        if limits.names_nothing:
+            return False
+        budget = limits.budget
+        if budget is None or self.expires is not None or not _MOVES_START.isdisjoint(call):
+            return None
+        headers = dict(given) if given else {}
+        headers[wire.DEADLINE_HEADER] = clock.epoch() + budget
+        headers[wire.SOURCE_HEADER] = limits.budget_source
+        if task_id:
+            headers[wire.ORIGIN_HEADER] = task_id
+        call["headers"] = headers
+        return True
+
     def _send(
         self,
-        stamp: stamping.Stamp | None,
+        stamped: bool,
         args: Any,
         kwargs: Any,
         task_id: str | None,
@@ -245,18 +288,21 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         call: dict[str, Any],
     ) -> Any:
         """Celery's own publish of the message as :meth:`_stamp` left it: the one way
-        into Celery. A stamped message is published under :func:`propagation.stamped`,
+        into Celery. A ``stamped`` message is published under :data:`propagation.STAMPED`,
         so the publish hook does not stamp it again (its id, Celery's to make otherwise,
         is made here); an unstamped one is judged by the hook like any message."""
-        if stamp is None:
+        if not stamped:
             return super().apply_async(
                 args, kwargs, task_id, producer, link, link_error, shadow, **call
             )
         task_id = task_id or uuid()
-        with propagation.stamped(task_id):
+        token = STAMPED.set(task_id)
+        try:
             return super().apply_async(
                 args, kwargs, task_id, producer, link, link_error, shadow, **call
             )
+        finally:
+            STAMPED.reset(token)
 
     def _refuse_enqueue(
         self, decision: gates.Decision, task_id: str | None, reserve: timedelta | None
@@ -282,16 +328,49 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
     # -- attempt gate (runs in the pool process, right before the body) ------------------
 
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
-        """Anchor the attempt's budget on the monotonic clock, or refuse to start it."""
-        request = self.request
-        headers = propagation.headers_of(request)  # whatever the caller gave Celery
-        carries = stamping.carries_deadlines(headers)
+        """The attempt gate (and, with the ledger, the claim), which Celery's tracer runs
+        right before it calls the task for the body; what it keeps is handed to that
+        call (:data:`propagation.HANDED`)."""
+        HANDED.state = self._start(propagation.pushed_request(self)) or NOTHING_KEPT
+
+    def _start(self, request: Any) -> propagation.AttemptState | None:
+        """Anchor the attempt's budget on the monotonic clock, or refuse to start it (and,
+        with the ledger, claim the run); ``None`` when there is nothing to keep: no
+        deadline, no ledger (what the body's children inherit is then nothing, and
+        nothing is read but the headers: this runs for every message).
+
+        A deadline header as this package writes it (epoch seconds), clearly in time,
+        with no ledger and no tracing to tell, is admitted in epoch seconds; every other
+        case, the edges included, by :meth:`_start_in_full`."""
+        headers = request.headers
+        if type(headers) is not dict:  # as Celery makes them (checked first: ABCs are slow)
+            headers = propagation.headers_of(request)  # whatever the caller gave Celery
+        raw = headers.get(wire.DEADLINE_HEADER)
         with_ledger = self._with_ledger(eager=request.is_eager)
+        if not with_ledger:
+            if raw is None and wire.DELIVERY_DEADLINE_HEADER not in headers:
+                return None  # nothing to gate, nothing to anchor, no claim, no clock read
+            if type(raw) is float and tracing.API not in sys.modules:
+                limits = options.in_seconds(self, settings_for(self.app))
+                now = clock.epoch()
+                # read together: the budget is anchored at this instant
+                started = clock.monotonic()
+                ahead = raw - now  # NaN or infinity: not clearly anything, judged in full
+                if limits.low < ahead < limits.high:
+                    return propagation.begin_in_time(
+                        request, headers, raw, now, started, limits.horizon
+                    )
+        return self._start_in_full(request, headers, with_ledger)
+
+    def _start_in_full(
+        self, request: Any, headers: MutableMapping[str, Any], with_ledger: bool
+    ) -> propagation.AttemptState:
+        """:meth:`_start` with datetimes, the ledger's claim and tracing."""
+        task_id = request.id
+        carries = stamping.carries_deadlines(headers)
         if not carries and not with_ledger:
-            # nothing to gate, nothing to anchor, no claim, no clock to read: the state
-            # alone (what the body's children inherit, and the request it runs on)
-            propagation.begin(request, stamping.carried_nothing(headers, task_id))
-            return
+            # the state alone (what the body's children inherit, and its origin)
+            return propagation.begin(request, stamping.carried_nothing(headers, task_id))
         clock = get_clock()
         now = clock.now()
         # read together: the budget is anchored at this instant, whatever the claim takes
@@ -307,7 +386,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
             self._refuse_attempt(gates.invalid(gates.Gate.ATTEMPT, now, detail), task_id, None)
         deadline = carried.deadline
         if deadline is None and not with_ledger:
-            return  # nothing to gate, nothing to anchor, no claim
+            return state  # nothing to gate, nothing to anchor, no claim
         reserve = times.duration("reserve")
         # With a clock-skew budget the ledger's clock decides (docs/concepts.md: the
         # clock-skew hold comes before the deadline): the claim measures this clock
@@ -360,6 +439,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
             headers=headers,
             lease_token=state.attempt.lease.token if state.attempt is not None else None,
         )
+        return state
 
     def _end_unclaimed(
         self,
@@ -404,16 +484,21 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
     # -- the body, and its outcome written under the claim's token ------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        state = state_of(self.request_stack.top)
-        if state is None or state.in_body:
+        handed = HANDED.state
+        if handed is None:
             # a direct call (from a body, or outside a worker): Celery's, as celery.Task
             return super().__call__(*args, **kwargs)
-        # Called by Celery's tracer, which already pushed the request and the task: the
-        # body runs on that request, as Celery runs a celery.Task's (never push twice).
-        state.in_body = True
-        attempt = state.attempt
+        HANDED.state = None  # taken: a call from the body is a direct one
+        # Called by Celery's tracer right after before_start, which already pushed the
+        # request and the task: the body runs on that request, as Celery runs a
+        # celery.Task's (never push twice).
+        attempt = handed.attempt
         if attempt is None:
             return self.run(*args, **kwargs)
+        return self._run_claimed(attempt, args, kwargs)
+
+    def _run_claimed(self, attempt: Attempt, args: Any, kwargs: Any) -> Any:
+        """The body of a claimed attempt, and its outcome written under its token."""
         try:
             try:
                 try:

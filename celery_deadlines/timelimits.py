@@ -25,7 +25,7 @@ from typing import Any, Final
 
 from celery.signals import worker_init
 
-from .clock import get_clock
+from . import clock
 
 logger = logging.getLogger("celery_deadlines")
 
@@ -59,15 +59,19 @@ class JobLimits:
         first = soft or hard
         if not first:
             return
-        when = get_clock().monotonic() + first
+        when = clock.monotonic() + first
         self.due[result._job] = (when, soft, hard)
-        self._arm_for(when)
+        armed_at = self._armed_at  # as _arm_for, inline: this runs for every job
+        if armed_at is None or when < armed_at:
+            self._arm(when)
 
     def on_timeout_cancel(self, result: Any) -> None:
         """``result``'s job ended: its limits are off (the timer stays set for the
         earliest limit it was set for, and finds nothing due if that job has ended)."""
         job = result._job
-        self.due.pop(job, None)
+        due = self.due.pop(job, None)
+        if due is not None and not due[1]:
+            return  # no soft limit was set: Celery set no hard timer after one
         trefs = getattr(self.pool, "_tref_for_id", None)
         if trefs and job in trefs:  # the hard timer Celery set after a soft limit
             self.pool._discard_tref(job)
@@ -82,7 +86,7 @@ class JobLimits:
         # one for each time a job's limit came before all others', not one per job
         self._disarm()
         self._armed_at = when
-        self._entry = self.hub.call_later(max(when - get_clock().monotonic(), 0.0), self._fire)
+        self._entry = self.hub.call_later(max(when - clock.monotonic(), 0.0), self._fire)
 
     def _disarm(self) -> None:
         if self._entry is not None:
@@ -94,7 +98,7 @@ class JobLimits:
         """Apply each limit that has come, then set the timer for the next one."""
         self._entry = None
         self._armed_at = None
-        now = get_clock().monotonic()
+        now = clock.monotonic()
         for job in [job for job, (when, _, _) in self.due.items() if when <= now]:
             _, soft, hard = self.due.pop(job)
             try:

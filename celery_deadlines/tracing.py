@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("celery_deadlines")
 
 #: The module whose presence means a span may be current (see the module docstring).
-_API: Final = "opentelemetry.trace"
+API: Final = "opentelemetry.trace"
 
 PREFIX: Final = "celery_deadlines."
 DEADLINE: Final = PREFIX + "deadline"
@@ -66,7 +66,7 @@ EFFECT_KEY: Final = PREFIX + "effect_key"
 
 def annotate_ingress(*, deadline: datetime, source: str, remaining: timedelta) -> None:
     """Set the request's deadline, its source and the time left on the current span."""
-    if _API not in sys.modules:  # every request: one lookup when nobody traces
+    if API not in sys.modules:  # every request: one lookup when nobody traces
         return
     span = _recording_span()
     if span is not None:
@@ -83,7 +83,7 @@ def annotate_attempt(
     """Set an attempt's deadline, its source (``headers``: the message's), the time left
     at its start (``now``) and its lease token on the current span: the task's, which the
     Celery instrumentation made current in ``task_prerun``."""
-    if _API not in sys.modules:  # the attempt's path: one lookup when nobody traces
+    if API not in sys.modules:  # the attempt's path: one lookup when nobody traces
         return
     span = _recording_span()
     if span is None:
@@ -118,7 +118,7 @@ def record_refusal(
     process: with no span current there, the refusal gets a short span of its own,
     parented by the context the publisher injected into the message, if any.
     """
-    if _API not in sys.modules:
+    if API not in sys.modules:
         return
     try:
         attributes: dict[str, Any] = {
@@ -144,7 +144,7 @@ def record_refusal(
 
 def record_dispatch_refusal(*, task_id: str, key: str, reason: str, detail: str) -> None:
     """The dispatch guard's refusal of a side effect, as the same event on the task's span."""
-    if _API not in sys.modules:
+    if API not in sys.modules:
         return
     span = _recording_span()
     if span is None:
@@ -158,7 +158,7 @@ def record_dispatch_refusal(*, task_id: str, key: str, reason: str, detail: str)
 
 def _recording_span() -> Span | None:
     """The current span if it records, else ``None`` (never imports OpenTelemetry)."""
-    api: Any = sys.modules.get(_API)
+    api: Any = sys.modules.get(API)
     if api is None:
         return None
     try:
@@ -193,7 +193,7 @@ def _refusal_span(
     attributes: dict[str, Any], task_name: str, task_id: str | None, carrier: Mapping[str, Any]
 ) -> None:
     """A short span for a refusal made where no span is current (the claim gate)."""
-    # OpenTelemetry is loaded (``_API`` is in sys.modules): these imports load nothing new
+    # OpenTelemetry is loaded (``API`` is in sys.modules): these imports load nothing new
     # but the propagation API, which the instrumentation has loaded too.
     from opentelemetry import propagate, trace
 

@@ -291,7 +291,7 @@ def _limits(run: Run, claim: RunEvent | None, limits: Limits | None) -> TimeLimi
         return None
     task_hard, task_soft = limits if limits is not None else (None, None)
     hard, soft = gates.cap_time_limits(
-        run.deadline - claim.at, task_hard, task_soft, gates.MIN_TIME_LIMIT
+        (run.deadline - claim.at).total_seconds(), task_hard, task_soft, gates.MIN_TIME_LIMIT
     )
     return TimeLimits(
         at=utc(claim.at),

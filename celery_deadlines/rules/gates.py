@@ -235,12 +235,13 @@ MIN_TIME_LIMIT: Final = 0.01
 
 
 def cap_time_limits(
-    remaining: timedelta,
+    remaining: float,
     hard: float | None,
     soft: float | None,
     floor: float,
 ) -> tuple[float, float | None]:
-    """The attempt gate: hard and soft time limits (seconds) capped at the budget left.
+    """The attempt gate: hard and soft time limits (seconds, as Celery's) capped at the
+    budget left, ``remaining`` seconds.
 
     The hard limit is always set, at most the budget left: an attempt never outlives
     the deadline. A soft limit is kept only if the task has one; when the task has
@@ -249,7 +250,7 @@ def cap_time_limits(
     limit at the same instant as the hard one would never be handled). ``floor``
     keeps a nearly spent budget from becoming 0, which billiard reads as "no limit".
     """
-    budget = max(remaining.total_seconds(), floor)
+    budget = max(remaining, floor)
     task_hard = hard if hard is not None and hard > 0 else None
     capped_hard = budget if task_hard is None else min(task_hard, budget)
     if soft is None or soft <= 0:

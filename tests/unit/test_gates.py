@@ -203,29 +203,29 @@ def test_more_backoff_never_turns_a_refused_retry_into_an_allowed_one(
 
 
 def test_attempt_limits_are_capped_at_the_remaining_budget() -> None:
-    assert cap_time_limits(seconds(4), hard=30, soft=30, floor=0.01) == (4.0, 4.0)
+    assert cap_time_limits(4.0, hard=30, soft=30, floor=0.01) == (4.0, 4.0)
 
 
 def test_a_capped_soft_limit_keeps_the_tasks_cleanup_window_in_proportion() -> None:
-    capped = cap_time_limits(seconds(6), hard=60, soft=50, floor=0.01)
+    capped = cap_time_limits(6.0, hard=60, soft=50, floor=0.01)
     assert capped == pytest.approx((6.0, 5.0))
 
 
 def test_a_soft_limit_alone_is_capped_at_the_budget_with_a_hard_stop_there() -> None:
-    assert cap_time_limits(seconds(4), hard=None, soft=20, floor=0.01) == (4.0, 4.0)
+    assert cap_time_limits(4.0, hard=None, soft=20, floor=0.01) == (4.0, 4.0)
 
 
 def test_attempt_limits_shorter_than_the_budget_are_kept() -> None:
-    assert cap_time_limits(seconds(40), hard=30, soft=20, floor=0.01) == (30, 20)
+    assert cap_time_limits(40.0, hard=30, soft=20, floor=0.01) == (30, 20)
 
 
 def test_an_attempt_with_no_limits_gets_a_hard_limit_at_the_budget_and_no_soft_one() -> None:
-    assert cap_time_limits(seconds(4), hard=None, soft=None, floor=0.01) == (4.0, None)
+    assert cap_time_limits(4.0, hard=None, soft=None, floor=0.01) == (4.0, None)
 
 
 def test_a_spent_budget_gets_the_floor_never_zero_which_means_unlimited() -> None:
-    assert cap_time_limits(seconds(-1), hard=None, soft=5, floor=0.01) == (0.01, 0.01)
-    assert cap_time_limits(seconds(-1), hard=10, soft=5, floor=0.01) == (0.01, 0.01)
+    assert cap_time_limits(-1.0, hard=None, soft=5, floor=0.01) == (0.01, 0.01)
+    assert cap_time_limits(-1.0, hard=10, soft=5, floor=0.01) == (0.01, 0.01)
 
 
 def test_a_claim_the_ledger_refused_for_the_deadline_keeps_the_ledgers_judgement() -> None:
