@@ -173,7 +173,7 @@ def test_the_quick_start_explains_both_runs_from_the_ledger(followed: Project) -
     # worker's reconciler when its pass (every 10 s) falls before the claim
     assert re.search(
         r"EXPIRED \(deadline_passed: (claim gate refused: deadline_passed"
-        r"|the deadline passed before any worker claimed the run\)",
+        r"|the deadline passed before any worker claimed the run\))",
         refused,
     ), refused
     assert "never claimed" in refused
