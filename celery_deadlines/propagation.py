@@ -65,9 +65,17 @@ class AttemptState:
     """
 
     __slots__ = (
-        "_anchor", "_carried", "attempt", "deadline", "headers", "horizon", "monotonic",
-        "now", "retrying", "task_id",
-    )  # fmt: skip
+        "_anchor",
+        "_carried",
+        "attempt",
+        "deadline",
+        "headers",
+        "horizon",
+        "monotonic",
+        "now",
+        "retrying",
+        "task_id",
+    )
 
     def __init__(
         self,

@@ -26,7 +26,7 @@ from celery.utils.time import maybe_iso8601
 from celery.worker.request import Request
 from celery.worker.state import task_ready
 
-from . import clock, ledger, options, recording
+from . import ledger, options, recording, seconds
 from .body import Unresolved
 from .claiming import answer_a_waiting_caller, caller_of
 from .clock import get_clock
@@ -292,21 +292,14 @@ class DeadlineRequest(Request):
         return gates.admit(gates.Gate.CLAIM, deadline, judging, self._reserve or gates.ZERO)
 
     def _in_time(self, deadline: float) -> bool:
-        """Whether a deadline header in epoch seconds lets the message start, judged
-        without a datetime: ``True`` only when it is clearly in time (within the
-        horizon, and before the last instant the gate admits)
-        by this worker's clock (no clock-skew budget makes another clock the judge).
-        Then the reading is kept for the time-limit cap. ``False``: judged in full
-        (:class:`~celery_deadlines.options.InSeconds` says what "clearly" means)."""
+        """Whether the deadline header ``deadline`` (epoch seconds) lets the message
+        start, judged without a datetime (:func:`celery_deadlines.seconds.admitted_at`):
+        then the reading is kept for the time-limit cap; ``False``: judged in full."""
         task = self.task
         if not isinstance(task, DeadlineTask):
             return False
-        limits = options.in_seconds(task, settings_for(task.app))
-        if not limits.local:
-            return False
-        now = clock.epoch()
-        ahead = deadline - now  # NaN or infinity: not clearly anything, judged in full
-        if not (limits.low < ahead < limits.high):
+        now = seconds.admitted_at(task, deadline)
+        if now is None:
             return False
         self._deadline_seconds = deadline
         self._admitted_seconds = now

@@ -22,17 +22,16 @@ becomes ``Ignore``: it must not store a result over the current owner's.
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import MutableMapping
 from datetime import datetime, timedelta
 from traceback import format_exception
-from typing import TYPE_CHECKING, Any, ClassVar, Final, NoReturn
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
 from celery.utils import uuid
 
-from . import claiming, clock, conf, ledger, options, propagation, recording, tracing
+from . import claiming, conf, ledger, options, propagation, recording, seconds, tracing
 from ._crashpoints import hit
 from .body import AttemptAPI, Paused, Unresolved, end_unresolved
 from .clock import get_clock
@@ -50,12 +49,6 @@ if TYPE_CHECKING:
     from .ledger.attempt import Attempt
 
 logger = logging.getLogger("celery_deadlines")
-
-#: Celery's call options that move or bound a message's start (a publish with one is
-#: stamped by the full rule).
-_MOVES_START: Final = frozenset({"eta", "countdown", "expires"})
-#: Headers a caller may give that name a deadline of its own.
-_DEADLINE_HEADERS: Final = frozenset({wire.DEADLINE_HEADER, wire.DELIVERY_DEADLINE_HEADER})
 
 #: The refusals a run may end with (see ``DeadlineTask.throws``).
 EXPECTED: tuple[type[Exception], ...] = (DeadlineRefused, PlanRefused, DispatchRefused)
@@ -164,7 +157,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         """
         with_ledger = self._with_ledger()
         if not with_ledger:
-            stamped = self._stamp_in_seconds(call, task_id)
+            stamped = seconds.stamp_own_budget(self, call, task_id)
             if stamped is not None:
                 return self._send(
                     stamped, args, kwargs, task_id, producer, link, link_error, shadow, call
@@ -245,36 +238,6 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
             call["headers"] = headers
         return stamp, starts_at
 
-    def _stamp_in_seconds(self, call: dict[str, Any], task_id: str | None) -> bool | None:
-        """The plain cases of :meth:`_stamp`, without a ledger, with no datetime built:
-        a publish that inherits nothing and names nothing of its own (no option of this
-        package's, no deadline header) of a task that says no budget anywhere is
-        Celery's own (``False``: nothing written); of a task whose budget is longer than
-        its reserve, with no delivery budget, and no ``expires``, ``eta`` or
-        ``countdown``, its headers are written in epoch seconds, as :meth:`_stamp` would
-        (``True``). ``None``, nothing written, for any other publish."""
-        if (
-            not stamping.CALL_OPTIONS.isdisjoint(call)
-            or propagation.inherited() is not stamping.NOTHING
-        ):
-            return None
-        given = call.get("headers")
-        if given and not _DEADLINE_HEADERS.isdisjoint(given):
-            return None
-        limits = options.in_seconds(self, settings_for(self.app))
-        if limits.names_nothing:
-            return False
-        budget = limits.budget
-        if budget is None or self.expires is not None or not _MOVES_START.isdisjoint(call):
-            return None
-        headers = dict(given) if given else {}
-        headers[wire.DEADLINE_HEADER] = clock.epoch() + budget
-        headers[wire.SOURCE_HEADER] = limits.budget_source
-        if task_id:
-            headers[wire.ORIGIN_HEADER] = task_id
-        call["headers"] = headers
-        return True
-
     def _send(
         self,
         stamped: bool,
@@ -350,16 +313,10 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         if not with_ledger:
             if raw is None and wire.DELIVERY_DEADLINE_HEADER not in headers:
                 return None  # nothing to gate, nothing to anchor, no claim, no clock read
-            if type(raw) is float and tracing.API not in sys.modules:
-                limits = options.in_seconds(self, settings_for(self.app))
-                now = clock.epoch()
-                # read together: the budget is anchored at this instant
-                started = clock.monotonic()
-                ahead = raw - now  # NaN or infinity: not clearly anything, judged in full
-                if limits.low < ahead < limits.high:
-                    return propagation.begin_in_time(
-                        request, headers, raw, now, started, limits.horizon
-                    )
+            if type(raw) is float:
+                state = seconds.start(self, request, headers, raw)
+                if state is not None:
+                    return state
         return self._start_in_full(request, headers, with_ledger)
 
     def _start_in_full(

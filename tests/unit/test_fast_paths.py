@@ -1,9 +1,10 @@
-"""The gates' paths in epoch seconds (the ones every message of a worker without a ledger
-takes) decide exactly what the full rule, with datetimes, decides: the publish's headers,
-the claim gate's admission and time-limit cap, and the attempt gate's deadline and
-anchor. Each property draws deadlines around the edges the fast paths hand back to the
-full rule (the reserve, the horizon, the microsecond a float cannot tell apart), so a
-fast path that admits what the full rule refuses, or the other way round, fails here.
+"""The gates in epoch seconds (``celery_deadlines.seconds``: the path of every message
+of a worker without a ledger) decide exactly what the full rule, with datetimes,
+decides: the publish's headers, the claim gate's admission and time-limit cap, and the
+attempt gate's deadline and anchor. Each property draws deadlines around the edges the
+fast paths hand back to the full rule (the reserve, the horizon, the microsecond a float
+cannot tell apart), so a fast path that admits what the full rule refuses, or the other
+way round, fails here.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from celery.utils import uuid
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from celery_deadlines import DEADLINE_HEADER, DeadlineRefused, tracing
+from celery_deadlines import DEADLINE_HEADER, DeadlineRefused, seconds, tracing
 from celery_deadlines import clock as installed
 from celery_deadlines.request import DeadlineRequest
 from celery_deadlines.rules import wire
@@ -168,7 +169,7 @@ def test_a_publish_stamped_in_seconds_carries_the_headers_the_full_rule_writes(
             return {} if given_headers is None else {"headers": dict(given_headers)}
 
         fast_call = call()
-        fast = task._stamp_in_seconds(fast_call, task_id)
+        fast = seconds.stamp_own_budget(task, fast_call, task_id)
         full_call = call()
         try:
             stamp, _ = task._stamp(full_call, task_id, False)
@@ -211,7 +212,7 @@ def test_a_publish_of_a_task_without_budget_outside_any_task_is_celerys_own(
     horizon_app: Celery, clock: FakeClock
 ) -> None:
     call: dict[str, Any] = {"headers": {"x-trace": "1"}}
-    assert make_task(horizon_app)._stamp_in_seconds(call, "c-1") is False
+    assert seconds.stamp_own_budget(make_task(horizon_app), call, "c-1") is False
     assert call == {"headers": {"x-trace": "1"}}
 
 
@@ -232,7 +233,7 @@ def test_a_publish_that_names_a_time_of_its_own_is_stamped_by_the_full_rule(
 ) -> None:
     task = make_task(horizon_app, budget=30)
     before = dict(call)
-    assert task._stamp_in_seconds(call, "c-1") is None
+    assert seconds.stamp_own_budget(task, call, "c-1") is None
     assert call == before  # nothing written: the full rule starts from what was given
 
 
