@@ -26,7 +26,9 @@ unused 300-function module added to the package moved the main process's count o
 DeadlineTask message by 2.4 %, the cyclic collector visiting more module objects. Only the
 processing of ``--messages`` messages is counted (after 200 warm-up ones): callgrind
 collects inside one ``functools.reduce`` call that runs them, and nothing else.
-``--against PATH`` counts another source tree too (a ``git worktree`` of an older commit).
+``--against PATH`` counts another source tree too (a ``git worktree`` of an older commit),
+its ratios against the plain task counted with it; each tree is imported through a
+path of one length.
 
 Usage: python bench/worker_instructions.py [--messages 2000] [--against ../old-tree]
 Needs valgrind (Debian package ``valgrind``).
@@ -37,6 +39,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -187,8 +190,15 @@ SIDES = ("publish", "main", "child")
 
 
 def instructions(tree: Path, variant: str, side: str, count: int) -> int:
-    """Instructions executed while ``count`` messages are run (nothing else is counted)."""
-    return collected(LOOP, str(tree), str(count), variant, side, toggle="functools_reduce")
+    """Instructions executed while ``count`` messages are run (nothing else is counted),
+    with ``tree`` imported through a path of the same length whatever its own: the
+    counts follow the length of the path the package is imported from (one commit
+    counted 157,722 from ``/work/main`` and 155,916 from ``/tmp/exp``), so two trees
+    are compared only through paths of one length."""
+    with tempfile.TemporaryDirectory(prefix="wi-") as folder:  # a random name, one length
+        link = Path(folder) / "tree"
+        link.symlink_to(tree.resolve(), target_is_directory=True)
+        return collected(LOOP, str(link), str(count), variant, side, toggle="functools_reduce")
 
 
 def per_message(tree: Path, variant: str, side: str, count: int) -> float:
@@ -205,16 +215,23 @@ def main() -> None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
     trees = [REPO] + ([args.against.resolve()] if args.against else [])
     for side in args.side or SIDES:
-        plain = per_message(REPO, "m.plain", side, args.messages)
-        print(f"{side:5}  plain Celery task              {plain:9.0f} instructions/message")
+        # each tree's ratios are against the plain task counted with that tree on the
+        # path: a plain message runs none of the package's code, yet its count moves
+        # with the package's layout by about 1 % (bench/README.md, 2026-12-03 20:00)
+        plains = [per_message(tree, "m.plain", side, args.messages) for tree in trees]
+        line = f"{side:5}  plain Celery task              {plains[0]:9.0f} instructions/message"
+        if len(trees) > 1:
+            line += f"   {trees[1].name}: {plains[1]:9.0f}"
+        print(line, flush=True)
         for variant in VARIANTS[1:]:
             counts = [per_message(tree, variant, side, args.messages) for tree in trees]
             line = (
                 f"{side:5}  {variant.removeprefix('m.'):10} this tree {counts[0]:9.0f}"
-                f" ({counts[0] / plain:.3f} x plain)"
+                f" ({counts[0] / plains[0]:.3f} x plain)"
             )
             if len(counts) > 1:
-                line += f"   {trees[1].name}: {counts[1]:9.0f} ({counts[1] / plain:.3f} x plain)"
+                ratio = counts[1] / plains[1]
+                line += f"   {trees[1].name}: {counts[1]:9.0f} ({ratio:.3f} x its plain)"
             print(line, flush=True)
 
 
