@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test test-unit test-integration fuzz lint dist bench bench-ledger matrix matrix-unit celery-compat clean screenshots browser chaos chaos-soak chaos-rabbitmq
+.PHONY: demo test test-unit test-integration fuzz lint dist bench bench-ledger matrix matrix-unit matrix-env matrix-unit-env celery-compat clean screenshots browser chaos chaos-soak chaos-rabbitmq
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -82,10 +82,23 @@ define newest_django
 	$(MATRIX_VENV)/bin/python -m pip uninstall --quiet --yes django-celery-beat
 	$(MATRIX_VENV)/bin/python -m pip install --quiet --upgrade django
 endef
-matrix:
+# Each environment is prepared once (a marker file): CI prepares them in the background
+# (matrix-env, matrix-unit-env) while it installs, lints and builds.
+$(MATRIX_VENV)/.matrix: pyproject.toml
 	$(MAKE) --no-print-directory VENV=$(MATRIX_VENV) PYTHON=$(PYTHON) $(MATRIX_VENV)/.installed
 	$(MATRIX_VENV)/bin/python -m pip install --quiet 'celery==5.5.*'
 	$(newest_django)
+	touch $@
+
+$(MATRIX_VENV)/.matrix-unit: pyproject.toml
+	$(MAKE) --no-print-directory VENV=$(MATRIX_VENV) PYTHON=$(PYTHON) $(MATRIX_VENV)/.installed
+	$(newest_django)
+	touch $@
+
+matrix-env: $(MATRIX_VENV)/.matrix
+matrix-unit-env: $(MATRIX_VENV)/.matrix-unit
+
+matrix: $(MATRIX_VENV)/.matrix
 	$(MATRIX_VENV)/bin/python -c 'import celery, django; print("celery", celery.__version__, "django", django.__version__)'
 	$(MATRIX_VENV)/bin/python -m pytest tests/unit tests/django
 
@@ -96,9 +109,7 @@ celery-compat: $(INSTALLED)
 
 ## The unit tests on another interpreter (CI runs them on Python 3.12, so that every
 ## Python version the package claims is tested; the matrix above runs the newest).
-matrix-unit:
-	$(MAKE) --no-print-directory VENV=$(MATRIX_VENV) PYTHON=$(PYTHON) $(MATRIX_VENV)/.installed
-	$(newest_django)
+matrix-unit: $(MATRIX_VENV)/.matrix-unit
 	$(MATRIX_VENV)/bin/python -m pytest -n 0 tests/unit
 
 clean:
