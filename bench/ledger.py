@@ -9,21 +9,24 @@ order round by round:
   row (written before publish), its claim and its completion are the tracking.
 
 Throughput is tasks/s from the first publish to the last run recorded as done (polled
-in the database). Goal: ledger / baseline >= 1.0. Then ``claims/s``: 8 processes race
-to claim the same runs (each run is offered to all 8, exactly one wins), against the rate
-of a bare compare-and-swap on one row by one client on the same database, measured
-between the races (goal: claims won/s >= 0.5 x that), and the same race with a bare
-one-row ``UPDATE`` for a claim (the ceiling of any one-statement claim). Then the
-ledger at two sizes (``bench/ledger_scale.py``): each statement of a run's life, the
-sweeper's pass and ``explain`` at 10^4 and at 10^6 runs (goal: within 20 %), and the
-sweeper's plans.
+in the database). Goal: ledger / baseline >= 1.0. Then claims shaped like Celery
+(``bench/claims.py``): 4 processes drain a queue of fresh runs, each delivered to one
+of them, 5 % delivered again later to another (a lost claim), the library's claim and
+completion against a bare ``UPDATE ... WHERE owner IS NULL`` and a bare completion in
+the same harness, ABBA rounds (goal: library >= 0.75 x bare), with the round trips per
+claim and the WAL a lost claim writes and syncs. Then 8 processes race to claim the
+same runs (each run offered to all 8, exactly one wins), against the same race of bare
+``UPDATE`` claims: contention, a separate figure. Then the ledger at two sizes
+(``bench/ledger_scale.py``): each statement of a run's life, the sweeper's pass and
+``explain`` at 10^4 and at 10^6 runs (goal: within 20 %), and the sweeper's plans.
 
-It ends with one line: ``ledger: default R1x tuned R2x claims_won_per_s N raw_cas_per_s
-M claim_ratio R3 scale_ratio R4``.
+It ends with one line: ``ledger: default R1x tuned R2x celery_claims_per_s N
+bare_claims_per_s M celery_claim_ratio R3 scale_ratio R4``.
 
-Usage: python bench/ledger.py [--tasks 1000] [--rounds 5] [--claims 2000] [--races 3]
-    [--scale 1000000] [--scale-small 10000] [--samples 200] [--skip-end-to-end]
-    [--scale-only] [--page-samples 20]
+Usage: python bench/ledger.py [--tasks 1000] [--rounds 5] [--claims 2000]
+    [--claim-rounds 4] [--lost-batch 500] [--races 1] [--scale 1000000]
+    [--scale-small 10000] [--samples 200] [--skip-end-to-end] [--scale-only]
+    [--page-samples 20]
 """
 
 from __future__ import annotations
@@ -121,42 +124,6 @@ def racer(index: int, task_ids: list[str], barrier: Any, results: Any) -> None:
         )
         won += isinstance(outcome, Lease)
     results.put((won, len(order), time.perf_counter() - started))
-
-
-def raw_cas(seconds: float = 3.0) -> tuple[float, float | None]:
-    """Statements/s of one client doing a bare compare-and-swap on one row (autocommit,
-    ``UPDATE ... WHERE v = %s RETURNING v``) on the benchmark's database, and the CPU
-    seconds each took, the client's and its server process's together (``None`` when
-    the server's process cannot be read here: a database on another machine)."""
-    with psycopg.connect(DATABASE_URL, autocommit=True) as conn:
-        conn.execute("CREATE TABLE IF NOT EXISTS bench_cas (id int PRIMARY KEY, v bigint)")
-        conn.execute("INSERT INTO bench_cas VALUES (1, 0) ON CONFLICT (id) DO NOTHING")
-        row = conn.execute("SELECT v, pg_backend_pid() FROM bench_cas WHERE id = 1").fetchone()
-        value, server = row if row else (0, 0)
-        done = 0
-        server_before, client_before = _cpu_seconds(server), time.process_time()
-        started = time.perf_counter()
-        while (elapsed := time.perf_counter() - started) < seconds:
-            row = conn.execute(
-                "UPDATE bench_cas SET v = v + 1 WHERE id = 1 AND v = %s RETURNING v", [value]
-            ).fetchone()
-            assert row is not None
-            value = row[0]
-            done += 1
-        client = time.process_time() - client_before
-        server_after = _cpu_seconds(server)
-    if server_before is None or server_after is None:
-        return done / elapsed, None
-    return done / elapsed, (client + server_after - server_before) / done
-
-
-def _cpu_seconds(pid: int) -> float | None:
-    """The CPU time (user and system) process ``pid`` of this machine has used."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run_racers(target: Any, work: Any, racers: int = 8) -> list[Any]:
@@ -293,8 +260,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=1000, help="tasks per round")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per variant")
-    parser.add_argument("--claims", type=int, default=2000, help="runs offered to 8 racers")
-    parser.add_argument("--races", type=int, default=3, help="races (a bare CAS before each)")
+    parser.add_argument("--claims", type=int, default=2000, help="runs a claim round, a race")
+    parser.add_argument("--claim-rounds", type=int, default=4, help="ABBA rounds of claims")
+    parser.add_argument("--lost-batch", type=int, default=500, help="0: no WAL check")
+    parser.add_argument("--races", type=int, default=1, help="races of 8 over each run")
     parser.add_argument("--scale", type=int, default=1_000_000, help="runs of the large ledger")
     parser.add_argument("--scale-small", type=int, default=10_000, help="of the small ledger")
     parser.add_argument("--samples", type=int, default=200, help="timings of each statement")
@@ -313,7 +282,7 @@ def main() -> None:
     try:
         from django.core.management import call_command
 
-        from bench import ledgerapp
+        from bench import claims, ledgerapp
 
         call_command("migrate", verbosity=0)
         skip = args.skip_end_to_end or args.scale_only
@@ -328,48 +297,33 @@ def main() -> None:
         if args.scale_only:
             at_scale(args.scale_small, args.scale, args.samples, args.page_samples)
             return
-        won_rates, cas = [], [raw_cas()]
-        for race in range(args.races):
-            won_rate, attempt_rate, won, statements = racing_claims(args.claims)
-            won_rates.append(won_rate)
-            cas.append(raw_cas())
+        shaped = claims.compare(args.claims, args.claim_rounds)
+        if args.lost_batch:
+            claims.lost_claim_flushes(args.lost_batch)
+        races = [racing_claims(args.claims) for _ in range(args.races)]
+        for race, (won_rate, attempt_rate, won, statements) in enumerate(races):
             print(
-                f"racing claims {race + 1}: 8 processes x {args.claims} runs: {won} won "
-                f"(one per run), {won_rate:.0f} claims/s won, {attempt_rate:.0f} claim "
-                f"attempts/s, {statements:.2f} transactions per attempt; bare CAS before "
-                f"and after: {cas[-2][0]:.0f}/s, {cas[-1][0]:.0f}/s",
+                f"racing claims {race + 1} (contention, not Celery's shape): 8 processes x "
+                f"{args.claims} runs, each offered to all: {won} won (one per run), "
+                f"{won_rate:.0f} claims/s won, {attempt_rate:.0f} claim attempts/s, "
+                f"{statements:.2f} transactions per attempt",
                 flush=True,
             )
-        cas_rates = [rate for rate, _ in cas]
-        won_rate, cas_rate = statistics.median(won_rates), statistics.median(cas_rates)
-        cpus = [cpu for _, cpu in cas if cpu is not None]
-        print(
-            f"racing claims: {won_rate:.0f} claims won/s (median of {args.races}); one "
-            f"client's bare compare-and-swap on one row: {cas_rate:.0f}/s (median of "
-            f"{len(cas_rates)}); ratio {won_rate / cas_rate:.2f} (goal >= 0.5)",
-            flush=True,
-        )
-        if cpus:
-            cpu = statistics.median(cpus)
+        if races:
+            won_rate = statistics.median(won for won, _, _, _ in races)
+            bare = bare_race(args.claims)
             print(
-                f"  a bare compare-and-swap costs {cpu * 1e6:.0f} µs of CPU (client and "
-                f"server) and {1e6 / cas_rate:.0f} µs of wall time: one client waits "
-                f"for each commit in turn; {os.cpu_count()} cores run the racers at once",
+                f"  the same race with a bare one-row UPDATE for a claim (no lease, token, "
+                f"checks or event): {bare:.0f} won/s; ratio {won_rate / bare:.2f}",
                 flush=True,
             )
-        bare = bare_race(args.claims)
-        print(
-            f"  the same race with a bare one-row UPDATE for a claim (no lease, token, "
-            f"checks or event): {bare:.0f} won/s, ratio {bare / cas_rate:.2f}: the "
-            f"ceiling of any one-statement claim here",
-            flush=True,
-        )
         print(flush=True)
         scale_ratio = at_scale(args.scale_small, args.scale, args.samples, args.page_samples)
         print(
             f"ledger: default {_ratio(ratios.get(False))} tuned {_ratio(ratios.get(True))} "
-            f"claims_won_per_s {won_rate:.0f} raw_cas_per_s {cas_rate:.0f} "
-            f"claim_ratio {won_rate / cas_rate:.2f} scale_ratio {scale_ratio:.2f}"
+            f"celery_claims_per_s {shaped.median(claims.LIBRARY):.0f} bare_claims_per_s "
+            f"{shaped.median(claims.BARE):.0f} celery_claim_ratio {shaped.ratio:.3f} "
+            f"scale_ratio {scale_ratio:.2f}"
         )
     finally:
         if worker is not None:
