@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Iterator
+import socket
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -87,3 +88,23 @@ def published() -> Iterator[list[dict[str, Any]]]:
     after_task_publish.connect(record, weak=False)
     yield seen
     after_task_publish.disconnect(record)
+
+
+@pytest.fixture
+def listener() -> Iterator[tuple[str, Callable[[], bool]]]:
+    """A listening socket nobody accepts on: its address, and whether anything connected
+    (the kernel completes a connection into the backlog without ``accept``)."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        server.setblocking(False)
+
+        def reached() -> bool:
+            try:
+                connection, _ = server.accept()
+            except BlockingIOError:
+                return False
+            connection.close()
+            return True
+
+        yield f"127.0.0.1:{server.getsockname()[1]}", reached

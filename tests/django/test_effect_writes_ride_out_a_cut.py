@@ -156,6 +156,12 @@ def plan_document(step: str) -> dict[str, Any]:
     return {"plan_id": f"plan-{step}", "steps": [step]}
 
 
+def stored_plans(store: Store) -> list[tuple[str, str]]:
+    """The run's plans as the ledger keeps them, oldest first: (plan id, state)."""
+    plans = RunPlan.objects.using(store.using).order_by("id")
+    return [(plan.plan_id, plan.state) for plan in plans]
+
+
 @pytest.mark.parametrize("committed", [False, True], ids=["cut-before", "answer-lost"])
 def test_a_plan_saved_through_a_cut_is_stored_once_and_is_the_active_one(
     store: Store, monkeypatch: pytest.MonkeyPatch, committed: bool
@@ -166,10 +172,7 @@ def test_a_plan_saved_through_a_cut_is_stored_once_and_is_the_active_one(
     tries = cut(monkeypatch, "save", committed=committed, of=Plans)
     current.save_plan("plan-b", plan_document("b"))
     assert len(tries) == (1 if committed else 2)  # a lost answer's plan is found, not saved again
-    plans = RunPlan.objects.using(store.using).order_by("id")
-    assert [(plan.plan_id, plan.state) for plan in plans] == [
-        ("plan-a", "SUPERSEDED"), ("plan-b", "ACTIVE"),
-    ]  # fmt: skip
+    assert stored_plans(store) == [("plan-a", "SUPERSEDED"), ("plan-b", "ACTIVE")]
     active = current.active_plan()
     assert active is not None
     assert active.document == plan_document("b")
@@ -195,10 +198,7 @@ def test_a_plan_whose_save_is_cut_between_its_two_statements_is_saved_whole_when
     monkeypatch.setattr(Store, "execute", execute)
     current.save_plan("plan-b", plan_document("b"))
     assert len(cuts) == 1
-    plans = RunPlan.objects.using(store.using).order_by("id")
-    assert [(plan.plan_id, plan.state) for plan in plans] == [
-        ("plan-a", "SUPERSEDED"), ("plan-b", "ACTIVE"),
-    ]  # fmt: skip
+    assert stored_plans(store) == [("plan-a", "SUPERSEDED"), ("plan-b", "ACTIVE")]
 
 
 @pytest.mark.parametrize("committed", [False, True], ids=["cut-before", "answer-lost"])

@@ -13,7 +13,6 @@ call's time is up, and the effect ledger records that side effect as UNKNOWN.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import uuid
@@ -86,26 +85,6 @@ def worker(
     ledger_client(redis_broker)
     ledger_worker.app_module = "tests.support.outboundapp"
     return ledger_worker(redis_broker, concurrency=2)
-
-
-@pytest.fixture
-def listener() -> Iterator[tuple[str, Callable[[], bool]]]:
-    """A listening socket nobody accepts on: its address, and whether anything connected
-    (the kernel completes a connection into the backlog without ``accept``)."""
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen(8)
-        server.setblocking(False)
-
-        def reached() -> bool:
-            try:
-                connection, _ = server.accept()
-            except BlockingIOError:
-                return False
-            connection.close()
-            return True
-
-        yield f"127.0.0.1:{server.getsockname()[1]}", reached
 
 
 def test_the_task_a_called_service_publishes_runs_under_the_callers_deadline(

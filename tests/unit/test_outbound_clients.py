@@ -7,7 +7,6 @@ tests/integration/test_outbound_clients.py."""
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -27,26 +26,6 @@ from celery_deadlines.testing import FakeClock
 
 DEADLINE = "2030-01-01T12:00:05.000000Z"  # the fake clock's start, plus the scope's 5 s
 RESERVE = 0.1  # deadlines_outbound_reserve's default
-
-
-@pytest.fixture
-def listener() -> Iterator[tuple[str, Callable[[], bool]]]:
-    """A listening socket nobody accepts on: its address, and whether anything connected
-    (the kernel completes a connection into the backlog without ``accept``)."""
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen(8)
-        server.setblocking(False)
-
-        def reached() -> bool:
-            try:
-                connection, _ = server.accept()
-            except BlockingIOError:
-                return False
-            connection.close()
-            return True
-
-        yield f"127.0.0.1:{server.getsockname()[1]}", reached
 
 
 # -- httpx ---------------------------------------------------------------------------------------
