@@ -16,11 +16,15 @@ the ledger's tables migrated):
   of its own kept open (autocommit):
 
   - library: ``celery_deadlines.ledger.api.claim_run`` (what a DeadlineTask's claim
-    calls: the worker's dedicated store, one statement won or lost), and a won claim's
-    ``Attempt.succeed()`` (the completion, one fenced statement);
+    calls: the worker's dedicated store, one statement won or lost; ``exclusive``, as a
+    prefork pool process claims), and a won claim's ``Attempt.succeed()`` (the
+    completion, one fenced statement);
   - bare: psycopg, ``UPDATE bench_bare_run SET owner = %s WHERE id = %s AND owner IS
     NULL RETURNING id``, and for a won claim ``UPDATE bench_bare_run SET done = true
-    WHERE id = %s AND owner = %s``: the ceiling of any one-statement claim here;
+    WHERE id = %s AND owner = %s``: the ceiling of any one-statement claim here. Each
+    commit waits for the disk; with ``--bare-claim-lax`` the claim's does not, as the
+    library's won claim does not in a process that runs one attempt at a time (these
+    do: each claims on its main thread), so the two pay the same flushes;
 
 * claims/s: runs claimed and completed per second, from the barrier that starts the
   processes together to the last one's end; every run is checked claimed by exactly
@@ -36,8 +40,8 @@ counts the client's CPU instructions per claim under valgrind's callgrind.
 
 Usage (a scratch database of its own, created and dropped): python bench/claims.py
     [--runs 2000] [--rounds 4] [--workers 4] [--redelivered 0.05] [--lost-batch 500]
-    [--instructions 300]   (``--instructions 0``: no callgrind, which takes minutes;
-    ``--rounds 0 --lost-batch 0``: callgrind alone)
+    [--instructions 300] [--bare-claim-lax]   (``--instructions 0``: no callgrind,
+    which takes minutes; ``--rounds 0 --lost-batch 0``: callgrind alone)
 ``bench/ledger.py`` runs the rounds and the flush check too, and puts the ratio in its
 summary line (``celery_claim_ratio``).
 """
@@ -73,6 +77,13 @@ BARE: Final = "bare"
 #: The baseline's claim and completion: a compare-and-swap on the owner, nothing else.
 BARE_CLAIM: Final = (
     "UPDATE bench_bare_run SET owner = %s WHERE id = %s AND owner IS NULL RETURNING id"
+)
+#: The same claim committing without waiting for the disk, as the library's won claim
+#: does for a process that runs one attempt at a time (``--bare-claim-lax``): the
+#: baseline with the library's durability, rather than a flushed commit per claim.
+BARE_CLAIM_LAX: Final = (
+    "UPDATE bench_bare_run SET owner = %s WHERE id = %s AND owner IS NULL "
+    "AND set_config('synchronous_commit', 'off', true) IS NOT NULL RETURNING id"
 )
 BARE_COMPLETE: Final = "UPDATE bench_bare_run SET done = true WHERE id = %s AND owner = %s"
 #: A claim's lease and reserve, as a DeadlineTask's default settings give them.
@@ -145,7 +156,7 @@ def bare_runs(count: int) -> list[int]:
 # -- one worker process --------------------------------------------------------------------
 
 
-def _count_round_trips() -> list[int]:
+def count_round_trips() -> list[int]:
     """From now on, every psycopg wait on a connection's socket (a statement sent and
     its answer read: one round trip) adds one to the returned counter."""
     counter = [0]
@@ -195,6 +206,7 @@ def _library_steps(index: int) -> tuple[Callable[[Any], bool | str], Callable[[]
             ttl=TTL,
             reserve=RESERVE,
             unrecorded=unrecorded,
+            exclusive=True,  # as a prefork pool process claims (celery_deadlines.pools)
         )
         if isinstance(outcome, api.Attempt):
             won.append(outcome)
@@ -213,9 +225,10 @@ def _bare_steps(index: int) -> tuple[Callable[[Any], bool | str], Callable[[], N
     conn = psycopg.connect(database_url(), autocommit=True)
     owner = f"celery@claims-{index}:{os.getpid()}"
     last = [0]
+    statement = BARE_CLAIM_LAX if os.environ.get("BENCH_BARE_CLAIM_LAX") else BARE_CLAIM
 
     def claim(run_id: int) -> bool | str:
-        if conn.execute(BARE_CLAIM, [owner, run_id]).fetchone() is None:
+        if conn.execute(statement, [owner, run_id]).fetchone() is None:
             return "owned"
         last[0] = run_id
         return True
@@ -233,7 +246,7 @@ def worker(
     before the barrier, then ``deliveries`` in order, timed; its :class:`Tally` put in
     ``results``."""
     claim, complete = (_library_steps if variant == LIBRARY else _bare_steps)(index)
-    trips = _count_round_trips()
+    trips = count_round_trips()
     for item in warm:
         if claim(item) is True:
             complete()
@@ -450,8 +463,10 @@ def _batch(name: str, count: int, run: Callable[[], None]) -> str:
 def lost_claim_flushes(batch: int = 500) -> None:
     """Print the WAL syncs, writes, records and bytes per claim around ``batch`` lost
     claims of each variant (runs completed first, claimed again by another worker: the
-    refusal a redelivery meets), and around ``batch`` bare won claims (each commit
-    flushed: the control that shows the meter sees a flush). The counters are the
+    refusal a redelivery meets), around ``batch`` won claims of the library's, by an
+    owner that runs one attempt at a time (no flush) and by one that runs several (each
+    flushed), and around ``batch`` bare won claims (each commit flushed: the control
+    that shows the meter sees a flush). The counters are the
     cluster's: what other databases write in the window is in them; an idle window of
     the same pause comes first, for that."""
     os.environ["DJANGO_SETTINGS_MODULE"] = "bench.ledger_settings"
@@ -477,6 +492,20 @@ def lost_claim_flushes(batch: int = 500) -> None:
             assert isinstance(refused, api.ClaimRefused)
         api.store_for(app, dedicated=True).close()  # its statistics reported at exit
 
+    def library_won(exclusive: bool) -> Callable[[], None]:
+        fresh = ledger_runs(batch, f"won-{exclusive}")
+
+        def run() -> None:
+            for task_id in fresh:
+                attempt = api.claim_run(
+                    app, task_id=task_id, retries=0, hostname="celery@first", ttl=TTL,
+                    reserve=RESERVE, unrecorded=_no_run, exclusive=exclusive,
+                )  # fmt: skip
+                assert isinstance(attempt, api.Attempt)
+            api.store_for(app, dedicated=True).close()
+
+        return run
+
     owned = bare_runs(batch)
 
     def bare(claimed: bool) -> Callable[[], None]:
@@ -490,6 +519,8 @@ def lost_claim_flushes(batch: int = 500) -> None:
 
     print(f"does a lost claim flush a commit? (pg_stat_wal, {batch} claims a batch)")
     print(_batch("nothing (the same pauses)", batch, lambda: None))
+    print(_batch("library: won claims, one at a time", batch, library_won(True)))
+    print(_batch("library: won claims, shared owner", batch, library_won(False)))
     print(_batch("library: lost claims", batch, library_lost))
     print(_batch("bare: won claims (each flushed)", batch, bare(False)))
     print(_batch("bare: lost claims", batch, bare(True)), flush=True)
@@ -523,7 +554,8 @@ if variant.startswith("library"):
 
     def claim(task_id, host="celery@counted"):
         return api.claim_run(app, task_id=task_id, retries=0, hostname=host,
-                             ttl=claims.TTL, reserve=claims.RESERVE, unrecorded=None)
+                             ttl=claims.TTL, reserve=claims.RESERVE, unrecorded=None,
+                             exclusive=True)
 
     if variant == "library-lost":  # completed by another worker first
         for task_id in ids:
@@ -596,7 +628,14 @@ def main() -> None:
     parser.add_argument("--redelivered", type=float, default=0.05, help="share redelivered")
     parser.add_argument("--lost-batch", type=int, default=500, help="0: no flush check")
     parser.add_argument("--instructions", type=int, default=300, help="0: no callgrind")
+    parser.add_argument(
+        "--bare-claim-lax",
+        action="store_true",
+        help="the bare claim commits without waiting for the disk, as the library's does",
+    )
     args = parser.parse_args()
+    if args.bare_claim_lax:  # read by the spawned processes
+        os.environ["BENCH_BARE_CLAIM_LAX"] = "1"
 
     name = f"cd_claims_{uuid.uuid4().hex[:6]}"
     os.environ["BENCH_DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{name}"

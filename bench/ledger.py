@@ -26,7 +26,7 @@ bare_claims_per_s M celery_claim_ratio R3 scale_ratio R4``.
 Usage: python bench/ledger.py [--tasks 1000] [--rounds 5] [--claims 2000]
     [--claim-rounds 4] [--lost-batch 500] [--races 1] [--scale 1000000]
     [--scale-small 10000] [--samples 200] [--skip-end-to-end] [--scale-only]
-    [--page-samples 20]
+    [--page-samples 20] [--counted 200] [--end-to-end-only]
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 
@@ -76,6 +76,79 @@ def start_worker(log: Path) -> subprocess.Popen[bytes]:
         )  # fmt: skip
 
 
+def start_counted_worker(tally: Path) -> subprocess.Popen[bytes]:
+    """One ``celery worker -P solo`` that counts its round trips into ``tally`` (it runs
+    the same task path as a pool process, and its own supervision and heartbeat)."""
+    command = [
+        sys.executable, "-m", "celery", "-A", "bench.ledgerapp", "worker", "-P", "solo",
+        "-Q", QUEUE, "-l", "WARNING", "-n", f"{QUEUE}-counted@bench",
+        "--without-gossip", "--without-mingle", "--without-heartbeat",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO), "BENCH_ROUND_TRIPS": str(tally)}
+    with Path(f"/tmp/{QUEUE}-counted.log").open("ab") as out:
+        return subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+
+
+class Counted(NamedTuple):
+    """What one run costs the database, counted (not timed): round trips of the
+    producer and of the worker, and the cluster's WAL syncs (flushed commits: each
+    commit that waits for the disk syncs once; the WAL writer's own syncs and other
+    databases' commits in the window are in the figure too)."""
+
+    producer_trips: float
+    worker_trips: float
+    syncs: float
+
+
+def counted(tasks_module: Any, kind: str, tasks: int) -> Counted:
+    """Publish ``tasks`` of ``kind`` to a counting solo worker (after 20 not counted)
+    and count what each run cost; nothing else runs on the queue meanwhile."""
+    from django.db import connections
+
+    from bench.claims import count_round_trips, wal
+
+    task = tasks_module.tracked if kind == "tracked" else tasks_module.ledgered
+    tally = Path(f"/tmp/{QUEUE}-{kind}.trips")
+    tally.unlink(missing_ok=True)
+    worker = start_counted_worker(tally)
+    try:
+        end_to_end(task, kind, 20)  # connected, warm, and its tally written
+        worker_before = int(tally.read_text())
+        connections.close_all()  # this process's statistics reach pg_stat_wal
+        before = wal()
+        trips = count_round_trips()
+        ids = [str(uuid.uuid4()) for _ in range(tasks)]
+        for number, task_id in enumerate(ids):
+            task.apply_async((number,), task_id=task_id)
+        producer = trips[0]
+        while done_count(kind, ids) < tasks:
+            time.sleep(0.05)
+        worker_trips = int(tally.read_text()) - worker_before
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(30)
+    connections.close_all()
+    after = wal()
+    return Counted(producer / tasks, worker_trips / tasks, (after.syncs - before.syncs) / tasks)
+
+
+def print_counted(tasks_module: Any, tasks: int) -> dict[str, Counted]:
+    """Count both variants (:func:`counted`) and print them side by side."""
+    figures = {kind: counted(tasks_module, kind, tasks) for kind in ("tracked", "ledgered")}
+    print(f"per run, counted ({tasks} tasks each, a solo worker, not timed):")
+    for kind, name in (("tracked", "django-celery-results"), ("ledgered", "run ledger")):
+        c = figures[kind]
+        print(
+            f"  {name:22} {c.producer_trips:4.2f} round trips in the producer, "
+            f"{c.worker_trips:4.2f} in the worker, {c.syncs:4.2f} flushed commits (WAL syncs)"
+        )
+    print(flush=True)
+    return figures
+
+
 def done_count(kind: str, ids: list[str]) -> int:
     from django.db import connection
 
@@ -89,11 +162,16 @@ def done_count(kind: str, ids: list[str]) -> int:
     return int(row[0]) if row else 0
 
 
+#: How long each variant's publishing took in its last round (seconds), kind -> list.
+PUBLISHING: dict[str, list[float]] = {"tracked": [], "ledgered": []}
+
+
 def end_to_end(task: Any, kind: str, tasks: int) -> float:
     ids = [str(uuid.uuid4()) for _ in range(tasks)]
     started = time.perf_counter()
     for number, task_id in enumerate(ids):
         task.apply_async((number,), task_id=task_id)
+    PUBLISHING[kind].append(time.perf_counter() - started)
     while done_count(kind, ids) < tasks:
         time.sleep(0.02)
     return tasks / (time.perf_counter() - started)
@@ -234,8 +312,9 @@ def compare(tasks_module: Any, tasks: int, rounds: int, reuse: bool) -> float:
             task = tasks_module.tracked if kind == "tracked" else tasks_module.ledgered
             rates[kind].append(end_to_end(task, kind, tasks))
         print(
-            f"  round {round_no + 1}: django-celery-results {rates['tracked'][-1]:.0f}/s, "
-            f"ledger {rates['ledgered'][-1]:.0f}/s",
+            f"  round {round_no + 1}: django-celery-results {rates['tracked'][-1]:.0f}/s "
+            f"(published in {PUBLISHING['tracked'][-1]:.2f} s), ledger "
+            f"{rates['ledgered'][-1]:.0f}/s (published in {PUBLISHING['ledgered'][-1]:.2f} s)",
             flush=True,
         )
     baseline = statistics.median(rates["tracked"])
@@ -272,6 +351,10 @@ def main() -> None:
         "--scale-only", action="store_true", help="the two sizes alone (statements, console)"
     )
     parser.add_argument("--page-samples", type=int, default=20, help="timings of each page")
+    parser.add_argument("--counted", type=int, default=200, help="runs counted of each variant")
+    parser.add_argument(
+        "--end-to-end-only", action="store_true", help="the counted runs and the two comparisons"
+    )
     args = parser.parse_args()
 
     with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
@@ -286,6 +369,9 @@ def main() -> None:
 
         call_command("migrate", verbosity=0)
         skip = args.skip_end_to_end or args.scale_only
+        if not skip:
+            os.environ["BENCH_DB_REUSE_MAX"] = "1000000"  # as the tuned comparison runs
+            print_counted(ledgerapp, args.counted)
         for reuse in (False, True) if not skip else ():
             os.environ["BENCH_DB_REUSE_MAX"] = "1000000" if reuse else ""
             worker = start_worker(Path(f"/tmp/{QUEUE}-{int(reuse)}.log"))
@@ -294,6 +380,9 @@ def main() -> None:
             os.killpg(worker.pid, signal.SIGTERM)
             worker.wait(30)
             worker = None
+        if args.end_to_end_only:
+            print(f"ledger: default {_ratio(ratios.get(False))} tuned {_ratio(ratios.get(True))}")
+            return
         if args.scale_only:
             at_scale(args.scale_small, args.scale, args.samples, args.page_samples)
             return

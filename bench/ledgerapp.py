@@ -36,6 +36,22 @@ if os.environ.get("BENCH_DB_REUSE_MAX"):
     app.conf["CELERY_DB_REUSE_MAX"] = int(os.environ["BENCH_DB_REUSE_MAX"])
 
 
+if os.environ.get("BENCH_ROUND_TRIPS"):
+    # the counted worker of bench/ledger.py (``-P solo``, not timed): every statement
+    # this process sends and has answered, written after each task for the bench to read
+    from celery.signals import task_postrun
+
+    from bench.claims import count_round_trips
+
+    _trips = count_round_trips()
+    _tally = os.environ["BENCH_ROUND_TRIPS"]
+
+    @task_postrun.connect(weak=False)
+    def _write_tally(**_: object) -> None:
+        with open(_tally, "w") as out:
+            out.write(str(_trips[0]))
+
+
 @app.task(base=Task, name="bench.tracked")
 def tracked(x: int) -> int:
     return x

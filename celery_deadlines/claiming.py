@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from celery import states as celery_states
 
-from . import ledger, recording
+from . import ledger, pools, recording
 from .clock import get_clock
 from .errors import LedgerUnreachable, RunFailed
 from .rules import gates
@@ -137,6 +137,7 @@ def claim(delivery: Claim) -> Attempt | Refused | NotRun | Unreachable:
             unrecorded=lambda: recording.run_of_request(
                 app, caller.task_name, delivery.serializer, request, deadline
             ),
+            exclusive=pools.one_attempt_at_a_time(),
         )
     except LedgerUnreachable as unreachable:
         return _hand_back(delivery, unreachable)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from celery.signals import before_task_publish
 
-from . import canvas, exporter, sentry, timelimits
+from . import canvas, exporter, pools, sentry, timelimits
 from .propagation import on_before_task_publish
 
 _DISPATCH_UID = "celery_deadlines.propagation.on_before_task_publish"
@@ -19,7 +19,9 @@ def install() -> None:
     (:mod:`celery_deadlines.canvas`), and, in a worker, one event-loop timer for every
     job's time limits (:mod:`celery_deadlines.timelimits`), and the ``task_failure``
     receiver that gives Sentry's transaction of a refused run its status
-    (:mod:`celery_deadlines.sentry`; it imports nothing of Sentry's).
+    (:mod:`celery_deadlines.sentry`; it imports nothing of Sentry's), and the worker
+    signals that say whether a process runs its attempts one at a time
+    (:mod:`celery_deadlines.pools`).
 
     Called for you when a :class:`DeadlineTask` is bound to an app and when the Django
     app is ready; call it yourself in a process that only sends tasks by name.
@@ -29,3 +31,4 @@ def install() -> None:
     canvas.patch()
     timelimits.connect()
     sentry.connect()
+    pools.connect()

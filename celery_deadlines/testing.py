@@ -172,6 +172,7 @@ class FakeLedger:
         return (
             run is not None
             and run.token == lease.token
+            and run.owner == lease.owner
             and run.status == "RUNNING"
             and run.lease_expires_at is not None
             and run.lease_expires_at > now
@@ -236,6 +237,7 @@ class FakeLedger:
         ttl: timedelta,
         reserve: timedelta,
         unrecorded: Callable[[], Any],
+        exclusive: bool = False,  # nothing to flush in memory
     ) -> Any:
         if task_id not in self.runs:
             row = unrecorded()
@@ -278,6 +280,7 @@ class FakeLedger:
             checkpoint_data=run.checkpoint[1] if run.checkpoint else None,
             database_now=now,
             waiting_since=None,
+            owner=owner,
         )
         return FakeAttempt(self, lease, owner, ttl)
 

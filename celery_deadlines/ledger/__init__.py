@@ -66,6 +66,7 @@ class LedgerAPI(Protocol):
         ttl: timedelta,
         reserve: timedelta,
         unrecorded: Callable[[], _NewRun],
+        exclusive: bool = False,
     ) -> Attempt | _ClaimRefused | _Held: ...
 
     def refuse_run(

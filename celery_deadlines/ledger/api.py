@@ -132,10 +132,15 @@ def claim_run(
     ttl: timedelta,
     reserve: timedelta,
     unrecorded: Callable[[], NewRun],
+    exclusive: bool = False,
 ) -> Attempt | ClaimRefused | Held:
     """Claim the run of the message being executed (recording it first, from
     ``unrecorded()``, if it has no row: published by name, or before the app was
     installed).
+
+    ``exclusive``: the owner (this process) runs no other attempt until this one ends
+    (a prefork pool process, a solo worker): a won claim need not wait for the disk
+    (:meth:`~.sql.runs.Runs.claim`).
 
     A database that cannot be reached is tried again for up to one lease (``ttl``),
     then :class:`~celery_deadlines.errors.LedgerUnreachable` is raised.
@@ -151,7 +156,13 @@ def claim_run(
 
     def claim() -> Lease | ClaimRefused:
         return store.runs.claim(
-            task_id, retries, owner=owner, ttl=ttl, reserve=reserve, max_lost_leases=max_lost
+            task_id,
+            retries,
+            owner=owner,
+            ttl=ttl,
+            reserve=reserve,
+            max_lost_leases=max_lost,
+            exclusive=exclusive,
         )
 
     # A claim that meets a database blip must not fail the run: Celery would store the

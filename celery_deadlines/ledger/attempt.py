@@ -235,8 +235,8 @@ class Attempt:
                 return False
             if found is None:
                 return False
-            now_status, token, last_op = found
-            if token != self.lease.token:
+            now_status, token, owner, last_op = found
+            if (token, owner) != (self.lease.token, self.lease.owner):
                 return False
             if now_status != Status.RUNNING:
                 return last_op == op

@@ -61,6 +61,8 @@ class Lease:
     database_now: datetime
     #: when the run last became claimable (its publish, or a retry's countdown end)
     waiting_since: datetime | None = None
+    #: who claimed it (``host:pid``): with the token, the fence of every later write
+    owner: str = ""
 
 
 @dataclass(frozen=True)

@@ -119,6 +119,27 @@ def test_a_lost_claim_of_its_own_commits_without_waiting_for_the_disk_a_won_one_
     assert events(dedicated)[-1] == ("claim", "rejected")
 
 
+def test_a_won_claim_of_an_exclusive_owner_commits_without_waiting_for_the_disk(
+    alias: str, dedicated: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An owner that runs one attempt at a time (a prefork pool process) is told apart
+    # from any later holder of a token a crash issued twice; one running several is not.
+    Store(alias).outbox.enqueue(new_run("shared"))
+    Store(alias).outbox.enqueue(new_run("exclusive"))
+    monkeypatch.setattr(dedicated, "commits_alone", lambda: True)
+    with dedicated.transaction():
+        won(claim(dedicated, "shared"))
+        assert synchronous_commit(dedicated) == "on"
+        won(
+            dedicated.runs.claim(
+                "exclusive", 0, owner="w1:1", ttl=TTL, reserve=timedelta(0),
+                max_lost_leases=3, exclusive=True,
+            )
+        )  # fmt: skip
+        assert synchronous_commit(dedicated) == "off"
+    assert synchronous_commit(dedicated) == "on"
+
+
 def test_a_lost_claim_inside_a_transaction_leaves_the_transactions_commit_durable(
     alias: str, dedicated: Store
 ) -> None:

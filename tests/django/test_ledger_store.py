@@ -139,6 +139,34 @@ def test_a_stale_holder_cannot_write_and_its_attempt_is_recorded(store: Store) -
     assert row(store).checkpoint_name == ""
 
 
+def test_a_claim_a_database_crash_lost_issues_its_token_again_and_fences_its_first_holder(
+    store: Store,
+) -> None:
+    # A won claim that did not wait for the disk (an exclusive owner's, on PostgreSQL)
+    # is lost by a crash of the database as if it had never been: the row is put back
+    # here as it was before the claim. The next claim issues the same token.
+    store.outbox.enqueue(new_run())
+    before = Run.objects.using(store.using).filter(task_id="run-1")
+    kept = before.values("status", "owner", "lease_token", "version", "attempt").get()
+    first = won(claim(store, owner="w1:1"))
+    before.update(**kept, lease_expires_at=None)
+    second = won(claim(store, owner="w2:1"))
+    assert second.token == first.token
+    effects = store.effects
+    effects.record_intent(first, "order-1:pay", "pay", "execution", "f")
+    assert effects.dispatch(first, "order-1:pay") is None
+    assert effects.why_refused(first, "order-1:pay", "w1:1") == "stale_lease"
+    assert store.runs.renew(first, "w1:1", TTL) is None
+    assert not store.runs.checkpoint(first, "w1:1", "charged", {"step": 2})
+    assert not store.plans.save(first, "w1:1", "plan-1", {"steps": []})
+    assert not store.runs.finish(first, "w1:1", Status.SUCCEEDED)
+    assert store.runs.last_write(first) == ("RUNNING", first.token, "w2:1", "claim")
+    assert effects.dispatch(second, "order-1:pay") == 1
+    assert effects.succeed(second, "order-1:pay", {"charged": 1})
+    assert store.runs.finish(second, "w2:1", Status.SUCCEEDED)
+    assert row(store).status == Status.SUCCEEDED
+
+
 def test_a_paused_holder_whose_lease_lapsed_cannot_write_even_if_nobody_took_over(
     store: Store,
 ) -> None:

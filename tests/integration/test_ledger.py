@@ -367,7 +367,7 @@ def states_told_to_the_caller(
     """Every state the result backend sends to a waiting ``get()`` (Redis publishes each
     one on the task's channel), collected until the block ends (read up to ``until``)."""
     client = redis.Redis.from_url(transport.result_backend)
-    channel = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+    channel = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call,unused-ignore]
     channel.subscribe(f"celery-task-meta-{task_id}")
     told: list[str] = []
     try:

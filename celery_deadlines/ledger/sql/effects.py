@@ -101,7 +101,9 @@ class Effects(Statements):
         database clock must not have reached it either.
         """
         d = self.store.dialect
-        params: list[Any] = [lease.token, lease.run_id, key, lease.run_id, lease.token]
+        # the effect's new token and run, its key, then the run's fence (id, token, owner)
+        fence = [lease.run_id, lease.token, lease.owner]
+        params: list[Any] = [lease.token, lease.run_id, key, *fence]
         if fresh_until is None:  # no evidence: no condition on it (no untyped NULL parameter)
             _, rows = self.store.execute(DISPATCH.text[d.vendor], params)
         else:
@@ -120,7 +122,7 @@ class Effects(Statements):
             sql, evidence_params = WHY_REFUSED_FRESH, [d.param(fresh_until)]
         _, rows = self.store.execute(
             sql.text[d.vendor],
-            [lease.token, owner, lease.token, *evidence_params, lease.run_id, key],
+            [lease.token, owner, lease.token, lease.owner, *evidence_params, lease.run_id, key],
         )
         return str(rows[0][0]).partition(":")[0] if rows else "changed"
 
@@ -282,7 +284,7 @@ _DISPATCH = """
     WHERE key = %s AND state IN ('INTENT_RECORDED', 'NOT_DISPATCHED')
       AND EXISTS (
         SELECT 1 FROM {run} r
-        WHERE r.id = %s AND r.lease_token = %s AND r.status = 'RUNNING'
+        WHERE r.id = %s AND r.lease_token = %s AND r.owner = %s AND r.status = 'RUNNING'
           AND r.lease_expires_at > {now}
           AND (r.deadline IS NULL OR r.deadline > {now})
       )
@@ -304,7 +306,7 @@ _WHY_REFUSED = """
             WHEN e.state IN {unresolved} THEN 'unresolved'
             WHEN e.state IN ('SUCCEEDED', 'FAILED') THEN 'completed'
             WHEN r.deadline IS NOT NULL AND r.deadline <= {now} THEN 'deadline_passed'
-            WHEN r.lease_token <> %s OR r.status <> 'RUNNING'
+            WHEN r.lease_token <> %s OR r.owner <> %s OR r.status <> 'RUNNING'
                  OR r.lease_expires_at IS NULL OR r.lease_expires_at <= {now}
                 THEN 'stale_lease'
             {stale}

@@ -36,7 +36,8 @@ class Plans(Statements):
         d = self.store.dialect
         return (
             f"EXISTS (SELECT 1 FROM {RUN} WHERE {RUN}.id = %s AND {RUN}.lease_token = %s"
-            f" AND {RUN}.status = 'RUNNING' AND {RUN}.lease_expires_at > {d.now})"
+            f" AND {RUN}.owner = %s AND {RUN}.status = 'RUNNING'"
+            f" AND {RUN}.lease_expires_at > {d.now})"
         )
 
     def save(self, lease: Lease, owner: str, plan_id: str, document: dict[str, Any]) -> bool:
@@ -54,7 +55,7 @@ class Plans(Statements):
                 detail = 'a newer plan was stored'
             WHERE run_id = %s AND state = 'ACTIVE' AND {self._alive()}
             """,
-            [lease.run_id, lease.run_id, lease.token],
+            [lease.run_id, lease.run_id, lease.token, lease.owner],
         )
         count, _ = self.store.execute(
             f"""
@@ -62,10 +63,10 @@ class Plans(Statements):
                 created_at)
             SELECT {RUN}.id, %s, 'ACTIVE', {d.json_param}, {RUN}.lease_token, '', '', {d.now}
             FROM {RUN}
-            WHERE {RUN}.id = %s AND {RUN}.lease_token = %s AND {RUN}.status = 'RUNNING'
-              AND {RUN}.lease_expires_at > {d.now}{d.lock_rows}
+            WHERE {RUN}.id = %s AND {RUN}.lease_token = %s AND {RUN}.owner = %s
+              AND {RUN}.status = 'RUNNING' AND {RUN}.lease_expires_at > {d.now}{d.lock_rows}
             """,
-            [plan_id, json.dumps(document), lease.run_id, lease.token],
+            [plan_id, json.dumps(document), lease.run_id, lease.token, lease.owner],
         )
         if count != 1:
             self.store.runs.record_rejected(lease.run_id, "save_plan", lease.token, owner)
@@ -105,7 +106,7 @@ class Plans(Statements):
                 ended_at = {d.now}
             WHERE id = %s AND state = 'ACTIVE' AND {self._alive()}
             """,
-            [reason, detail, row_id, lease.run_id, lease.token],
+            [reason, detail, row_id, lease.run_id, lease.token, lease.owner],
         )
         if count != 1:
             self.store.runs.record_rejected(lease.run_id, "invalidate_plan", lease.token, owner)

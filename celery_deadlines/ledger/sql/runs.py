@@ -103,8 +103,14 @@ CLAIM_REFUSAL_SQLITE: Final = Sql(
 # A lost claim changed nothing but the audit trail: when the statement is its own
 # transaction (``alone``, as the worker's store runs it), its commit does not wait for
 # the WAL to reach the disk (``synchronous_commit`` off for it alone; a database crash
-# within ``3 x wal_writer_delay`` may lose the event, nothing else). A won claim's commit
-# waits as every other transition does: its token must survive.
+# within ``3 x wal_writer_delay`` may lose the event, nothing else). A won claim commits
+# so too when its owner runs no other attempt meanwhile (``exclusive``: a prefork pool
+# process, a solo worker): a crash that loses it returns the run to the queue with its
+# old token, and the next claim issues the same token again, but every later write of
+# the first holder is fenced by its owner as well as its token, so it is refused; and
+# any write of its that did commit waited for the disk, which flushed the claim before
+# it (the WAL is written and replayed in order). An owner that runs several attempts at
+# once (a thread or greenlet pool) cannot be told apart from itself: its claim waits.
 _CLAIM_POSTGRESQL: Final = """
     WITH claimed AS (
         {claim_update}
@@ -132,7 +138,8 @@ _CLAIM_POSTGRESQL: Final = """
         RETURNING {refusal_columns}
     )
     SELECT won, {lease_columns}, at, waiting_since, NULL, NULL, NULL, NULL, NULL
-    FROM claimed
+    FROM claimed WHERE CASE WHEN %(alone)s AND %(exclusive)s
+        THEN set_config('synchronous_commit', 'off', true) IS NOT NULL ELSE true END
     UNION ALL
     SELECT false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
         {refusal_columns}
@@ -163,6 +170,7 @@ class Runs(Statements):
         ttl: timedelta,
         reserve: timedelta,
         max_lost_leases: int,
+        exclusive: bool = False,
     ) -> Lease | ClaimRefused:
         """The compare-and-swap that lets exactly one worker run an attempt.
 
@@ -170,8 +178,10 @@ class Runs(Statements):
         that failed) by the same statement: one round trip whether it is won or lost.
         Run as a transaction of its own, a lost claim commits without waiting for the
         disk: it changed nothing else, and its event is worth less than the wait (a
-        database crash just after may lose it). SQLite, in-process, runs the refusal as a
-        second statement."""
+        database crash just after may lose it). So does a won one when ``exclusive``:
+        ``owner`` runs no other attempt until this one ends, and the owner fences every
+        later write (see ``_CLAIM_POSTGRESQL``). SQLite, in-process, runs the refusal as
+        a second statement."""
         d = self.dialect
         params = {
             "task_id": task_id,
@@ -186,6 +196,7 @@ class Runs(Statements):
         sql = _CLAIMS[d.vendor]
         if sql.refuse is None:  # PostgreSQL: whether a refusal may commit without waiting
             params["alone"] = self.store.commits_alone()
+            params["exclusive"] = exclusive
         _, rows = self.execute(sql.claim, params, timed=True)  # a won claim is a clock reading
         if rows and rows[0][0]:
             row = rows[0]
@@ -201,6 +212,7 @@ class Runs(Statements):
                 checkpoint_data=from_json(row[8]),
                 database_now=required(d.instant(row[9])),
                 waiting_since=d.instant(row[10]),
+                owner=owner,
             )
         if sql.refuse is not None:  # SQLite: the refusal is a statement of its own
             _, rows = self.execute(sql.refuse, params)
@@ -222,7 +234,9 @@ class Runs(Statements):
 
     def _fenced(self, sql: Sql, params: list[Any], lease: Lease, kind: str, owner: str) -> bool:
         """Run a fenced write (:func:`_fenced_write`): its own parameters, then the fence's."""
-        count, _ = self.execute(sql.text[self.dialect.vendor], [*params, lease.run_id, lease.token])
+        count, _ = self.execute(
+            sql.text[self.dialect.vendor], [*params, lease.run_id, lease.token, lease.owner]
+        )
         if count == 1:
             return True
         self.record_rejected(lease.run_id, kind, lease.token, owner)
@@ -235,7 +249,9 @@ class Runs(Statements):
         deadline has passed): the caller must stop acting on the run.
         """
         d = self.dialect
-        _, rows = self.execute(RENEW.text[d.vendor], [d.seconds(ttl), lease.run_id, lease.token])
+        _, rows = self.execute(
+            RENEW.text[d.vendor], [d.seconds(ttl), lease.run_id, lease.token, lease.owner]
+        )
         if rows:
             return d.instant(rows[0][0])
         self.record_rejected(lease.run_id, "renew", lease.token, owner)
@@ -278,14 +294,14 @@ class Runs(Statements):
             owner,
         )
 
-    def last_write(self, lease: Lease) -> tuple[str, int, str] | None:
-        """The run's status, token and last write (``op``), to settle a write whose
-        answer the database connection lost: did it commit?"""
+    def last_write(self, lease: Lease) -> tuple[str, int, str, str] | None:
+        """The run's status, token, owner and last write (``op``), to settle a write
+        whose answer the database connection lost: did it commit?"""
         _, rows = self.execute(LAST_WRITE.text[self.dialect.vendor], [lease.run_id])
         if not rows:
             return None
-        status, token, op = rows[0]
-        return str(status), int(token), str(op)
+        status, token, owner, op = rows[0]
+        return str(status), int(token), str(owner), str(op)
 
     def ended(self, task_id: str) -> Expired | None:
         """How the run of ``task_id`` ended (status, reason, detail, deadline, and when,
@@ -437,7 +453,7 @@ RENEW: Final = Sql(
     """
     UPDATE {run} SET lease_expires_at = {lease_end},
         version = version + 1, op = 'renew', op_detail = '', updated_at = {now}
-    WHERE id = %s AND lease_token = %s AND status = 'RUNNING'
+    WHERE id = %s AND lease_token = %s AND owner = %s AND status = 'RUNNING'
       AND lease_expires_at > {now}
       AND (deadline IS NULL OR deadline > {now})
     RETURNING lease_expires_at
@@ -447,14 +463,15 @@ RENEW: Final = Sql(
 
 def _fenced_write(name: str, sets: str) -> Sql:
     """A write under the attempt's token while its lease is alive by the database clock
-    (its own parameters, then the run's id and the token)."""
+    (its own parameters, then the run's id, the token and the owner: a token alone could
+    be issued twice, when a database crash loses the won claim that issued it first)."""
     return Sql(
         name,
         """
         UPDATE {run} SET
             {sets},
             version = version + 1, updated_at = {now}
-        WHERE id = %s AND lease_token = %s AND status = 'RUNNING'
+        WHERE id = %s AND lease_token = %s AND owner = %s AND status = 'RUNNING'
           AND lease_expires_at > {now}
         """,
         sets=sets,
@@ -500,7 +517,7 @@ HOLD: Final = _fenced_write(
 )
 
 LAST_WRITE: Final = Sql(
-    "runs.last_write", "SELECT status, lease_token, op FROM {run} WHERE id = %s"
+    "runs.last_write", "SELECT status, lease_token, owner, op FROM {run} WHERE id = %s"
 )
 ENDED: Final = Sql(
     "runs.ended",

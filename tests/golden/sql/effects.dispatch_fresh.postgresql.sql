@@ -4,7 +4,7 @@ UPDATE celery_deadlines_effect SET state = 'DISPATCHED', lease_token = %s, run_i
 WHERE key = %s AND state IN ('INTENT_RECORDED', 'NOT_DISPATCHED')
   AND EXISTS (
     SELECT 1 FROM celery_deadlines_run r
-    WHERE r.id = %s AND r.lease_token = %s AND r.status = 'RUNNING'
+    WHERE r.id = %s AND r.lease_token = %s AND r.owner = %s AND r.status = 'RUNNING'
       AND r.lease_expires_at > clock_timestamp()
       AND (r.deadline IS NULL OR r.deadline > clock_timestamp())
   )

@@ -6,7 +6,7 @@ SELECT r.id, clock_timestamp(), 'dispatch', 'rejected', r.status, r.reason, r.ve
         WHEN e.state IN ('DISPATCHED', 'UNKNOWN') THEN 'unresolved'
         WHEN e.state IN ('SUCCEEDED', 'FAILED') THEN 'completed'
         WHEN r.deadline IS NOT NULL AND r.deadline <= clock_timestamp() THEN 'deadline_passed'
-        WHEN r.lease_token <> %s OR r.status <> 'RUNNING'
+        WHEN r.lease_token <> %s OR r.owner <> %s OR r.status <> 'RUNNING'
              OR r.lease_expires_at IS NULL OR r.lease_expires_at <= clock_timestamp()
             THEN 'stale_lease'
         ELSE 'changed'

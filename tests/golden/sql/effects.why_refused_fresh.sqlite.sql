@@ -6,7 +6,7 @@ SELECT r.id, strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'), 'dispatch', 'rejected',
         WHEN e.state IN ('DISPATCHED', 'UNKNOWN') THEN 'unresolved'
         WHEN e.state IN ('SUCCEEDED', 'FAILED') THEN 'completed'
         WHEN r.deadline IS NOT NULL AND r.deadline <= strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') THEN 'deadline_passed'
-        WHEN r.lease_token <> %s OR r.status <> 'RUNNING'
+        WHEN r.lease_token <> %s OR r.owner <> %s OR r.status <> 'RUNNING'
              OR r.lease_expires_at IS NULL OR r.lease_expires_at <= strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')
             THEN 'stale_lease'
         WHEN %s <= strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') THEN 'stale_evidence'

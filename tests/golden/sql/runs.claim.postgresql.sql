@@ -53,7 +53,8 @@ refused AS (
     RETURNING detail, status, lease_token, lease_expires_at, at
 )
 SELECT won, id, lease_token, version, attempt, lease_expires_at, deadline, checkpoint_name, checkpoint_data, at, waiting_since, NULL, NULL, NULL, NULL, NULL
-FROM claimed
+FROM claimed WHERE CASE WHEN %(alone)s AND %(exclusive)s
+    THEN set_config('synchronous_commit', 'off', true) IS NOT NULL ELSE true END
 UNION ALL
 SELECT false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
     detail, status, lease_token, lease_expires_at, at

@@ -4,5 +4,5 @@ UPDATE celery_deadlines_run SET
     detail = %s, lease_expires_at = NULL, op = %s, op_detail = %s,
     result = %s, result_content_type = %s, result_encoding = %s, traceback = %s,
     version = version + 1, updated_at = clock_timestamp()
-WHERE id = %s AND lease_token = %s AND status = 'RUNNING'
+WHERE id = %s AND lease_token = %s AND owner = %s AND status = 'RUNNING'
   AND lease_expires_at > clock_timestamp()

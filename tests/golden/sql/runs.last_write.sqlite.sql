@@ -1,1 +1,1 @@
-SELECT status, lease_token, op FROM celery_deadlines_run WHERE id = %s
+SELECT status, lease_token, owner, op FROM celery_deadlines_run WHERE id = %s

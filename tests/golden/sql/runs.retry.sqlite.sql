@@ -2,5 +2,5 @@ UPDATE celery_deadlines_run SET
     status = 'RETRYING', retries = %s, available_at = %s, message_body = %s,
     lease_expires_at = NULL, published_at = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'), op = 'retry', op_detail = %s,
     version = version + 1, updated_at = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')
-WHERE id = %s AND lease_token = %s AND status = 'RUNNING'
+WHERE id = %s AND lease_token = %s AND owner = %s AND status = 'RUNNING'
   AND lease_expires_at > strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')
