@@ -62,33 +62,21 @@ for _alias, _name in SIZES.items():
     )
 
 
-def start_worker(log: Path) -> subprocess.Popen[bytes]:
+def start_worker(
+    log: Path, pool: tuple[str, ...] = ("prefork", "-c", "2"), name: str = "", **env: str
+) -> subprocess.Popen[bytes]:
+    """One ``celery worker`` of the benchmark's app on its queue (``pool``: ``-P`` and
+    what follows it; ``env``: added to this process's environment), its output in
+    ``log``."""
     command = [
-        sys.executable, "-m", "celery", "-A", "bench.ledgerapp", "worker", "-P", "prefork",
-        "-c", "2", "-Q", QUEUE, "-l", "WARNING", "-n", f"{QUEUE}@bench",
+        sys.executable, "-m", "celery", "-A", "bench.ledgerapp", "worker", "-P", *pool,
+        "-Q", QUEUE, "-l", "WARNING", "-n", f"{QUEUE}{name}@bench",
         "--without-gossip", "--without-mingle", "--without-heartbeat",
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
     with log.open("wb") as out:
         return subprocess.Popen(
-            command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-
-
-def start_counted_worker(tally: Path) -> subprocess.Popen[bytes]:
-    """One ``celery worker -P solo`` that counts its round trips into ``tally`` (it runs
-    the same task path as a pool process, and its own supervision and heartbeat)."""
-    command = [
-        sys.executable, "-m", "celery", "-A", "bench.ledgerapp", "worker", "-P", "solo",
-        "-Q", QUEUE, "-l", "WARNING", "-n", f"{QUEUE}-counted@bench",
-        "--without-gossip", "--without-mingle", "--without-heartbeat",
-    ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO), "BENCH_ROUND_TRIPS": str(tally)}
-    with Path(f"/tmp/{QUEUE}-counted.log").open("ab") as out:
-        return subprocess.Popen(
-            command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True,
+            command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), **env},
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
 
 
@@ -108,22 +96,28 @@ def counted(tasks_module: Any, kind: str, tasks: int) -> Counted:
     and count what each run cost; nothing else runs on the queue meanwhile."""
     from django.db import connections
 
-    from bench.claims import count_round_trips, wal
+    from bench.claims import wal
 
     task = tasks_module.tracked if kind == "tracked" else tasks_module.ledgered
     tally = Path(f"/tmp/{QUEUE}-{kind}.trips")
     tally.unlink(missing_ok=True)
-    worker = start_counted_worker(tally)
+    # a solo worker runs the same task path as a pool process, and its own supervision
+    worker = start_worker(
+        Path(f"/tmp/{QUEUE}-{kind}-counted.log"),
+        ("solo",),
+        "-counted",
+        BENCH_ROUND_TRIPS=str(tally),
+    )
     try:
         end_to_end(task, kind, 20)  # connected, warm, and its tally written
         worker_before = int(tally.read_text())
         connections.close_all()  # this process's statistics reach pg_stat_wal
         before = wal()
-        trips = count_round_trips()
         ids = [str(uuid.uuid4()) for _ in range(tasks)]
+        published_before = _producer_trips()[0]
         for number, task_id in enumerate(ids):
             task.apply_async((number,), task_id=task_id)
-        producer = trips[0]
+        producer = _producer_trips()[0] - published_before
         while done_count(kind, ids) < tasks:
             time.sleep(0.05)
         worker_trips = int(tally.read_text()) - worker_before
@@ -135,7 +129,20 @@ def counted(tasks_module: Any, kind: str, tasks: int) -> Counted:
     return Counted(producer / tasks, worker_trips / tasks, (after.syncs - before.syncs) / tasks)
 
 
-def print_counted(tasks_module: Any, tasks: int) -> dict[str, Counted]:
+_trips: list[list[int]] = []
+
+
+def _producer_trips() -> list[int]:
+    """This process's round trip counter, installed once (each install wraps psycopg's
+    wait again)."""
+    if not _trips:
+        from bench.claims import count_round_trips
+
+        _trips.append(count_round_trips())
+    return _trips[0]
+
+
+def print_counted(tasks_module: Any, tasks: int) -> None:
     """Count both variants (:func:`counted`) and print them side by side."""
     figures = {kind: counted(tasks_module, kind, tasks) for kind in ("tracked", "ledgered")}
     print(f"per run, counted ({tasks} tasks each, a solo worker, not timed):")
@@ -146,7 +153,6 @@ def print_counted(tasks_module: Any, tasks: int) -> dict[str, Counted]:
             f"{c.worker_trips:4.2f} in the worker, {c.syncs:4.2f} flushed commits (WAL syncs)"
         )
     print(flush=True)
-    return figures
 
 
 def done_count(kind: str, ids: list[str]) -> int:
@@ -381,7 +387,7 @@ def main() -> None:
             worker.wait(30)
             worker = None
         if args.end_to_end_only:
-            print(f"ledger: default {_ratio(ratios.get(False))} tuned {_ratio(ratios.get(True))}")
+            print(f"ledger: {_end_to_end(ratios)}")
             return
         if args.scale_only:
             at_scale(args.scale_small, args.scale, args.samples, args.page_samples)
@@ -409,7 +415,7 @@ def main() -> None:
         print(flush=True)
         scale_ratio = at_scale(args.scale_small, args.scale, args.samples, args.page_samples)
         print(
-            f"ledger: default {_ratio(ratios.get(False))} tuned {_ratio(ratios.get(True))} "
+            f"ledger: {_end_to_end(ratios)} "
             f"celery_claims_per_s {shaped.median(claims.LIBRARY):.0f} bare_claims_per_s "
             f"{shaped.median(claims.BARE):.0f} celery_claim_ratio {shaped.ratio:.3f} "
             f"scale_ratio {scale_ratio:.2f}"
@@ -427,6 +433,11 @@ def main() -> None:
 
 def _ratio(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}x"
+
+
+def _end_to_end(ratios: dict[bool, float]) -> str:
+    """The summary line's end-to-end part: ``default R1x tuned R2x``."""
+    return f"default {_ratio(ratios.get(False))} tuned {_ratio(ratios.get(True))}"
 
 
 def at_scale(small_runs: int, large_runs: int, samples: int, page_samples: int) -> float:
