@@ -17,8 +17,10 @@ class CeleryDeadlinesConfig(AppConfig):
         from . import checks  # noqa: F401 - registers the system checks
         from .install import install
         from .ledger import worker
+        from .task import hand_attempts_to_the_body
 
         install()
+        hand_attempts_to_the_body()
         worker.connect()
         setting_changed.connect(_reload_settings, dispatch_uid="celery_deadlines.reload")
 

@@ -191,7 +191,11 @@ class AttemptAPI:
         """
 
         def register(function: Reconciler) -> Reconciler:
-            self.__dict__.setdefault("_effect_reconcilers", {})[name] = function
+            registered: dict[str, Reconciler] | None = getattr(self, "_effect_reconcilers", None)
+            if registered is None:
+                registered = {}
+                self._effect_reconcilers = registered
+            registered[name] = function
             return function
 
         return register
@@ -199,7 +203,7 @@ class AttemptAPI:
     def effect_reconciler(self, name: str) -> Reconciler | None:
         """The reconciler of effect ``name``: registered with ``@task.reconciler``, or
         given as the task option ``reconcilers={name: function}``."""
-        registered: dict[str, Reconciler] = self.__dict__.get("_effect_reconcilers", {})
+        registered: dict[str, Reconciler] = getattr(self, "_effect_reconcilers", None) or {}
         found = registered.get(name) or self.reconcilers.get(name)
         return found if callable(found) else None
 

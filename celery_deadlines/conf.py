@@ -534,6 +534,10 @@ def settings_for(app: Any) -> Settings:
     """The :class:`Settings` of a Celery app (one instance per app; proxies unwrapped)."""
     # an attribute of the app itself: this runs at every publish and claim
     settings: Settings | None = getattr(app, _ATTRIBUTE, None)
+    if settings is not None and settings._conf is getattr(app, "_conf", None):
+        # the configuration Celery loaded, read without its ``conf`` property (a call
+        # more); one not loaded yet, or replaced, is not this one: asked for below
+        return settings
     conf = app.conf
     if settings is None:
         unwrap = getattr(app, "_get_current_object", None)

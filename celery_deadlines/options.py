@@ -120,9 +120,10 @@ def _attribute(task: Any, attribute: str, option: Option, settings: conf.Setting
     raw = getattr(task, attribute, UNSET)
     if raw is UNSET or (raw is None and option.then_attributes):
         return UNSET  # Celery's time_limit=None means "no limit", not "no deadline"
-    cache: dict[str, tuple[object, object]] = task.__dict__.setdefault(
-        "_celery_deadlines_parsed", {}
-    )
+    cache: dict[str, tuple[object, object]] | None = getattr(task, _PARSED, None)
+    if cache is None:
+        cache = {}
+        setattr(task, _PARSED, cache)
     cached = cache.get(attribute)
     if cached is not None and cached[0] is raw:
         return cached[1]
@@ -136,6 +137,12 @@ def _attribute(task: Any, attribute: str, option: Option, settings: conf.Setting
 _KEPT: Final = ("budget", "delivery_budget", "reserve")
 #: The task attribute a task's :class:`Times` is kept in.
 _TIMES: Final = "_celery_deadlines_times"
+#: The task attribute its parsed duration attributes are kept in, by name.
+_PARSED: Final = "_celery_deadlines_parsed"
+
+# Each is read and written as an attribute, never through ``task.__dict__``: asking for
+# an object's ``__dict__`` turns its attributes into a dict for good, and every later
+# read of an attribute of the task (Celery's, at every message) then costs more.
 
 
 class Times:
@@ -210,7 +217,7 @@ def times(task: Any, settings: conf.Settings) -> Times:
     """``task``'s :class:`Times` under ``settings``: the one kept on the task while the
     settings' stamp and the task's ``budget``, ``delivery_budget`` and ``reserve``
     attributes are what they were, else a new one, kept in its place."""
-    kept: Times | None = task.__dict__.get(_TIMES)
+    kept: Times | None = getattr(task, _TIMES, None)
     stamp = settings.stamp()
     # one condition, its cheapest parts first: this runs for every message a worker
     # takes, in both of its processes, and every publish
@@ -228,7 +235,8 @@ def times(task: Any, settings: conf.Settings) -> Times:
         getattr(task, "delivery_budget", UNSET),
         getattr(task, "reserve", UNSET),
     )
-    fresh = task.__dict__[_TIMES] = Times(task, settings, stamp, attributes)
+    fresh = Times(task, settings, stamp, attributes)
+    setattr(task, _TIMES, fresh)
     return fresh
 
 

@@ -88,6 +88,7 @@ class DeadlineRequest(Request):
 
     if TYPE_CHECKING:  # set by celery's Request, missing from the stubs
         _request_dict: dict[str, Any]
+        _task: Any
         _app: Any
         _context: Any
 
@@ -104,7 +105,7 @@ class DeadlineRequest(Request):
     #: the claim gate's reading (the deadline's frame) when it last admitted the message,
     #: until the time-limit cap that Celery reads next takes it
     _admitted_at: datetime | None = None
-    #: the same, in epoch seconds, when :meth:`_in_time` admitted it, with the deadline
+    #: the same, in epoch seconds, when it was admitted in seconds, with the deadline
     _admitted_seconds: float | None = None
     _deadline_seconds: float = 0.0
     #: whether ``expires`` is only the cap the run's deadline put there, once decided
@@ -131,13 +132,34 @@ class DeadlineRequest(Request):
         return zone  # type: ignore[return-value]
 
     def revoked(self) -> bool:
+        """Celery's revocation check, after the claim gate: a message the gate refuses is
+        ended here (:meth:`_refuse`), as a revoked one is. Called once or twice per
+        message (on arrival when it has ``expires``, and when handed to the pool)."""
         if self._already_revoked:
             return True
-        refusal = self._claim_refusal()
-        if refusal is not None:
-            self._refuse(refusal)
-            return True
-        return bool(super().revoked())
+        # no deadline header: nothing to judge (a delivery deadline alone is the delivery
+        # gates'), no clock read. One as this package writes it (epoch seconds), clearly
+        # in time, is admitted in seconds (seconds.admitted_at), the reading kept for the
+        # time-limit cap Celery reads next; any other is judged in full. Inline, not
+        # calls: this runs for every message
+        raw = self._request_dict.get(wire.DEADLINE_HEADER)
+        if raw is not None:
+            task = self._task  # Celery's property is a call more
+            now = (
+                seconds.admitted_at(task, raw)
+                if type(raw) is float and isinstance(task, DeadlineTask)
+                else None
+            )
+            if now is not None:
+                self._deadline_seconds = raw
+                self._admitted_seconds = now
+            else:
+                refusal = self._claim_refusal()
+                if refusal is not None:
+                    self._refuse(refusal)
+                    return True
+        revoked: bool = super().revoked()
+        return revoked
 
     def maybe_expire(self) -> Literal[True] | None:
         """Celery's ``expires`` check (on the local wall clock), unless ``expires`` is only
@@ -167,15 +189,40 @@ class DeadlineRequest(Request):
 
     @property
     def time_limits(self) -> tuple[float | None, float | None]:
+        """The time limits (the message's own, else the task's) capped at the seconds
+        its deadline leaves, noting whether the hard one handed to the pool is the
+        deadline's; the message's own when it carries no deadline."""
         hard, soft = self._raw_time_limits
         admitted = self._admitted_seconds
+        remaining: float | None
         if admitted is not None:
             # Celery reads this right after the claim gate admitted the message: the cap
             # is measured from the gate's own reading, microseconds old, not a second one
             self._admitted_seconds = None
-            return self._capped(self._deadline_seconds - admitted, hard, soft)
-        if not stamping.carries_deadlines(self._request_dict):
+            remaining = self._deadline_seconds - admitted
+        elif not stamping.carries_deadlines(self._request_dict):
             return hard, soft  # nothing to cap by (no clock read: this runs for every message)
+        else:
+            remaining = self._remaining()
+            if remaining is None:
+                return hard, soft
+        task = self._task
+        own_hard = hard or task.time_limit
+        capped = gates.cap_time_limits(
+            remaining, own_hard, soft or task.soft_time_limit, MIN_TIME_LIMIT
+        )
+        self._capped_by_deadline = not own_hard or capped[0] < own_hard
+        return capped
+
+    @time_limits.setter
+    def time_limits(self, value: Any) -> None:
+        hard, soft = value
+        self._raw_time_limits = (hard, soft)
+
+    def _remaining(self) -> float | None:
+        """The seconds the message's deadline leaves, by the claim gate's reading when it
+        admitted it in full, else by a new one; ``None`` when it carries no deadline or
+        no clock can judge it (the ledger's clock in doubt)."""
         now = self._admitted_at
         if now is not None:
             self._admitted_at = None  # as above, the gate's own reading
@@ -184,29 +231,11 @@ class DeadlineRequest(Request):
             local = get_clock().now()
             deadline = self._carried(local).deadline
             if deadline is None:
-                return hard, soft
+                return None
             now = self._judging_now(local, self._watch())
         if deadline is None or now is None:
-            return hard, soft
-        return self._capped((deadline - now).total_seconds(), hard, soft)
-
-    @time_limits.setter
-    def time_limits(self, value: Any) -> None:
-        hard, soft = value
-        self._raw_time_limits = (hard, soft)
-
-    def _capped(
-        self, remaining: float, hard: float | None, soft: float | None
-    ) -> tuple[float, float | None]:
-        """The time limits (the message's own, else the task's) capped at ``remaining``
-        seconds, noting whether the hard one handed to the pool is the deadline's."""
-        task = self.task
-        own_hard = hard or task.time_limit
-        capped = gates.cap_time_limits(
-            remaining, own_hard, soft or task.soft_time_limit, MIN_TIME_LIMIT
-        )
-        self._capped_by_deadline = not own_hard or capped[0] < own_hard
-        return capped
+            return None
+        return (deadline - now).total_seconds()
 
     def _carried(self, now: datetime) -> stamping.Inherited:
         """The deadlines the message carries, parsed once (``now``: the clock reading
@@ -247,22 +276,10 @@ class DeadlineRequest(Request):
         return authority
 
     def _claim_refusal(self) -> gates.Decision | None:
-        """The claim gate's refusal of this message now, ``None`` when it may start.
-
-        Called once or twice per message (on arrival when it has ``expires``, and when
-        handed to the pool). A deadline header as this package writes it (epoch seconds)
-        that is clearly in time is admitted by :meth:`_in_time`, in seconds; every other
-        case, the edges included, is judged below with the full rule: the deadline, the
-        reserve and the last instant the gate admits are worked out once, and each call
-        reads the clock once and compares (``gates.admit`` is asked for a refusal).
-        """
-        raw = self._request_dict.get(wire.DEADLINE_HEADER)
-        if raw is None:
-            # no deadline to judge (a delivery deadline alone is the delivery gates'); no
-            # clock read: this runs for every message
-            return None
-        if type(raw) is float and self._in_time(raw):
-            return None
+        """The claim gate's refusal of this message now by the full rule, ``None`` when it
+        may start (a message with a deadline header). The deadline, the reserve and the last
+        instant the gate admits are worked out once; each call reads the clock once and
+        compares (``gates.admit`` is asked for a refusal)."""
         local = get_clock().now()
         try:
             carried = self._carried(local)
@@ -290,20 +307,6 @@ class DeadlineRequest(Request):
             self._admitted_at = judging  # the time-limit cap, read next, measures from it
             return None
         return gates.admit(gates.Gate.CLAIM, deadline, judging, self._reserve or gates.ZERO)
-
-    def _in_time(self, deadline: float) -> bool:
-        """Whether the deadline header ``deadline`` (epoch seconds) lets the message
-        start, judged without a datetime (:func:`celery_deadlines.seconds.admitted_at`):
-        then the reading is kept for the time-limit cap; ``False``: judged in full."""
-        task = self.task
-        if not isinstance(task, DeadlineTask):
-            return False
-        now = seconds.admitted_at(task, deadline)
-        if now is None:
-            return False
-        self._deadline_seconds = deadline
-        self._admitted_seconds = now
-        return True
 
     def _deadline_task(self) -> DeadlineTask:
         task = self.task

@@ -77,8 +77,8 @@ def limits_of(task: Any, settings: conf.Settings) -> InSeconds:
     :class:`~celery_deadlines.options.Times` is, while the settings' stamp and the
     task's ``budget``, ``delivery_budget`` and ``reserve`` attributes are what they
     were."""
-    kept: tuple[conf.Settings, object, tuple[object, ...], InSeconds] | None = task.__dict__.get(
-        _IN_SECONDS
+    kept: tuple[conf.Settings, object, tuple[object, ...], InSeconds] | None = getattr(
+        task, _IN_SECONDS, None
     )
     stamp = settings.stamp()
     if kept is not None and kept[0] is settings and kept[1] == stamp:
@@ -106,7 +106,7 @@ def limits_of(task: Any, settings: conf.Settings) -> InSeconds:
         source if stamps_in_seconds else None,
         budget is None and delivery is None,
     )
-    task.__dict__[_IN_SECONDS] = (settings, stamp, resolved.attributes, found)
+    setattr(task, _IN_SECONDS, (settings, stamp, resolved.attributes, found))
     return found
 
 

@@ -14,8 +14,9 @@ Here the hooks gather the inputs (settings, headers, the clock), ask the pure ru
 
 With the Django app installed the run ledger is the admission gate too: ``apply_async``
 records the run before publishing, ``before_start`` claims it (a lost claim, a duplicate
-delivery, runs nothing: ``Ignore``), and ``__call__`` writes the outcome under the
-claim's fencing token. A stale attempt's refused write (:class:`StaleLease`) also
+delivery, runs nothing: ``Ignore``), and ``__call__`` (which only a process where a ledger
+can be on has: :func:`hand_attempts_to_the_body`) writes the outcome under the claim's
+fencing token. A stale attempt's refused write (:class:`StaleLease`) also
 becomes ``Ignore``: it must not store a result over the current owner's.
 """
 
@@ -36,7 +37,7 @@ from ._crashpoints import hit
 from .body import AttemptAPI, Paused, Unresolved, end_unresolved
 from .clock import get_clock
 from .conf import settings_for
-from .errors import DeadlineRefused, DispatchRefused, PlanRefused, StaleLease
+from .errors import ConfigurationError, DeadlineRefused, DispatchRefused, PlanRefused, StaleLease
 from .install import install
 from .propagation import HANDED, NOTHING_KEPT, STAMPED, attempt_state
 from .rules import gates, outcomes, stamping, wire
@@ -49,6 +50,10 @@ if TYPE_CHECKING:
     from .ledger.attempt import Attempt
 
 logger = logging.getLogger("celery_deadlines")
+
+#: Whether :class:`DeadlineTask` has its ``__call__`` (:func:`hand_attempts_to_the_body`),
+#: and ``before_start`` hands each attempt to it.
+_attempts_handed = False
 
 #: The refusals a run may end with (see ``DeadlineTask.throws``).
 EXPECTED: tuple[type[Exception], ...] = (DeadlineRefused, PlanRefused, DispatchRefused)
@@ -103,7 +108,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         """How many retries Celery allows: a task's own ``max_retries`` (the task option)
         as set; otherwise none beyond its deadline's while an attempt has one (the retry
         gate ends the retries), and Celery's default of 3 for an attempt without one."""
-        own: int | object | None = self.__dict__.get("_max_retries", UNSET)
+        own: int | object | None = getattr(self, "_max_retries", UNSET)
         if own is not UNSET:
             return own  # type: ignore[return-value]
         state = attempt_state(self)
@@ -111,7 +116,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
 
     @max_retries.setter
     def max_retries(self, value: int | None) -> None:
-        self.__dict__["_max_retries"] = value
+        self._max_retries = value
 
     @classmethod
     def bind(cls, app: Any) -> Any:
@@ -292,13 +297,27 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
 
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
         """The attempt gate (and, with the ledger, the claim), which Celery's tracer runs
-        right before it calls the task for the body; what it keeps is handed to that
-        call (:data:`propagation.HANDED`)."""
-        HANDED.state = self._start(propagation.pushed_request(self)) or NOTHING_KEPT
+        right before it calls the task for the body. In a process where a ledger can be
+        on (:func:`hand_attempts_to_the_body`), what it keeps is handed to that call
+        (:data:`propagation.HANDED`); in any other, no ledger is asked, and a message
+        with no header of its own is read no further."""
+        request = propagation.pushed_request(self)
+        if _attempts_handed:
+            with_ledger = self._with_ledger(eager=request.is_eager)
+            HANDED.state = self._start(request, with_ledger) or NOTHING_KEPT
+            return
+        headers = request.headers
+        if headers is None:
+            return  # no header of the caller's: no deadline
+        if type(headers) is dict:  # as :meth:`_start` begins, inline: every message
+            raw = headers.get(wire.DEADLINE_HEADER)
+            if type(raw) is float and seconds.start(self, request, headers, raw) is not None:
+                return  # clearly in time, admitted in epoch seconds
+        self._start(request, False)
 
-    def _start(self, request: Any) -> propagation.AttemptState | None:
+    def _start(self, request: Any, with_ledger: bool) -> propagation.AttemptState | None:
         """Anchor the attempt's budget on the monotonic clock, or refuse to start it (and,
-        with the ledger, claim the run); ``None`` when there is nothing to keep: no
+        ``with_ledger``, claim the run); ``None`` when there is nothing to keep: no
         deadline, no ledger (what the body's children inherit is then nothing, and
         nothing is read but the headers: this runs for every message).
 
@@ -309,7 +328,6 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         if type(headers) is not dict:  # as Celery makes them (checked first: ABCs are slow)
             headers = propagation.headers_of(request)  # whatever the caller gave Celery
         raw = headers.get(wire.DEADLINE_HEADER)
-        with_ledger = self._with_ledger(eager=request.is_eager)
         if not with_ledger:
             if raw is None and wire.DELIVERY_DEADLINE_HEADER not in headers:
                 return None  # nothing to gate, nothing to anchor, no claim, no clock read
@@ -440,7 +458,10 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
 
     # -- the body, and its outcome written under the claim's token ------------------------
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def _call_body(self, *args: Any, **kwargs: Any) -> Any:
+        """The task's ``__call__`` where a ledger can be on (:func:`hand_attempts_to_the_body`):
+        the body of the attempt :meth:`before_start` handed over, and its outcome written
+        under the claim's token; a direct call (no attempt handed over) as Celery's."""
         handed = HANDED.state
         if handed is None:
             # a direct call (from a body, or outside a worker): Celery's, as celery.Task
@@ -595,4 +616,48 @@ def end_after_body(attempt: Attempt, exc: BaseException, *, task: Any = None) ->
         attempt.end(outcome.status, outcome.reason, outcome.detail)
 
 
-__all__ = ["DeadlineTask", "end_after_body"]
+def hand_attempts_to_the_body() -> None:
+    """Give :class:`DeadlineTask` its ``__call__`` (once): every tracer Celery builds
+    from then on calls the task for the body, right after ``before_start``, which hands
+    it the attempt (the ledger's claim), and the body's outcome is written under the
+    claim's token.
+
+    Called where a ledger can turn on: the Django app's ``ready()``, and the import of
+    :mod:`celery_deadlines.testing`, whose in-memory ledger a test installs. In a
+    process where neither happened no ledger can be on: Celery's tracer calls the
+    task's ``run`` itself, as it does a ``celery.Task``'s, and ``before_start`` asks no
+    ledger (both at every message).
+
+    Raises :class:`ConfigurationError` when a worker of this process already built a
+    DeadlineTask's tracer: that tracer would never call ``__call__``, and a claimed run
+    would have no outcome written (Django set up after the worker started, or the
+    testing module imported after a test's worker started)."""
+    global _attempts_handed
+    if _attempts_handed:
+        return
+    from celery._state import _get_active_apps  # type: ignore[attr-defined]  # every app of the process
+
+    built = sorted(
+        name
+        for app in _get_active_apps()
+        if app.finalized
+        for name, task in app._tasks.items()
+        if isinstance(task, DeadlineTask) and task.__trace__ is not None
+    )
+    if built:
+        raise ConfigurationError(
+            f"a worker built the tracers of {', '.join(built)} before a ledger could turn "
+            "on (the Django app 'celery_deadlines' became ready, or celery_deadlines."
+            "testing was imported, after the worker started): a claimed run's outcome "
+            "would never be written. Set up Django (or import celery_deadlines.testing) "
+            "before the worker starts; Celery's Django fixup does, when "
+            "DJANGO_SETTINGS_MODULE is set before the Celery app is made."
+        )
+    # an attribute of the class, not a method in its body: Celery's tracer calls a
+    # task's __call__ whenever its class defines one, at about 3,000 instructions a
+    # message, and without a ledger there is nothing for it to do
+    type.__setattr__(DeadlineTask, "__call__", DeadlineTask._call_body)
+    _attempts_handed = True
+
+
+__all__ = ["DeadlineTask", "end_after_body", "hand_attempts_to_the_body"]

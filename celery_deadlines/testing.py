@@ -38,6 +38,12 @@ from .rules.states import (
     EffectState,
 )
 from .signals import report_operator_needed
+from .task import hand_attempts_to_the_body
+
+# A test installs this module's ledger (use_ledger) at any time, a worker thread of the
+# test's process may already be running: DeadlineTask's tracers must hand it attempts
+# from the start (a tracer built before would never write a claimed run's outcome).
+hand_attempts_to_the_body()
 
 
 class FakeClock:

@@ -25,7 +25,6 @@ from hypothesis import strategies as st
 
 from celery_deadlines import DEADLINE_HEADER, DeadlineRefused, seconds, tracing
 from celery_deadlines import clock as installed
-from celery_deadlines.request import DeadlineRequest
 from celery_deadlines.rules import wire
 from celery_deadlines.testing import FakeClock, use_clock
 from tests.support.unit_tasks import claim, make_task
@@ -67,12 +66,12 @@ def an_app(start: datetime) -> Iterator[Celery]:
 @contextmanager
 def full_rule_only() -> Iterator[None]:
     """The claim gate's path in seconds switched off: every message to the full rule."""
-    in_time = DeadlineRequest._in_time
-    DeadlineRequest._in_time = lambda self, deadline: False
+    admitted_at = seconds.admitted_at
+    seconds.admitted_at = lambda task, deadline: None
     try:
         yield
     finally:
-        DeadlineRequest._in_time = in_time
+        seconds.admitted_at = admitted_at
 
 
 def _claimed(app: Celery, task: Any, deadline: float) -> tuple[bool, Any]:
@@ -103,7 +102,9 @@ def _attempt(task: Any, headers: dict[str, Any], in_full: bool) -> tuple[Any, ..
     task.push_request(id="t-1", headers=headers, retries=0, called_directly=False)
     request = task.request
     try:
-        state = task._start_in_full(request, headers, False) if in_full else task._start(request)
+        state = (
+            task._start_in_full(request, headers, False) if in_full else task._start(request, False)
+        )
     except (Ignore, Reject) as refused:  # the refusal stored, Celery told at the edge
         return ("refused", str(refused))
     finally:
@@ -201,7 +202,7 @@ def test_a_clearly_in_time_header_is_admitted_in_seconds_without_a_datetime(
     task = make_task(horizon_app, reserve=1, time_limit=60)
     revoked, limits = _claimed(horizon_app, task, clock.now().timestamp() + 20)
     assert (revoked, limits) == (False, pytest.approx((20.0, None)))
-    state = task._start(_pushed(task, {DEADLINE_HEADER: clock.now().timestamp() + 20}))
+    state = task._start(_pushed(task, {DEADLINE_HEADER: clock.now().timestamp() + 20}), False)
     assert state is not None
     assert state.headers is not None  # admitted in seconds: kept as it came
     assert state.attempt is None

@@ -264,3 +264,16 @@ def test_a_plain_child_whose_expires_is_earlier_than_the_scope_carries_it_as_its
     assert shortened[SOURCE_HEADER] == "expires"
     assert later[DEADLINE_HEADER] == encode(clock.now() + timedelta(seconds=10))
     assert later["expires"] == (clock.now() + timedelta(seconds=10)).isoformat()
+
+
+def test_a_state_begun_in_seconds_holds_what_its_constructor_would_in_every_slot() -> None:
+    from celery_deadlines.propagation import AttemptState, begin_in_time, state_of
+
+    request = types.SimpleNamespace(id="t-1")
+    headers = {"x_deadline": 1.5}
+    begun = begin_in_time(request, headers, 1.5, 1.0, 7.0, timedelta(hours=1))
+    made = AttemptState(None, headers, "t-1", 1.5, 1.0, 7.0, timedelta(hours=1))
+    assert state_of(request) is begun
+    assert {slot: getattr(begun, slot) for slot in AttemptState.__slots__} == {
+        slot: getattr(made, slot) for slot in AttemptState.__slots__
+    }
