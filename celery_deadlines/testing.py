@@ -13,6 +13,11 @@ in-memory connector). Unlike the database's ledger it claims eager runs too
 Stored plans, the reconciler and the purge need the real ledger.
 tests/django/test_ledger_contract.py holds the fake to the SQLite and PostgreSQL ledgers;
 :mod:`celery_deadlines.pytest_plugin` installs a fresh one for every test of a suite.
+
+Importing this module gives ``DeadlineTask`` the ``__call__`` a ledger writes outcomes
+through (:func:`celery_deadlines.task.hand_attempts_to_the_body`): import it (or load
+the pytest plugin) before a test's worker starts, or the import raises
+:class:`~celery_deadlines.errors.ConfigurationError`.
 """
 
 from __future__ import annotations
