@@ -309,10 +309,12 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         headers = request.headers
         if headers is None:
             return  # no header of the caller's: no deadline
-        if type(headers) is dict:  # as :meth:`_start` begins, inline: every message
+        if type(headers) is dict:  # as :meth:`_start` without the ledger, inline: every message
             raw = headers.get(wire.DEADLINE_HEADER)
-            if type(raw) is float and seconds.start(self, request, headers, raw) is not None:
-                return  # clearly in time, admitted in epoch seconds
+            if type(raw) is float:
+                if seconds.start(self, request, headers, raw) is None:
+                    self._start_in_full(request, headers, False)  # not clearly in time
+                return
         self._start(request, False)
 
     def _start(self, request: Any, with_ledger: bool) -> propagation.AttemptState | None:

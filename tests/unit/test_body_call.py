@@ -66,6 +66,18 @@ def test_without_a_ledger_celerys_tracer_runs_the_body_and_the_attempt_keeps_its
     assert done.stdout.strip() == "ok", done.stderr
 
 
+def test_without_a_ledger_a_deadline_not_clearly_in_time_is_judged_by_the_full_rule() -> None:
+    done = run(
+        """
+        late = task.apply(headers={DEADLINE_HEADER: time.time() - 5})  # refused: no body
+        garbage = task.apply(headers={DEADLINE_HEADER: "soon"})  # unreadable: refused
+        assert (late.state, garbage.state) == ("IGNORED", "IGNORED"), (late.state, garbage.state)
+        print("ok")
+        """
+    )
+    assert done.stdout.strip() == "ok", done.stderr
+
+
 def test_importing_the_testing_module_gives_the_body_its_call_for_every_tracer_built_after() -> (
     None
 ):
