@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Final, NamedTuple
 
 from django.db import connections
 
-from .. import conf
+from .. import clock, conf
 from .._crashpoints import hit
-from ..conf import settings_for
+from ..conf import Settings, settings_for
 from ..errors import LedgerUnreachable
 from ..rules.records import ClaimRefused, Expired, Held, KeptResult, Lease, NewRun
 from ..rules.skew import ClockReading, Readiness, describe, gate
@@ -74,6 +74,46 @@ def store_for(app: Any, *, dedicated: bool = False) -> Store:
     except KeyError:
         store = _stores[key] = Store(key[0], dedicated=dedicated)
         return store
+
+
+class _Claiming(NamedTuple):
+    """What every claim reads from an app's settings, kept while their stamp holds."""
+
+    #: the configuration Celery loaded for the app when this was read
+    conf: object
+    settings: Settings
+    stamp: object
+    store: Store
+    max_lost_leases: int
+    clock_skew_budget: timedelta | None
+
+
+#: The app's attribute that keeps its :class:`_Claiming`.
+_CLAIMING: Final = "_celery_deadlines_claiming"
+
+
+def _claiming(app: Any) -> _Claiming:
+    """The :class:`_Claiming` of ``app``, kept on it (as its settings are, see
+    :func:`~celery_deadlines.conf.settings_for`) while its configuration and its
+    settings' stamp are the same; read again otherwise."""
+    kept: _Claiming | None = getattr(app, _CLAIMING, None)
+    if (
+        kept is not None
+        and kept.conf is getattr(app, "_conf", None)
+        and kept.stamp == kept.settings.stamp()
+    ):
+        return kept
+    settings = settings_for(app)
+    fresh = _Claiming(
+        getattr(app, "_conf", None),
+        settings,
+        settings.stamp(),
+        store_for(app, dedicated=True),
+        settings.get(conf.MAX_LOST_LEASES),
+        settings.get(conf.CLOCK_SKEW_BUDGET),
+    )
+    setattr(app, _CLAIMING, fresh)
+    return fresh
 
 
 def record_run(
@@ -149,10 +189,9 @@ def claim_run(
     local ones): with ``deadlines_clock_skew_budget`` set and the reading beyond it, the
     won claim is given back at once as CLOCK_UNCERTAIN (:class:`Held`).
     """
-    settings = settings_for(app)
-    store = store_for(app, dedicated=True)
+    claiming = _claiming(app)
+    store = claiming.store
     owner = owner_name(hostname)
-    max_lost = settings.get(conf.MAX_LOST_LEASES)
 
     def claim() -> Lease | ClaimRefused:
         return store.runs.claim(
@@ -161,26 +200,27 @@ def claim_run(
             owner=owner,
             ttl=ttl,
             reserve=reserve,
-            max_lost_leases=max_lost,
+            max_lost_leases=claiming.max_lost_leases,
             exclusive=exclusive,
         )
 
-    # A claim that meets a database blip must not fail the run: Celery would store the
-    # connection's error as the task's result while the run is still QUEUED, and a caller
-    # in get() would be told FAILURE of a run that later succeeds. A claim that committed
-    # with its answer lost is refused when tried again (the lease is held): its lease
-    # lapses and the reconciler requeues the run.
-    patience = Patience(ttl)
+    started = clock.monotonic()
     try:
-        outcome = patience.reach(claim)
-        if isinstance(outcome, ClaimRefused) and outcome.why == ClaimRefused.MISSING:
-            patience.reach(lambda: store.outbox.enqueue(unrecorded()))
-            outcome = patience.reach(claim)
+        outcome: Lease | ClaimRefused | Exception = claim()
     except CONNECTION_ERRORS as exc:
-        raise LedgerUnreachable(task_id, patience.waited(), repr(exc)) from exc
-    if isinstance(outcome, ClaimRefused):
-        return outcome
-    budget = settings.get(conf.CLOCK_SKEW_BUDGET)
+        outcome = exc
+    if not isinstance(outcome, Lease):
+        if isinstance(outcome, ClaimRefused) and outcome.why != ClaimRefused.MISSING:
+            return outcome
+
+        def record() -> None:
+            store.outbox.enqueue(unrecorded())
+
+        patience = Patience(ttl, started=started)
+        outcome = _claim_patiently(patience, claim, outcome, record, task_id)
+        if isinstance(outcome, ClaimRefused):
+            return outcome
+    budget = claiming.clock_skew_budget
     if budget is None:  # not measured: no skew budget to hold the run to
         return Attempt(store, outcome, owner, ttl)
     sent, answered = store.last_round_trip()  # the claim statement's own round trip
@@ -190,6 +230,39 @@ def claim_run(
         recorded = store.runs.hold(outcome, owner, held.explain())
         return Held(reading, budget, recorded)
     return Attempt(store, outcome, owner, ttl, reading=reading)
+
+
+def _claim_patiently(
+    patience: Patience,
+    claim: Callable[[], Lease | ClaimRefused],
+    first: ClaimRefused | Exception,
+    record: Callable[[], None],
+    task_id: str,
+) -> Lease | ClaimRefused:
+    """The claim after a first try, made without a :class:`Patience` (most claims need
+    none), that raised ``first`` or found no run (``first``, that refusal: ``record()``
+    records the run first): tried again until ``patience`` is spent, then
+    :class:`~celery_deadlines.errors.LedgerUnreachable`.
+
+    A claim that meets a database blip must not fail the run: Celery would store the
+    connection's error as the task's result while the run is still QUEUED, and a
+    caller in get() would be told FAILURE of a run that later succeeds. A claim that
+    committed with its answer lost is refused when tried again (the lease is held):
+    its lease lapses and the reconciler requeues the run."""
+    try:
+        if isinstance(first, Exception):  # on as Patience.reach goes after a failed try
+            if patience.spent():
+                raise first
+            patience.pause()
+            outcome = patience.reach(claim)
+        else:
+            outcome = first
+        if isinstance(outcome, ClaimRefused) and outcome.why == ClaimRefused.MISSING:
+            patience.reach(record)
+            return patience.reach(claim)
+        return outcome
+    except CONNECTION_ERRORS as exc:
+        raise LedgerUnreachable(task_id, patience.waited(), repr(exc)) from exc
 
 
 def refuse_run(

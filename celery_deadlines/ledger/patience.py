@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from django.db import InterfaceError, OperationalError
 
-from ..clock import get_clock
+from .. import clock
 
 #: Seconds between two tries at an unreachable database.
 RETRY_INTERVAL = 0.2
@@ -25,11 +25,15 @@ _T = TypeVar("_T")
 
 
 class Patience:
-    """A span of time, from now, during which the database is tried again; ``until``, a
-    monotonic reading (the run's deadline), ends it sooner if it comes first."""
+    """A span of time, from now (or from ``started``, a monotonic reading taken before
+    a first try made without one), during which the database is tried again;
+    ``until``, a monotonic reading (the run's deadline), ends it sooner if it comes
+    first."""
 
-    def __init__(self, span: timedelta, until: float | None = None) -> None:
-        self.started = get_clock().monotonic()
+    def __init__(
+        self, span: timedelta, until: float | None = None, *, started: float | None = None
+    ) -> None:
+        self.started = clock.monotonic() if started is None else started
         self.give_up = self.started + span.total_seconds()
         #: whether ``until`` ends the span (the deadline comes before it would)
         self.cut_short = until is not None and until < self.give_up
@@ -38,10 +42,10 @@ class Patience:
 
     def waited(self) -> float:
         """Seconds since the first try."""
-        return get_clock().monotonic() - self.started
+        return clock.monotonic() - self.started
 
     def spent(self) -> bool:
-        return get_clock().monotonic() >= self.give_up
+        return clock.monotonic() >= self.give_up
 
     def pause(self) -> None:
         threading.Event().wait(RETRY_INTERVAL)

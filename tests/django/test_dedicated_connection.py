@@ -19,8 +19,10 @@ from pathlib import Path
 import pytest
 from django.db import OperationalError, ProgrammingError, connections
 
+from celery_deadlines.ledger.sql import connection as connection_module
 from celery_deadlines.ledger.sql.connection import Store
 from celery_deadlines.rules.states import Status
+from celery_deadlines.testing import FakeClock, use_clock
 from tests.django.conftest import one_database
 from tests.django.test_ledger_store import claim, events, lost, new_run, won
 
@@ -43,7 +45,7 @@ class Trace:
 
     def __init__(self, store: Store) -> None:
         store.database_now()  # connected
-        local = store._local
+        local = store._threads.local
         assert local.direct
         assert local.connection is not None
         self._pgconn = local.connection.connection.pgconn
@@ -181,6 +183,53 @@ def test_a_connection_lost_between_statements_is_replaced_by_the_next_one(
         dedicated.execute("SELECT 1", [])
     [(again,)] = dedicated.execute("SELECT pg_backend_pid()", [])[1]
     assert again != pid
+
+
+def test_a_connection_left_out_of_autocommit_is_replaced_before_the_next_statement(
+    alias: str, dedicated: Store
+) -> None:
+    """Django's check of a connection to drop runs when one of its causes may hold:
+    here autocommit not restored (a transaction left open). The next statement runs on
+    a new connection, in autocommit: what it writes is seen at once from another."""
+    Store(alias).outbox.enqueue(new_run())
+    [(pid,)] = dedicated.execute("SELECT pg_backend_pid()", [])[1]
+    dedicated._threads.local.connection.set_autocommit(False)  # type: ignore[union-attr]
+    dedicated.execute(
+        "UPDATE celery_deadlines_run SET op_detail = 'seen' WHERE task_id = %s", ["run-1"]
+    )
+    [(again,)] = dedicated.execute("SELECT pg_backend_pid()", [])[1]
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT op_detail FROM celery_deadlines_run WHERE task_id = %s", ["run-1"])
+        assert (cursor.fetchone(), again != pid) == (("seen",), True)
+
+
+def test_a_statement_is_handed_to_psycopg_as_the_same_bytes_every_time(alias: str) -> None:
+    """psycopg finds its parsing of a statement by the statement's hash: bytes made
+    once keep theirs. A statement that is not ASCII, or one past the cap, is left to
+    psycopg to encode."""
+    statement = "SELECT 1 AS bytes_kept_once"
+    first = connection_module._encoded(statement)
+    assert first == statement.encode()
+    assert connection_module._encoded_statements[statement] is first
+    assert connection_module._encoded("SELECT 'é'") == "SELECT 'é'"
+    kept = dict(connection_module._encoded_statements)
+    try:
+        connection_module._encoded_statements.update(
+            (f"SELECT {n}", b"") for n in range(connection_module.ENCODED_STATEMENTS)
+        )
+        assert connection_module._encoded("SELECT 'past the cap'") == "SELECT 'past the cap'"
+    finally:
+        connection_module._encoded_statements.clear()
+        connection_module._encoded_statements.update(kept)
+
+
+def test_a_timed_statements_round_trip_reads_the_installed_clock_to_the_microsecond(
+    dedicated: Store,
+) -> None:
+    start = datetime(2031, 5, 6, 7, 8, 9, 123457, tzinfo=UTC)
+    with use_clock(FakeClock(start)):
+        dedicated.database_now()
+        assert dedicated.last_round_trip() == (start, start)
 
 
 def test_a_dedicated_transaction_rolls_back_whole_on_the_direct_path(

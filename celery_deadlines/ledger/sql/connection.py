@@ -20,7 +20,7 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any, Final
 
@@ -28,7 +28,7 @@ from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.utils import load_backend
 
-from ...clock import get_clock
+from ... import clock
 from .console import Console
 from .dialect import Dialect, dialect_for
 from .effects import Effects
@@ -50,6 +50,23 @@ IDLE_PING: Final = 1.0
 PREPARE_THRESHOLD: Final = 1
 #: The database clock, read alone.
 DATABASE_NOW: Final = Sql("store.database_now", "SELECT {now}")
+#: The statements encoded once (:func:`_encoded`) are at most this many.
+ENCODED_STATEMENTS: Final = 256
+
+_encoded_statements: dict[str, bytes] = {}
+
+
+def _encoded(sql: str) -> bytes | str:
+    """``sql`` as the bytes psycopg sends, the same object each time it runs (read from
+    :data:`_encoded_statements` once there): psycopg looks up its parsing of a statement
+    by the statement's hash, and a string is encoded into new bytes at every run,
+    hashed again (12,000 instructions for the claim's 4,000 characters). Statements
+    built at run time beyond the first :data:`ENCODED_STATEMENTS` are left to psycopg,
+    and so is any that is not ASCII (whose bytes depend on the connection's encoding)."""
+    if len(_encoded_statements) >= ENCODED_STATEMENTS or not sql.isascii():
+        return sql
+    encoded = _encoded_statements[sql] = sql.encode()
+    return encoded
 
 
 def dedicated_settings(settings: dict[str, Any]) -> dict[str, Any]:
@@ -70,18 +87,36 @@ def dedicated_settings(settings: dict[str, Any]) -> dict[str, Any]:
     return dedicated
 
 
-class _Local(threading.local):
-    """A store's state in one thread: its dedicated connection and what goes with it."""
+class _Local:
+    """A store's state in one thread: its dedicated connection and what goes with it.
 
-    connection: BaseDatabaseWrapper | None = None
-    pid = 0
-    used_at = 0.0
-    pinned: BaseDatabaseWrapper | None = None
-    round_trip: tuple[datetime, datetime]
-    #: statements run on the connection's own cursor (:meth:`Store._execute_direct`)
-    direct = False
-    cursor: Any = None
-    raw: Any = None  # the database connection ``cursor`` belongs to
+    A plain object, reached once per statement through :class:`_Threads`: an attribute
+    of a ``threading.local`` costs six times a plain one's, and a statement reads ten.
+    """
+
+    __slots__ = ("connection", "cursor", "direct", "pid", "pinned", "raw", "round_trip", "used_at")
+
+    #: the last timed statement's round trip, in epoch seconds (unset before the
+    #: first: :meth:`Store.last_round_trip`)
+    round_trip: tuple[float, float]
+
+    def __init__(self) -> None:
+        self.connection: BaseDatabaseWrapper | None = None
+        self.pid = 0
+        self.used_at = 0.0
+        self.pinned: BaseDatabaseWrapper | None = None
+        #: statements run on the connection's own cursor (:meth:`Store._execute_direct`)
+        self.direct = False
+        self.cursor: Any = None
+        self.raw: Any = None  # the database connection ``cursor`` belongs to
+
+
+class _Threads(threading.local):
+    """Each thread's :class:`_Local` (``threading.local`` calls ``__init__`` again in
+    every thread that reads it)."""
+
+    def __init__(self) -> None:
+        self.local = _Local()
 
 
 def _direct_capable(connection: BaseDatabaseWrapper) -> bool:
@@ -123,7 +158,7 @@ class Store:
         self.using = using
         self.dedicated = dedicated
         self._dialect: Dialect | None = None
-        self._local = _Local()
+        self._threads = _Threads()
 
     @property
     def dialect(self) -> Dialect:
@@ -131,10 +166,11 @@ class Store:
             self._dialect = dialect_for(connections[self.using].vendor)
         return self._dialect
 
-    def _connection(self) -> BaseDatabaseWrapper:
+    def _connection(self, local: _Local) -> BaseDatabaseWrapper:
+        """This thread's connection (``local``: its state); a dedicated one is opened on
+        first use, checked as Django checks its own, pinged after an idle spell."""
         if not self.dedicated:
             return connections[self.using]
-        local = self._local
         pinned = local.pinned
         if pinned is not None:  # inside transaction(): never reconnect halfway
             return pinned
@@ -146,9 +182,17 @@ class Store:
             local.pid = os.getpid()
             local.direct = _direct_capable(connection)
             local.cursor = local.raw = None
-            local.used_at = get_clock().monotonic()
-        connection.close_if_unusable_or_obsolete()  # reconnects after a database error
-        now = get_clock().monotonic()
+            local.used_at = clock.monotonic()
+        if (
+            connection.errors_occurred
+            or not connection.autocommit
+            or connection.close_at is not None
+        ):
+            # Django's own test of a connection to drop (the next statement reconnects),
+            # asked when one of its three causes may hold: an error since the last
+            # statement, autocommit not restored (or no connection), an age limit
+            connection.close_if_unusable_or_obsolete()
+        now = clock.monotonic()
         # a connection idle through a database restart or a network cut fails its next
         # statement; a claim must not fail for that: ping it first, reconnect if dead
         idle = now - local.used_at > IDLE_PING and connection.connection is not None
@@ -159,15 +203,16 @@ class Store:
 
     def close(self) -> None:
         """Close this thread's dedicated connection (a thread that stops calls this)."""
-        connection = getattr(self._local, "connection", None)
-        if connection is not None and self._local.pid == os.getpid():
+        local = self._threads.local
+        connection = local.connection
+        if connection is not None and local.pid == os.getpid():
             connection.close()
             if connection.connection is not None:
                 # Django keeps an in-memory SQLite database open on close(), lest the
                 # data go with it; this connection is the store's own, never the last
                 connection.connection.close()
                 connection.connection = None
-        self._local.connection = self._local.cursor = self._local.raw = None
+        local.connection = local.cursor = local.raw = None
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
@@ -179,9 +224,10 @@ class Store:
             with transaction.atomic(using=self.using):
                 yield
             return
-        connection = self._connection()
+        local = self._threads.local
+        connection = self._connection(local)
         connection.set_autocommit(False)
-        self._local.pinned = connection
+        local.pinned = connection
         try:
             yield
             connection.commit()
@@ -194,7 +240,7 @@ class Store:
                 connection.close()
             raise
         finally:
-            self._local.pinned = None
+            local.pinned = None
 
     def execute(
         self, sql: str, params: list[Any] | dict[str, Any], *, timed: bool = False
@@ -203,32 +249,36 @@ class Store:
         returns the database clock; the local clock is read just before and after the
         statement itself (:meth:`last_round_trip`), so it is a clock reading whatever
         reconnecting or pinging the connection took."""
-        connection = self._connection()
-        if self._local.direct:
-            return self._execute_direct(connection, sql, params, timed)
+        local = self._threads.local
+        connection = self._connection(local)
+        if local.direct:
+            return self._execute_direct(local, connection, sql, params, timed)
         with connection.cursor() as cursor:
             if not timed:
                 cursor.execute(sql, params)
                 return cursor.rowcount, (cursor.fetchall() if cursor.description else [])
-            clock = get_clock()
-            sent = clock.now()
+            sent = clock.epoch()
             cursor.execute(sql, params)
             rows = cursor.fetchall() if cursor.description else []
-            self._local.round_trip = (sent, clock.now())
+            local.round_trip = (sent, clock.epoch())
             return cursor.rowcount, rows
 
     def _execute_direct(
-        self, connection: BaseDatabaseWrapper, sql: str, params: Any, timed: bool
+        self,
+        local: _Local,
+        connection: BaseDatabaseWrapper,
+        sql: str,
+        params: Any,
+        timed: bool,
     ) -> tuple[int, list[tuple[Any, ...]]]:
         """:meth:`execute` on a dedicated psycopg 3 connection: on psycopg's cursor, made
-        once per connection by Django's backend (its time zone loaders) and kept, inside
+        once per connection by Django's backend (its time zone loaders) and kept, with
         Django's error translation (``wrap_database_errors``: Django's exceptions, and a
         connection that failed is checked before its next statement), and nothing else
         of Django's cursor wrapper. Its query log and execute wrappers belong to the
         connections the application shares; this one is the library's own, and the
         wrapper costs more than the rest of the client's work on a claim."""
-        local = self._local
-        with connection.wrap_database_errors:
+        try:
             if connection.connection is None:
                 connection.ensure_connection()
             raw = connection.connection
@@ -237,30 +287,39 @@ class Store:
                 cursor = local.cursor = connection.create_cursor()
                 _load_instants_natively(cursor)
                 local.raw = raw
+            query = _encoded_statements.get(sql) or _encoded(sql)
             if not timed:
-                cursor.execute(sql, params)
+                cursor.execute(query, params)
                 result = cursor.pgresult
                 rows = cursor.fetchall() if result is not None and result.nfields else []
                 return cursor.rowcount, rows
-            clock = get_clock()
-            sent = clock.now()
-            cursor.execute(sql, params)
+            sent = clock.epoch()
+            cursor.execute(query, params)
             result = cursor.pgresult
             rows = cursor.fetchall() if result is not None and result.nfields else []
-            local.round_trip = (sent, clock.now())
+            local.round_trip = (sent, clock.epoch())
             return cursor.rowcount, rows
+        except Exception:
+            # Django's translation, entered on the way out only (its context manager
+            # is two calls more on every statement): the driver's error raised as
+            # Django's, the connection marked for the check before its next statement
+            with connection.wrap_database_errors:
+                raise
 
     def commits_alone(self) -> bool:
         """Whether this thread's next statement is a transaction of its own (autocommit,
         no transaction open): what it sets for its transaction ends with it."""
         if self.dedicated:
-            return self._local.pinned is None
+            return self._threads.local.pinned is None
         return bool(connections[self.using].get_autocommit())
 
     def last_round_trip(self) -> tuple[datetime, datetime]:
-        """This thread's last statement: the local clock when it was sent and answered."""
-        trip: tuple[datetime, datetime] = self._local.round_trip
-        return trip
+        """This thread's last timed statement: the local clock when it was sent and
+        answered. Read in epoch seconds around the statement (a datetime is dearer,
+        and most claims never ask): a float keeps every microsecond of an instant
+        before the year 2242."""
+        sent, answered = self._threads.local.round_trip
+        return datetime.fromtimestamp(sent, UTC), datetime.fromtimestamp(answered, UTC)
 
     def database_now(self) -> datetime:
         """The database clock."""

@@ -12,6 +12,7 @@ SQLite's ``?``), so a literal ``%`` is written ``%%``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -30,7 +31,7 @@ class Dialect:
     vendor: str
     #: The database clock, as an SQL expression.
     now: str
-    #: ``now + %s``: the database clock plus a duration parameter (see :meth:`seconds`).
+    #: ``now + %s``: the database clock plus a duration parameter (see :attr:`seconds`).
     now_plus: str
     #: ``LEAST(a, b)`` where ``b`` may be NULL (then ``a``).
     least_template: str
@@ -39,21 +40,17 @@ class Dialect:
     #: Appended to a SELECT that fences a write on the run row: lock it until the
     #: statement commits (PostgreSQL); SQLite serialises writers anyway.
     lock_rows: str = ""
+    #: The parameter :attr:`now_plus` takes for a duration (PostgreSQL: seconds, a
+    #: float): a function of the dialect's own, not a method, as it runs at every claim.
+    seconds: Callable[[timedelta], Any] = timedelta.total_seconds
 
     def least(self, first: str, nullable: str) -> str:
         return self.least_template.format(first=first, nullable=nullable)
 
-    def seconds(self, duration: timedelta) -> Any:
-        """The parameter :attr:`now_plus` expects for ``duration``."""
-        seconds = duration.total_seconds()
-        if self.vendor == "sqlite":
-            return f"{seconds:+.6f} seconds"
-        return seconds
-
     def instant(self, value: Any) -> datetime | None:
         """A timestamp read back from this database, as an aware UTC datetime."""
-        if value is None:
-            return None
+        if value is None or (type(value) is datetime and value.tzinfo is UTC):
+            return value  # as PostgreSQL's dedicated connection reads it: first
         if isinstance(value, datetime):
             zone = value.tzinfo
             if zone is UTC:
@@ -80,8 +77,16 @@ POSTGRESQL = Dialect(
     lock_rows=" FOR UPDATE",
 )
 _SQLITE_NOW = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
+
+
+def _sqlite_seconds(duration: timedelta) -> str:
+    """A duration as SQLite's ``strftime`` takes it: a modifier, ``+1.500000 seconds``."""
+    return f"{duration.total_seconds():+.6f} seconds"
+
+
 SQLITE = Dialect(
     vendor="sqlite",
+    seconds=_sqlite_seconds,
     now=_SQLITE_NOW,
     now_plus="strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)",
     least_template="MIN({first}, COALESCE({nullable}, '9999-12-31 23:59:59'))",

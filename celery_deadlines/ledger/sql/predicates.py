@@ -65,7 +65,7 @@ EVENT_COLUMNS: Final = (
 #: explained, as templates (:class:`~celery_deadlines.ledger.sql.statements.Sql`). The
 #: claim's ``WHERE`` is all of them; a lost claim's reason is the first that does not
 #: hold. Named parameters: ``retries``, ``reserve`` (seconds, as the dialect's
-#: ``now_plus`` takes them), ``grace`` (the negative supervisor grace) and ``max_lost``.
+#: ``now_plus`` takes them) and ``max_lost``.
 CLAIM_CHECKS: Final = (
     ("terminal", "status NOT IN {terminal}"),
     ("stale_message", "retries = %(retries)s"),
@@ -78,7 +78,7 @@ CLAIM_CHECKS: Final = (
     ("deadline", "(deadline IS NULL OR deadline > {now_plus:reserve})"),
     # a lapsed lease is taken over only after the grace: its supervisor ends it first
     # (a time limit), and a dispatch guard that passed while it was live has committed
-    ("held", "NOT (status = 'RUNNING' AND lease_expires_at > {now_plus:grace})"),
+    ("held", "NOT (status = 'RUNNING' AND lease_expires_at > {now_less_grace})"),
     ("lost_leases", "NOT (status = 'RUNNING' AND lost_leases >= %(max_lost)s)"),
     ("unknown", "status <> 'UNKNOWN'"),
     ("changed", "(status IN {claimable} OR status = 'RUNNING')"),

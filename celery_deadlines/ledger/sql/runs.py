@@ -30,7 +30,7 @@ from typing import Any, Final, NamedTuple
 
 from ...rules.states import Status
 from .dialect import Dialect
-from .predicates import CLAIM_CHECKS, SUPERVISOR_GRACE
+from .predicates import CLAIM_CHECKS
 from .rows import ClaimRefused, Expired, KeptResult, Lease, NewRun, from_json, required
 from .statements import Sql, Statements
 
@@ -39,8 +39,13 @@ _LEASE_COLUMNS: Final = (
     "id, lease_token, version, attempt, lease_expires_at, deadline, checkpoint_name, "
     "checkpoint_data"
 )
-#: What a lost claim returns (its rejected event), last in the row.
+#: What a lost claim's rejected event returns.
 _REFUSAL_COLUMNS: Final = "detail, status, lease_token, lease_expires_at, at"
+#: A lost claim's row, in the won claim's columns: ``false``, the token, the lease's
+#: expiry, the event's detail where the checkpoint's name is, its instant, the status.
+_REFUSAL_ROW: Final = (
+    "false, NULL, lease_token, NULL, NULL, lease_expires_at, NULL, detail, NULL, at, NULL, status"
+)
 #: The run row as a lost claim's event explains it (PostgreSQL).
 _SEEN_COLUMNS: Final = (
     "id, status, reason, version, lease_token, lease_expires_at, owner, deadline, "
@@ -49,10 +54,11 @@ _SEEN_COLUMNS: Final = (
 _CHECKS: Final = dict(CLAIM_CHECKS)
 
 #: The claim's own fragments (named parameters: those of :data:`CLAIM_CHECKS`,
-#: ``task_id``, ``owner``, ``ttl``, ``op_detail``; PostgreSQL's also ``alone``).
+#: ``task_id``, ``owner``, ``ttl``; PostgreSQL's also ``alone`` and ``exclusive``).
 _CLAIM_FRAGMENTS: Final = {
     "lease_columns": _LEASE_COLUMNS,
     "refusal_columns": _REFUSAL_COLUMNS,
+    "refusal_row": _REFUSAL_ROW,
     "seen_columns": _SEEN_COLUMNS,
     "held": _CHECKS["held"],
     "changed": _CHECKS["changed"],
@@ -68,7 +74,7 @@ _CLAIM_FRAGMENTS: Final = {
             lease_token = lease_token + 1, version = version + 1, attempt = attempt + 1,
             lost_leases = lost_leases + (CASE WHEN status = 'RUNNING' THEN 1 ELSE 0 END),
             lease_expires_at = {lease_end:ttl},
-            op = 'claim', op_detail = %(op_detail)s, updated_at = {now}
+            op = 'claim', op_detail = 'retries=' || CAST(%(retries)s AS text), updated_at = {now}
         WHERE task_id = %(task_id)s
           AND {claim_condition}
         RETURNING true AS won, {lease_columns}, {now} AS at,
@@ -88,7 +94,7 @@ CLAIM_REFUSAL_SQLITE: Final = Sql(
         %(owner)s, lease_expires_at,
         {first_failed} || ':' || owner
     FROM (SELECT * FROM {run} WHERE task_id = %(task_id)s) AS {run}
-    RETURNING {refusal_columns}
+    RETURNING {refusal_row}
     """,
     vendors={"sqlite"},
     **_CLAIM_FRAGMENTS,
@@ -137,12 +143,11 @@ _CLAIM_POSTGRESQL: Final = """
         ) AS {run}
         RETURNING {refusal_columns}
     )
-    SELECT won, {lease_columns}, at, waiting_since, NULL, NULL, NULL, NULL, NULL
+    SELECT won, {lease_columns}, at, waiting_since, NULL
     FROM claimed WHERE CASE WHEN %(alone)s AND %(exclusive)s
         THEN set_config('synchronous_commit', 'off', true) IS NOT NULL ELSE true END
     UNION ALL
-    SELECT false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-        {refusal_columns}
+    SELECT {refusal_row}
     FROM refused WHERE CASE WHEN %(alone)s
         THEN set_config('synchronous_commit', 'off', true) IS NOT NULL ELSE true END
 """
@@ -183,51 +188,52 @@ class Runs(Statements):
         later write (see ``_CLAIM_POSTGRESQL``). SQLite, in-process, runs the refusal as
         a second statement."""
         d = self.dialect
+        sql = _CLAIMS[d.vendor]
         params = {
             "task_id": task_id,
             "retries": retries,
             "reserve": d.seconds(reserve),
-            "grace": d.seconds(-SUPERVISOR_GRACE),
             "max_lost": max_lost_leases,
             "owner": owner,
             "ttl": d.seconds(ttl),
-            "op_detail": f"retries={retries}",
         }
-        sql = _CLAIMS[d.vendor]
+        store = self.store
         if sql.refuse is None:  # PostgreSQL: whether a refusal may commit without waiting
-            params["alone"] = self.store.commits_alone()
+            params["alone"] = store.commits_alone()
             params["exclusive"] = exclusive
-        _, rows = self.execute(sql.claim, params, timed=True)  # a won claim is a clock reading
+        # a won claim is a clock reading
+        _, rows = store.execute(sql.claim, params, timed=True)
+        instant = d.instant
         if rows and rows[0][0]:
             row = rows[0]
-            return Lease(
-                run_id=row[1],
-                task_id=task_id,
-                token=row[2],
-                version=row[3],
-                attempt=row[4],
-                expires_at=d.instant(row[5]),
-                deadline=d.instant(row[6]),
-                checkpoint_name=row[7],
-                checkpoint_data=from_json(row[8]),
-                database_now=required(d.instant(row[9])),
-                waiting_since=d.instant(row[10]),
-                owner=owner,
+            return Lease.claimed(
+                row[1],  # run_id
+                task_id,
+                row[2],  # token
+                row[3],  # version
+                row[4],  # attempt
+                instant(row[5]),  # expires_at
+                instant(row[6]),  # deadline
+                row[7],  # checkpoint_name
+                from_json(row[8]),  # checkpoint_data
+                required(instant(row[9])),  # database_now
+                instant(row[10]),  # waiting_since
+                owner,
             )
         if sql.refuse is not None:  # SQLite: the refusal is a statement of its own
-            _, rows = self.execute(sql.refuse, params)
+            _, rows = store.execute(sql.refuse, params)
         if not rows:
             return ClaimRefused(ClaimRefused.MISSING, "", 0, "", None)
-        detail, status, token, expires, at = rows[0][-5:]
+        row = rows[0]
         # the event's owner column is the loser; the detail names the current owner
-        why_code, _, current_owner = str(detail).partition(":")
-        return ClaimRefused(
-            why=why_code,
-            status=status,
-            token=token,
-            owner=current_owner,
-            lease_expires_at=d.instant(expires),
-            database_now=d.instant(at),
+        why_code, _, current_owner = str(row[7]).partition(":")
+        return ClaimRefused.lost(
+            why_code,
+            row[11],  # the run's status
+            row[2],  # its token
+            current_owner,
+            instant(row[5]),  # its lease's expiry
+            instant(row[9]),  # the database clock
         )
 
     # -- fenced writes ---------------------------------------------------------------------
@@ -435,8 +441,9 @@ class _ClaimSql(NamedTuple):
 
 #: The claim's texts per dialect. A row whose first column is true is a won claim (the
 #: lease's columns, the database clock, when the run became claimable); false, a lost
-#: one (the rejected event's detail ``why:current owner``, the run's status, token and
-#: lease expiry, the database clock); no row, no run.
+#: one, in the same twelve columns (:data:`_REFUSAL_ROW`: the run's token and lease
+#: expiry, the rejected event's detail ``why:current owner``, the database clock, the
+#: run's status); no row, no run.
 _CLAIMS: Final = {
     "postgresql": _ClaimSql(CLAIM.text["postgresql"], None),
     "sqlite": _ClaimSql(CLAIM.text["sqlite"], CLAIM_REFUSAL_SQLITE.text["sqlite"]),

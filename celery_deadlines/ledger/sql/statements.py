@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 import textwrap
 from collections.abc import Callable, Collection, Mapping
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Final
 
 from .dialect import POSTGRESQL, SQLITE, Dialect
@@ -39,6 +40,7 @@ from .predicates import (
     PLAN,
     REQUEUEABLE_SQL,
     RUN,
+    SUPERVISOR_GRACE,
     TERMINAL_SQL,
     UNRESOLVED_SQL,
     WAITING_SQL,
@@ -66,6 +68,13 @@ def _param(name: str | None) -> str:
     return "%s" if name is None else f"%({name})s"
 
 
+def _literal(value: float | str) -> str:
+    """A number or a string written as an SQL literal."""
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    return repr(float(value))
+
+
 def dialect_slots(d: Dialect) -> dict[str, Slot]:
     """The slots every template may name, for the dialect ``d``."""
 
@@ -75,6 +84,9 @@ def dialect_slots(d: Dialect) -> dict[str, Slot]:
     return {
         "now": d.now,
         "now_plus": now_plus,
+        # the database clock less the supervisor's grace, the duration written into the
+        # statement (a parameter would cost every claim its own)
+        "now_less_grace": d.now_plus.replace("%s", _literal(d.seconds(-SUPERVISOR_GRACE))),
         "lease_end": lambda name: d.least(now_plus(name), "deadline"),
         "json": d.json_param,
         "lock_rows": d.lock_rows,
@@ -171,7 +183,7 @@ class Statements:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    @property
+    @cached_property
     def dialect(self) -> Dialect:
         return self.store.dialect
 

@@ -4,14 +4,14 @@ WITH claimed AS (
         lease_token = lease_token + 1, version = version + 1, attempt = attempt + 1,
         lost_leases = lost_leases + (CASE WHEN status = 'RUNNING' THEN 1 ELSE 0 END),
         lease_expires_at = LEAST((clock_timestamp() + make_interval(secs => %(ttl)s)), deadline),
-        op = 'claim', op_detail = %(op_detail)s, updated_at = clock_timestamp()
+        op = 'claim', op_detail = 'retries=' || CAST(%(retries)s AS text), updated_at = clock_timestamp()
     WHERE task_id = %(task_id)s
       AND status NOT IN ('SUCCEEDED', 'FAILED', 'EXPIRED')
       AND retries = %(retries)s
       AND NOT (EXISTS (SELECT 1 FROM celery_deadlines_effect u WHERE u.run_id = celery_deadlines_run.id AND u.state IN ('DISPATCHED', 'UNKNOWN')) AND NOT (status = 'RUNNING' AND lease_expires_at > clock_timestamp()))
       AND (deadline IS NULL OR deadline > clock_timestamp())
       AND (deadline IS NULL OR deadline > (clock_timestamp() + make_interval(secs => %(reserve)s)))
-      AND NOT (status = 'RUNNING' AND lease_expires_at > (clock_timestamp() + make_interval(secs => %(grace)s)))
+      AND NOT (status = 'RUNNING' AND lease_expires_at > (clock_timestamp() + make_interval(secs => -1.0)))
       AND NOT (status = 'RUNNING' AND lost_leases >= %(max_lost)s)
       AND status <> 'UNKNOWN'
       AND (status IN ('QUEUED', 'CLOCK_UNCERTAIN', 'RETRYING') OR status = 'RUNNING')
@@ -20,7 +20,7 @@ WITH claimed AS (
              THEN available_at ELSE published_at END AS waiting_since
 ),
 lost AS (
-    SELECT NOT (status = 'RUNNING' AND lease_expires_at > (clock_timestamp() + make_interval(secs => %(grace)s))) AND (status IN ('QUEUED', 'CLOCK_UNCERTAIN', 'RETRYING') OR status = 'RUNNING') AS raced
+    SELECT NOT (status = 'RUNNING' AND lease_expires_at > (clock_timestamp() + make_interval(secs => -1.0))) AND (status IN ('QUEUED', 'CLOCK_UNCERTAIN', 'RETRYING') OR status = 'RUNNING') AS raced
     FROM celery_deadlines_run
     WHERE task_id = %(task_id)s AND NOT EXISTS (SELECT 1 FROM claimed)
 ),
@@ -39,7 +39,7 @@ refused AS (
             WHEN NOT (NOT (EXISTS (SELECT 1 FROM celery_deadlines_effect u WHERE u.run_id = celery_deadlines_run.id AND u.state IN ('DISPATCHED', 'UNKNOWN')) AND NOT (status = 'RUNNING' AND lease_expires_at > clock_timestamp()))) THEN 'unresolved'
             WHEN NOT ((deadline IS NULL OR deadline > clock_timestamp())) THEN 'deadline_passed'
             WHEN NOT ((deadline IS NULL OR deadline > (clock_timestamp() + make_interval(secs => %(reserve)s)))) THEN 'deadline'
-            WHEN NOT (NOT (status = 'RUNNING' AND lease_expires_at > (clock_timestamp() + make_interval(secs => %(grace)s)))) THEN 'held'
+            WHEN NOT (NOT (status = 'RUNNING' AND lease_expires_at > (clock_timestamp() + make_interval(secs => -1.0)))) THEN 'held'
             WHEN NOT (NOT (status = 'RUNNING' AND lost_leases >= %(max_lost)s)) THEN 'lost_leases'
             WHEN NOT (status <> 'UNKNOWN') THEN 'unknown'
             WHEN NOT ((status IN ('QUEUED', 'CLOCK_UNCERTAIN', 'RETRYING') OR status = 'RUNNING')) THEN 'changed'
@@ -52,11 +52,10 @@ refused AS (
     ) AS celery_deadlines_run
     RETURNING detail, status, lease_token, lease_expires_at, at
 )
-SELECT won, id, lease_token, version, attempt, lease_expires_at, deadline, checkpoint_name, checkpoint_data, at, waiting_since, NULL, NULL, NULL, NULL, NULL
+SELECT won, id, lease_token, version, attempt, lease_expires_at, deadline, checkpoint_name, checkpoint_data, at, waiting_since, NULL
 FROM claimed WHERE CASE WHEN %(alone)s AND %(exclusive)s
     THEN set_config('synchronous_commit', 'off', true) IS NOT NULL ELSE true END
 UNION ALL
-SELECT false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-    detail, status, lease_token, lease_expires_at, at
+SELECT false, NULL, lease_token, NULL, NULL, lease_expires_at, NULL, detail, NULL, at, NULL, status
 FROM refused WHERE CASE WHEN %(alone)s
     THEN set_config('synchronous_commit', 'off', true) IS NOT NULL ELSE true END

@@ -3,14 +3,14 @@ UPDATE celery_deadlines_run SET
     lease_token = lease_token + 1, version = version + 1, attempt = attempt + 1,
     lost_leases = lost_leases + (CASE WHEN status = 'RUNNING' THEN 1 ELSE 0 END),
     lease_expires_at = MIN(strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %(ttl)s), COALESCE(deadline, '9999-12-31 23:59:59')),
-    op = 'claim', op_detail = %(op_detail)s, updated_at = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')
+    op = 'claim', op_detail = 'retries=' || CAST(%(retries)s AS text), updated_at = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')
 WHERE task_id = %(task_id)s
   AND status NOT IN ('SUCCEEDED', 'FAILED', 'EXPIRED')
   AND retries = %(retries)s
   AND NOT (EXISTS (SELECT 1 FROM celery_deadlines_effect u WHERE u.run_id = celery_deadlines_run.id AND u.state IN ('DISPATCHED', 'UNKNOWN')) AND NOT (status = 'RUNNING' AND lease_expires_at > strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')))
   AND (deadline IS NULL OR deadline > strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'))
   AND (deadline IS NULL OR deadline > strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %(reserve)s))
-  AND NOT (status = 'RUNNING' AND lease_expires_at > strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %(grace)s))
+  AND NOT (status = 'RUNNING' AND lease_expires_at > strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', '-1.000000 seconds'))
   AND NOT (status = 'RUNNING' AND lost_leases >= %(max_lost)s)
   AND status <> 'UNKNOWN'
   AND (status IN ('QUEUED', 'CLOCK_UNCERTAIN', 'RETRYING') OR status = 'RUNNING')

@@ -7,11 +7,11 @@ SELECT id, strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'), 'claim', 'rejected', stat
         WHEN NOT (NOT (EXISTS (SELECT 1 FROM celery_deadlines_effect u WHERE u.run_id = celery_deadlines_run.id AND u.state IN ('DISPATCHED', 'UNKNOWN')) AND NOT (status = 'RUNNING' AND lease_expires_at > strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')))) THEN 'unresolved'
         WHEN NOT ((deadline IS NULL OR deadline > strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'))) THEN 'deadline_passed'
         WHEN NOT ((deadline IS NULL OR deadline > strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %(reserve)s))) THEN 'deadline'
-        WHEN NOT (NOT (status = 'RUNNING' AND lease_expires_at > strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %(grace)s))) THEN 'held'
+        WHEN NOT (NOT (status = 'RUNNING' AND lease_expires_at > strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', '-1.000000 seconds'))) THEN 'held'
         WHEN NOT (NOT (status = 'RUNNING' AND lost_leases >= %(max_lost)s)) THEN 'lost_leases'
         WHEN NOT (status <> 'UNKNOWN') THEN 'unknown'
         WHEN NOT ((status IN ('QUEUED', 'CLOCK_UNCERTAIN', 'RETRYING') OR status = 'RUNNING')) THEN 'changed'
         ELSE 'changed'
     END || ':' || owner
 FROM (SELECT * FROM celery_deadlines_run WHERE task_id = %(task_id)s) AS celery_deadlines_run
-RETURNING detail, status, lease_token, lease_expires_at, at
+RETURNING false, NULL, lease_token, NULL, NULL, lease_expires_at, NULL, detail, NULL, at, NULL, status
