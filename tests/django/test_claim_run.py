@@ -1,9 +1,10 @@
-"""A claim reads the settings it depends on as they are when it runs.
+"""The worker's claim, :func:`celery_deadlines.ledger.api.claim_run`, on each database.
 
-:func:`celery_deadlines.ledger.api.claim_run` keeps what it reads from the app's
-settings (the ledger's store, the lost-lease limit, the clock-skew budget) until
-their stamp changes: a value set at run time (``app.conf.deadlines_x = ...``) or a
-reload is read by the next claim, as it was before anything was kept.
+It keeps what it reads from the app's settings (the ledger's store, the lost-lease
+limit, the clock-skew budget) until their stamp changes: a value set at run time
+(``app.conf.deadlines_x = ...``) or a reload is read by the next claim, as it was
+before anything was kept. A run with no row (published by name, or before the app was
+installed) is recorded from the message and claimed.
 """
 
 from __future__ import annotations
@@ -31,9 +32,12 @@ def app(alias: str) -> Iterator[Celery]:
     app.close()
 
 
-def claim(app: Celery, alias: str) -> api.Attempt | api.ClaimRefused | Held:
-    task_id = f"run-{uuid.uuid4().hex[:8]}"
-    Store(alias).outbox.enqueue(NewRun(task_id=task_id, task_name="shop.charge"))
+def claim(
+    app: Celery, alias: str, *, recorded: bool = True, task_id: str = ""
+) -> api.Attempt | api.ClaimRefused | Held:
+    task_id = task_id or f"run-{uuid.uuid4().hex[:8]}"
+    if recorded:
+        Store(alias).outbox.enqueue(NewRun(task_id=task_id, task_name="shop.charge"))
     return api.claim_run(
         app,
         task_id=task_id,
@@ -64,3 +68,18 @@ def test_a_claim_reads_a_lost_lease_limit_changed_at_run_time(app: Celery, alias
     assert api._claiming(app).max_lost_leases == 4
     app.conf.deadlines_max_lost_leases = 2
     assert api._claiming(app).max_lost_leases == 2
+
+
+def test_a_claim_of_a_run_with_no_row_records_it_from_the_message_and_wins(
+    app: Celery, alias: str
+) -> None:
+    attempt = claim(app, alias, recorded=False, task_id="by-name-1")
+    assert isinstance(attempt, api.Attempt)
+    assert (attempt.lease.task_id, attempt.lease.token, attempt.lease.attempt) == (
+        "by-name-1",
+        1,
+        1,
+    )
+    again = claim(app, alias, recorded=False, task_id="by-name-1")
+    assert isinstance(again, api.ClaimRefused)
+    assert again.why == api.ClaimRefused.HELD
