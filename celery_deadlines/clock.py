@@ -11,11 +11,9 @@ Two readings, two purposes (docs/concepts.md: persist instants, measure duration
 :func:`epoch` is ``now()`` in epoch seconds, the wire's own unit, for the gates a worker
 passes every message through: a deadline header is compared with it as it comes, with
 no datetime built on either side (they cost more than the rest of such a gate), and
-:func:`monotonic` is the installed clock's ``monotonic()`` for the timers it sets;
-:func:`now` is its ``now()``, for the ledger's statements that read the clock around
-their round trip. Read them as ``clock.now()``, ``clock.epoch()`` and
-``clock.monotonic()``: :func:`set_clock` rebinds the names (``from .clock import epoch``
-would keep the clock of the moment it ran).
+:func:`monotonic` is the installed clock's ``monotonic()`` for the timers it sets. Read
+them as ``clock.epoch()`` and ``clock.monotonic()``: :func:`set_clock` rebinds the names
+(``from .clock import epoch`` would keep the clock of the moment it ran).
 
 Tests inject a :class:`celery_deadlines.testing.FakeClock`. Worker *subprocesses* in the
 integration tests cannot take an object, so :class:`SystemClock` has one test-only seam:
@@ -32,7 +30,6 @@ import os
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from functools import partial
 from typing import Protocol
 
 logger = logging.getLogger(__name__)
@@ -91,22 +88,12 @@ def _epoch_of(clock: Clock) -> Callable[[], float]:
     return lambda: clock.now().timestamp()
 
 
-def _now_of(clock: Clock) -> Callable[[], datetime]:
-    """``clock``'s ``now()``: the system's own, unless a test seam or another clock is
-    installed, then that clock's method."""
-    if type(clock) is SystemClock and not clock._shift_file:
-        return partial(datetime.now, UTC)
-    return clock.now
-
-
 def _monotonic_of(clock: Clock) -> Callable[[], float]:
     """``clock``'s monotonic clock: the system's own, unless another clock is installed."""
     return time.monotonic if type(clock) is SystemClock else clock.monotonic
 
 
 _clock: Clock = SystemClock(os.environ.get(WALL_CLOCK_SHIFT_FILE_ENV) or None)
-#: The installed clock's ``now()`` (rebound by :func:`set_clock`).
-now: Callable[[], datetime] = _now_of(_clock)
 #: The installed clock's ``now()`` in epoch seconds (rebound by :func:`set_clock`).
 epoch: Callable[[], float] = _epoch_of(_clock)
 #: The installed clock's ``monotonic()`` (rebound by :func:`set_clock`).
@@ -120,9 +107,8 @@ def get_clock() -> Clock:
 
 def set_clock(clock: Clock) -> Clock:
     """Install ``clock`` for the whole process and return the previous one (tests use this)."""
-    global _clock, now, epoch, monotonic
+    global _clock, epoch, monotonic
     previous, _clock = _clock, clock
-    now = _now_of(clock)
     epoch = _epoch_of(clock)
     monotonic = _monotonic_of(clock)
     return previous
