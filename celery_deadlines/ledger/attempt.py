@@ -34,9 +34,8 @@ _T = TypeVar("_T")
 
 
 def owner_name(hostname: str | None) -> str:
-    """Who holds a lease: the worker's node name and this process's pid (as
-    :func:`owner_name_of` writes it; a call fewer, at every claim)."""
-    return f"{hostname or 'unknown'}:{os.getpid()}"
+    """Who holds a lease: the worker's node name and this process's pid."""
+    return owner_name_of(hostname, os.getpid())
 
 
 def owner_name_of(hostname: str | None, pid: object) -> str:

@@ -49,8 +49,8 @@ class Dialect:
 
     def instant(self, value: Any) -> datetime | None:
         """A timestamp read back from this database, as an aware UTC datetime."""
-        if value is None or (type(value) is datetime and value.tzinfo is UTC):
-            return value  # the common case first: how PostgreSQL's connections read one
+        if value is None:
+            return None
         if isinstance(value, datetime):
             zone = value.tzinfo
             if zone is UTC:
