@@ -170,6 +170,28 @@ def count_round_trips() -> list[int]:
     return counter
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """The CPU time (user and system) process ``pid`` has used, from ``/proc``; ``None``
+    where it cannot be read (the database server on another machine, another user's
+    process)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Steps(NamedTuple):
+    """A variant's work in one worker process."""
+
+    #: claim one delivery: true if won (the attempt kept for the completion), else why
+    claim: Callable[[Any], bool | str]
+    #: complete the last claim won
+    complete: Callable[[], None]
+    #: the process id of the database backend that serves both
+    backend: Callable[[], int]
+
+
 class Tally(NamedTuple):
     """What one worker process did in the timed part."""
 
@@ -182,9 +204,12 @@ class Tally(NamedTuple):
     trips_completed: int
     #: why the lost claims were lost (the library's refusal codes; ``owned`` for bare)
     why: dict[str, int]
+    #: CPU seconds of this process, and of its database backend (``None``: unreadable)
+    client_cpu: float
+    server_cpu: float | None
 
 
-def _library_steps(index: int) -> tuple[Callable[[Any], bool | str], Callable[[], None]]:
+def _library_steps(index: int) -> Steps:
     """The library's claim of one delivery (the won attempt kept for the completion: a
     true result; a lost claim's reason otherwise) and the completion of the last won."""
     os.environ["DJANGO_SETTINGS_MODULE"] = "bench.ledger_settings"
@@ -217,10 +242,14 @@ def _library_steps(index: int) -> tuple[Callable[[Any], bool | str], Callable[[]
     def complete() -> None:
         won.pop().succeed()
 
-    return claim, complete
+    def backend() -> int:
+        _, rows = api.store_for(app, dedicated=True).execute("SELECT pg_backend_pid()", [])
+        return int(rows[0][0])
+
+    return Steps(claim, complete, backend)
 
 
-def _bare_steps(index: int) -> tuple[Callable[[Any], bool | str], Callable[[], None]]:
+def _bare_steps(index: int) -> Steps:
     """The baseline's claim of one delivery and completion of the last won."""
     conn = psycopg.connect(database_url(), autocommit=True)
     owner = f"celery@claims-{index}:{os.getpid()}"
@@ -236,7 +265,7 @@ def _bare_steps(index: int) -> tuple[Callable[[Any], bool | str], Callable[[], N
     def complete() -> None:
         conn.execute(BARE_COMPLETE, [last[0], owner])
 
-    return claim, complete
+    return Steps(claim, complete, lambda: conn.info.backend_pid)
 
 
 def worker(
@@ -245,7 +274,7 @@ def worker(
     """One worker process: ``warm`` claimed and completed (and claimed again: lost)
     before the barrier, then ``deliveries`` in order, timed; its :class:`Tally` put in
     ``results``."""
-    claim, complete = (_library_steps if variant == LIBRARY else _bare_steps)(index)
+    claim, complete, backend = (_library_steps if variant == LIBRARY else _bare_steps)(index)
     trips = count_round_trips()
     for item in warm:
         if claim(item) is True:
@@ -254,8 +283,10 @@ def worker(
         claim(item)
     won = lost = trips_won = trips_lost = trips_completed = 0
     why: Counter[str] = Counter()
+    server = backend()
     barrier.wait()
     started = time.perf_counter()
+    client_started, server_started = time.process_time(), cpu_seconds(server)
     for item in deliveries:
         before = trips[0]
         outcome = claim(item)
@@ -270,7 +301,13 @@ def worker(
             trips_lost += claimed - before
             why[str(outcome)] += 1
     seconds = time.perf_counter() - started
-    results.put(Tally(won, lost, seconds, trips_won, trips_lost, trips_completed, dict(why)))
+    client_cpu = time.process_time() - client_started
+    server_ended = cpu_seconds(server)
+    server_cpu = (
+        None if server_started is None or server_ended is None else server_ended - server_started
+    )
+    tally = Tally(won, lost, seconds, trips_won, trips_lost, trips_completed, dict(why), 0.0, None)
+    results.put(tally._replace(client_cpu=client_cpu, server_cpu=server_cpu))
 
 
 # -- a round -------------------------------------------------------------------------------
@@ -299,6 +336,16 @@ class Round:
     @property
     def claims_per_s(self) -> float:
         return self.won / self.wall
+
+    def cpu(self, side: str) -> float | None:
+        """CPU microseconds per run claimed and completed (lost claims included), of the
+        worker processes (``client``) or of their database backends (``server``: ``None``
+        if a backend's could not be read)."""
+        spent: list[float | None] = [getattr(tally, f"{side}_cpu") for tally in self.tallies]
+        known = [seconds for seconds in spent if seconds is not None]
+        if len(known) < len(spent):
+            return None
+        return 1e6 * sum(known) / max(self.won, 1)
 
     def trips(self, kind: str) -> float:
         """Round trips per won claim (``won``), lost claim (``lost``), completion."""
@@ -402,6 +449,7 @@ def compare(
             f"bare {bare.lost}",
             flush=True,
         )
+        print(f"    CPU per run, worker processes / database backends: {_cpu(library, bare)}")
     ratios = [lib.claims_per_s / bare.claims_per_s for lib, bare in figures.rounds]
     print(
         f"Celery-shaped claims ({workers} processes, {runs} runs a round, "
@@ -417,11 +465,23 @@ def compare(
     return figures
 
 
+def _cpu(library: Round, bare: Round) -> str:
+    """A round's CPU per run of both variants: client / server microseconds."""
+
+    def both(one: Round) -> str:
+        client, server = one.cpu("client"), one.cpu("server")
+        return f"{client:.0f} / " + ("n/a" if server is None else f"{server:.0f} us")
+
+    return f"library {both(library)}, bare {both(bare)}"
+
+
 # -- does a lost claim flush a commit? --------------------------------------------------------
 
 
 class Wal(NamedTuple):
-    """The cluster's WAL counters (``pg_stat_wal``) and insert position."""
+    """The cluster's WAL counters (``pg_stat_wal``) and insert position, and the blocks
+    the benchmark's database read (``pg_stat_database``: shared buffers hit or read,
+    the server's work for a statement in a unit that does not depend on the load)."""
 
     records: int
     fpi: int
@@ -429,6 +489,7 @@ class Wal(NamedTuple):
     writes: int
     syncs: int
     lsn: int
+    blocks: int
 
 
 def wal() -> Wal:
@@ -439,7 +500,9 @@ def wal() -> Wal:
         conn.execute("SELECT pg_stat_clear_snapshot()")
         row = conn.execute(
             "SELECT wal_records, wal_fpi, wal_bytes, wal_write, wal_sync, "
-            "pg_current_wal_lsn() - '0/0'::pg_lsn FROM pg_stat_wal"
+            "pg_current_wal_lsn() - '0/0'::pg_lsn, (SELECT blks_hit + blks_read "
+            "FROM pg_stat_database WHERE datname = %s) FROM pg_stat_wal",
+            [psycopg.conninfo.conninfo_to_dict(database_url())["dbname"]],
         ).fetchone()
     assert row is not None
     return Wal(*(int(value) for value in row))
@@ -456,7 +519,7 @@ def _batch(name: str, count: int, run: Callable[[], None]) -> str:
     return (
         f"  {name:34} {per['syncs']:5.3f} WAL syncs, {per['writes']:5.3f} writes, "
         f"{per['records']:4.2f} records, {per['fpi']:4.2f} full pages, {per['lsn']:5.0f} "
-        f"bytes per claim ({count} in {seconds:.2f} s)"
+        f"bytes, {per['blocks']:5.2f} blocks per claim ({count} in {seconds:.2f} s)"
     )
 
 

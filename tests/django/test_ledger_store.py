@@ -395,6 +395,39 @@ def test_a_lost_claim_is_one_statement_with_its_event_on_postgresql(store: Store
     assert events(store)[-1] == ("claim", "rejected")
 
 
+def test_a_claim_lost_to_the_runs_owner_writes_nothing_on_the_runs_row(store: Store) -> None:
+    # PostgreSQL marks a row locked in the row itself (its xmax): a checked reference
+    # from the event to its run took such a lock, written and logged for a claim that
+    # changed nothing (migration 0012)
+    if store.dialect.vendor != "postgresql":
+        pytest.skip("a row lock is written in the row on PostgreSQL only")
+    store.outbox.enqueue(new_run())
+    won(claim(store))
+
+    def row_version() -> tuple[Any, ...]:
+        with connections[store.using].cursor() as cursor:
+            cursor.execute(
+                "SELECT ctid::text, xmin::text, xmax::text FROM celery_deadlines_run "
+                "WHERE task_id = 'run-1'"
+            )
+            return tuple(cursor.fetchone() or ())
+
+    before = row_version()
+    assert lost(claim(store, owner="w2:1")).why == "held"
+    assert row_version() == before
+    assert events(store)[-1] == ("claim", "rejected")
+
+
+def test_deleting_a_run_deletes_its_history(store: Store) -> None:
+    store.outbox.enqueue(new_run())
+    store.runs.finish(won(claim(store)), "w1:1", Status.SUCCEEDED)
+    lost(claim(store, owner="w2:1"))
+    run = Run.objects.using(store.using).get(task_id="run-1")
+    assert RunEvent.objects.using(store.using).filter(run=run).count() == 4
+    run.delete()
+    assert not RunEvent.objects.using(store.using).filter(run_id=run.pk).exists()
+
+
 def test_an_ended_run_is_read_back_with_its_outcome_and_when_it_ended_by_the_database_clock(
     store: Store,
 ) -> None:

@@ -70,9 +70,10 @@ CLAIM_CHECKS: Final = (
     ("terminal", "status NOT IN {terminal}"),
     ("stale_message", "retries = %(retries)s"),
     # a lapsed attempt dispatched an effect with no recorded outcome: reconcile first
+    # (the live lease tested first: a held run's refusal reads none of its effects)
     (
         "unresolved",
-        "NOT ({has_unresolved} AND NOT (status = 'RUNNING' AND lease_expires_at > {now}))",
+        "NOT (NOT (status = 'RUNNING' AND lease_expires_at > {now}) AND {has_unresolved})",
     ),
     ("deadline_passed", "(deadline IS NULL OR deadline > {now})"),
     ("deadline", "(deadline IS NULL OR deadline > {now_plus:reserve})"),

@@ -122,7 +122,7 @@ _CLAIM_POSTGRESQL: Final = """
         {claim_update}
     ),
     lost AS (
-        SELECT {held} AND {changed} AS raced
+        SELECT {seen_columns}, {held} AND {changed} AS raced
         FROM {run}
         WHERE task_id = %(task_id)s AND NOT EXISTS (SELECT 1 FROM claimed)
     ),
@@ -137,8 +137,7 @@ _CLAIM_POSTGRESQL: Final = """
             %(owner)s, lease_expires_at,
             {first_failed} || ':' || owner
         FROM (
-            SELECT {seen_columns} FROM {run}
-            WHERE task_id = %(task_id)s AND NOT (SELECT raced FROM lost)
+            SELECT {seen_columns} FROM lost WHERE NOT raced
             UNION ALL SELECT * FROM committed
         ) AS {run}
         RETURNING {refusal_columns}

@@ -8,7 +8,7 @@ WITH claimed AS (
     WHERE task_id = %(task_id)s
       AND status NOT IN ('SUCCEEDED', 'FAILED', 'EXPIRED')
       AND retries = %(retries)s
-      AND NOT (EXISTS (SELECT 1 FROM celery_deadlines_effect u WHERE u.run_id = celery_deadlines_run.id AND u.state IN ('DISPATCHED', 'UNKNOWN')) AND NOT (status = 'RUNNING' AND lease_expires_at > clock_timestamp()))
+      AND NOT (NOT (status = 'RUNNING' AND lease_expires_at > clock_timestamp()) AND EXISTS (SELECT 1 FROM celery_deadlines_effect u WHERE u.run_id = celery_deadlines_run.id AND u.state IN ('DISPATCHED', 'UNKNOWN')))
       AND (deadline IS NULL OR deadline > clock_timestamp())
       AND (deadline IS NULL OR deadline > (clock_timestamp() + make_interval(secs => %(reserve)s)))
       AND NOT (status = 'RUNNING' AND lease_expires_at > (clock_timestamp() + make_interval(secs => -1.0)))
@@ -20,7 +20,7 @@ WITH claimed AS (
              THEN available_at ELSE published_at END AS waiting_since
 ),
 lost AS (
-    SELECT NOT (status = 'RUNNING' AND lease_expires_at > (clock_timestamp() + make_interval(secs => -1.0))) AND (status IN ('QUEUED', 'CLOCK_UNCERTAIN', 'RETRYING') OR status = 'RUNNING') AS raced
+    SELECT id, status, reason, version, lease_token, lease_expires_at, owner, deadline, retries, lost_leases, NOT (status = 'RUNNING' AND lease_expires_at > (clock_timestamp() + make_interval(secs => -1.0))) AND (status IN ('QUEUED', 'CLOCK_UNCERTAIN', 'RETRYING') OR status = 'RUNNING') AS raced
     FROM celery_deadlines_run
     WHERE task_id = %(task_id)s AND NOT EXISTS (SELECT 1 FROM claimed)
 ),
@@ -36,7 +36,7 @@ refused AS (
         CASE
             WHEN NOT (status NOT IN ('SUCCEEDED', 'FAILED', 'EXPIRED')) THEN 'terminal'
             WHEN NOT (retries = %(retries)s) THEN 'stale_message'
-            WHEN NOT (NOT (EXISTS (SELECT 1 FROM celery_deadlines_effect u WHERE u.run_id = celery_deadlines_run.id AND u.state IN ('DISPATCHED', 'UNKNOWN')) AND NOT (status = 'RUNNING' AND lease_expires_at > clock_timestamp()))) THEN 'unresolved'
+            WHEN NOT (NOT (NOT (status = 'RUNNING' AND lease_expires_at > clock_timestamp()) AND EXISTS (SELECT 1 FROM celery_deadlines_effect u WHERE u.run_id = celery_deadlines_run.id AND u.state IN ('DISPATCHED', 'UNKNOWN')))) THEN 'unresolved'
             WHEN NOT ((deadline IS NULL OR deadline > clock_timestamp())) THEN 'deadline_passed'
             WHEN NOT ((deadline IS NULL OR deadline > (clock_timestamp() + make_interval(secs => %(reserve)s)))) THEN 'deadline'
             WHEN NOT (NOT (status = 'RUNNING' AND lease_expires_at > (clock_timestamp() + make_interval(secs => -1.0)))) THEN 'held'
@@ -46,8 +46,7 @@ refused AS (
             ELSE 'changed'
         END || ':' || owner
     FROM (
-        SELECT id, status, reason, version, lease_token, lease_expires_at, owner, deadline, retries, lost_leases FROM celery_deadlines_run
-        WHERE task_id = %(task_id)s AND NOT (SELECT raced FROM lost)
+        SELECT id, status, reason, version, lease_token, lease_expires_at, owner, deadline, retries, lost_leases FROM lost WHERE NOT raced
         UNION ALL SELECT * FROM committed
     ) AS celery_deadlines_run
     RETURNING detail, status, lease_token, lease_expires_at, at
