@@ -33,15 +33,20 @@ the ledger's tables migrated):
 Rounds alternate ABBA (library first in odd rounds); the figures are each round's and
 the medians. Round trips are counted in each process as psycopg's waits on its socket
 (one per statement sent and answered), for won claims, lost claims and completions
-apart. After the rounds, ``lost_claim_flushes`` reads the cluster's WAL counters
-(``pg_stat_wal``) around a batch of lost claims of each variant, and around a batch of
-bare won claims (each a flushed commit: the meter's control), and ``instructions``
-counts the client's CPU instructions per claim under valgrind's callgrind.
+apart, and the CPU per run of the worker processes and of their database backends
+(``/proc``: the server on this machine), the rate's two sides. After the rounds,
+``lost_claim_flushes`` reads the cluster's WAL counters (``pg_stat_wal``) and the
+blocks the database read (``pg_stat_database``) around a batch of lost claims of each
+variant, and around a batch of bare won claims (each a flushed commit: the meter's
+control), and ``instructions`` counts the client's CPU instructions per claim under
+valgrind's callgrind.
 
 Usage (a scratch database of its own, created and dropped): python bench/claims.py
     [--runs 2000] [--rounds 4] [--workers 4] [--redelivered 0.05] [--lost-batch 500]
-    [--instructions 300] [--bare-claim-lax]   (``--instructions 0``: no callgrind,
-    which takes minutes; ``--rounds 0 --lost-batch 0``: callgrind alone)
+    [--instructions 300] [--bare-claim-lax] [--without-index NAME ...]
+    (``--instructions 0``: no callgrind, which takes minutes; ``--rounds 0
+    --lost-batch 0``: callgrind alone; ``--without-index``: what an index of the
+    ledger's costs the claims, measured without it)
 ``bench/ledger.py`` runs the rounds and the flush check too, and puts the ratio in its
 summary line (``celery_claim_ratio``).
 """
@@ -680,6 +685,18 @@ def print_instructions(count: int) -> None:
         )
 
 
+def drop_indexes(names: Sequence[str]) -> None:
+    """Drop the ledger's indexes ``names`` in the scratch database (``--without-index``)."""
+    if not names:
+        return
+    with psycopg.connect(database_url(), autocommit=True) as conn:
+        for name in names:
+            if not name.startswith("cdl_"):
+                raise SystemExit(f"{name}: not an index of the ledger's (cdl_...)")
+            conn.execute(f'DROP INDEX "{name}"')
+    print(f"without the indexes {', '.join(names)} (a measurement, not a configuration)")
+
+
 # -- standalone --------------------------------------------------------------------------------
 
 
@@ -696,6 +713,15 @@ def main() -> None:
         action="store_true",
         help="the bare claim commits without waiting for the disk, as the library's does",
     )
+    parser.add_argument(
+        "--without-index",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="drop this index of the ledger's before the rounds (a measurement of what it "
+        "costs a claim, never a configuration: the sweeper, the purge and the console need "
+        "them); repeatable",
+    )
     args = parser.parse_args()
     if args.bare_claim_lax:  # read by the spawned processes
         os.environ["BENCH_BARE_CLAIM_LAX"] = "1"
@@ -711,6 +737,7 @@ def main() -> None:
         import bench.ledgerapp  # noqa: F401 (Django set up)
 
         call_command("migrate", verbosity=0)
+        drop_indexes(args.without_index)
         figures = None
         if args.rounds:
             figures = compare(args.runs, args.rounds, args.workers, args.redelivered)
