@@ -176,10 +176,12 @@ def count_round_trips() -> list[int]:
 
 
 def cpu_seconds(pid: int) -> float | None:
-    """The CPU time (user and system) process ``pid`` has used, from ``/proc``; ``None``
-    where it cannot be read (the database server on another machine, another user's
-    process)."""
+    """The CPU time (user and system) the database backend ``pid`` has used, from
+    ``/proc``; ``None`` where it cannot be read (the server on another machine or in
+    another process namespace)."""
     try:
+        if not Path(f"/proc/{pid}/comm").read_text().startswith("postgres"):
+            return None  # another process: the server's pids are another namespace's
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None

@@ -153,10 +153,10 @@ class RunEvent(models.Model):
 
     id = models.BigAutoField(primary_key=True)
     # Not checked by PostgreSQL (migration 0012; SQLite keeps its check): every event is
-    # written with its run's id read by the same statement (the audit trigger, a lost
-    # claim), and runs are deleted after their events (Django's cascade, the purge). The
-    # check locked the run's row for every event: a claim lost to the run's owner wrote
-    # that lock, and every transition paid the lookup at commit.
+    # written with its run's id read by the same statement, which keeps that row to its
+    # commit where it read it from its snapshot (``{run_kept}`` in the ledger's SQL), and
+    # runs are deleted after their events (Django's cascade, the purge). The check cost
+    # every transition a lookup at commit and a lock on the run's row.
     run = models.ForeignKey(
         Run,
         on_delete=models.CASCADE,

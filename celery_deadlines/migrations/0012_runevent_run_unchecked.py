@@ -1,15 +1,18 @@
 """An event's run is no longer a checked reference on PostgreSQL (issue 33, item 3).
 
-Every event is written with its run's id read by the same statement (the audit
-triggers, a lost claim's refusal), and runs are deleted after their events (Django's
-cascade, which the model keeps, and the purge, children first). The check cost every
-transition a lookup of the run at commit, and a claim lost to the run's owner a lock
-written on the run's row: a WAL record and a dirtied page for a claim that changed
-nothing.
+Every event is written with its run's id read by the same statement, and runs are
+deleted after their events (Django's cascade, which the model keeps, and the purge,
+children first). The audit triggers write the event of the run row being written; the
+statements that write a rejected event from a row read in their snapshot (a lost claim,
+a stale write, a refused dispatch) keep that row to their commit with the lock the check
+took (``{run_kept}``), so a purge meanwhile waits or they find the run gone. The check
+cost every transition a lookup of the run at commit, and locked the run's row for every
+event: the won claims, completions and the producer's rows pay neither now.
 
 SQLite keeps its constraint: dropping it there means rebuilding the event table, which
-SQLite refuses while the run table's audit triggers name it, and an in-process check
-costs it no lock to write.
+SQLite refuses while the run table's audit triggers name it (a later migration that
+rebuilds that table on SQLite meets the same refusal, and would drop the constraint
+there), and an in-process check costs it no lock to write.
 """
 
 from typing import Any

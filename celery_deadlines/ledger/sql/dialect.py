@@ -40,6 +40,10 @@ class Dialect:
     #: Appended to a SELECT that fences a write on the run row: lock it until the
     #: statement commits (PostgreSQL); SQLite serialises writers anyway.
     lock_rows: str = ""
+    #: Appended to a SELECT of the run row whose id an event is written with: keep the
+    #: row from being deleted until the statement commits (PostgreSQL, which does not
+    #: check an event's run: migration 0012); SQLite checks it, and serialises writers.
+    key_share: str = ""
     #: The parameter :attr:`now_plus` takes for a duration (PostgreSQL: seconds, a
     #: float): a function of the dialect's own, not a method, as it runs at every claim.
     seconds: Callable[[timedelta], Any] = timedelta.total_seconds
@@ -75,6 +79,7 @@ POSTGRESQL = Dialect(
     least_template="LEAST({first}, {nullable})",
     json_param="CAST(%s AS jsonb)",
     lock_rows=" FOR UPDATE",
+    key_share=" FOR KEY SHARE",
 )
 _SQLITE_NOW = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
 

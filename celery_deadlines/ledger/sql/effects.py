@@ -314,6 +314,7 @@ _WHY_REFUSED = """
         END || ':' || e.key
     FROM {run} r, {effect} e
     WHERE r.id = %s AND e.key = %s
+      {run_kept:r}
     RETURNING detail
 """
 #: Why the guard refused (the first reason that holds), recorded as a rejected event.

@@ -44,7 +44,9 @@ ASKABLE: Final = (
 )
 #: The run ``r`` has an effect whose key could still be asked for.
 KEEPS: Final = f"EXISTS (SELECT 1 FROM {EFFECT} e WHERE e.run_id = r.id AND {ASKABLE})"
-#: What one batch deletes, children first (the foreign keys are checked at commit).
+#: What one batch deletes, children first (the effects' and plans' references are checked
+#: at commit; an event's run is not, on PostgreSQL: ``{run_kept}`` keeps a run while an
+#: event is written for it from a statement's snapshot).
 CHILDREN: Final = (("effects", EFFECT), ("events", EVENT), ("plans", PLAN))
 
 

@@ -106,6 +106,8 @@ CLAIM_REFUSAL_SQLITE: Final = Sql(
 # and won: the UPDATE waited, then found the committed row changed), then as it was
 # committed, read under a share lock (which waits for that claim). A row refused for
 # another reason (its deadline, say) is read so too: the same reason, a lock more.
+# The row the event explains is kept to the commit (``{run_kept}``): a purge of the run
+# meanwhile waits for the claim, or the claim finds the run gone and records nothing.
 # A lost claim changed nothing but the audit trail: when the statement is its own
 # transaction (``alone``, as the worker's store runs it), its commit does not wait for
 # the WAL to reach the disk (``synchronous_commit`` off for it alone; a database crash
@@ -127,7 +129,7 @@ _CLAIM_POSTGRESQL: Final = """
         WHERE task_id = %(task_id)s AND NOT EXISTS (SELECT 1 FROM claimed)
     ),
     committed AS (
-        SELECT {seen_columns}
+        SELECT {seen_columns}, true
         FROM {run}
         WHERE task_id = %(task_id)s AND (SELECT raced FROM lost) FOR SHARE
     ),
@@ -137,7 +139,8 @@ _CLAIM_POSTGRESQL: Final = """
             %(owner)s, lease_expires_at,
             {first_failed} || ':' || owner
         FROM (
-            SELECT {seen_columns} FROM lost WHERE NOT raced
+            SELECT * FROM lost WHERE NOT raced
+              {run_kept:lost}
             UNION ALL SELECT * FROM committed
         ) AS {run}
         RETURNING {refusal_columns}
@@ -539,6 +542,7 @@ _REJECTED = """
     SELECT id, {now}, %s, 'rejected', status, reason, version, %s, %s,
         lease_expires_at, {detail}
     FROM {run} WHERE id = %s
+      {run_kept:celery_deadlines_run}
 """
 #: A stale holder's rejected write: its token, and the current owner's.
 REJECTED_STALE: Final = Sql(

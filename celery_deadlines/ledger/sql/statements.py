@@ -7,8 +7,10 @@ A template is SQL with named slots in braces, each one SQL text:
 * the dialect's: ``{now}`` (the database clock), ``{now_plus}`` (the clock plus a
   duration parameter, ``%s``; ``{now_plus:reserve}`` takes the named parameter
   ``%(reserve)s``), ``{lease_end}`` / ``{lease_end:ttl}`` (the clock plus a duration,
-  never past the run's deadline), ``{json}`` (a JSON document given as text) and
-  ``{lock_rows}``;
+  never past the run's deadline), ``{json}`` (a JSON document given as text),
+  ``{lock_rows}`` and ``{run_kept:alias}`` (a condition on its own line: the run row
+  ``alias.id`` exists and is kept to the commit, for the event a statement writes with
+  that id read from its snapshot; nothing on SQLite);
 * the tables ``{run}``, ``{event}``, ``{effect}``, ``{plan}``;
 * the sets of states, from :mod:`celery_deadlines.rules.states`: ``{terminal}``,
   ``{claimable}``, ``{waiting}``, ``{requeueable}``, ``{unresolved}``; and
@@ -81,6 +83,16 @@ def dialect_slots(d: Dialect) -> dict[str, Slot]:
     def now_plus(name: str | None) -> str:
         return d.now_plus.replace("%s", _param(name))
 
+    def run_kept(alias: str | None) -> str:
+        # PostgreSQL does not check an event's run (migration 0012). An event written
+        # with a run id read from the statement's snapshot could outlive a run the
+        # purge deleted meanwhile: the lock a checked reference took makes the purge
+        # wait for the statement, or the statement find the run gone and write nothing.
+        # Events the audit triggers write need none: their run row is the one written.
+        if not d.key_share:
+            return ""
+        return f"AND EXISTS (SELECT 1 FROM {RUN} kept WHERE kept.id = {alias}.id{d.key_share})"
+
     return {
         "now": d.now,
         "now_plus": now_plus,
@@ -90,6 +102,7 @@ def dialect_slots(d: Dialect) -> dict[str, Slot]:
         "lease_end": lambda name: d.least(now_plus(name), "deadline"),
         "json": d.json_param,
         "lock_rows": d.lock_rows,
+        "run_kept": run_kept,
         "run": RUN,
         "event": EVENT,
         "effect": EFFECT,

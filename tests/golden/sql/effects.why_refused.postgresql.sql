@@ -13,4 +13,5 @@ SELECT r.id, clock_timestamp(), 'dispatch', 'rejected', r.status, r.reason, r.ve
     END || ':' || e.key
 FROM celery_deadlines_run r, celery_deadlines_effect e
 WHERE r.id = %s AND e.key = %s
+  AND EXISTS (SELECT 1 FROM celery_deadlines_run kept WHERE kept.id = r.id FOR KEY SHARE)
 RETURNING detail

@@ -25,7 +25,7 @@ lost AS (
     WHERE task_id = %(task_id)s AND NOT EXISTS (SELECT 1 FROM claimed)
 ),
 committed AS (
-    SELECT id, status, reason, version, lease_token, lease_expires_at, owner, deadline, retries, lost_leases
+    SELECT id, status, reason, version, lease_token, lease_expires_at, owner, deadline, retries, lost_leases, true
     FROM celery_deadlines_run
     WHERE task_id = %(task_id)s AND (SELECT raced FROM lost) FOR SHARE
 ),
@@ -46,7 +46,8 @@ refused AS (
             ELSE 'changed'
         END || ':' || owner
     FROM (
-        SELECT id, status, reason, version, lease_token, lease_expires_at, owner, deadline, retries, lost_leases FROM lost WHERE NOT raced
+        SELECT * FROM lost WHERE NOT raced
+          AND EXISTS (SELECT 1 FROM celery_deadlines_run kept WHERE kept.id = lost.id FOR KEY SHARE)
         UNION ALL SELECT * FROM committed
     ) AS celery_deadlines_run
     RETURNING detail, status, lease_token, lease_expires_at, at
