@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from celery_deadlines.ledger.sql import connection  # noqa: F401 (imports every group)
-from celery_deadlines.ledger.sql.statements import STATEMENTS, one_line
+from celery_deadlines.ledger.sql.dialect import POSTGRESQL
+from celery_deadlines.ledger.sql.statements import STATEMENTS, one_line, render
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "sql"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
@@ -97,3 +98,11 @@ def test_no_statement_holds_an_unfilled_slot() -> None:
         if "{" in text or "}" in text
     ]
     assert unfilled == []
+
+
+def test_a_kept_run_without_its_alias_is_refused_when_the_statement_is_rendered() -> None:
+    with pytest.raises(ValueError, match="run_kept:alias"):
+        render("SELECT 1 FROM {run} WHERE id = %s {run_kept}", POSTGRESQL)
+    assert render("SELECT 1 FROM {run} r WHERE id = %s {run_kept:r}", POSTGRESQL).endswith(
+        "kept.id = r.id FOR KEY SHARE)"
+    )

@@ -89,6 +89,8 @@ def dialect_slots(d: Dialect) -> dict[str, Slot]:
         # purge deleted meanwhile: the lock a checked reference took makes the purge
         # wait for the statement, or the statement find the run gone and write nothing.
         # Events the audit triggers write need none: their run row is the one written.
+        if alias is None:
+            raise ValueError("{run_kept} names the run row's alias: {run_kept:alias}")
         if not d.key_share:
             return ""
         return f"AND EXISTS (SELECT 1 FROM {RUN} kept WHERE kept.id = {alias}.id{d.key_share})"
