@@ -313,8 +313,19 @@ def worker(
     server_cpu = (
         None if server_started is None or server_ended is None else server_ended - server_started
     )
-    tally = Tally(won, lost, seconds, trips_won, trips_lost, trips_completed, dict(why), 0.0, None)
-    results.put(tally._replace(client_cpu=client_cpu, server_cpu=server_cpu))
+    results.put(
+        Tally(
+            won=won,
+            lost=lost,
+            seconds=seconds,
+            trips_won=trips_won,
+            trips_lost=trips_lost,
+            trips_completed=trips_completed,
+            why=dict(why),
+            client_cpu=client_cpu,
+            server_cpu=server_cpu,
+        )
+    )
 
 
 # -- a round -------------------------------------------------------------------------------

@@ -84,11 +84,8 @@ def dialect_slots(d: Dialect) -> dict[str, Slot]:
         return d.now_plus.replace("%s", _param(name))
 
     def run_kept(alias: str | None) -> str:
-        # PostgreSQL does not check an event's run (migration 0012). An event written
-        # with a run id read from the statement's snapshot could outlive a run the
-        # purge deleted meanwhile: the lock a checked reference took makes the purge
-        # wait for the statement, or the statement find the run gone and write nothing.
-        # Events the audit triggers write need none: their run row is the one written.
+        # an event written with a run id from the statement's snapshot must not outlive
+        # the run (PostgreSQL does not check the reference: migration 0012)
         if alias is None:
             raise ValueError("{run_kept} names the run row's alias: {run_kept:alias}")
         if not d.key_share:
