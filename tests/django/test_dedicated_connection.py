@@ -251,3 +251,30 @@ def test_a_dedicated_transaction_rolls_back_whole_on_the_direct_path(
         "SELECT op_detail FROM celery_deadlines_run WHERE task_id = %s", ["run-1"]
     )[1]
     assert detail != "half"
+
+
+@pytest.mark.parametrize(
+    ("options", "prepared"),
+    [
+        ({}, True),
+        # Django alone would prepare nothing here (its prepare_threshold is None)
+        ({"server_side_binding": True}, True),
+        ({"server_side_binding": True, "prepare_threshold": None}, False),
+        ({"prepare_threshold": None}, False),
+    ],
+)
+def test_a_dedicated_connection_prepares_its_statements_unless_the_alias_says_not_to(
+    alias: str, monkeypatch: pytest.MonkeyPatch, options: dict[str, object], prepared: bool
+) -> None:
+    monkeypatch.setitem(connections.settings[alias], "OPTIONS", options)
+    store = Store(alias, dedicated=True)
+    try:
+        store.database_now()
+        store.database_now()  # prepared the second time it runs
+        _, rows = store.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement = %s",
+            [connection_module.DATABASE_NOW.text["postgresql"]],
+        )
+    finally:
+        store.close()
+    assert rows == [(1 if prepared else 0,)]

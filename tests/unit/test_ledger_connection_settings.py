@@ -18,8 +18,23 @@ def test_a_dedicated_postgresql_connection_binds_on_the_server_and_prepares() ->
 
 
 def test_options_that_say_how_to_prepare_or_bind_are_kept_as_given() -> None:
-    for given in ({"prepare_threshold": None}, {"server_side_binding": False}):
+    for given in (
+        {"prepare_threshold": None},
+        {"server_side_binding": False},
+        {"server_side_binding": True, "prepare_threshold": None},
+        {"server_side_binding": True, "prepare_threshold": 5},
+    ):
         assert dedicated_settings({**POSTGRESQL, "OPTIONS": given})["OPTIONS"] == given
+
+
+def test_binding_on_the_server_alone_still_prepares_the_statements() -> None:
+    # Django prepares nothing unless prepare_threshold is given: without this, an alias
+    # tuned with server_side_binding planned the claim afresh at every task
+    given = {"server_side_binding": True}
+    assert dedicated_settings({**POSTGRESQL, "OPTIONS": given})["OPTIONS"] == {
+        "server_side_binding": True,
+        "prepare_threshold": PREPARE_THRESHOLD,
+    }
 
 
 def test_a_dedicated_sqlite_connection_keeps_its_options() -> None:

@@ -72,13 +72,22 @@ def _encoded(sql: str) -> bytes | str:
 def dedicated_settings(settings: dict[str, Any]) -> dict[str, Any]:
     """A dedicated connection's settings: the alias's, kept open, and on PostgreSQL
     (psycopg 3) with server-side binding and prepared statements, unless the alias's
-    ``OPTIONS`` say how to bind or prepare (``"prepare_threshold": None`` turns them
-    off, for a connection pooler that cannot keep them, such as PgBouncer before 1.21
-    in transaction mode): then as they say."""
+    ``OPTIONS`` say how to prepare (``"prepare_threshold": None`` turns them off, for a
+    connection pooler that cannot keep them, such as PgBouncer before 1.21 in
+    transaction mode) or to bind on the client (``"server_side_binding": False``, where
+    nothing can be prepared): then as they say.
+
+    ``"server_side_binding": True`` alone says nothing about preparing: Django then
+    prepares nothing on its own connections (its default ``prepare_threshold`` is
+    ``None``), but this connection still does."""
     dedicated = {**settings, "CONN_MAX_AGE": None}
     options = dict(settings.get("OPTIONS") or {})
-    chosen = "prepare_threshold" in options or "server_side_binding" in options
-    if "postgresql" in str(settings.get("ENGINE", "")) and not chosen:
+    binds_on_server = options.get("server_side_binding", True) is True
+    if (
+        "postgresql" in str(settings.get("ENGINE", ""))
+        and "prepare_threshold" not in options
+        and binds_on_server
+    ):
         from django.db.backends.postgresql.psycopg_any import is_psycopg3
 
         if is_psycopg3:
