@@ -278,3 +278,32 @@ def test_a_dedicated_connection_prepares_its_statements_unless_the_alias_says_no
     finally:
         store.close()
     assert rows == [(1 if prepared else 0,)]
+
+
+@pytest.mark.parametrize("application_first", [False, True])
+def test_a_workers_claim_runs_beside_djangos_connection_pool(
+    alias: str, monkeypatch: pytest.MonkeyPatch, application_first: bool
+) -> None:
+    """An alias pooled by Django (``OPTIONS["pool"]``, CONN_MAX_AGE 0): the worker's
+    connection is its own, whether the application's pool exists already or not (a
+    pool refuses a persistent connection, and one borrowed would never go back)."""
+    from django.db.utils import load_backend
+
+    pooled = {**connections.settings[alias], "CONN_MAX_AGE": 0, "OPTIONS": {"pool": True}}
+    monkeypatch.setitem(connections.settings, alias, pooled)
+    application = load_backend(pooled["ENGINE"]).DatabaseWrapper(pooled, alias)
+    worker = Store(alias, dedicated=True)
+    try:
+        if application_first:
+            with application.cursor() as cursor:
+                cursor.execute("SELECT 1")
+            application.close()  # back to the pool
+        Store(alias).outbox.enqueue(new_run(deadline=datetime.now(UTC) + TTL))
+        lease = won(claim(worker))
+        assert worker.runs.finish(lease, "w1:1", Status.SUCCEEDED)
+        if application_first:
+            stats = application.pool.get_stats()
+            assert stats["requests_num"] == 1  # the application's cursor only
+    finally:
+        worker.close()
+        application.close_pool()

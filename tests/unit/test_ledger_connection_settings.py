@@ -46,3 +46,16 @@ def test_the_alias_settings_are_not_changed() -> None:
     options = {"sslmode": "prefer"}
     dedicated_settings({**POSTGRESQL, "OPTIONS": options})
     assert options == {"sslmode": "prefer"}
+
+
+def test_djangos_connection_pool_is_left_to_the_alias() -> None:
+    pooled = {**POSTGRESQL, "OPTIONS": {"pool": {"min_size": 2}, "sslmode": "prefer"}}
+    settings = dedicated_settings(pooled)
+    assert "pool" not in settings["OPTIONS"]
+    assert settings["OPTIONS"]["sslmode"] == "prefer"
+    assert pooled["OPTIONS"] == {"pool": {"min_size": 2}, "sslmode": "prefer"}
+
+
+def test_a_pool_switched_off_is_dropped_too() -> None:
+    settings = dedicated_settings({**POSTGRESQL, "OPTIONS": {"pool": False}})
+    assert "pool" not in settings["OPTIONS"]

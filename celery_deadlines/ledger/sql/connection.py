@@ -79,9 +79,16 @@ def dedicated_settings(settings: dict[str, Any]) -> dict[str, Any]:
 
     ``"server_side_binding": True`` alone says nothing about preparing: Django then
     prepares nothing on its own connections (its default ``prepare_threshold`` is
-    ``None``), but this connection still does."""
+    ``None``), but this connection still does.
+
+    Django's connection pool (``"pool"``, Django 5.1+) is left to the alias: this
+    connection is one kept open of its own, which a pool refuses ("Pooling doesn't
+    support persistent connections"), and one borrowed from the application's pool
+    would never go back to it."""
     dedicated = {**settings, "CONN_MAX_AGE": None}
     options = dict(settings.get("OPTIONS") or {})
+    if options.pop("pool", None) is not None:
+        dedicated["OPTIONS"] = options
     binds_on_server = options.get("server_side_binding", True) is True
     if (
         "postgresql" in str(settings.get("ENGINE", ""))
