@@ -398,7 +398,8 @@ def check_ingress(
 def check_ledger_database(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
-    """E003: the ledger's database is not PostgreSQL or SQLite. E004: ``USE_TZ`` is off."""
+    """E003: the ledger's database is not PostgreSQL or SQLite. E004: ``USE_TZ`` is off.
+    E010: the ledger's alias turns Django's transaction management off (``AUTOCOMMIT``)."""
     from django.db import connections
 
     from .ledger.sql.dialect import SUPPORTED
@@ -422,6 +423,22 @@ def check_ledger_database(
                 hint="Point CELERY_DEADLINES_DATABASE at a PostgreSQL or SQLite alias. "
                 + docs(SETTINGS_REFERENCE, f"{PREFIX}DATABASE"),
                 id="celery_deadlines.E003",
+            )
+        )
+    elif connections.settings[alias].get("AUTOCOMMIT", True) is False:
+        # the producer's row joins the caller's transaction and its message goes when
+        # that commits (on_commit); a transaction managed by hand has no such hook, so
+        # the message would be sent before its row exists for anyone else
+        messages.append(
+            checks.Error(
+                f"DATABASES[{alias!r}] sets AUTOCOMMIT = False: a run's row would be "
+                "written in a transaction whose commit the library cannot wait for, and "
+                "its message sent before the row is committed.",
+                hint="Keep AUTOCOMMIT on for the ledger's alias and group writes with "
+                "transaction.atomic() (a run published inside it is sent when it "
+                "commits), or point CELERY_DEADLINES_DATABASE at an alias that keeps it. "
+                + docs(SETTINGS_REFERENCE, f"{PREFIX}DATABASE"),
+                id="celery_deadlines.E010",
             )
         )
     if not django_settings.USE_TZ:

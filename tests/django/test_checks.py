@@ -174,6 +174,18 @@ def test_the_ledger_needs_aware_datetimes() -> None:
     assert "USE_TZ" in error.msg
 
 
+def test_a_ledger_alias_without_autocommit_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from django.db import connections
+
+    from celery_deadlines.checks import check_ledger_database
+
+    manual = {**connections.settings["default"], "AUTOCOMMIT": False}
+    monkeypatch.setitem(connections.settings, "default", manual)
+    [error] = check_ledger_database(None)
+    assert error.id == "celery_deadlines.E010"
+    assert "DATABASES['default'] sets AUTOCOMMIT = False" in error.msg
+
+
 def test_the_test_settings_pass_the_ledger_checks() -> None:
     from celery_deadlines.checks import check_ledger_database
 
@@ -276,6 +288,13 @@ def hints_of_every_check() -> dict[str, str]:
         found += check_retention(None)
     with override_settings(CELERY_DEADLINES_DATABASE="ledger", USE_TZ=False):
         found += check_ledger_database(None)
+    from unittest import mock
+
+    from django.db import connections
+
+    manual = {**connections.settings["default"], "AUTOCOMMIT": False}
+    with mock.patch.dict(connections.settings, {"default": manual}):
+        found += check_ledger_database(None)
     with override_settings(
         CELERY_DEADLINES_REQUEST_HEADERS={"grpc-timeout": "grpc-timeout"}, MIDDLEWARE=[]
     ):
@@ -295,7 +314,8 @@ def test_every_check_hint_names_a_section_of_the_docs_not_a_repository_path() ->
         pages[title] = text
     hints = hints_of_every_check()
     ids = {key.split(":")[0] for key in hints}
-    every = ("E001", "E002", "E003", "E004", "E005", "W001", "W002", "W003", "W004", "W005")
+    every = ("E001", "E002", "E003", "E004", "E005", "E010")
+    every += ("W001", "W002", "W003", "W004", "W005")
     assert ids == {f"celery_deadlines.{n}" for n in every}
     for key, hint in hints.items():
         assert "docs/" not in hint, (key, hint)

@@ -307,3 +307,22 @@ def test_a_workers_claim_runs_beside_djangos_connection_pool(
     finally:
         worker.close()
         application.close_pool()
+
+
+def test_a_workers_claim_commits_when_the_alias_manages_transactions_by_hand(
+    alias: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``AUTOCOMMIT = False`` on the alias (system check E010 for the producer): the
+    worker's own connection still commits each statement, or its claim would stay in
+    a transaction nobody commits, invisible and holding the run's row."""
+    manual = {**connections.settings[alias], "AUTOCOMMIT": False}
+    monkeypatch.setitem(connections.settings, alias, manual)
+    Store(alias).outbox.enqueue(new_run(deadline=datetime.now(UTC) + TTL))
+    worker = Store(alias, dedicated=True)
+    try:
+        won(claim(worker))
+    finally:
+        worker.close()
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT status FROM celery_deadlines_run WHERE task_id = %s", ["run-1"])
+        assert cursor.fetchone() == ("RUNNING",)

@@ -59,3 +59,9 @@ def test_djangos_connection_pool_is_left_to_the_alias() -> None:
 def test_a_pool_switched_off_is_dropped_too() -> None:
     settings = dedicated_settings({**POSTGRESQL, "OPTIONS": {"pool": False}})
     assert "pool" not in settings["OPTIONS"]
+
+
+def test_a_dedicated_connection_commits_its_statements_whatever_the_alias_says() -> None:
+    manual = {**POSTGRESQL, "AUTOCOMMIT": False}
+    assert dedicated_settings(manual)["AUTOCOMMIT"] is True
+    assert manual["AUTOCOMMIT"] is False

@@ -84,8 +84,9 @@ def dedicated_settings(settings: dict[str, Any]) -> dict[str, Any]:
     Django's connection pool (``"pool"``, Django 5.1+) is left to the alias: this
     connection is one kept open of its own, which a pool refuses ("Pooling doesn't
     support persistent connections"), and one borrowed from the application's pool
-    would never go back to it."""
-    dedicated = {**settings, "CONN_MAX_AGE": None}
+    would never go back to it. Its statements commit on their own (``AUTOCOMMIT``,
+    whatever the alias says; :meth:`Store.transaction` groups them)."""
+    dedicated = {**settings, "CONN_MAX_AGE": None, "AUTOCOMMIT": True}
     options = dict(settings.get("OPTIONS") or {})
     if options.pop("pool", None) is not None:
         dedicated["OPTIONS"] = options
