@@ -266,7 +266,9 @@ def test_a_dedicated_transaction_rolls_back_whole_on_the_direct_path(
 def test_a_dedicated_connection_prepares_its_statements_unless_the_alias_says_not_to(
     alias: str, monkeypatch: pytest.MonkeyPatch, options: dict[str, object], prepared: bool
 ) -> None:
-    monkeypatch.setitem(connections.settings[alias], "OPTIONS", options)
+    monkeypatch.setitem(
+        connections.settings, alias, {**connections.settings[alias], "OPTIONS": options}
+    )
     store = Store(alias, dedicated=True)
     try:
         store.database_now()
