@@ -159,7 +159,14 @@ def is_settings(tree: ast.Module) -> bool:
 def only_definitions(tree: ast.Module) -> bool:
     """Definitions a module runs at import; a relative import (a package's
     ``__init__.py``) needs its package, so such a block is only checked."""
-    allowed = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef, ast.Assign)
+    allowed = (
+        ast.Import,
+        ast.ImportFrom,
+        ast.FunctionDef,
+        ast.AsyncFunctionDef,
+        ast.ClassDef,
+        ast.Assign,
+    )
     relative = any(isinstance(node, ast.ImportFrom) and node.level for node in tree.body)
     return not relative and all(isinstance(node, allowed) for node in tree.body)
 
