@@ -15,6 +15,7 @@ import tempfile
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db import OperationalError, ProgrammingError, connections
@@ -253,6 +254,14 @@ def test_a_dedicated_transaction_rolls_back_whole_on_the_direct_path(
     assert detail != "half"
 
 
+def alias_set(monkeypatch: pytest.MonkeyPatch, alias: str, **changes: object) -> dict[str, Any]:
+    """The alias's settings with ``changes``, for the connections opened from now on (a
+    copy: the test's own connection keeps its dict)."""
+    changed = {**connections.settings[alias], **changes}
+    monkeypatch.setitem(connections.settings, alias, changed)
+    return changed
+
+
 @pytest.mark.parametrize(
     ("options", "prepared"),
     [
@@ -266,9 +275,7 @@ def test_a_dedicated_transaction_rolls_back_whole_on_the_direct_path(
 def test_a_dedicated_connection_prepares_its_statements_unless_the_alias_says_not_to(
     alias: str, monkeypatch: pytest.MonkeyPatch, options: dict[str, object], prepared: bool
 ) -> None:
-    monkeypatch.setitem(
-        connections.settings, alias, {**connections.settings[alias], "OPTIONS": options}
-    )
+    alias_set(monkeypatch, alias, OPTIONS=options)
     store = Store(alias, dedicated=True)
     try:
         store.database_now()
@@ -291,8 +298,7 @@ def test_a_workers_claim_runs_beside_djangos_connection_pool(
     pool refuses a persistent connection, and one borrowed would never go back)."""
     from django.db.utils import load_backend
 
-    pooled = {**connections.settings[alias], "CONN_MAX_AGE": 0, "OPTIONS": {"pool": True}}
-    monkeypatch.setitem(connections.settings, alias, pooled)
+    pooled = alias_set(monkeypatch, alias, CONN_MAX_AGE=0, OPTIONS={"pool": True})
     application = load_backend(pooled["ENGINE"]).DatabaseWrapper(pooled, alias)
     worker = Store(alias, dedicated=True)
     try:
@@ -317,8 +323,7 @@ def test_a_workers_claim_commits_when_the_alias_manages_transactions_by_hand(
     """``AUTOCOMMIT = False`` on the alias (system check E010 for the producer): the
     worker's own connection still commits each statement, or its claim would stay in
     a transaction nobody commits, invisible and holding the run's row."""
-    manual = {**connections.settings[alias], "AUTOCOMMIT": False}
-    monkeypatch.setitem(connections.settings, alias, manual)
+    alias_set(monkeypatch, alias, AUTOCOMMIT=False)
     Store(alias).outbox.enqueue(new_run(deadline=datetime.now(UTC) + TTL))
     worker = Store(alias, dedicated=True)
     try:

@@ -86,22 +86,18 @@ def dedicated_settings(settings: dict[str, Any]) -> dict[str, Any]:
     support persistent connections"), and one borrowed from the application's pool
     would never go back to it. Its statements commit on their own (``AUTOCOMMIT``,
     whatever the alias says; :meth:`Store.transaction` groups them)."""
-    dedicated = {**settings, "CONN_MAX_AGE": None, "AUTOCOMMIT": True}
     options = dict(settings.get("OPTIONS") or {})
-    if options.pop("pool", None) is not None:
-        dedicated["OPTIONS"] = options
-    binds_on_server = options.get("server_side_binding", True) is True
+    options.pop("pool", None)
     if (
         "postgresql" in str(settings.get("ENGINE", ""))
         and "prepare_threshold" not in options
-        and binds_on_server
+        and options.get("server_side_binding", True) is True
     ):
         from django.db.backends.postgresql.psycopg_any import is_psycopg3
 
         if is_psycopg3:
             options.update(server_side_binding=True, prepare_threshold=PREPARE_THRESHOLD)
-            dedicated["OPTIONS"] = options
-    return dedicated
+    return {**settings, "CONN_MAX_AGE": None, "AUTOCOMMIT": True, "OPTIONS": options}
 
 
 class _Local:
