@@ -12,7 +12,9 @@ deadline it is sent as written. With one, it is refused before anything is sent
 (:class:`DeadlineRefused`, gate ``outbound``: raised by the call, by ``result()`` of a
 future, or by the first ``next()`` of a stream), or sent with its timeout capped: the
 caller's own ``timeout=``, at most the time left minus the reserve. gRPC sends that
-timeout as ``grpc-timeout``, and ends the call with ``DEADLINE_EXCEEDED`` when it is up.
+timeout as ``grpc-timeout``, and ends the call with ``DEADLINE_EXCEEDED`` when it is up;
+gRPC writes it rounded up to its unit, so the timeout given is rounded down first
+(:func:`sent_timeout`): the server is never told more than the capped time.
 The other headers of ``deadlines_outbound_headers`` (an RFC 3339 instant...) go as
 metadata, so a server can read the deadline itself (``grpc-`` names are gRPC's own).
 ``grpc.aio`` channels are not covered.
@@ -20,8 +22,9 @@ metadata, so a server can read the deadline itself (``grpc-`` names are gRPC's o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import grpc
 
@@ -32,6 +35,38 @@ __all__ = ["DeadlineInterceptor"]
 
 Request = TypeVar("Request")
 Outcome = TypeVar("Outcome")
+
+
+#: The unit gRPC writes a ``grpc-timeout`` in, rounding up, for a timeout under each
+#: bound (seconds; grpc core's ``Timeout::FromMillis``: five digits at most). A value
+#: that lands on a whole minute is written in minutes, tens of minutes or hours, each
+#: rounded up again: from 1,000 minutes on, the units here are ones those keep exact
+#: (tens of minutes, hours, then 300 minutes, a multiple of both 60 and 100).
+_GRPC_UNITS: Final = (
+    (1.0, 0.001),
+    (10.0, 0.01),
+    (100.0, 0.1),
+    (1e3, 1.0),
+    (1e4, 10.0),
+    (6e4, 100.0),
+    (1e5, 600.0),
+    (6e5, 3600.0),
+)
+_GRPC_LONGEST_UNIT: Final = 18_000.0
+#: What gRPC's clocks add when it works out the timeout to send: in whole milliseconds,
+#: the call's deadline rounded up and the clock read when the call is sent.
+_GRPC_CLOCK_SLACK: Final = 0.002
+#: The shortest timeout handed to gRPC (0 reads as none).
+_SHORTEST: Final = 1e-6
+
+
+def sent_timeout(capped: float) -> float:
+    """A timeout (seconds) for gRPC whose ``grpc-timeout``, as gRPC rounds it up to its
+    unit, is at most ``capped`` (under 3 ms, at most the 2 ms gRPC's clocks may add):
+    ``capped`` rounded down to that unit, less the clocks' slack. A call so given ends
+    at most one unit sooner (10 ms for a timeout of 1 to 10 s, 100 ms up to 100 s)."""
+    unit = next((unit for bound, unit in _GRPC_UNITS if capped < bound), _GRPC_LONGEST_UNIT)
+    return max(math.floor(capped / unit) * unit - _GRPC_CLOCK_SLACK, _SHORTEST)
 
 
 class _CallDetails(grpc.ClientCallDetails):
@@ -76,7 +111,8 @@ class DeadlineInterceptor(
         ours = {name: value for name, value in call.headers.items() if not name.startswith("grpc-")}
         # our deadline, never a caller's: a caller's entry of the same name is dropped
         kept = [(key, value) for key, value in details.metadata or () if key.lower() not in ours]
-        return _CallDetails(details, call.cap(details.timeout), [*kept, *ours.items()])
+        timeout = sent_timeout(call.cap(details.timeout))
+        return _CallDetails(details, timeout, [*kept, *ours.items()])
 
     def intercept_unary_unary(
         self,

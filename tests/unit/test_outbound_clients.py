@@ -300,7 +300,9 @@ def intercepted(interceptor: DeadlineInterceptor, details: Details) -> grpc.Clie
     return first
 
 
-@pytest.mark.parametrize(("own", "expected"), [(None, 4.9), (60.0, 4.9), (1.5, 1.5)])
+# the capped timeout (4.9 s, or the caller's 1.5 s) rounded down to gRPC's 10 ms unit,
+# less its clocks' 2 ms: grpc-timeout, rounded up as gRPC writes it, never says more
+@pytest.mark.parametrize(("own", "expected"), [(None, 4.898), (60.0, 4.898), (1.5, 1.498)])
 def test_a_grpc_calls_timeout_is_capped_and_its_metadata_says_the_deadline(
     app: Celery, clock: FakeClock, own: float | None, expected: float
 ) -> None:
@@ -346,3 +348,69 @@ def test_a_grpc_call_that_cannot_finish_is_refused_before_any_byte_is_sent(
     assert refused.value.detail.startswith("gRPC /shop.Inventory/Reserve: 0.050 s left")
     assert len(refusals) == 3  # one per call, each where it was refused
     assert not reached()
+
+
+def _told_millis(millis: int) -> int:
+    """What a gRPC server reads from the ``grpc-timeout`` gRPC writes for ``millis``, in
+    milliseconds: grpc core's ``Timeout::FromMillis`` and its ``AsDuration``, line for
+    line (each step rounds up; a value that lands on the next unit's is handed on)."""
+
+    def up(value: int, divisor: int) -> int:
+        return -(-value // divisor)
+
+    def hours(h: int) -> int:
+        return min(h, 27_000) * 3_600_000
+
+    def minutes(m: int) -> int:
+        if m < 1000:
+            if m % 60:
+                return m * 60_000
+        elif m < 10_000:
+            if (up(m, 10) * 10) % 60:
+                return up(m, 10) * 600_000
+        elif m < 100_000 and (up(m, 100) * 100) % 60:
+            return up(m, 100) * 6_000_000
+        return hours(up(m, 60))
+
+    def seconds(s: int) -> int:
+        if s < 1000:
+            if s % 60:
+                return s * 1000
+        elif s < 10_000:
+            if (up(s, 10) * 10) % 60:
+                return up(s, 10) * 10_000
+        elif s < 100_000 and (up(s, 100) * 100) % 60:
+            return up(s, 100) * 100_000
+        return minutes(up(s, 60))
+
+    if millis <= 0:
+        return 0
+    if millis < 1000:
+        return millis
+    if millis < 10_000:
+        if up(millis, 10) % 100:
+            return up(millis, 10) * 10
+    elif millis < 100_000 and up(millis, 100) % 10:
+        return up(millis, 100) * 100
+    return seconds(up(millis, 1000))
+
+
+def test_the_timeout_grpc_writes_never_exceeds_the_capped_one() -> None:
+    import math
+    import random
+
+    from celery_deadlines.outbound_grpc import sent_timeout
+
+    seed = random.randrange(2**32)
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    edges = [0.0015, 0.5, 0.999, 1.0, 1.3999, 9.999, 10.0, 10.05, 99.99, 100.0, 999.9]
+    edges += [1000.0, 9999.0, 1e5, 2e5, 6e5, 6.01e5, 1e7, 1e8]
+    for capped in edges + [10 ** rng.uniform(-3, 8) for _ in range(20_000)]:
+        sent = sent_timeout(capped)
+        # gRPC's clocks, at worst: the deadline rounded up to a millisecond, the clock
+        # read on sending a millisecond before it
+        millis = math.ceil(sent * 1000) + 1
+        # under 3 ms gRPC's clocks alone may add what is left: it is told 2 ms at most
+        assert _told_millis(millis) <= max(capped * 1000, 2), (seed, capped, sent)
+        assert 0 < sent <= capped
