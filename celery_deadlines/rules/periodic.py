@@ -253,8 +253,8 @@ class _Crontab:
     def __init__(self, periodic: Periodic, rule: Cron, start: datetime, end: datetime):
         info = ZoneInfo(rule.zone)
         self.periodic, self.rule, self.start, self.end = periodic, rule, start, end
-        self.first = start.astimezone(info).date() - _DAY
-        self.last = end.astimezone(info).date() + _DAY
+        self.first = _date_after(start.astimezone(info).date(), -1)
+        self.last = _date_after(end.astimezone(info).date(), 1)
         self.weekdays = frozenset(7 if day == 0 else day for day in rule.days_of_week)
         self.days = sorted(rule.days_of_month)
         self.months = sorted(rule.months)
@@ -274,7 +274,7 @@ class _Crontab:
         day = self._next_day(self.first)
         while day is not None:
             # every wall time of this date or a later one is after this
-            horizon = _midnight(day) - _DAY
+            horizon = _midnight(day, -1)
             while pending and pending[0][0][0] < horizon:
                 key, occurrence = heapq.heappop(pending)
                 if key[0] != previous:
@@ -294,7 +294,7 @@ class _Crontab:
         day = self._previous_day(self.last)
         while day is not None:
             # every wall time of this date or an earlier one is before this
-            horizon = _midnight(day) + 2 * _DAY
+            horizon = _midnight(day, 2)
             ready = [candidate for candidate in pending if candidate[0][0] >= horizon]
             if ready:
                 pending = [candidate for candidate in pending if candidate[0][0] < horizon]
@@ -342,10 +342,9 @@ class _Crontab:
     def _prior(self, day: date) -> date | None:
         """The date before ``day`` on the crontab's weekdays (its stream's previous date),
         if it is within the dates looked at."""
-        for back in range(1, 8):
-            if day - timedelta(days=back) < self.first:
-                return None
-            prior = day - timedelta(days=back)
+        prior = day
+        while prior > self.first:
+            prior -= _DAY
             if prior.isoweekday() in self.weekdays:
                 return prior
         return None
@@ -403,8 +402,20 @@ def _month_before(months: list[int], year: int, month: int) -> tuple[int, int]:
     return (year, months[earlier - 1]) if earlier > 0 else (year - 1, months[-1])
 
 
-def _midnight(day: date) -> datetime:
-    return datetime.combine(day, time(), tzinfo=UTC)
+def _midnight(day: date, days: int) -> datetime:
+    """``day``'s midnight read as UTC, ``days`` later (within the range of datetimes)."""
+    try:
+        return datetime.combine(day, time(), tzinfo=UTC) + timedelta(days=days)
+    except OverflowError:
+        return datetime.min.replace(tzinfo=UTC) if days < 0 else datetime.max.replace(tzinfo=UTC)
+
+
+def _date_after(day: date, days: int) -> date:
+    """``days`` after ``day`` (within the range of dates)."""
+    try:
+        return day + timedelta(days=days)
+    except OverflowError:
+        return date.min if days < 0 else date.max
 
 
 def _latest_first(candidates: list[tuple[_Key, Occurrence]]) -> Iterator[Occurrence]:

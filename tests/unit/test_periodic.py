@@ -346,3 +346,10 @@ def test_a_crontab_that_names_no_date_has_no_occurrence_and_costs_nothing_to_ask
     )
     assert steps_to_classify(never, 200) < 200
     assert list(occurrences(never, NOON - LONGEST_ROW_WINDOW, NOON)) == []
+
+
+def test_a_crontab_has_its_occurrences_at_both_ends_of_the_calendar() -> None:
+    noon = Periodic(cron({0}, {12}, "UTC"), timedelta(hours=1), "x")
+    first, last = datetime(1, 1, 1, tzinfo=UTC), datetime(9999, 12, 31, 23, tzinfo=UTC)
+    assert [o.at.day for o in occurrences(noon, first, first + timedelta(days=2))] == [1, 2]
+    assert [o.at.day for o in latest_first(noon, last - timedelta(days=2), last)] == [31, 30]
