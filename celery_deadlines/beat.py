@@ -46,7 +46,7 @@ from . import conf
 from .clock import get_clock
 from .conf import settings_for
 from .errors import ConfigurationError, DeadlineRefused
-from .rules import skew, wire
+from .rules import skew, stamping, wire
 from .rules.budgets import parse_duration
 from .rules.periodic import LeftOut, Periodic
 from .rules.periodic import classify as periodic_classify
@@ -65,26 +65,27 @@ RETRY_PENDING = timedelta(seconds=5)
 #: The most occurrences of one :class:`PeriodicSchedule` one pass publishes or records
 #: (the latest; the ledger's bulk lookups stay within every database's parameter limit).
 OCCURRENCE_LIMIT = 500
-#: Headers a beat entry's ``headers`` may not set. Celery's own fields of the message
-#: (``celery.app.amqp.AMQP.as_task_v2``): a header given to ``apply_async`` replaces each
-#: of them, the message's id and task name included, so an entry could publish under
-#: another run's id. And this package's: an entry's deadline is its window's.
-RESERVED_HEADERS = frozenset(
+#: Headers a beat entry's ``headers`` may not set: Celery's own fields of the message
+#: (:data:`stamping.PROTOCOL_HEADERS`: a header given to ``apply_async`` replaces each of
+#: them, the message's id and task name included, so an entry could publish under another
+#: run's id), and this package's (an entry's deadline is its window's).
+DEADLINE_HEADERS = frozenset(
     {
-        "lang", "task", "id", "shadow", "eta", "expires", "group", "group_index",
-        "retries", "timelimit", "root_id", "parent_id", "argsrepr", "kwargsrepr",
-        "origin", "ignore_result", "replaced_task_nesting", "stamped_headers", "stamps",
-        wire.DEADLINE_HEADER, wire.DELIVERY_DEADLINE_HEADER, wire.ORIGIN_HEADER,
-        wire.SOURCE_HEADER, wire.OCCURRENCE_HEADER,
+        wire.DEADLINE_HEADER,
+        wire.DELIVERY_DEADLINE_HEADER,
+        wire.ORIGIN_HEADER,
+        wire.SOURCE_HEADER,
+        wire.OCCURRENCE_HEADER,
     }
-)  # fmt: skip
+)
 
 
 def entry_headers(headers: Any) -> tuple[dict[str, Any], list[str]]:
     """The headers of a beat entry that are sent, and the names of those that are not
-    (:data:`RESERVED_HEADERS`)."""
-    sent = {name: value for name, value in headers.items() if name not in RESERVED_HEADERS}
-    return sent, sorted(str(name) for name in headers.keys() - sent.keys())
+    (:func:`stamping.reserved_headers`, :data:`DEADLINE_HEADERS`)."""
+    left = {*stamping.reserved_headers(headers), *(DEADLINE_HEADERS & headers.keys())}
+    sent = {name: value for name, value in headers.items() if name not in left}
+    return sent, sorted(str(name) for name in left)
 
 
 class OccurrenceSchedule(BaseSchedule):

@@ -42,7 +42,7 @@ A row of a plain task, a solar schedule, or a DeadlineTask with neither
 last two logged once, saying why).
 
 Whatever its task, a row's ``headers`` never set a field of its message nor a deadline
-(:data:`~.beat.RESERVED_HEADERS`: not sent, logged once per row), and a row whose
+(:func:`~.beat.entry_headers`: not sent, logged once per row), and a row whose
 ``headers`` are not a JSON object is not scheduled (an ERROR each time the table is
 read), where django-celery-beat's reading of the table stopped at it.
 """
@@ -102,7 +102,7 @@ class DeadlineModelEntry(ModelEntry):  # type: ignore[misc]
             )
             raise ValueError(f"periodic task {shown(model.name)}: headers not a JSON object")
         super().__init__(model, app=app)
-        #: the names of the row's headers that are not sent (beat.RESERVED_HEADERS)
+        #: the names of the row's headers that are not sent (beat.entry_headers)
         self.headers_left_out: list[str]
         self.options["headers"], self.headers_left_out = entry_headers(self.options["headers"])
 

@@ -228,7 +228,9 @@ class RunAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
             "runtime": said.runtime(found),
             "time_limits": said.limits_text(found["time_limits"]),
             "time": time,
-            "timeline": found["history"],
+            "timeline": [
+                {**e, "detail": said.event_detail(e, found["task_name"])} for e in found["history"]
+            ],
             "effects": [
                 {
                     "pk": e.pk,
