@@ -48,7 +48,7 @@ from .rules.contracts import is_deadline_task, review
 from .rules.declarations import UNKNOWN, Configured, Problem
 from .rules.declarations import review as review_declarations
 from .rules.declarations import review_settings as review_declared_settings
-from .rules.quoting import LIMIT, shown
+from .rules.quoting import named, shown
 from .rules.retention import describe_age
 
 if TYPE_CHECKING:
@@ -76,12 +76,6 @@ def closest_setting(name: str) -> str | None:
     return candidates[found[0]] if found else None
 
 
-def _named(name: str) -> str:
-    """A name (a setting's, a header's) as a message repeats it: as written, unless it is
-    longer than :data:`~.rules.quoting.LIMIT` or unprintable (then :func:`shown`)."""
-    return name if len(name) <= LIMIT and name.isprintable() else shown(name)
-
-
 def _unknown(spelled: str, name: str, *, django: bool) -> checks.CheckMessage:
     """E002 for ``spelled`` (``name`` in Celery's spelling), suggesting the closest."""
     closest = closest_setting(name)
@@ -95,7 +89,7 @@ def _unknown(spelled: str, name: str, *, django: bool) -> checks.CheckMessage:
         )
     where = "" if django else " (set on the Celery app)"
     return checks.Error(
-        f"{_named(spelled)}{where} is not a celery-deadlines setting.",
+        f"{named(spelled)}{where} is not a celery-deadlines setting.",
         hint=hint,
         id="celery_deadlines.E002",
     )
@@ -357,8 +351,8 @@ def check_retention(
 
 
 def _names(names: Sequence[str] | Mapping[str, Any], most: int = 4) -> str:
-    """``names`` as a message lists them: each as :func:`_named` says, at most ``most``."""
-    listed = [_named(name) for name in list(names)[:most]]
+    """``names`` as a message lists them: each as :func:`named` says, at most ``most``."""
+    listed = [named(name) for name in list(names)[:most]]
     more = len(names) - len(listed)
     return ", ".join(listed) + (f" and {more} more" if more > 0 else "")
 

@@ -233,6 +233,7 @@ def test_a_duration_is_within_a_microsecond_and_a_century_or_invalid(
 @given(st.one_of(durations, st.text(alphabet="0123456789.PTWDHMSwdhms", max_size=20)))
 @example("P99999999999999D")
 @example("¹")  # str.isdigit() is true of it, int() refuses it (make fuzz, seed 1347795238)
+@example("9" * 5000)  # more digits than int() reads (4,300)
 def test_an_age_or_retention_is_a_duration_or_invalid(value: object) -> None:
     only_documented_errors(lambda: parse_age(value, name="--older-than"), InvalidDeadline)
     only_documented_errors(lambda: parse_retention(value, name="retention"), InvalidDeadline)
