@@ -40,6 +40,7 @@ from .display import (
 )
 from .listing import (
     BoundedPaginator,
+    ConsoleChangeList,
     QueueFilter,
     ReasonFilter,
     TaskNameFilter,
@@ -116,6 +117,9 @@ class RunAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
     ordering = ("-created_at", "-id")
     list_per_page = 50
     actions = ("expire_now", "requeue")
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ConsoleChangeList]:
+        return ConsoleChangeList
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Run]:
         return console_queryset(super().get_queryset(request))

@@ -294,6 +294,28 @@ def test_a_kept_return_value_is_decoded_only_with_the_result_serializer(
         results.read(app, forged)  # a row rewritten to pickle is never unpickled
 
 
+def test_a_kept_return_value_over_the_bound_is_read_as_none_kept(
+    app: Celery, ledger: FakeLedger, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a row holding more than the completion keeps: written by hand, or by an older version
+    work = tasks(app, Calls())["work"]
+    work.apply_async(task_id="r2b")
+    [message] = drain(app, QUEUE)
+    assert execute(app, message) == ("SUCCESS", 1)
+    app.backend.forget("r2b")
+    kept = results.keep(app, "x" * (results.RESULT_LIMIT - 2))  # JSON's quotes: the limit
+    assert kept is not None
+    over = dataclasses.replace(kept, body=kept.body[:1] + b"x" + kept.body[1:])
+    assert results.read(app, kept) == "x" * (results.RESULT_LIMIT - 2)
+    with pytest.raises(UnreadableMessage, match="of 65537 bytes, over the 65536"):
+        results.read(app, over)
+    ledger.runs["r2b"].result = over
+    with caplog.at_level("WARNING", logger="celery_deadlines"):
+        assert execute(app, message)[0] == "IGNORED"
+    assert app.AsyncResult("r2b").state == "PENDING"  # as for a value too large to keep
+    assert "over the 65536 the ledger keeps, is read as none kept" in caplog.text
+
+
 def test_a_delivery_while_another_worker_holds_a_live_lease_is_not_run(
     app: Celery, ledger: FakeLedger
 ) -> None:
