@@ -353,3 +353,25 @@ def test_an_eager_body_that_outlives_a_renewal_keeps_its_lease(site: dict[str, A
         # SQLite: the row is the request's until it commits, after the run: no other
         # connection may renew it, nor take it over; the lease the claim gave is kept
         assert list(renewals) == []
+
+
+def test_an_eager_body_that_outlives_its_lease_keeps_it_on_postgresql_only(
+    site: dict[str, Any],
+) -> None:
+    alias, order = site["alias"], new_id("o")
+    response = site["client"].get(f"/slow/{order}?overlong=1")
+    assert response.status_code == 200, response.content
+    answer = response.json()
+    run = run_of(alias, answer["task_id"])
+    if alias == "postgres":
+        assert (answer["state"], answer["receipt"]) == ("SUCCESS", f"charge-receipt-{order}")
+        assert run.status == "SUCCEEDED"
+        assert provider_calls() == [f"charge {order} 0"]
+    else:
+        # SQLite inside the request's transaction: the lease is not renewed, and the
+        # guard refuses a body past it (docs/howto.md): nothing charged, nothing stored
+        assert (answer["state"], answer["receipt"]) == ("IGNORED", None)
+        assert run.status == "RUNNING"  # its lease lapsed; committed with the request
+        rejected = set(run.events.filter(outcome="rejected").values_list("kind", flat=True))
+        assert rejected == {"dispatch", "failed"}  # the guard, then the run's end
+        assert provider_calls() == []

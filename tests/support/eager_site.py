@@ -136,6 +136,24 @@ def slow(self: DeadlineTask, order: str) -> str:
     return f"charge-receipt-{order}"
 
 
+@app.task(
+    base=DeadlineTask,
+    bind=True,
+    name="eager.overlong",
+    budget=60,
+    lease_ttl=SLOW_LEASE,
+    shared=False,
+)
+def overlong(self: DeadlineTask, order: str) -> str:
+    """Runs past its lease's first term, then charges."""
+    assert self.lease is not None
+    time.sleep(SLOW_LEASE + 0.5)
+    with self.effect("charge", key=f"order-{order}:overlong") as fx:
+        if not fx.completed:
+            fx.succeed(provider("charge", order))
+    return f"charge-receipt-{order}"
+
+
 @app.task(base=DeadlineTask, bind=True, name="eager.broken", budget=60, shared=False)
 def broken(self: DeadlineTask, order: str) -> None:
     raise ValueError(f"no price for {order}")
@@ -153,8 +171,9 @@ def order_view(request: HttpRequest, order: str) -> JsonResponse:
 
 
 def slow_view(request: HttpRequest, order: str) -> JsonResponse:
-    result = slow.delay(order)
-    return JsonResponse({"task_id": result.id, "receipt": result.get()})
+    task = overlong if request.GET.get("overlong") else slow
+    result = task.delay(order)
+    return JsonResponse({"task_id": result.id, "state": result.state, "receipt": result.get()})
 
 
 def checkout_view(request: HttpRequest, order: str) -> JsonResponse:
