@@ -9,8 +9,10 @@ the task turns an outcome that does not run the body into Celery's at its edge
   the attempt (the refusal is stored as the task's result, then ``Ignore``);
 * :class:`NotRun`: everything there is to do was done here, the task ends the delivery
   with ``Ignore``: failed for good when the run lost too many leases; held unstarted as
-  CLOCK_UNCERTAIN when this worker's clock is beyond the skew budget; otherwise simply
-  not run (a duplicate delivery, another worker's live lease, an ended run). A delivery
+  CLOCK_UNCERTAIN when this worker's clock is beyond the skew budget; refused as
+  ``task_mismatch`` when the message names another task than the run of its id (the
+  run left as it was, nothing stored under its id); otherwise simply not run (a
+  duplicate delivery, another worker's live lease, an ended run). A delivery
   of an ended run whose caller is still waiting tells it the ledger's outcome: the
   worker that ended the run died before storing it;
 * :class:`Ended`: an eager run (``apply()``) of a run that has ended: its caller waits
@@ -37,7 +39,7 @@ from .errors import LedgerUnreachable, RunFailed
 from .rules import gates
 from .rules.records import ClaimRefused, Expired, Held
 from .rules.states import Status
-from .signals import run_claimed, run_held
+from .signals import report_refusal, run_claimed, run_held
 
 if TYPE_CHECKING:
     from .ledger.attempt import Attempt
@@ -142,6 +144,7 @@ def claim(delivery: Claim) -> Attempt | Refused | NotRun | Unreachable | Ended:
         outcome = ledger.api_for(app).claim_run(
             app,
             task_id=task_id,
+            task_name=caller.task_name,
             retries=int(request.retries or 0),
             hostname=request.hostname,
             ttl=delivery.lease,
@@ -169,6 +172,8 @@ def claim(delivery: Claim) -> Attempt | Refused | NotRun | Unreachable | Ended:
             )
         return attempt
     reason = gates.claim_refusal(outcome.why)  # by the database's clock, as the claim was
+    if reason is gates.Reason.TASK_MISMATCH:
+        return _foreign(delivery, outcome)
     if reason is not None:
         return Refused(
             gates.Decision(
@@ -200,6 +205,19 @@ def claim(delivery: Claim) -> Attempt | Refused | NotRun | Unreachable | Ended:
         outcome.owner or "none",
     )
     return NotRun(f"claim refused: {outcome.why}")
+
+
+def _foreign(delivery: Claim, refused: ClaimRefused) -> NotRun:
+    """A message that names another task than the run of its id: the ledger left the run
+    as it was and recorded the refusal in its history. Reported as the claim gate's
+    refusal (``task_mismatch``: logged at WARNING, ``deadline_refused`` sent), and
+    nothing is stored for the caller: the id's result is the other run's, and storing a
+    failure there would tell that run's caller an outcome it never had."""
+    decision = gates.task_mismatch(
+        delivery.caller.task_name, refused.database_now or get_clock().now(), delivery.deadline
+    )
+    report_refusal(delivery.sender, delivery.task_id, delivery.caller.task_name, decision)
+    return NotRun(f"claim refused: {decision.reason}")
 
 
 def _hand_back(delivery: Claim, unreachable: LedgerUnreachable) -> Unreachable:
@@ -247,7 +265,10 @@ def answer_a_waiting_caller(
     ``wait_for_the_attempt`` (a pool process; never the worker's main process, whose
     event loop must not block): a run that ended less than :data:`OUTCOME_GRACE` ago by
     the database clock (``now``) is left to the attempt that ended it until then, its
-    result looked at every :data:`OUTCOME_POLL`."""
+    result looked at every :data:`OUTCOME_POLL`.
+
+    A message naming another task than the run of its id tells nothing: the caller is
+    the run's, and is told by a delivery of the run's own message."""
     if not caller.stores_errors:
         return
     try:
@@ -255,8 +276,8 @@ def answer_a_waiting_caller(
         if told in celery_states.READY_STATES:
             return
         ended = ledger.api_for(caller.app).ended_run(caller.app, task_id)
-        if ended is None:
-            return
+        if ended is None or ended.task_name != caller.task_name:
+            return  # not ended, or not this task's run
         if wait_for_the_attempt and _told_within_grace(caller, task_id, ended, now):
             return
         if ended.status == Status.SUCCEEDED:

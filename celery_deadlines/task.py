@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from datetime import datetime, timedelta
 from traceback import format_exception
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
@@ -38,7 +38,14 @@ from ._crashpoints import hit
 from .body import AttemptAPI, Paused, Unresolved, end_unresolved
 from .clock import get_clock
 from .conf import settings_for
-from .errors import ConfigurationError, DeadlineRefused, DispatchRefused, PlanRefused, StaleLease
+from .errors import (
+    ConfigurationError,
+    DeadlineRefused,
+    DispatchRefused,
+    PlanRefused,
+    ReservedHeader,
+    StaleLease,
+)
 from .install import install
 from .propagation import HANDED, NOTHING_KEPT, STAMPED, attempt_state
 from .rules import gates, outcomes, stamping, wire
@@ -182,9 +189,14 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         """Publish with the governing deadline, or raise :class:`DeadlineRefused`.
 
         Raises :class:`InvalidDeadline` for bad call options (naive datetime, negative
-        or absurd budget, both ``budget`` and ``deadline``) and
-        :class:`ConfigurationError` for a bad setting. Either way nothing is published.
+        or absurd budget, both ``budget`` and ``deadline``), :class:`ReservedHeader` for
+        a header that would replace a field of Celery's own message (``id``, ``task``,
+        ...) and :class:`ConfigurationError` for a bad setting. Either way nothing is
+        published.
         """
+        given = call.get("headers")
+        if given:
+            refuse_reserved_headers(self.name, given)
         with_ledger = self._with_ledger()
         if not with_ledger:
             stamped = seconds.stamp_own_budget(self, call, task_id)
@@ -653,6 +665,22 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
                 return super().apply(args, kwargs, *more, **options)
         finally:
             raising.pop()
+
+
+def refuse_reserved_headers(task_name: str, headers: Any) -> None:
+    """Raise :class:`ReservedHeader` if a publish's ``headers`` name a field of Celery's own
+    message (:func:`~celery_deadlines.rules.stamping.reserved_headers`): Celery would let
+    the header replace it (the message's id, its task). Nothing has been recorded or
+    published yet."""
+    reserved = stamping.reserved_headers(headers if isinstance(headers, Mapping) else dict(headers))
+    if reserved:
+        uses = "; ".join(f"{key}: {stamping.PROTOCOL_HEADERS[key]}" for key in reserved)
+        raise ReservedHeader(
+            f"{task_name}: apply_async(headers=...) sets {', '.join(reserved)}, which "
+            "Celery's own message fields are: a header of that name would replace the "
+            "field (another run's id, another task). Set them with their own options "
+            f"({uses}); nothing was published"
+        )
 
 
 def end_after_body(attempt: Attempt, exc: BaseException, *, task: Any = None) -> None:

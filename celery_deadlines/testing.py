@@ -256,6 +256,7 @@ class FakeLedger:
         app: Any,
         *,
         task_id: str,
+        task_name: str,
         retries: int,
         hostname: str | None,
         ttl: timedelta,
@@ -271,14 +272,15 @@ class FakeLedger:
         now = get_clock().now()
         owner = f"{hostname or 'unknown'}:fake"
         max_lost = settings_for(app).get(conf.MAX_LOST_LEASES)
-        why = self._claim_refusal(run, retries, now, reserve, max_lost)
+        why = self._claim_refusal(run, task_name, retries, now, reserve, max_lost)
         if why is not None:
-            run.events.append(("claim", "rejected", why))
+            mismatch = why == ClaimRefused.TASK_MISMATCH
+            run.events.append(("claim", "rejected", f"{why}:{task_name}" if mismatch else why))
             return ClaimRefused(
                 why=why,
                 status=run.status,
                 token=run.token,
-                owner=run.owner,
+                owner="" if mismatch else run.owner,
                 lease_expires_at=run.lease_expires_at,
                 database_now=now,
             )
@@ -329,6 +331,9 @@ class FakeLedger:
             run = self._record(task_id, task_name, deadline, retries)
             run.status, run.reason, run.detail = str(status), reason, detail
             return True
+        if run.task_name != task_name:  # another task's run: left as it is
+            run.events.append(("refuse", "rejected", f"{ClaimRefused.TASK_MISMATCH}:{task_name}"))
+            return False
         lapsed = run.status == "RUNNING" and (run.lease_expires_at or now) <= now
         waiting = run.status in CLAIMABLE or lapsed
         # a deadline refusal ends a recorded run only if the ledger's clock agrees
@@ -393,14 +398,22 @@ class FakeLedger:
         return run
 
     def _claim_refusal(
-        self, run: FakeRun, retries: int, now: datetime, reserve: timedelta, max_lost: int
+        self,
+        run: FakeRun,
+        task_name: str,
+        retries: int,
+        now: datetime,
+        reserve: timedelta,
+        max_lost: int,
     ) -> str | None:
-        """The claim's condition, in the database ledger's order (``claim_checks``)."""
+        """The claim's condition, in the database ledger's order (``CLAIM_CHECKS``)."""
         live = run.status == "RUNNING" and (run.lease_expires_at or now) > now
         # a lapsed lease is taken over only after the grace: its supervisor ends it first
         held = run.status == "RUNNING" and (
             run.lease_expires_at is None or run.lease_expires_at > now - self.SUPERVISOR_GRACE
         )
+        if run.task_name != task_name:
+            return ClaimRefused.TASK_MISMATCH
         if run.status in TERMINAL:
             return ClaimRefused.TERMINAL
         if run.retries != retries:

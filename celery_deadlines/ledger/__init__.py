@@ -66,6 +66,7 @@ class LedgerAPI(Protocol):
         app: Any,
         *,
         task_id: str,
+        task_name: str,
         retries: int,
         hostname: str | None,
         ttl: timedelta,

@@ -257,6 +257,7 @@ def claim_run(
     app: Any,
     *,
     task_id: str,
+    task_name: str,
     retries: int,
     hostname: str | None,
     ttl: timedelta,
@@ -267,7 +268,8 @@ def claim_run(
 ) -> Attempt | ClaimRefused | Held:
     """Claim the run of the message being executed (recording it first, from
     ``unrecorded()``, if it has no row: published by name, or before the app was
-    installed).
+    installed). ``task_name`` is the message's task: the run of ``task_id`` is claimed
+    only if it is a run of that task (else refused, ``task_mismatch``, and left as it is).
 
     ``exclusive``: the owner (this process) runs no other attempt until this one ends
     (a prefork pool process, a solo worker): a won claim need not wait for the disk
@@ -291,6 +293,7 @@ def claim_run(
         return store.runs.claim(
             task_id,
             retries,
+            task_name=task_name,
             owner=owner,
             ttl=ttl,
             reserve=reserve,

@@ -103,6 +103,23 @@ def test_an_eager_run_is_sent_at_once_and_again_under_its_id_unless_its_argument
     assert sent == ["ran", "ran"]
 
 
+def test_a_message_for_another_task_neither_claims_nor_ends_the_run_its_own_task_claims(
+    ledger: ContractLedger,
+) -> None:
+    ledger.record("r1")
+    before = ledger.seen("r1")
+    loss = refused(ledger.claim("r1", "w2", task="shop.refund"))
+    assert (loss.why, loss.status, loss.token, loss.owner) == (
+        ClaimRefused.TASK_MISMATCH,
+        "QUEUED",
+        0,
+        "",
+    )
+    assert not ledger.refuse("r1", task="shop.refund")
+    assert ledger.seen("r1") == before
+    assert won(ledger.claim("r1", "w1")).lease.token == 1
+
+
 def test_a_message_older_than_its_run_is_refused_as_stale_and_the_current_one_claims(
     ledger: ContractLedger,
 ) -> None:
