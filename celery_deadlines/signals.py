@@ -24,7 +24,7 @@ from typing import Any
 from celery.utils.dispatch import Signal
 
 from . import tracing
-from .rules.gates import Decision, Gate
+from .rules.gates import Decision, Gate, Reason
 
 logger = logging.getLogger("celery_deadlines")
 
@@ -101,6 +101,15 @@ def report_operator_needed(
     )
 
 
+def _no_deadline(reason: object) -> str:
+    """What a refusal's log line says in place of a deadline it has none of."""
+    return "not read" if reason == Reason.INVALID_MESSAGE else "unreadable"
+
+
+#: What a refusal's log line says in place of a task id it has none of, by gate.
+_UNNAMED = {Gate.OUTBOUND: "no task", Gate.CLAIM: "no task id"}
+
+
 def report_refusal(
     sender: object,
     task_id: str | None,
@@ -112,15 +121,16 @@ def report_refusal(
     """Log a refusal, record it on the current span (:mod:`celery_deadlines.tracing`;
     ``carrier``: the message's headers, where no span is current) and send
     :data:`deadline_refused`."""
-    # a refused publish has no id yet; a call refused outside any task has no task
-    unnamed = "no task" if decision.gate is Gate.OUTBOUND else "not published"
+    # a refused publish has no id yet; a call refused outside any task has no task; a
+    # message refused at the claim gate may carry an id that is not a task id
+    unnamed = _UNNAMED.get(decision.gate, "not published")
     logger.warning(
         "%s[%s] refused at %s gate: %s; deadline %s, clock read %s%s",
         task_name,
         task_id or unnamed,
         decision.gate,
         decision.reason,
-        decision.deadline.isoformat() if decision.deadline else "unreadable",
+        decision.deadline.isoformat() if decision.deadline else _no_deadline(decision.reason),
         decision.clock_reading.isoformat(),
         f"; {decision.detail}" if decision.detail else "",
     )

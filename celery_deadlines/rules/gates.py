@@ -10,7 +10,9 @@ gate       refuses when
 enqueue    the deadline has passed, or less than ``reserve`` would be left when
            the message may first start (``eta``/``countdown`` included)
 claim      same rule, when a worker actually takes the message (time spent in
-           the queue and behind busy pool processes has been spent)
+           the queue and behind busy pool processes has been spent); and a
+           message whose envelope cannot be judged (``invalid_message``:
+           :mod:`celery_deadlines.rules.envelope`)
 attempt    never refuses by itself: it caps the attempt's time limits at the
            budget left (:func:`cap_time_limits`)
 retry      ``countdown + attempt_timeout + skew_allowance > remaining`` (or less
@@ -64,6 +66,10 @@ class Reason(enum.StrEnum):
     #: a chain, group or chord whose critical path needs more than the time left
     #: (:mod:`celery_deadlines.rules.workflows`); nothing of it was published
     WORKFLOW_CANNOT_FIT = "workflow_cannot_fit"
+    #: a DeadlineTask's message whose envelope cannot be judged (an id that is not a
+    #: task id, a ``retries`` or ``timelimit`` of another type, a body that is not
+    #: Celery's: :mod:`celery_deadlines.rules.envelope`), refused before it is judged
+    INVALID_MESSAGE = "invalid_message"
 
 
 class Decision(NamedTuple):
@@ -184,6 +190,19 @@ def invalid(gate: Gate, now: datetime, detail: str) -> Decision:
     return Decision(
         gate=gate,
         reason=Reason.INVALID_DEADLINE,
+        deadline=None,
+        clock_reading=now,
+        remaining=None,
+        detail=detail,
+    )
+
+
+def invalid_message(gate: Gate, now: datetime, detail: str) -> Decision:
+    """The refusal for a message whose envelope cannot be judged (``detail``: what is
+    wrong with it, :func:`celery_deadlines.rules.envelope.flaw`)."""
+    return Decision(
+        gate=gate,
+        reason=Reason.INVALID_MESSAGE,
         deadline=None,
         clock_reading=now,
         remaining=None,
