@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from celery import Celery, beat
 from celery.beat import Service
-from celery.signals import worker_init
+from celery.signals import beat_init, worker_init
 from celery.worker import WorkController
 
 from celery_deadlines import ConfigurationError, DeadlineTask, install, preflight
@@ -32,6 +32,25 @@ def plain_celery() -> Iterator[None]:
     install()
     yield
     preflight.use_system_checks(before)
+
+
+@pytest.fixture
+def only_the_check() -> Iterator[None]:
+    """``worker_init`` and ``beat_init`` with the check's receivers alone: the others act
+    on the whole process (the pool flag, the time-limit patch, Celery's Django fixup),
+    which a unit test must not change for the tests after it."""
+    signals = (worker_init, beat_init)
+    saved = [list(signal.receivers) for signal in signals]
+    for signal in signals:
+        signal.receivers = []
+        signal.sender_receivers_cache.clear()
+    preflight.connect()
+    try:
+        yield
+    finally:
+        for signal, receivers in zip(signals, saved, strict=True):
+            signal.receivers = receivers
+            signal.sender_receivers_cache.clear()
 
 
 def ids(app: Celery) -> list[str]:
@@ -113,18 +132,23 @@ def test_warnings_stop_nothing(app: Celery) -> None:
     assert preflight.errors_of(app) == []
 
 
+class BlueprintReached(Exception):
+    """Raised where a worker goes on after ``worker_init``: its steps, its pool."""
+
+
+class Worker(WorkController):
+    """Celery's worker, built no further than ``worker_init`` and the check."""
+
+    def on_init_blueprint(self) -> None:
+        raise BlueprintReached
+
+
+@pytest.mark.usefixtures("only_the_check")
 def test_a_worker_of_a_bad_configuration_exits_before_its_pool_exists(app: Celery) -> None:
     app.conf.deadlines_lease_ttl = "30s"
-    built: list[Any] = []
-
-    class Worker(WorkController):
-        def on_init_blueprint(self) -> None:  # after worker_init: the steps, the pool
-            built.append(self)
-
     with pytest.raises(SystemExit) as exited:
-        Worker(app=app, hostname="w1@host", pool_cls="solo")
+        Worker(app=app, hostname="w1@host", pool_cls="solo")  # not BlueprintReached
     message = str(exited.value.code)
-    assert built == []
     assert message.startswith(
         "celery-deadlines: worker w1@host not started: 1 error in the library's configuration"
     )
@@ -132,12 +156,14 @@ def test_a_worker_of_a_bad_configuration_exits_before_its_pool_exists(app: Celer
     assert message.endswith("\n" + str(error))
 
 
-def test_a_worker_of_a_good_configuration_starts_as_it_did(app: Celery) -> None:
+@pytest.mark.usefixtures("only_the_check")
+def test_a_worker_of_a_good_configuration_goes_on_to_build_its_pool(app: Celery) -> None:
     app.conf.deadlines_lease_ttl = 30
-    worker = WorkController(app=app, hostname="w2@host", pool_cls="solo")
-    assert worker.blueprint is not None
+    with pytest.raises(BlueprintReached):
+        Worker(app=app, hostname="w2@host", pool_cls="solo")
 
 
+@pytest.mark.usefixtures("only_the_check")
 def test_the_exit_passes_through_celerys_signal_dispatch_which_keeps_every_exception(
     app: Celery,
 ) -> None:
@@ -153,6 +179,7 @@ def test_the_exit_passes_through_celerys_signal_dispatch_which_keeps_every_excep
         worker_init.send(sender=Sender(app))
 
 
+@pytest.mark.usefixtures("only_the_check")
 def test_beat_of_a_bad_configuration_exits_before_it_sends_anything(app: Celery) -> None:
     app.conf.deadlines_lease_ttl = "30s"
     app.conf.beat_schedule = {"tick": {"task": "u.tick", "schedule": 0.01}}
