@@ -43,14 +43,14 @@ def only_the_check() -> Iterator[None]:
     saved = [list(signal.receivers) for signal in signals]
     for signal in signals:
         signal.receivers = []
-        signal.sender_receivers_cache.clear()
+        signal.sender_receivers_cache.clear()  # type: ignore[attr-defined]
     preflight.connect()
     try:
         yield
     finally:
         for signal, receivers in zip(signals, saved, strict=True):
             signal.receivers = receivers
-            signal.sender_receivers_cache.clear()
+            signal.sender_receivers_cache.clear()  # type: ignore[attr-defined]
 
 
 def ids(app: Celery) -> list[str]:
