@@ -15,6 +15,9 @@ the task turns an outcome that does not run the body into Celery's at its edge
   duplicate delivery, another worker's live lease, an ended run). A delivery
   of an ended run whose caller is still waiting tells it the ledger's outcome: the
   worker that ended the run died before storing it;
+* :class:`Ended`: an eager run (``apply()``) of a run that has ended: its caller waits
+  in this very call, and is told the run's outcome as the body's (the task returns the
+  kept value or raises the failure; the body is not run again);
 * :class:`Unreachable`: the claim could not reach the ledger for a whole lease: a
   late-acked message goes back to the broker (``Reject`` with requeue: nothing stored
   for the caller, nothing lost); an early-acked one fails with the error.
@@ -117,17 +120,26 @@ class Unreachable(NamedTuple):
     requeue: bool
 
 
+class Ended(NamedTuple):
+    """An eager call of a run that has ended: what it tells its caller instead of running
+    the body again, the run's kept return value or its failure (``error``)."""
+
+    value: Any
+    error: Exception | None
+
+
 #: The outcomes that do not run the body.
-NOT_RUN = (Refused, NotRun, Unreachable)
+NOT_RUN = (Refused, NotRun, Unreachable, Ended)
 
 
-def claim(delivery: Claim) -> Attempt | Refused | NotRun | Unreachable:
+def claim(delivery: Claim) -> Attempt | Refused | NotRun | Unreachable | Ended:
     """Claim the run in the ledger: the attempt, or how this delivery ends unrun."""
     caller = delivery.caller
     app = caller.app
     request = delivery.request
     task_id = delivery.task_id
     deadline = delivery.deadline
+    eager = bool(request.is_eager)
     try:
         outcome = ledger.api_for(app).claim_run(
             app,
@@ -140,7 +152,9 @@ def claim(delivery: Claim) -> Attempt | Refused | NotRun | Unreachable:
             unrecorded=lambda: recording.run_of_request(
                 app, caller.task_name, delivery.serializer, request, deadline
             ),
-            exclusive=pools.one_attempt_at_a_time(),
+            # an eager run is the caller's, inside whatever attempt runs it
+            exclusive=not eager and pools.one_attempt_at_a_time(),
+            eager=eager,
         )
     except LedgerUnreachable as unreachable:
         return _hand_back(delivery, unreachable)
@@ -174,9 +188,13 @@ def claim(delivery: Claim) -> Attempt | Refused | NotRun | Unreachable:
     if outcome.why == ClaimRefused.LOST_LEASES:
         return _lost_too_many_leases(delivery)
     if outcome.why == ClaimRefused.TERMINAL:
-        answer_a_waiting_caller(
-            caller, task_id, outcome.database_now or get_clock().now(), wait_for_the_attempt=True
-        )
+        now = outcome.database_now or get_clock().now()
+        if eager:
+            told = _tell_an_eager_caller(caller, task_id, now)
+            if told is not None:
+                return told
+        else:
+            answer_a_waiting_caller(caller, task_id, now, wait_for_the_attempt=True)
     logger.info(
         "%s[%s]: delivery not run, claim refused (%s); run is %s, token %s, owner %s",
         caller.task_name,
@@ -281,6 +299,45 @@ def answer_a_waiting_caller(
         logger.exception(
             "%s[%s]: telling the caller the run's end failed", caller.task_name, task_id
         )
+
+
+def _tell_an_eager_caller(caller: Caller, task_id: str, now: datetime) -> Ended | None:
+    """An eager call of a run that has ended (a page reloaded with the same task id,
+    another process's call): the outcome the ledger recorded, as the first call's caller
+    was told it (``None``: the run is gone, purged meanwhile). A success is its kept
+    return value (``None`` when none was kept: an ``ignore_result`` task, or one over
+    the limit; the log says so)."""
+    api = ledger.api_for(caller.app)
+    ended = api.ended_run(caller.app, task_id)
+    if ended is None:
+        return None
+    logger.info(
+        "%s[%s]: the run had ended %s; its outcome is told again and nothing runs",
+        caller.task_name,
+        task_id,
+        ended.status,
+    )
+    if ended.status != Status.SUCCEEDED:
+        return Ended(None, _ledgers_outcome(task_id, ended, now))
+    if ended.result is None:
+        if not caller.ignores_result:
+            logger.warning(
+                "%s[%s]: the run SUCCEEDED, and the ledger kept no return value to tell "
+                "(one over the limit, or not encodable); told None",
+                caller.task_name,
+                task_id,
+            )
+        return Ended(None, None)
+    try:
+        return Ended(api.read_result(caller.app, ended.result), None)
+    except ValueError as unreadable:  # UnreadableMessage: never decoded otherwise
+        logger.warning(
+            "%s[%s]: the run SUCCEEDED; its kept return value is not read here (%s): told None",
+            caller.task_name,
+            task_id,
+            unreadable,
+        )
+        return Ended(None, None)
 
 
 def _tell_a_success(caller: Caller, task_id: str, ended: Expired, told: str | None) -> None:

@@ -8,9 +8,9 @@ tests prove that enforcement runs on the monotonic clock.
 DeadlineTask records, claims, fences and ends its runs there by the database ledger's
 rules, and guards its effects (``self.effect(...)``) as the effect ledger does, so task
 code's ledger paths are unit-tested without a database (the idea of procrastinate's
-in-memory connector). Unlike the database's ledger it claims eager runs too
-(``apply()``, ``task_always_eager``), so a body's effects run eagerly, once per key.
-Stored plans, the reconciler and the purge need the real ledger.
+in-memory connector). Eager runs (``apply()``, ``task_always_eager``) are recorded and
+claimed there as in the database's ledger, so a body's effects run eagerly, once per
+key. Stored plans, the reconciler and the purge need the real ledger.
 tests/django/test_ledger_contract.py holds the fake to the SQLite and PostgreSQL ledgers;
 :mod:`celery_deadlines.pytest_plugin` installs a fresh one for every test of a suite.
 
@@ -23,7 +23,7 @@ the pytest plugin) before a test's worker starts, or the import raises
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, NoReturn
@@ -148,8 +148,7 @@ class FakeLedger:
     token, a stale attempt's write refused, a refused claim's reason, the outbox row
     before the message, an effect dispatched at most once per key, a run with an effect
     of unknown outcome ended UNKNOWN). Eager runs (``apply()``, ``task_always_eager``)
-    are recorded and claimed here too, which the database's ledger never does (an eager
-    run has no worker to renew its lease), and an eager retry is handed its run as a
+    are recorded and claimed here as there, and an eager retry is handed its run as a
     worker's retry message is. Time is the installed clock's (use :class:`FakeClock`).
     Stored plans, the reconciler and the purge are not played: test those against a
     database.
@@ -210,21 +209,35 @@ class FakeLedger:
     ) -> Any:
         known = self.runs.get(run.task_id)
         if known is not None:  # a reused id: the same run again, or a conflict
-            existing = self._api.ExistingRun(
-                task_id=run.task_id,
-                task_name=known.task_name,
-                status=known.status,
-                message_body=known.message[0] if known.message else None,
-                content_type=known.message[1] if known.message else "",
-                content_encoding=known.message[2] if known.message else "",
-            )
-            accept = self._api.readable_by_workers(app, run.task_name)
-            self._api.check_repeat(existing, run, accept=accept)
+            self._check_repeat(app, run, known)
             return None
         recorded = self._record(run.task_id, run.task_name, run.deadline, run.retries)
         if run.message_body is not None:
             recorded.message = (run.message_body, run.content_type, run.content_encoding)
         return send()
+
+    def eager_run(self, app: Any) -> AbstractContextManager[None]:
+        return nullcontext()  # no connection to choose in memory
+
+    def record_eager_run(self, app: Any, run: Any, send: Callable[[], Any]) -> Any:
+        known = self.runs.get(run.task_id)
+        if known is None:
+            self.record_run(app, run, lambda: None)
+        else:  # the same run again (its claim decides), or a conflict
+            self._check_repeat(app, run, known)
+        return send()
+
+    def _check_repeat(self, app: Any, run: Any, known: FakeRun) -> None:
+        existing = self._api.ExistingRun(
+            task_id=run.task_id,
+            task_name=known.task_name,
+            status=known.status,
+            message_body=known.message[0] if known.message else None,
+            content_type=known.message[1] if known.message else "",
+            content_encoding=known.message[2] if known.message else "",
+        )
+        accept = self._api.readable_by_workers(app, run.task_name)
+        self._api.check_repeat(existing, run, accept=accept)
 
     def hand_to_retry(
         self,
@@ -250,6 +263,7 @@ class FakeLedger:
         reserve: timedelta,
         unrecorded: Callable[[], Any],
         exclusive: bool = False,  # nothing to flush in memory
+        eager: bool = False,  # one store in memory
     ) -> Any:
         if task_id not in self.runs:
             row = unrecorded()

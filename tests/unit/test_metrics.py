@@ -23,11 +23,11 @@ NOW = datetime(2026, 8, 19, 8, 0, tzinfo=UTC)
 APP = Celery("metrics", set_as_current=False)
 
 
-@APP.task(name="shop.charge")
+@APP.task(name="shop.charge", shared=False)
 def charge() -> None: ...
 
 
-@APP.task(name="shop.digest")
+@APP.task(name="shop.digest", shared=False)
 def digest() -> None: ...
 
 
