@@ -92,6 +92,7 @@ $(MATRIX_VENV)/.matrix: pyproject.toml
 
 $(MATRIX_VENV)/.matrix-unit: pyproject.toml
 	$(MAKE) --no-print-directory VENV=$(MATRIX_VENV) PYTHON=$(PYTHON) $(MATRIX_VENV)/.installed
+	$(MATRIX_VENV)/bin/python -m pip install --quiet 'celery==5.6.*'
 	$(newest_django)
 	touch $@
 

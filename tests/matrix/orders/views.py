@@ -1,0 +1,20 @@
+"""The view a request places an order through: under ``ATOMIC_REQUESTS`` the order's
+run row is written in the request's transaction and its message published when it
+commits; the request's budget (``@deadline_budget``) is the order's deadline."""
+
+from __future__ import annotations
+
+from django.http import HttpRequest, JsonResponse
+
+from celery_deadlines.middleware import deadline_budget
+
+from .tasks import place
+
+#: The request's budget: the order, its charge and everything they publish share it.
+ORDER_BUDGET = 20
+
+
+@deadline_budget(ORDER_BUDGET)
+def place_order(request: HttpRequest, key: str) -> JsonResponse:
+    result = place.delay(key)
+    return JsonResponse({"task_id": str(result.id)})
