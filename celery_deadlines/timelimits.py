@@ -21,6 +21,7 @@ nothing, as before.
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any, Final
 
 from celery.signals import worker_init
@@ -128,11 +129,11 @@ def patch_eventlet() -> None:
     raised in its green thread where it next yields, and the request is told as the
     gevent pool tells it (``on_timeout(False, limit)``). Celery's eventlet pool ignores
     time limits otherwise, and still ignores a task's own limit, which the deadline did
-    not set. Nothing where eventlet cannot be imported; once per process."""
-    try:
-        from celery.concurrency.eventlet import TaskPool
-    except ImportError:  # eventlet not installed
+    not set. Nothing in a worker of another pool; once per process."""
+    if "eventlet" not in sys.modules:  # not an eventlet worker (``-P eventlet`` imports it first)
         return
+    from celery.concurrency.eventlet import TaskPool
+
     original = TaskPool.__dict__["on_apply"]
     if getattr(original, _MARK, False):
         return

@@ -173,8 +173,8 @@ ROWS = (
 
 def redis_url() -> str:
     """The Redis database of the matrix's brokers and results (``TEST_MATRIX_REDIS_URL``;
-    database 13 of the machine's Redis by default: no other session of the suite uses it)."""
-    return os.environ.get("TEST_MATRIX_REDIS_URL", "redis://127.0.0.1:6379/13")
+    database 15 of the machine's Redis by default: no other session of the suite uses it)."""
+    return os.environ.get("TEST_MATRIX_REDIS_URL", "redis://127.0.0.1:6379/15")
 
 
 def amqp_url() -> str:
