@@ -51,8 +51,10 @@ PROBES = (
     "own-limit",  # the project's own time limit, shorter than the deadline, kept
 )
 
-#: App-wide limits of the rows that set them shorter than the deadline: hard, soft (s).
-SHORT_LIMITS = (2.0, 1.0)
+#: App-wide limits of the rows that set them shorter than the deadline: hard, soft (s);
+#: the issue's trial's. They apply to every task of the project (the order's too, whose
+#: first attempt in a new pool process takes about a second on a loaded machine).
+SHORT_LIMITS = (6.0, 3.0)
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,22 @@
-"""One row's scenario on a real worker, and what it observed from the outside.
+"""Every row's scenario on a real worker, and what it observed from the outside.
 
-:func:`run` configures the test process's Celery app as the row's worker is, publishes
-the refusal probe, starts the worker (``celery -A tests.matrix.config.celery_app worker``
-with the row's settings, pool and arguments), publishes the other probes (the order
-through the project's view, under ``ATOMIC_REQUESTS``), waits for every one to end,
-and gathers the witnesses: each probe's ``AsyncResult``, its run, events and effects in
-the ledger, the provider's calls, the bodies' notes, ``manage.py deadlines explain`` of
-the order, and the worker's log. The eager row runs the same probes in this process.
+:func:`run_rows` runs the rows of a session side by side, a few at a time (``slots``),
+each with a worker of its own (the serializers' scenarios share one, which accepts the
+three) on a ledger database of its own while it runs (one of ``slots`` copies of the
+session's test database, emptied between rows: a worker's reconciler acts on its whole
+ledger, so two rows never share one at once). For each
+row it configures the test process's project as the row's worker runs it, publishes the
+refusal probe and leaves it queued past its deadline, starts the worker (``celery -A
+tests.matrix.config.celery_app worker`` with the row's settings, pool and arguments),
+publishes the other probes (the order through the project's view, under
+``ATOMIC_REQUESTS``), waits for every one to end, and gathers the witnesses: each
+probe's ``AsyncResult``, its run, events and effects in the ledger, the provider's
+calls, the bodies' notes, ``manage.py deadlines explain`` of the order, and the
+worker's log. The eager row runs the same probes in this process.
+
+Every wait has a ceiling derived from the budget of the probe it waits for: its deadline
+and :data:`LATE`. A row whose wait reaches its ceiling, or whose worker does not start,
+fails with what each probe's caller and the ledger saw and the worker's log.
 """
 
 from __future__ import annotations
@@ -17,21 +27,23 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import kombu.pools
 from django.core.management import call_command
 from django.db import connections
-from django.test import Client
+from django.test import Client, override_settings
 
 from tests.support import isolation
-from tests.support.processes import WorkerProcess, wait_for
+from tests.support.processes import Transport, WorkerProcess
 
 from . import rows
+from .orders.views import ORDER_BUDGET
 from .rows import Row
 
 #: The probes' budgets (s): each long enough for its work on a busy machine, short
@@ -45,8 +57,33 @@ OVERRUN_PAST = 1.5
 OWN_LIMIT_BUDGET = 15.0
 #: how long the own-limit probe works: beyond the project's hard limit, within its deadline
 OWN_LIMIT_WORK = rows.SHORT_LIMITS[0] + 2.0
-#: how long a probe may take to end once it can, on a busy machine
-PATIENCE = 30.0
+
+#: How long after its deadline each probe's outcome must be known, whatever the
+#: configuration does: by then the ledger has ended its run (the reconciler passes every
+#: half second: ``CELERY_DEADLINES_RECONCILE_INTERVAL``) and told its caller, or the row
+#: fails. The overrun's body may work on past its deadline (the pools that stop nothing).
+WITHIN = {
+    "refusal": REFUSAL_BUDGET,
+    "order": float(ORDER_BUDGET),
+    "child": float(ORDER_BUDGET),
+    "retry-refused": RETRY_BUDGET,
+    "max-retries": MAX_RETRIES_BUDGET,
+    "own-limit": OWN_LIMIT_BUDGET,
+    "overrun": OVERRUN_BUDGET + OVERRUN_PAST,
+}
+#: What a busy machine adds to those: twenty of the reconciler's passes. Reached only
+#: when a promise does not hold (a probe that does not end).
+LATE = 10.0
+#: The overrun body's last step, from its note past the deadline to its last note (an
+#: effect and a call refused, or made): how long to look for that note after the instant
+#: a body that runs on writes it, before concluding that the body was stopped.
+LAST_STEP = 1.0
+#: How long a worker may take to start, beside the other rows' (its imports, Django's
+#: set-up and its pool's processes, on a loaded machine): not a budget under test, the
+#: ceiling of a worker that cannot start.
+START = 120.0
+#: How often the waits look.
+POLL = 0.1
 
 
 @dataclass
@@ -68,6 +105,12 @@ class Probe:
     effects: list[dict[str, Any]] = field(default_factory=list)
     notes: list[dict[str, Any]] = field(default_factory=list)
     calls: list[dict[str, Any]] = field(default_factory=list)
+    #: how its message was encoded, read while it waits in a Redis queue (the refusal)
+    content_type: str | None = None
+    #: the monotonic instant its outcome is due by (its deadline and LATE)
+    due: float = 0.0
+    #: whether its caller has its outcome and its run has ended (see ``_ended``)
+    ended: bool = False
 
     def noted(self, kind: str) -> list[dict[str, Any]]:
         return [n for n in self.notes if n["kind"] == kind]
@@ -82,7 +125,28 @@ class Observed:
     child: Probe | None
     explain: str
     log: str
-    seconds: float
+
+    def told(self) -> str:
+        """What every probe's caller and the ledger saw, for a failure's message."""
+        probes = [*self.probes.values(), *([self.child] if self.child else [])]
+        return "\n".join(_told(probe) for probe in probes)
+
+
+def _told(probe: Probe) -> str:
+    caller = probe.state or "not published"
+    if probe.error or probe.raised:
+        caller += f" {probe.error or probe.raised}: {probe.error_text[:300]}"
+    ledger = "no run"
+    if probe.run is not None:
+        ledger = (
+            f"{probe.run['status']} {probe.run['reason'] or ''} attempt {probe.run['attempt']}"
+            f"; events {[(e['kind'], e['outcome'], e['status']) for e in probe.events]}"
+        )
+    notes = [n["kind"] for n in probe.notes]
+    return (
+        f"{probe.name} ({probe.task_id}): the caller sees {caller}; the ledger: {ledger}; "
+        f"the body noted {notes}; the provider got {[c['outcome'] for c in probe.calls]}"
+    )
 
 
 def ledger_database_url() -> str:
@@ -93,46 +157,47 @@ def ledger_database_url() -> str:
     )
 
 
-def _celery_name(setting: str) -> str:
-    return setting.removeprefix("CELERY_").lower()
-
-
 @contextmanager
 def configured(app: Any, row: Row, queue: str, serializer: str) -> Iterator[dict[str, str]]:
-    """The test process's app as the row's worker runs (its Celery settings, broker,
-    queue and serializer) meanwhile; yields the worker's environment."""
+    """The test process's project as the row's worker runs it (its Celery settings,
+    broker, queue and serializer) meanwhile, set as the project sets them: Django
+    settings in the ``CELERY`` namespace; yields the worker's environment.
+
+    Not ``app.conf.update``: under a namespace, Celery 5.5 and 5.6 look a setting up by
+    its prefixed name first in every layer, so the Django setting hides the update
+    (5.7 looks in the update first). The tasks are bound again to the settings (Celery
+    copies the serializer, and from 5.7 the time limits, onto a task class when it binds
+    it, and a publisher puts them in the message)."""
     broker = rows.amqp_url() if row.broker == "rabbitmq" else rows.redis_url()
+    eager = row.settings_module == "local"
     changes: dict[str, Any] = {
-        "broker_url": broker,
-        "result_backend": rows.redis_url(),
-        "task_default_queue": queue,
-        "task_serializer": serializer,
-        "result_serializer": "json",
-        "task_always_eager": row.settings_module == "local",
-        "task_eager_propagates": row.settings_module == "local",
+        "CELERY_BROKER_URL": broker,
+        "CELERY_RESULT_BACKEND": rows.redis_url(),
+        "CELERY_TASK_DEFAULT_QUEUE": queue,
+        "CELERY_TASK_SERIALIZER": serializer,
+        "CELERY_RESULT_SERIALIZER": "json",
+        "CELERY_TASK_ALWAYS_EAGER": eager,
+        "CELERY_TASK_EAGER_PROPAGATES": eager,
+        **{name: value for name, value in row.settings.items() if name.startswith("CELERY_")},
     }
-    for name, value in row.settings.items():
-        if name.startswith("CELERY_"):
-            changes[_celery_name(name)] = value
-    saved = {key: app.conf[key] for key in changes}
-    app.conf.update(changes)
-    _reset(app)
     try:
-        yield {
-            "CELERY_BROKER_URL": broker,
-            "CELERY_RESULT_BACKEND": rows.redis_url(),
-            "MATRIX_QUEUE": queue,
-            "MATRIX_SETTINGS": json.dumps(row.settings),
-            "DATABASE_URL": ledger_database_url(),
-            "DJANGO_SETTINGS_MODULE": f"tests.matrix.config.settings.{row.settings_module}",
-        }
+        with override_settings(**changes):
+            _reset(app)
+            yield {
+                "CELERY_BROKER_URL": broker,
+                "CELERY_RESULT_BACKEND": rows.redis_url(),
+                "MATRIX_QUEUE": queue,
+                "MATRIX_SETTINGS": json.dumps(row.settings),
+                "DATABASE_URL": ledger_database_url(),
+                "DJANGO_SETTINGS_MODULE": f"tests.matrix.config.settings.{row.settings_module}",
+            }
     finally:
-        app.conf.update(saved)
         _reset(app)
 
 
 def _reset(app: Any) -> None:
-    """Close the app's connections, so that the next publish follows its configuration."""
+    """Close the app's connections, so that the next publish follows its configuration,
+    and bind the project's tasks to it again."""
     backend = app._local.__dict__.pop("backend", None)
     pool = getattr(getattr(backend, "client", None), "connection_pool", None)
     if pool is not None:
@@ -140,17 +205,38 @@ def _reset(app: Any) -> None:
     kombu.pools.reset()
     app._pool = None
     app.__dict__.pop("amqp", None)
+    for name, task in app.tasks.items():
+        if name.startswith("orders."):
+            _rebind(app, type(task))
+            task.__dict__.pop("_exec_options", None)  # the options a publish last read
+
+
+def _rebind(app: Any, cls: Any) -> None:
+    """Bind a task class again, as Celery binds it: each option the task leaves to the
+    configuration (``from_config``: none is set in tasks.py nor on DeadlineTask) read
+    from it anew."""
+    base = cls.__mro__[1]
+    for attribute, _setting in cls.from_config:
+        if getattr(base, attribute, None) is None:
+            setattr(cls, attribute, None)
+    for attribute in ("acks_on_failure", "acks_on_timeout"):  # derived by bind (5.7)
+        if hasattr(cls, attribute) and getattr(base, attribute, None) is None:
+            setattr(cls, attribute, None)
+    cls.bind(app)
 
 
 @contextmanager
-def database_settings(row: Row) -> Iterator[None]:
-    """The row's settings of the default alias (its pool, CONN_MAX_AGE) in this process."""
+def database_settings(row: Row, name: str | None) -> Iterator[None]:
+    """The row's settings of the default alias (its database, pool, CONN_MAX_AGE) in
+    this process meanwhile; ``name`` None keeps the session's database."""
     alias = connections["default"].settings_dict
     changed = {
-        name.split("__", 2)[2]: value
-        for name, value in row.settings.items()
-        if name.startswith("DATABASES__default__")
+        key.split("__", 2)[2]: value
+        for key, value in row.settings.items()
+        if key.startswith("DATABASES__default__")
     }
+    if name is not None:
+        changed["NAME"] = name
     saved = {key: alias.get(key) for key in changed}
     connections["default"].close()
     alias.update(changed)
@@ -163,122 +249,333 @@ def database_settings(row: Row) -> Iterator[None]:
         alias.update(saved)
 
 
-def run(row: Row, serializer: str, folder: Path, provider: str) -> Observed:
-    """The row's scenario with ``serializer``, on a worker of its own (in this process
-    for the eager row)."""
+@dataclass
+class Flight:
+    """One row in flight: its ledger database, its worker, its scenarios (one per
+    serializer), and where it stands (``stage``)."""
+
+    row: Row
+    probes: tuple[str, ...]
+    folder: Path
+    #: its ledger (a slot's: None for the eager row, which has no worker and uses the
+    #: session's database)
+    ledger: Ledger | None = None
+    queue: str = ""
+    scenarios: dict[str, dict[str, Probe]] = field(default_factory=dict)
+    children: dict[str, Probe] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    worker: WorkerProcess | None = None
+    stage: str = "new"
+    spawn_at: float = 0.0
+    started_at: float = 0.0
+    observed: dict[str, Observed] = field(default_factory=dict)
+    failure: str | None = None
+    #: the monotonic instant each stage began (for the session's timeline)
+    instants: dict[str, float] = field(default_factory=dict)
+
+    def enter(self, stage: str) -> None:
+        self.stage = stage
+        self.instants[stage] = time.monotonic()
+
+    def timeline(self) -> str:
+        """When each stage began, from the row's start (s)."""
+        start = self.instants.get("queued", 0.0)
+        return " ".join(f"{stage} {at - start:.1f}" for stage, at in self.instants.items())
+
+    @property
+    def eager(self) -> bool:
+        return self.row.settings_module == "local"
+
+    @property
+    def database(self) -> str | None:
+        return None if self.ledger is None else self.ledger.database
+
+    @property
+    def alias(self) -> str:
+        """The alias this process reads the row's ledger through while it waits."""
+        return "default" if self.ledger is None else self.ledger.alias
+
+    @property
+    def notes(self) -> Path:
+        return self.folder / "notes.jsonl"
+
+    def waiting(self) -> list[tuple[str, Probe]]:
+        every = [(s, p) for s, probes in self.scenarios.items() for p in probes.values()]
+        every += list(self.children.items())
+        return [(s, p) for s, p in every if not p.ended and p.task_id is not None]
+
+
+@dataclass
+class Rows:
+    """What :func:`run_rows` saw: by (row, serializer) what each scenario observed, or
+    why its row failed; each row's timeline."""
+
+    outcomes: dict[tuple[str, str], Observed | str]
+    timelines: list[str]
+    seconds: float
+    #: of which copying the session's database for the rows' ledgers
+    copying: float
+
+
+def run_rows(
+    plan: list[tuple[Row, tuple[str, ...]]], folder: Path, provider: str, slots: int
+) -> Rows:
+    """Each row's scenario (the probes ``plan`` names for it), ``slots`` rows at a time."""
     from tests.matrix.config.celery_app import app
+
+    os.environ["MATRIX_PROVIDER"] = provider
+    session = connections["default"].settings_dict["NAME"]
+    flights = [Flight(row, probes, folder / row.name) for row, probes in plan]
+    workers = sum(1 for f in flights if not f.eager)
+    transport = {
+        "CELERY_BROKER_URL": rows.redis_url(),
+        "CELERY_RESULT_BACKEND": rows.redis_url(),
+    }
+    results: dict[tuple[str, str], Observed | str] = {}
+    started = time.monotonic()
+    with override_settings(**transport), _ledgers(session, min(slots, workers)) as free:
+        copied = time.monotonic()
+        _reset(app)
+        waiting = list(flights)
+        flying: list[Flight] = []
+        try:
+            while waiting or flying:
+                while waiting and (waiting[0].eager or free):
+                    flight = waiting.pop(0)
+                    if not flight.eager:
+                        flight.ledger = free.pop(0)
+                    _guarded(flight, partial(_begin, app, flight, provider))
+                    flying.append(flight)
+                if waiting and not flying:  # every ledger lost to a landing that failed
+                    for flight in waiting:
+                        _fail(flight, "no ledger database left to run it on")
+                    flying, waiting = waiting, []
+                for flight in flying:
+                    _guarded(flight, partial(_step, app, flight, provider))
+                for flight in [f for f in flying if f.stage in ("done", "failed")]:
+                    flying.remove(flight)
+                    try:
+                        _land(flight, free)
+                    except Exception as error:  # noqa: BLE001 - its outcome stands; its ledger is lost
+                        flight.instants[f"landing failed ({error!r})"] = time.monotonic()
+                    for serializer in flight.row.serializers:
+                        key = (flight.row.name, serializer)
+                        results[key] = flight.observed.get(serializer) or (
+                            flight.failure or "no outcome"
+                        )
+                time.sleep(POLL)
+        finally:
+            for flight in flying:
+                _land(flight, [])
+            _reset(app)
+    timelines = [
+        f"{f.row.name}: from {f.instants.get('queued', started) - started:.1f}: {f.timeline()}"
+        + (" (failed)" if f.failure else "")
+        for f in flights
+    ]
+    return Rows(results, timelines, time.monotonic() - started, copied - started)
+
+
+@dataclass
+class Ledger:
+    """A ledger database for one row at a time (a slot's), and the alias this process
+    reads it through."""
+
+    database: str
+    alias: str
+
+    def empty(self) -> None:
+        """Empty the library's tables for the next row (the last row's worker is gone)."""
+        from django.apps import apps
+
+        tables = [m._meta.db_table for m in apps.get_app_config("celery_deadlines").get_models()]
+        with connections[self.alias].cursor() as cursor:
+            # any backend of the killed worker not gone yet, which could hold a lock
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            cursor.execute(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE")
+
+
+@contextmanager
+def _ledgers(session: str, count: int) -> Iterator[list[Ledger]]:
+    """``count`` copies of the session's test database (PostgreSQL copies a template
+    while nobody is connected to it), each read through an alias of its own; the free
+    ones. A worker's reconciler acts on its whole ledger: two rows never share one at
+    once."""
+    import psycopg
+
+    settings = connections["default"].settings_dict
+    ledgers = [Ledger(f"{session}_{slot}", f"matrix_{slot}") for slot in range(count)]
+    connections.close_all()
+    server = psycopg.connect(
+        host=settings["HOST"],
+        port=settings["PORT"] or 5432,
+        user=settings["USER"],
+        dbname="postgres",
+        autocommit=True,
+    )
+    try:
+        for ledger in ledgers:
+            server.execute(f'DROP DATABASE IF EXISTS "{ledger.database}"')  # a crashed session's
+            server.execute(f'CREATE DATABASE "{ledger.database}" TEMPLATE "{session}"')
+            connections.settings[ledger.alias] = {
+                **settings,
+                "NAME": ledger.database,
+                "ATOMIC_REQUESTS": False,
+                "CONN_MAX_AGE": None,
+                "OPTIONS": {},
+            }
+        yield list(ledgers)
+    finally:
+        for ledger in ledgers:
+            if ledger.alias in connections.settings:
+                connections[ledger.alias].close()
+                del connections.settings[ledger.alias]
+                with suppress(AttributeError):
+                    delattr(connections._connections, ledger.alias)  # type: ignore[attr-defined]
+            # the workers are gone; their backends, if any are left, too
+            server.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = %s AND pid <> pg_backend_pid()",
+                (ledger.database,),
+            )
+            server.execute(f'DROP DATABASE IF EXISTS "{ledger.database}"')
+        server.close()
+
+
+def _guarded(flight: Flight, act: Callable[[], None]) -> None:
+    """Act on a flight; an error fails its row (with what its callers and the ledger
+    saw and its worker's log), not the others."""
+    if flight.stage in ("done", "failed"):
+        return
+    try:
+        act()
+    except Exception as error:  # noqa: BLE001 - any error of a row is its failure
+        _fail(flight, f"{type(error).__name__}: {error}")
+
+
+def _fail(flight: Flight, why: str) -> None:
+    told = []
+    for serializer, probes in flight.scenarios.items():
+        child = flight.children.get(serializer)
+        for probe in [*probes.values(), *([child] if child is not None else [])]:
+            with suppress(Exception):
+                _look(flight, probe)
+            told.append(f"  [{serializer}] {_told(probe)}")
+    log = flight.worker.log() if flight.worker is not None else "(no worker)"
+    flight.failure = (
+        f"row {flight.row.name}: {why}\n"
+        f"what each probe's caller and the ledger saw:\n" + "\n".join(told) + "\n"
+        f"the worker's log ({flight.folder / 'worker.log'}):\n{cut(log)}"
+    )
+    flight.enter("failed")
+
+
+def cut(log: str, head: int = 60, tail: int = 300) -> str:
+    lines = log.splitlines()
+    if len(lines) <= head + tail:
+        return log
+    return "\n".join([*lines[:head], f"... ({len(lines) - head - tail} lines) ...", *lines[-tail:]])
+
+
+@contextmanager
+def _publishing(app: Any, flight: Flight, serializer: str) -> Iterator[dict[str, str]]:
+    """This process as the row's project, on the row's ledger database."""
+    with (
+        database_settings(flight.row, flight.database),
+        configured(app, flight.row, flight.queue, serializer) as env,
+    ):
+        yield env
+
+
+def _begin(app: Any, flight: Flight, provider: str) -> None:
+    """Publish the row's refusal probes: they wait in the queue, which no worker
+    consumes yet, past their deadline (the eager row: their deadline passed before the
+    call)."""
     from tests.matrix.orders import tasks
 
-    folder.mkdir(parents=True, exist_ok=True)
-    notes = folder / "notes.jsonl"
-    os.environ["MATRIX_NOTES"] = str(notes)  # the eager row's bodies run here
-    os.environ["MATRIX_PROVIDER"] = provider
-    queue = isolation.queue_name(f"matrix-{row.name}-{uuid.uuid4().hex[:8]}")
-    tag = f"{row.name}-{serializer}-{uuid.uuid4().hex[:6]}"
-    probes = {name: Probe(name, f"{tag}-{name}") for name in row.probes}
-    started = time.monotonic()
-    worker: WorkerProcess | None = None
-    with configured(app, row, queue, serializer) as env, database_settings(row):
-        eager = row.settings_module == "local"
+    flight.folder.mkdir(parents=True, exist_ok=True)
+    flight.queue = isolation.queue_name(f"matrix-{flight.row.name}-{uuid.uuid4().hex[:8]}")
+    for serializer in flight.row.serializers:
+        tag = f"{flight.row.name}-{serializer}-{uuid.uuid4().hex[:6]}"
+        flight.scenarios[serializer] = {n: Probe(n, f"{tag}-{n}") for n in flight.probes}
+    flight.enter("queued")
+    for serializer, probes in flight.scenarios.items():
         refusal = probes.get("refusal")
-        if refusal is not None:
-            # published before any worker consumes the queue, and left there past its
-            # deadline (eager: there is no queue; its deadline passes before the call)
-            if eager:
-                _publish(refusal, lambda: _sleep_then(tasks.charge, refusal.key))
+        with _publishing(app, flight, serializer) as env:
+            flight.env = env
+            if refusal is None:
+                continue
+            if flight.eager:
+                os.environ["MATRIX_NOTES"] = str(flight.notes)
+                _publish(refusal, partial(_past_deadline, tasks.charge, refusal.key))
             else:
                 _publish(
-                    refusal, lambda: tasks.charge.apply_async((refusal.key,), budget=REFUSAL_BUDGET)
+                    refusal,
+                    partial(tasks.charge.apply_async, (refusal.key,), budget=REFUSAL_BUDGET),
                 )
-                time.sleep(REFUSAL_BUDGET)  # the delay under test: the deadline passes queued
-        if not eager:
-            worker = _worker(row, queue, folder, env, notes, provider).start(timeout=60)
-        try:
-            _publish_the_rest(row, probes, tasks)
-            if not eager:
-                _wait(app, probes)
-            child = _child(app, probes.get("order"))
-            if child is not None and not eager:
-                _wait(app, {"child": child})
-            observed = Observed(
-                row,
-                serializer,
-                probes,
-                child,
-                _explain(probes.get("order")),
-                worker.log() if worker is not None else "",
-                time.monotonic() - started,
-            )
-            _gather(app, observed, notes, provider_log(provider))
-        finally:
-            if worker is not None:
-                worker.kill()  # its shutdown is not under test
-                if row.broker == "redis":
-                    _forget_unacked(env["CELERY_BROKER_URL"], queue)
-    return observed
+                if flight.row.broker == "redis" and refusal.task_id is not None:
+                    refusal.content_type = _queued_content_type(
+                        env["CELERY_BROKER_URL"], flight.queue, refusal.task_id
+                    )
+                # the delay under test: the deadline passes while the message waits
+                flight.spawn_at = time.monotonic() + REFUSAL_BUDGET
 
 
-def _forget_unacked(broker_url: str, queue: str) -> None:
-    """Drop the killed worker's unacknowledged messages (an acks_late row's), so that no
-    later worker on this Redis database restores them into a queue nobody consumes."""
-    import redis as redis_py
-
-    with redis_py.Redis.from_url(broker_url) as client:
-        tags = [
-            tag for tag, value in client.hgetall("unacked").items() if json.loads(value)[2] == queue
-        ]
-        if tags:
-            client.hdel("unacked", *tags)
-            client.zrem("unacked_index", *tags)
-
-
-def _sleep_then(task: Any, key: str) -> Any:
-    """An eager call whose deadline passed before it is made (a deadline given, past)."""
-    from datetime import UTC, timedelta
-
-    return task.apply_async((key,), deadline=datetime.now(UTC) - timedelta(seconds=1))
-
-
-def _worker(
-    row: Row, queue: str, folder: Path, env: dict[str, str], notes: Path, provider: str
-) -> WorkerProcess:
-    from tests.support.processes import Transport
-
-    transport = Transport(row.broker, env["CELERY_BROKER_URL"], env["CELERY_RESULT_BACKEND"])
-    return WorkerProcess(
-        transport,
-        queue,
-        folder / "worker.log",
-        pool=row.pool,
-        concurrency=row.concurrency,
-        app_module="tests.matrix.config.celery_app",
-        node=queue,
-        extra_env={
-            **env,
-            "MATRIX_NOTES": str(notes),
-            "MATRIX_PROVIDER": provider,
-            # Celery refuses to run as root while it accepts pickle (CI runs as root)
-            **({"C_FORCE_ROOT": "1"} if "pickle" in row.serializers else {}),
-        },
-        extra_args=row.worker_args,
-    )
+def _step(app: Any, flight: Flight, provider: str) -> None:
+    now = time.monotonic()
+    if flight.stage == "queued" and flight.eager:
+        _run_eager(app, flight)
+    elif flight.stage == "queued" and now >= flight.spawn_at:
+        flight.worker = _worker(flight, provider).spawn()
+        flight.started_at = now
+        flight.enter("starting")
+    elif flight.stage == "starting":
+        assert flight.worker is not None
+        assert flight.worker.process is not None
+        if " ready." in flight.worker.log():
+            flight.enter("running")
+            _publish_the_rest(app, flight)
+        elif flight.worker.process.poll() is not None:
+            raise RuntimeError("the worker exited before it was ready")
+        elif now > flight.started_at + START:
+            raise TimeoutError(f"the worker was not ready within {START} s")
+    elif flight.stage == "running":
+        _wait(app, flight, now)
 
 
-def _publish(probe: Probe, publish: Callable[[], Any]) -> None:
-    """Publish (or, eager, run) one probe; an error raised here is what its caller saw."""
-    try:
-        result = publish()
-    except Exception as error:  # noqa: BLE001 - a witness: the caller's error, whatever it is
-        probe.raised = type(error).__name__
-        probe.error_text = str(error)
-        return
-    probe.task_id = str(result.id)
-    if getattr(result, "state", None) is not None and type(result).__name__ == "EagerResult":
-        probe.state = result.state
-        probe.value = result.result if result.successful() else None
+def _run_eager(app: Any, flight: Flight) -> None:
+    """The eager row's probes, run in this process (each call returns its outcome)."""
+    os.environ["MATRIX_NOTES"] = str(flight.notes)
+    for serializer, probes in flight.scenarios.items():
+        with _publishing(app, flight, serializer):
+            _publish_all(probes)
+            for probe in probes.values():
+                probe.ended = True
+            order = probes.get("order")
+            child = _child(app, order)
+            if child is not None:
+                child.ended = True
+                flight.children[serializer] = child
+            _observe(app, flight, serializer)
+    flight.enter("done")
 
 
-def _publish_the_rest(row: Row, probes: dict[str, Probe], tasks: Any) -> None:
+def _publish_the_rest(app: Any, flight: Flight) -> None:
+    ready = time.monotonic()
+    for serializer, probes in flight.scenarios.items():
+        refusal = probes.get("refusal")
+        if refusal is not None:  # its outcome comes once the worker consumes it
+            refusal.due = ready + LATE
+        with _publishing(app, flight, serializer):
+            _publish_all(probes)
+
+
+def _publish_all(probes: dict[str, Probe]) -> None:
+    from tests.matrix.orders import tasks
+
     order = probes.get("order")
     if order is not None:
         _publish(order, lambda: _through_the_view(order.key))
@@ -298,6 +595,127 @@ def _publish_the_rest(row: Row, probes: dict[str, Probe], tasks: Any) -> None:
         _publish(v, lambda: tasks.overrun.apply_async((v.key, OVERRUN_PAST), budget=OVERRUN_BUDGET))
 
 
+def _wait(app: Any, flight: Flight, now: float) -> None:
+    """Look once at every probe not ended yet; gather each scenario whose probes have
+    all ended; fail the row when a probe is past its ceiling."""
+    for serializer, probe in flight.waiting():
+        if _ended(app, flight, probe):
+            probe.ended = True
+            if probe.name == "order":
+                child = _child(app, probe)
+                if child is not None:
+                    child.due = probe.due
+                    flight.children[serializer] = child
+        elif now > probe.due:
+            raise TimeoutError(
+                f"[{serializer}] {probe.name}: no outcome within its deadline and {LATE} s"
+            )
+    for serializer, probes in flight.scenarios.items():
+        if serializer in flight.observed or any(s == serializer for s, _ in flight.waiting()):
+            continue
+        if not _settled(flight, probes.get("overrun")):
+            continue
+        with _publishing(app, flight, serializer):
+            _observe(app, flight, serializer)
+    if len(flight.observed) == len(flight.scenarios):
+        flight.enter("done")
+
+
+def _settled(flight: Flight, overrun: Probe | None) -> bool:
+    """Whether the overrun's body has said all it will: its last note, or the instant it
+    would have written it had it worked on past its deadline, and its last step."""
+    from celery_deadlines.models import Run
+
+    if overrun is None or overrun.task_id is None:
+        return True
+    if f'"end", "key": "{overrun.key}"' in _text(flight.notes):
+        return True
+    run = Run.objects.using(flight.alias).get(task_id=overrun.task_id)
+    assert run.deadline is not None
+    return time.time() > run.deadline.timestamp() + OVERRUN_PAST + LAST_STEP
+
+
+def _land(flight: Flight, free: list[Ledger]) -> None:
+    """Stop the row's worker (its shutdown is not under test), drop the messages it
+    held unacknowledged, and empty its ledger for the next row (into ``free``)."""
+    if flight.worker is not None:
+        flight.worker.kill()
+        if flight.row.broker == "redis" and flight.env:
+            _forget_unacked(flight.env["CELERY_BROKER_URL"], flight.queue)
+    if flight.ledger is not None:
+        flight.ledger.empty()
+        free.append(flight.ledger)
+
+
+def _queued_content_type(broker_url: str, queue: str, task_id: str) -> str | None:
+    """The content type of the message of ``task_id`` waiting in a Redis ``queue``: how
+    its publisher encoded it."""
+    import redis as redis_py
+
+    with redis_py.Redis.from_url(broker_url) as client:
+        for raw in client.lrange(queue, 0, -1):
+            message = json.loads(raw)
+            if message["headers"].get("id") == task_id:
+                return str(message["content-type"])
+    return None
+
+
+def _forget_unacked(broker_url: str, queue: str) -> None:
+    """Drop the killed worker's unacknowledged messages (an acks_late row's), so that no
+    later worker on this Redis database restores them into a queue nobody consumes."""
+    import redis as redis_py
+
+    with redis_py.Redis.from_url(broker_url) as client:
+        tags = [
+            tag for tag, value in client.hgetall("unacked").items() if json.loads(value)[2] == queue
+        ]
+        if tags:
+            client.hdel("unacked", *tags)
+            client.zrem("unacked_index", *tags)
+
+
+def _past_deadline(task: Any, key: str) -> Any:
+    """An eager call whose deadline passed before it is made (a deadline given, past)."""
+    return task.apply_async((key,), deadline=datetime.now(UTC) - timedelta(seconds=1))
+
+
+def _worker(flight: Flight, provider: str) -> WorkerProcess:
+    row, env = flight.row, flight.env
+    transport = Transport(row.broker, env["CELERY_BROKER_URL"], env["CELERY_RESULT_BACKEND"])
+    return WorkerProcess(
+        transport,
+        flight.queue,
+        flight.folder / "worker.log",
+        pool=row.pool,
+        concurrency=row.concurrency,
+        app_module="tests.matrix.config.celery_app",
+        node=flight.queue,
+        extra_env={
+            **env,
+            "MATRIX_NOTES": str(flight.notes),
+            "MATRIX_PROVIDER": provider,
+            # Celery refuses to run as root while it accepts pickle (CI runs as root)
+            **({"C_FORCE_ROOT": "1"} if "pickle" in row.serializers else {}),
+        },
+        extra_args=row.worker_args,
+    )
+
+
+def _publish(probe: Probe, publish: Callable[[], Any]) -> None:
+    """Publish (or, eager, run) one probe; an error raised here is what its caller saw."""
+    probe.due = time.monotonic() + WITHIN[probe.name] + LATE
+    try:
+        result = publish()
+    except Exception as error:  # noqa: BLE001 - a witness: the caller's error, whatever it is
+        probe.raised = type(error).__name__
+        probe.error_text = str(error)
+        return
+    probe.task_id = str(result.id)
+    if getattr(result, "state", None) is not None and type(result).__name__ == "EagerResult":
+        probe.state = result.state
+        probe.value = result.result if result.successful() else None
+
+
 class _Published:
     def __init__(self, task_id: str) -> None:
         self.id = task_id
@@ -311,7 +729,7 @@ def _through_the_view(key: str) -> Any:
     return _Published(response.json()["task_id"])
 
 
-def _ended(app: Any, probe: Probe) -> bool:
+def _ended(app: Any, flight: Flight, probe: Probe) -> bool:
     """Whether the probe's caller has its outcome and its run has ended in the ledger."""
     from celery_deadlines.models import Run
 
@@ -320,35 +738,41 @@ def _ended(app: Any, probe: Probe) -> bool:
     meta = app.backend.get_task_meta(probe.task_id, cache=False)
     if meta.get("status") not in ("SUCCESS", "FAILURE"):
         return False
-    run = Run.objects.filter(task_id=probe.task_id).first()
+    run = Run.objects.using(flight.alias).filter(task_id=probe.task_id).first()
     return run is None or run.is_terminal
 
 
-def _wait(app: Any, probes: dict[str, Probe]) -> None:
-    for probe in probes.values():
-        wait_for(lambda p=probe: _ended(app, p), PATIENCE, interval=0.1)
-    overrun = probes.get("overrun")
-    if overrun is not None and overrun.task_id is not None:
-        # a body nothing stops goes on past its deadline: wait for its last note, or as
-        # long as it would work on (then it was stopped)
-        from celery_deadlines.models import Run
+def _look(flight: Flight, probe: Probe) -> None:
+    """What the probe's caller and the ledger show now (for a failure's message)."""
+    from celery_deadlines.models import Run, RunEvent
+    from tests.matrix.config.celery_app import app
 
-        run = Run.objects.get(task_id=overrun.task_id)
-        assert run.deadline is not None
-        until = run.deadline.timestamp() + OVERRUN_PAST + 1.0
-        notes = Path(os.environ["MATRIX_NOTES"])
-        while time.time() < until and f'"end", "key": "{overrun.key}"' not in _text(notes):
-            time.sleep(0.1)
+    if probe.task_id is None:
+        return
+    probe.state = app.backend.get_task_meta(probe.task_id, cache=False).get("status")
+    run = Run.objects.using(flight.alias).filter(task_id=probe.task_id).first()
+    if run is not None:
+        probe.run = {"status": run.status, "reason": run.reason, "attempt": run.attempt}
+        probe.events = [
+            dict(event)
+            for event in RunEvent.objects.using(flight.alias)
+            .filter(run=run)
+            .order_by("id")
+            .values("kind", "outcome", "status")
+        ]
+    probe.notes = [n for n in _notes(flight.notes) if n["key"] == probe.key]
 
 
 def _text(path: Path) -> str:
     return path.read_text() if path.exists() else ""
 
 
+def _notes(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in _text(path).splitlines() if line.strip()]
+
+
 def _child(app: Any, order: Probe | None) -> Probe | None:
-    if order is None or (not isinstance(order.value, dict) and order.task_id is None):
-        return None
-    if order.task_id is None:
+    if order is None or order.task_id is None:
         return None
     if order.value is None:
         result = app.AsyncResult(order.task_id)
@@ -371,15 +795,31 @@ def _explain(order: Probe | None) -> str:
     return out.getvalue()
 
 
-def provider_log(url: str) -> Path:
+def provider_log() -> Path:
     return Path(os.environ["MATRIX_PROVIDER_LOG"])
+
+
+def _observe(app: Any, flight: Flight, serializer: str) -> None:
+    """Gather one scenario's witnesses (on the row's ledger database: ``_publishing``)."""
+    probes = flight.scenarios[serializer]
+    child = flight.children.get(serializer)
+    observed = Observed(
+        flight.row,
+        serializer,
+        probes,
+        child,
+        _explain(probes.get("order")),
+        flight.worker.log() if flight.worker is not None else "",
+    )
+    _gather(app, observed, flight.notes, provider_log())
+    flight.observed[serializer] = observed
 
 
 def _gather(app: Any, observed: Observed, notes: Path, calls: Path) -> None:
     from celery_deadlines.models import Effect, Run, RunEvent
 
-    all_notes = [json.loads(line) for line in _text(notes).splitlines() if line.strip()]
-    all_calls = [json.loads(line) for line in _text(calls).splitlines() if line.strip()]
+    all_notes = _notes(notes)
+    all_calls = _notes(calls)
     probes = list(observed.probes.values())
     if observed.child is not None:
         probes.append(observed.child)

@@ -1,9 +1,12 @@
 """The configuration matrix: one scenario on a real worker in each configuration real
 projects run (tests/matrix/rows.py), judged from the outside: the caller's
 ``AsyncResult``, the ledger's rows, ``manage.py deadlines explain``, the provider's calls
-and the bodies' notes. Each row's scenario runs once; each test below checks one promise
-of it. The pools' and configurations' enforcement table (docs/failure-semantics.md) is
-read and each row's claims checked against what its worker did.
+and the bodies' notes. Every row's scenario runs once, side by side with the others',
+before the first test (conftest.py's ``observations``); each test below checks one
+promise of it, and a failed one shows what every probe's caller and the ledger saw and
+the row's worker's log. The pools' and configurations' enforcement table
+(docs/failure-semantics.md) is read and each row's claims checked against what its worker
+did.
 
 Opt-in (``make matrix-configs``, which also runs the Celery 5.5 and 5.6 rows in their
 environments): skipped unless ``DEADLINES_MATRIX=1``.
@@ -12,7 +15,6 @@ environments): skipped unless ``DEADLINES_MATRIX=1``.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -21,18 +23,15 @@ import pytest
 from tests.support import isolation
 
 from . import table
-from .conftest import rows_here
+from .conftest import Observe, rows_here
 from .orders.views import ORDER_BUDGET
 from .rows import CONFIGURATIONS, ROWS, Row
 from .scenario import Observed, Probe
 
-pytestmark = [
-    pytest.mark.skipif(
-        os.environ.get("DEADLINES_MATRIX") != "1",
-        reason="opt-in: make matrix-configs (the configuration matrix, real workers)",
-    ),
-    pytest.mark.django_db(transaction=True),
-]
+pytestmark = pytest.mark.skipif(
+    os.environ.get("DEADLINES_MATRIX") != "1",
+    reason="opt-in: make matrix-configs (the configuration matrix, real workers)",
+)
 
 
 def _eager(row: Row) -> bool:
@@ -41,18 +40,14 @@ def _eager(row: Row) -> bool:
 
 def cases(probe: str, *, eager: bool = True) -> list[Any]:
     """The rows of this Celery release that run ``probe`` (the eager row's too unless
-    ``eager`` is False), once per serializer, each row's on one xdist worker."""
+    ``eager`` is False), once per serializer, each marked with the probe it checks."""
     return [
-        pytest.param(
-            row, serializer, id=f"{row.name}-{serializer}", marks=pytest.mark.xdist_group(row.name)
-        )
+        pytest.param(row, serializer, id=f"{row.name}-{serializer}", marks=pytest.mark.probe(probe))
         for row in rows_here()
         if probe in row.probes and (eager or not _eager(row))
         for serializer in row.serializers
     ]
 
-
-Observe = Callable[[Row, str], Observed]
 
 #: What a refusal of an effect or a call raises in the body (not a configuration error).
 REFUSALS = {"DispatchRefused", "DeadlineRefused", "StaleLease"}
@@ -131,6 +126,26 @@ def test_a_message_left_in_the_queue_past_its_deadline_is_refused_and_its_caller
     assert refusal.calls == []
 
 
+#: The content type each serializer gives a message (kombu's names).
+CONTENT_TYPES = {
+    "json": "application/json",
+    "msgpack": "application/x-msgpack",
+    "pickle": "application/x-python-serialize",
+}
+
+
+@pytest.mark.parametrize(
+    ("row", "serializer"),
+    [case for case in cases("refusal", eager=False) if case.values[0].broker == "redis"],
+)
+def test_the_callers_messages_are_encoded_with_the_rows_serializer(
+    row: Row, serializer: str, observe: Observe
+) -> None:
+    # read while the message waits in its Redis queue, before any worker consumes it
+    refusal = _probe(observe(row, serializer), "refusal")
+    assert refusal.content_type == CONTENT_TYPES[serializer]
+
+
 @pytest.mark.parametrize(("row", "serializer"), cases("retry-refused"))
 def test_a_retry_the_deadline_cannot_hold_is_refused_and_its_caller_told(
     row: Row, serializer: str, observe: Observe
@@ -164,7 +179,7 @@ def test_the_projects_own_time_limits_are_kept_under_a_longer_deadline(
     row: Row, serializer: str, observe: Observe
 ) -> None:
     limited = _probe(observe(row, serializer), "own-limit")
-    # the project's soft limit (1 s) then its hard one (2 s), long before the 15 s deadline
+    # the project's soft limit (3 s) then its hard one (6 s), long before the 15 s deadline
     assert limited.noted("soft"), "the project's soft time limit did not come"
     assert not limited.noted("end"), "the body outlived the project's hard time limit"
     assert (limited.state, limited.error) == ("FAILURE", "TimeLimitExceeded"), _told(limited)
