@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import kombu.pools
+from celery.result import EagerResult
 from django.core.management import call_command
 from django.db import connections
 from django.test import Client, override_settings
@@ -302,7 +303,7 @@ class Flight:
     def waiting(self) -> list[tuple[str, Probe]]:
         every = [(s, p) for s, probes in self.scenarios.items() for p in probes.values()]
         every += list(self.children.items())
-        return [(s, p) for s, p in every if not p.ended and p.task_id is not None]
+        return [(s, p) for s, p in every if not (p.ended or p.task_id is None or p.raised)]
 
 
 @dataclass
@@ -512,10 +513,7 @@ def _begin(app: Any, flight: Flight, provider: str) -> None:
                 os.environ["MATRIX_NOTES"] = str(flight.notes)
                 _publish(refusal, partial(_past_deadline, tasks.charge, refusal.key))
             else:
-                _publish(
-                    refusal,
-                    partial(tasks.charge.apply_async, (refusal.key,), budget=REFUSAL_BUDGET),
-                )
+                _publish(refusal, partial(_apply, tasks.charge, (refusal.key,), REFUSAL_BUDGET))
                 if flight.row.broker == "redis" and refusal.task_id is not None:
                     refusal.content_type = _queued_content_type(
                         env["CELERY_BROKER_URL"], flight.queue, refusal.task_id
@@ -554,8 +552,7 @@ def _run_eager(app: Any, flight: Flight) -> None:
             _publish_all(probes)
             for probe in probes.values():
                 probe.ended = True
-            order = probes.get("order")
-            child = _child(app, order)
+            child = _child(app, probes.get("order"), eager=True)
             if child is not None:
                 child.ended = True
                 flight.children[serializer] = child
@@ -578,21 +575,17 @@ def _publish_all(probes: dict[str, Probe]) -> None:
 
     order = probes.get("order")
     if order is not None:
-        _publish(order, lambda: _through_the_view(order.key))
-    if "retry-refused" in probes:
-        p = probes["retry-refused"]
-        _publish(p, lambda: tasks.retry_late.apply_async((p.key,), budget=RETRY_BUDGET))
-    if "max-retries" in probes:
-        q = probes["max-retries"]
-        _publish(q, lambda: tasks.retry_often.apply_async((q.key,), budget=MAX_RETRIES_BUDGET))
-    if "own-limit" in probes:
-        o = probes["own-limit"]
-        _publish(
-            o, lambda: tasks.dawdle.apply_async((o.key, OWN_LIMIT_WORK), budget=OWN_LIMIT_BUDGET)
-        )
-    if "overrun" in probes:
-        v = probes["overrun"]
-        _publish(v, lambda: tasks.overrun.apply_async((v.key, OVERRUN_PAST), budget=OVERRUN_BUDGET))
+        _publish(order, lambda _: _through_the_view(order.key))
+    published = {
+        "retry-refused": (tasks.retry_late, (), RETRY_BUDGET),
+        "max-retries": (tasks.retry_often, (), MAX_RETRIES_BUDGET),
+        "own-limit": (tasks.dawdle, (OWN_LIMIT_WORK,), OWN_LIMIT_BUDGET),
+        "overrun": (tasks.overrun, (OVERRUN_PAST,), OVERRUN_BUDGET),
+    }
+    for name, (task, args, budget) in published.items():
+        probe = probes.get(name)
+        if probe is not None:
+            _publish(probe, partial(_apply, task, (probe.key, *args), budget))
 
 
 def _wait(app: Any, flight: Flight, now: float) -> None:
@@ -674,9 +667,15 @@ def _forget_unacked(broker_url: str, queue: str) -> None:
             client.zrem("unacked_index", *tags)
 
 
-def _past_deadline(task: Any, key: str) -> Any:
+def _apply(task: Any, args: tuple[Any, ...], budget: float, task_id: str) -> Any:
+    return task.apply_async(args, budget=budget, task_id=task_id)
+
+
+def _past_deadline(task: Any, key: str, task_id: str) -> Any:
     """An eager call whose deadline passed before it is made (a deadline given, past)."""
-    return task.apply_async((key,), deadline=datetime.now(UTC) - timedelta(seconds=1))
+    return task.apply_async(
+        (key,), deadline=datetime.now(UTC) - timedelta(seconds=1), task_id=task_id
+    )
 
 
 def _worker(flight: Flight, provider: str) -> WorkerProcess:
@@ -701,24 +700,33 @@ def _worker(flight: Flight, provider: str) -> WorkerProcess:
     )
 
 
-def _publish(probe: Probe, publish: Callable[[], Any]) -> None:
-    """Publish (or, eager, run) one probe; an error raised here is what its caller saw."""
+def _publish(probe: Probe, publish: Callable[[str], Any]) -> None:
+    """Publish (or, eager, run) one probe, under the task id it is given (so that its
+    run can be read even when the call raises); an error raised here is what its caller
+    saw."""
     probe.due = time.monotonic() + WITHIN[probe.name] + LATE
+    probe.task_id = str(uuid.uuid4())
     try:
-        result = publish()
+        result = publish(probe.task_id)
     except Exception as error:  # noqa: BLE001 - a witness: the caller's error, whatever it is
         probe.raised = type(error).__name__
         probe.error_text = str(error)
         return
     probe.task_id = str(result.id)
-    if getattr(result, "state", None) is not None and type(result).__name__ == "EagerResult":
+    if isinstance(result, EagerResult):
         probe.state = result.state
         probe.value = result.result if result.successful() else None
+    elif isinstance(result, _Published) and result.state is not None:
+        probe.state, probe.value = result.state, result.value
 
 
+@dataclass
 class _Published:
-    def __init__(self, task_id: str) -> None:
-        self.id = task_id
+    """What the view answered: the task id, and an eager run's state and value."""
+
+    id: str
+    state: str | None = None
+    value: Any = None
 
 
 def _through_the_view(key: str) -> Any:
@@ -726,7 +734,8 @@ def _through_the_view(key: str) -> Any:
     response = Client(raise_request_exception=True).post(f"/orders/{key}/")
     if response.status_code != 200:
         raise RuntimeError(f"the view answered {response.status_code}")
-    return _Published(response.json()["task_id"])
+    answer = response.json()
+    return _Published(answer["task_id"], answer.get("state"), answer.get("value"))
 
 
 def _ended(app: Any, flight: Flight, probe: Probe) -> bool:
@@ -749,7 +758,8 @@ def _look(flight: Flight, probe: Probe) -> None:
 
     if probe.task_id is None:
         return
-    probe.state = app.backend.get_task_meta(probe.task_id, cache=False).get("status")
+    if probe.state is None and probe.raised is None and not flight.eager:
+        probe.state = app.backend.get_task_meta(probe.task_id, cache=False).get("status")
     run = Run.objects.using(flight.alias).filter(task_id=probe.task_id).first()
     if run is not None:
         probe.run = {"status": run.status, "reason": run.reason, "attempt": run.attempt}
@@ -771,10 +781,11 @@ def _notes(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in _text(path).splitlines() if line.strip()]
 
 
-def _child(app: Any, order: Probe | None) -> Probe | None:
-    if order is None or order.task_id is None:
+def _child(app: Any, order: Probe | None, *, eager: bool = False) -> Probe | None:
+    """The order's child, named by the order's return value (eager: as the view said)."""
+    if order is None or order.task_id is None or order.raised is not None:
         return None
-    if order.value is None:
+    if order.value is None and not eager:
         result = app.AsyncResult(order.task_id)
         value = result.result if result.state == "SUCCESS" else None
     else:
@@ -811,11 +822,11 @@ def _observe(app: Any, flight: Flight, serializer: str) -> None:
         _explain(probes.get("order")),
         flight.worker.log() if flight.worker is not None else "",
     )
-    _gather(app, observed, flight.notes, provider_log())
+    _gather(app, observed, flight.notes, provider_log(), eager=flight.eager)
     flight.observed[serializer] = observed
 
 
-def _gather(app: Any, observed: Observed, notes: Path, calls: Path) -> None:
+def _gather(app: Any, observed: Observed, notes: Path, calls: Path, *, eager: bool) -> None:
     from celery_deadlines.models import Effect, Run, RunEvent
 
     all_notes = _notes(notes)
@@ -828,7 +839,7 @@ def _gather(app: Any, observed: Observed, notes: Path, calls: Path) -> None:
         probe.calls = [c for c in all_calls if c["key"].startswith(probe.key)]
         if probe.task_id is None:
             continue
-        if probe.state is None:  # not eager: the caller's result
+        if probe.state is None and probe.raised is None and not eager:  # the caller's result
             meta = app.backend.get_task_meta(probe.task_id, cache=False)
             probe.state = meta.get("status")
             result = meta.get("result")

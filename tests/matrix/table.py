@@ -22,7 +22,7 @@ COLUMNS: Final = (
 WORDS: Final = {
     "body": {"stopped", "runs on"},
     "soft": {"yes", "no"},
-    "end": {"expired", "none"},
+    "end": {"expired", "running", "none"},
     "late_writes": {"none", "fenced", "unfenced"},
     "effect": {"unreached", "refused"},
     "call": {"unreached", "refused"},

@@ -70,13 +70,13 @@ def test_an_order_placed_with_a_budget_hands_its_deadline_to_its_child(
     order = _probe(observed, "order")
     assert order.raised is None, _told(order)
     assert order.state == "SUCCESS", _told(order)
-    if _eager(row):
-        return  # an eager run is not in the ledger: its table row says so
     child = observed.child
     assert child is not None, "the order named no child"
-    assert child.state == "SUCCESS", _told(child)
+    if not _eager(row):  # an eager child's caller is the order's body
+        assert child.state == "SUCCESS", _told(child)
     assert order.run is not None
     assert child.run is not None
+    assert child.run["status"] == "SUCCEEDED", _told(child)
     enqueued = order.events[0]
     assert enqueued["kind"] == "enqueue"
     # the view's budget, from the request: the order's deadline, and its child's the same
@@ -84,14 +84,15 @@ def test_an_order_placed_with_a_budget_hands_its_deadline_to_its_child(
     assert child.run["deadline"] == order.run["deadline"]
 
 
-@pytest.mark.parametrize(("row", "serializer"), cases("order", eager=False))
+@pytest.mark.parametrize(("row", "serializer"), cases("order"))
 def test_the_claim_gives_one_attempt_the_run_and_the_ledger_records_it(
     row: Row, serializer: str, observe: Observe
 ) -> None:
     order = _probe(observe(row, serializer), "order")
     assert order.run is not None
     assert (order.run["status"], order.run["attempt"]) == ("SUCCEEDED", 1)
-    assert order.run["owner"].startswith(isolation.queue_name("matrix-"))
+    if not _eager(row):  # an eager run is claimed by the caller's process
+        assert order.run["owner"].startswith(isolation.queue_name("matrix-"))
     assert [(e["kind"], e["outcome"]) for e in order.events] == [
         ("enqueue", "applied"),
         ("claim", "applied"),
@@ -105,9 +106,8 @@ def test_the_childs_effect_is_performed_once(row: Row, serializer: str, observe:
     order = _probe(observed, "order")
     assert order.raised is None, _told(order)
     assert [c["outcome"] for c in order.calls] == ["accepted"]
-    if not _eager(row):
-        assert observed.child is not None
-        assert [(e["state"], e["dispatches"]) for e in observed.child.effects] == [("SUCCEEDED", 1)]
+    assert observed.child is not None
+    assert [(e["state"], e["dispatches"]) for e in observed.child.effects] == [("SUCCEEDED", 1)]
 
 
 @pytest.mark.parametrize(("row", "serializer"), cases("refusal"))
@@ -157,9 +157,9 @@ def test_a_retry_the_deadline_cannot_hold_is_refused_and_its_caller_told(
     assert len(retry.noted("attempt")) == 1
     if not _eager(row):
         assert retry.state == "FAILURE"
-        assert retry.run is not None
-        assert retry.run["status"] == "EXPIRED"
-        assert retry.run["reason"] == "retry_budget_exhausted"
+    assert retry.run is not None
+    assert retry.run["status"] == "EXPIRED"
+    assert retry.run["reason"] == "retry_budget_exhausted"
 
 
 @pytest.mark.parametrize(("row", "serializer"), cases("max-retries"))
@@ -187,7 +187,7 @@ def test_the_projects_own_time_limits_are_kept_under_a_longer_deadline(
     assert (limited.run["status"], limited.run["reason"]) == ("FAILED", "time_limit")
 
 
-@pytest.mark.parametrize(("row", "serializer"), cases("order", eager=False))
+@pytest.mark.parametrize(("row", "serializer"), cases("order"))
 def test_explain_tells_the_operator_who_ran_the_order_and_how_it_ended(
     row: Row, serializer: str, observe: Observe
 ) -> None:
@@ -222,6 +222,8 @@ def test_the_enforcement_tables_row_is_what_the_worker_did_past_the_deadline(
         if run is None
         else "expired"
         if (run["status"], run["reason"]) == ("EXPIRED", "deadline_passed")
+        else "running"
+        if run["status"] == "RUNNING"
         else f"{run['status']} {run['reason']}"
     )
     late = over.noted("past")
@@ -251,13 +253,29 @@ def test_the_enforcement_tables_row_is_what_the_worker_did_past_the_deadline(
     seen["remaining"] = (
         "unread" if not late else "negative" if late[0]["remaining"] < 0 else "not negative"
     )
-    seen["caller"] = over.state if over.state == "SUCCESS" else str(over.error or over.raised)
+    seen["caller"] = (
+        over.state if over.state in ("SUCCESS", "IGNORED") else str(over.error or over.raised)
+    )
     claimed = {column: claims[column] for column in seen}
     assert seen == claimed, f"the table's row {claims['name']!r} says otherwise: {_told(over)}"
-    if run is not None and late:
+    if seen["end"] == "expired" and late:
         # the ledger ended the run before the late attempt's first write after it
         ended = next(e["at"] for e in over.events if e["status"] == "EXPIRED")
         assert ended.timestamp() < late[0]["t"]
+
+
+@pytest.mark.parametrize(
+    ("row", "serializer"), [case for case in cases("overrun") if _eager(case.values[0])]
+)
+def test_an_eager_run_past_its_deadline_ends_expired_and_its_caller_is_told(
+    row: Row, serializer: str, observe: Observe
+) -> None:
+    # nothing stops an eager body: it runs on past its deadline, in the caller's process
+    over = _probe(observe(row, serializer), "overrun")
+    assert over.noted("past"), _told(over)
+    assert over.run is not None
+    assert (over.run["status"], over.run["reason"]) == ("EXPIRED", "deadline_passed"), _told(over)
+    assert (over.raised or over.error) == "DeadlineRefused", _told(over)
 
 
 def test_every_configuration_of_the_issue_has_a_row() -> None:

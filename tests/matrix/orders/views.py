@@ -4,6 +4,7 @@ commits; the request's budget (``@deadline_budget``) is the order's deadline."""
 
 from __future__ import annotations
 
+from celery.result import EagerResult
 from django.http import HttpRequest, JsonResponse
 
 from celery_deadlines.middleware import deadline_budget
@@ -16,5 +17,10 @@ ORDER_BUDGET = 20
 
 @deadline_budget(ORDER_BUDGET)
 def place_order(request: HttpRequest, key: str) -> JsonResponse:
+    """The order's task id; with ``task_always_eager`` (local development), the order ran
+    in this request: its state and value too."""
     result = place.delay(key)
-    return JsonResponse({"task_id": str(result.id)})
+    answer: dict[str, object] = {"task_id": str(result.id)}
+    if isinstance(result, EagerResult):
+        answer.update(state=result.state, value=result.result if result.successful() else None)
+    return JsonResponse(answer)
