@@ -120,7 +120,7 @@ matrix-unit: $(MATRIX_VENV)/.matrix-unit
 ## .venv-python3.12 (make matrix-unit-env): three sessions side by side, each one process
 ## running its rows side by side (MATRIX_SLOTS at a time, 5 by default); each session's
 ## output, with its rows' timelines, is printed after it ends, and its workers' logs are
-## kept in the folder the last line names. About 45 s on the 2-core machine.
+## kept in the folder the last line names. 35 to 50 s on the 2-core machine.
 ## MATRIX_AWAITING=run also runs the checks awaiting a fix (tests/matrix/rows.py,
 ## AWAITING_FIXES).
 MATRIX_PY313 ?= $(firstword $(wildcard /root/.pyenv/versions/3.13*/bin/python3.13) python3.13)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -334,8 +335,9 @@ def run_rows(
     }
     results: dict[tuple[str, str], Observed | str] = {}
     started = time.monotonic()
-    with override_settings(**transport), _ledgers(session, min(slots, workers)) as free:
+    with override_settings(**transport), Ledgers(session, min(slots, workers)) as ledgers:
         copied = time.monotonic()
+        free = ledgers.free
         _reset(app)
         waiting = list(flights)
         flying: list[Flight] = []
@@ -351,12 +353,21 @@ def run_rows(
                     for flight in waiting:
                         _fail(flight, "no ledger database left to run it on")
                     flying, waiting = waiting, []
+                spawning = any(f.stage == "queued" and not f.eager for f in flying)
                 for flight in flying:
+                    if flight.eager and spawning:
+                        continue  # it runs inline: once the workers start, while they do
                     _guarded(flight, partial(_step, app, flight, provider))
                 for flight in [f for f in flying if f.stage in ("done", "failed")]:
                     flying.remove(flight)
                     try:
-                        _land(flight, free)
+                        _land(flight)
+                        if flight.ledger is not None:
+                            if any(not f.eager for f in waiting):
+                                flight.ledger.empty()
+                                free.append(flight.ledger)
+                            else:
+                                ledgers.retire(flight.ledger)
                     except Exception as error:  # noqa: BLE001 - its outcome stands; its ledger is lost
                         flight.instants[f"landing failed ({error!r})"] = time.monotonic()
                     for serializer in flight.row.serializers:
@@ -367,7 +378,7 @@ def run_rows(
                 time.sleep(POLL)
         finally:
             for flight in flying:
-                _land(flight, [])
+                _land(flight)
             _reset(app)
     timelines = [
         f"{f.row.name}: from {f.instants.get('queued', started) - started:.1f}: {f.timeline()}"
@@ -399,51 +410,74 @@ class Ledger:
             cursor.execute(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE")
 
 
-@contextmanager
-def _ledgers(session: str, count: int) -> Iterator[list[Ledger]]:
+class Ledgers:
     """``count`` copies of the session's test database (PostgreSQL copies a template
-    while nobody is connected to it), each read through an alias of its own; the free
-    ones. A worker's reconciler acts on its whole ledger: two rows never share one at
-    once."""
-    import psycopg
+    while nobody is connected to it), each read through an alias of its own: ``free``
+    the ones no row runs on. A worker's reconciler acts on its whole ledger: two rows
+    never share one at once. Each is dropped once no row needs it, in a thread of its
+    own (``DROP DATABASE`` waits for a checkpoint of the whole server: seconds, on a
+    busy one); leaving waits for every drop."""
 
-    settings = connections["default"].settings_dict
-    ledgers = [Ledger(f"{session}_{slot}", f"matrix_{slot}") for slot in range(count)]
-    connections.close_all()
-    server = psycopg.connect(
-        host=settings["HOST"],
-        port=settings["PORT"] or 5432,
-        user=settings["USER"],
-        dbname="postgres",
-        autocommit=True,
-    )
-    try:
-        for ledger in ledgers:
-            server.execute(f'DROP DATABASE IF EXISTS "{ledger.database}"')  # a crashed session's
-            server.execute(f'CREATE DATABASE "{ledger.database}" TEMPLATE "{session}"')
-            connections.settings[ledger.alias] = {
-                **settings,
-                "NAME": ledger.database,
-                "ATOMIC_REQUESTS": False,
-                "CONN_MAX_AGE": None,
-                "OPTIONS": {},
-            }
-        yield list(ledgers)
-    finally:
-        for ledger in ledgers:
-            if ledger.alias in connections.settings:
-                connections[ledger.alias].close()
-                del connections.settings[ledger.alias]
-                with suppress(AttributeError):
-                    delattr(connections._connections, ledger.alias)  # type: ignore[attr-defined]
+    def __init__(self, session: str, count: int) -> None:
+        self.session = session
+        self.settings = connections["default"].settings_dict
+        self.free = [Ledger(f"{session}_{slot}", f"matrix_{slot}") for slot in range(count)]
+        self._all = list(self.free)
+        self._drops: list[threading.Thread] = []
+
+    def _server(self) -> Any:
+        import psycopg
+
+        return psycopg.connect(
+            host=self.settings["HOST"],
+            port=self.settings["PORT"] or 5432,
+            user=self.settings["USER"],
+            dbname="postgres",
+            autocommit=True,
+        )
+
+    def __enter__(self) -> Ledgers:
+        connections.close_all()
+        with self._server() as server:
+            for ledger in self._all:
+                server.execute(f'DROP DATABASE IF EXISTS "{ledger.database}"')  # a crashed run's
+                server.execute(f'CREATE DATABASE "{ledger.database}" TEMPLATE "{self.session}"')
+                connections.settings[ledger.alias] = {
+                    **self.settings,
+                    "NAME": ledger.database,
+                    "ATOMIC_REQUESTS": False,
+                    "CONN_MAX_AGE": None,
+                    "OPTIONS": {},
+                }
+        return self
+
+    def retire(self, ledger: Ledger) -> None:
+        """Drop ``ledger``'s database (its row's worker is gone), in a thread."""
+        self._all.remove(ledger)
+        if ledger.alias in connections.settings:
+            connections[ledger.alias].close()
+            del connections.settings[ledger.alias]
+            with suppress(AttributeError):
+                delattr(connections._connections, ledger.alias)  # type: ignore[attr-defined]
+        drop = threading.Thread(target=self._drop, args=(ledger.database,), daemon=True)
+        drop.start()
+        self._drops.append(drop)
+
+    def _drop(self, database: str) -> None:
+        with self._server() as server:
             # the workers are gone; their backends, if any are left, too
             server.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                 " WHERE datname = %s AND pid <> pg_backend_pid()",
-                (ledger.database,),
+                (database,),
             )
-            server.execute(f'DROP DATABASE IF EXISTS "{ledger.database}"')
-        server.close()
+            server.execute(f'DROP DATABASE IF EXISTS "{database}"')
+
+    def __exit__(self, *exc: object) -> None:
+        for ledger in list(self._all):
+            self.retire(ledger)
+        for drop in self._drops:
+            drop.join()
 
 
 def _guarded(flight: Flight, act: Callable[[], None]) -> None:
@@ -628,16 +662,13 @@ def _settled(flight: Flight, overrun: Probe | None) -> bool:
     return time.time() > run.deadline.timestamp() + OVERRUN_PAST + LAST_STEP
 
 
-def _land(flight: Flight, free: list[Ledger]) -> None:
-    """Stop the row's worker (its shutdown is not under test), drop the messages it
-    held unacknowledged, and empty its ledger for the next row (into ``free``)."""
+def _land(flight: Flight) -> None:
+    """Stop the row's worker (its shutdown is not under test) and drop the messages it
+    held unacknowledged."""
     if flight.worker is not None:
         flight.worker.kill()
         if flight.row.broker == "redis" and flight.env:
             _forget_unacked(flight.env["CELERY_BROKER_URL"], flight.queue)
-    if flight.ledger is not None:
-        flight.ledger.empty()
-        free.append(flight.ledger)
 
 
 def _queued_content_type(broker_url: str, queue: str, task_id: str) -> str | None:
