@@ -60,7 +60,6 @@ from types import SimpleNamespace
 from celery import Celery, Task
 from celery.app.trace import build_tracer, fast_trace_task
 from celery.worker import state as worker_state
-from celery.worker.strategy import default as strategy
 from kombu.asynchronous import Hub
 
 from celery_deadlines import DeadlineTask
@@ -161,7 +160,7 @@ consumer = SimpleNamespace(
     _limit_task=None, _limit_post_eta=None, controller=SimpleNamespace(state=worker_state),
     pool=pool,
 )
-handler = strategy(task, app, consumer)
+handler = task.start_strategy(app, consumer)  # the task's own, as a worker's consumer asks
 tracer = build_tracer(task.name, task, eager=False, hostname="bench@worker", app=app)
 task.__trace__ = tracer
 localized = (app.tasks, {"application/json"}, "bench@worker")

@@ -14,12 +14,13 @@ class CeleryDeadlinesConfig(AppConfig):
     def ready(self) -> None:
         from django.core.signals import setting_changed
 
-        from . import checks  # noqa: F401 - registers the system checks
+        from . import checks, preflight  # checks: registers the system checks
         from .install import install
         from .ledger import worker
         from .task import hand_attempts_to_the_body
 
         install()
+        preflight.use_system_checks(checks.errors)  # a worker or beat starts on none
         hand_attempts_to_the_body()
         worker.connect()
         setting_changed.connect(_reload_settings, dispatch_uid="celery_deadlines.reload")

@@ -13,7 +13,6 @@ in the table). Hints name no repository path: the docs are read on the web too.
 
 from __future__ import annotations
 
-import difflib
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -24,14 +23,9 @@ from django.conf import settings as django_settings
 from django.core import checks
 
 from .conf import (
-    BUDGETS,
     CONTRACTS,
     DATABASE,
-    DEFAULT_ATTEMPT_TIMEOUT,
-    DEFAULT_BUDGET,
-    DEFAULT_RESERVE,
     LEASE_TTL,
-    LEDGER,
     MAX_BUDGET,
     REMAINING_HEADER,
     REQUEST_BUDGET,
@@ -40,12 +34,25 @@ from .conf import (
     RETENTION,
     SETTINGS,
     TRUSTED_PROXIES,
-    Setting,
     Settings,
 )
 from .errors import ConfigurationError
+from .preflight import (
+    ON_THE_APP,
+    SETTINGS_REFERENCE,
+    SYSTEM_CHECKS,
+    Finding,
+    bad_values,
+    configured,
+    contract_problems,
+    docs,
+    finding,
+    task_attributes,
+    unknown_name,
+)
+from .preflight import closest_setting as closest_setting  # where the tests look for it
 from .rules.contracts import is_deadline_task, review
-from .rules.declarations import UNKNOWN, Configured, Problem
+from .rules.declarations import Configured, Problem
 from .rules.declarations import review as review_declarations
 from .rules.declarations import review_settings as review_declared_settings
 from .rules.quoting import named, shown
@@ -55,44 +62,6 @@ if TYPE_CHECKING:
     from celery import Celery, Task
 
 PREFIX = "CELERY_DEADLINES_"
-SETTINGS_REFERENCE = "Settings reference"
-SYSTEM_CHECKS = "System checks"
-
-
-def docs(page: str, section: str) -> str:
-    """Where a hint sends the reader: a page title and a section (module docstring)."""
-    return f'Documentation: "{page}" > "{section}".'
-
-
-def closest_setting(name: str) -> str | None:
-    """The known setting (Celery spelling) closest to ``name``, a likely typo of it."""
-    prefix = "deadlines_"  # compared without it, which every name shares
-    candidates: dict[str, str] = {}
-    for setting in SETTINGS:  # "default_reserve" is also found from "reserve" (or "resrve")
-        suffix = setting.name.removeprefix(prefix)
-        candidates.setdefault(suffix, setting.name)
-        candidates.setdefault(suffix.removeprefix("default_"), setting.name)
-    found = difflib.get_close_matches(name.lower().removeprefix(prefix), candidates, n=1)
-    return candidates[found[0]] if found else None
-
-
-def _unknown(spelled: str, name: str, *, django: bool) -> checks.CheckMessage:
-    """E002 for ``spelled`` (``name`` in Celery's spelling), suggesting the closest."""
-    closest = closest_setting(name)
-    if closest is None:
-        known = sorted(f"CELERY_{s.name.upper()}" if django else s.name for s in SETTINGS)
-        hint = f"Known settings: {', '.join(known)}. {docs(SETTINGS_REFERENCE, SYSTEM_CHECKS)}"
-    else:
-        suggestion = f"CELERY_{closest.upper()}" if django else closest
-        hint = f"Did you mean {suggestion}? " + docs(
-            SETTINGS_REFERENCE, f"CELERY_{closest.upper()}"
-        )
-    where = "" if django else " (set on the Celery app)"
-    return checks.Error(
-        f"{named(spelled)}{where} is not a celery-deadlines setting.",
-        hint=hint,
-        id="celery_deadlines.E002",
-    )
 
 
 def _given() -> dict[str, Any]:
@@ -127,29 +96,19 @@ def check_settings(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
     """E001: a setting has a bad value. E002: a ``CELERY_DEADLINES_*`` name (or a
-    ``deadlines_*`` name on the project's Celery app) is unknown."""
+    ``deadlines_*`` name on the project's Celery app) is unknown. (The rules:
+    :mod:`celery_deadlines.preflight`, which a worker checks its own settings with.)"""
     given = _given()
     known = {setting.name for setting in SETTINGS}
-    messages = [
-        _unknown(f"CELERY_{name.upper()}", name, django=True)
+    problems = [
+        unknown_name(f"CELERY_{name.upper()}", name, namespace="CELERY")
         for name in sorted(given.keys() - known)
     ]
-    messages += [
-        _unknown(name, name, django=False) for name in sorted(_on_the_app() - known - set(given))
+    problems += [
+        unknown_name(name, name, namespace=None, where=ON_THE_APP)
+        for name in sorted(_on_the_app() - known - set(given))
     ]
-    settings = Settings(given)
-    for setting in SETTINGS:
-        try:
-            settings.get(setting)
-        except ConfigurationError as error:
-            messages.append(
-                checks.Error(
-                    str(error),
-                    hint=docs(SETTINGS_REFERENCE, setting.django_name),
-                    id="celery_deadlines.E001",
-                )
-            )
-    return messages
+    return _messages(problems + bad_values(Settings(given)))
 
 
 def _on_the_app() -> set[str]:
@@ -198,30 +157,7 @@ def check_contracts(
     )
     # a task missing from this process's registry may be a module not imported here
     # (autodiscovery differs between a worker and manage.py): a warning, not an error
-    section = docs("How-tos", "Declare a time contract")
-    return [
-        checks.Error(problem.message, hint=f"{problem.hint} {section}", id="celery_deadlines.E005")
-        if problem.severity == "error"
-        else checks.Warning(
-            problem.message, hint=f"{problem.hint} {section}", id="celery_deadlines.W002"
-        )
-        for problem in problems
-    ]
-
-
-#: Celery's task options it keeps only on the task's class (``Task`` has no such
-#: attribute): never a misspelled option of this package's.
-CELERY_CLASS_OPTIONS = frozenset(
-    {
-        "autoretry_for",
-        "dont_autoretry_for",
-        "retry_kwargs",
-        "retry_backoff",
-        "retry_backoff_max",
-        "retry_jitter",
-        "store_eager_result",
-    }
-)
+    return _messages(contract_problems(problems))
 
 
 @checks.register()
@@ -245,54 +181,27 @@ def check_declarations(
     except Exception as exc:  # noqa: BLE001 (a check must report a failure, not crash)
         return [*messages, _cannot_check(f"its tasks did not load: {shown(exc)}", what=TASKS)]
     return messages + _messages(
-        review_declarations(tasks, configured, known_attributes=_task_attributes())
+        review_declarations(tasks, configured, known_attributes=task_attributes())
     )
 
 
 TASKS = "The options of the project's tasks could not be checked"
 
 
-def _task_attributes() -> frozenset[str]:
-    """Every attribute a task has as a Celery task or a DeadlineTask: never a typo."""
-    from celery import Task
-
-    from .task import DeadlineTask
-
-    return frozenset(dir(Task)) | frozenset(dir(DeadlineTask)) | CELERY_CLASS_OPTIONS
-
-
 def _configured(settings: Settings, *, lease_ttl_set: bool) -> Configured:
-    """The settings a declaration is checked against, each :data:`UNKNOWN` when bad."""
-
-    def value(setting: Setting[Any]) -> Any:
-        try:
-            return settings.get(setting)
-        except ConfigurationError:
-            return UNKNOWN  # reported by check_settings
-
-    return Configured(
-        default_budget=value(DEFAULT_BUDGET),
-        budgets=value(BUDGETS),
-        contracts=value(CONTRACTS),
-        default_reserve=value(DEFAULT_RESERVE),
-        default_attempt_timeout=value(DEFAULT_ATTEMPT_TIMEOUT),
-        max_budget=value(MAX_BUDGET),
-        lease_ttl=value(LEASE_TTL),
-        lease_ttl_set=lease_ttl_set,
-        ledger=value(LEDGER),
-        trusted_proxies=value(TRUSTED_PROXIES),
-        name=lambda name: f"CELERY_{name.upper()}",
+    """The settings a declaration is checked against, named as Django's settings."""
+    return configured(
+        settings, lease_ttl_set=lease_ttl_set, name=lambda name: f"CELERY_{name.upper()}"
     )
 
 
 def _messages(problems: Sequence[Problem]) -> list[checks.CheckMessage]:
     kind = {"error": checks.Error, "warning": checks.Warning}
-    return [
-        kind[problem.severity](
-            problem.message, hint=f"{problem.hint} {docs(*problem.read)}", id=problem.id
-        )
-        for problem in problems
-    ]
+    messages: list[checks.CheckMessage] = []
+    for problem in problems:
+        said = finding(problem)
+        messages.append(kind[problem.severity](said.message, hint=said.hint, id=said.id))
+    return messages
 
 
 #: Celery's own switch: its Django fixup skips the system checks while it is set.
@@ -463,3 +372,22 @@ def check_ledger_database(
             )
         )
     return messages
+
+
+def errors(also: Sequence[Finding] = ()) -> list[Finding]:
+    """Every error of this package's system checks, and ``also`` (those of values set on
+    a Celery app itself), that ``SILENCED_SYSTEM_CHECKS`` does not silence: what stops a
+    worker or beat of the project (``manage.py check`` fails on the same). Only this
+    module's checks run: the project's others are its own affair."""
+    from django.core.checks.registry import registry
+
+    found: list[checks.CheckMessage] = []
+    for check in registry.get_checks(include_deployment_checks=False):
+        if getattr(check, "__module__", None) == __name__:
+            found += check(app_configs=None, databases=None)
+    found += [checks.Error(error.message, hint=error.hint, id=error.id) for error in also]
+    return [
+        Finding(message.id or "", message.msg, message.hint or "")
+        for message in found
+        if message.is_serious() and not message.is_silenced()
+    ]

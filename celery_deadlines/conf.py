@@ -495,13 +495,18 @@ class Settings:
 
     def check(self) -> list[ConfigurationError]:
         """Every setting's error, for system checks (empty when all are fine)."""
-        errors = []
+        return [error for _, error in self.failing()]
+
+    def failing(self) -> list[tuple[Setting[Any], ConfigurationError]]:
+        """Every setting whose value is refused, with its error (the system checks'
+        E001, and what stops a worker: :mod:`celery_deadlines.preflight`)."""
+        failing = []
         for setting in SETTINGS:
             try:
                 self.get(setting)
             except ConfigurationError as exc:
-                errors.append(exc)
-        return errors
+                failing.append((setting, exc))
+        return failing
 
     def contract_of(self, task_name: str) -> TimeContract | None:
         """The time contract of ``task_name``, if ``deadlines_contracts`` has one."""

@@ -13,9 +13,10 @@ app has DeadlineTasks:
   that exited are marked dead.
 
 Nothing here stops a worker: without prometheus_client it logs an ERROR naming the
-extra to install and runs without metrics; a bad port is the setting's
-:class:`ConfigurationError`, logged at ERROR (``manage.py check`` reports it as
-``celery_deadlines.E001``); a port that cannot be bound is logged at ERROR too.
+extra to install and runs without metrics; a port that cannot be bound is logged at
+ERROR too. A bad port (``celery_deadlines.E001``) keeps the worker from starting
+(:mod:`celery_deadlines.preflight`); where a project silences that check, it is the
+setting's :class:`ConfigurationError`, logged here at ERROR.
 """
 
 from __future__ import annotations

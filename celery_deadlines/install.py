@@ -1,12 +1,12 @@
-"""Connect the publish hook, the worker's metrics exporter and its time limits, and put
-the workflow gate on Celery's canvas classes, once per process (idempotent, no import
-side effects)."""
+"""Connect the publish hook, the worker's metrics exporter and its time limits, the
+check a worker and beat start with, and put the workflow gate on Celery's canvas
+classes, once per process (idempotent, no import side effects)."""
 
 from __future__ import annotations
 
 from celery.signals import before_task_publish
 
-from . import canvas, exporter, pools, sentry, timelimits
+from . import canvas, exporter, pools, preflight, sentry, timelimits
 from .propagation import on_before_task_publish
 
 _DISPATCH_UID = "celery_deadlines.propagation.on_before_task_publish"
@@ -21,7 +21,9 @@ def install() -> None:
     receiver that gives Sentry's transaction of a refused run its status
     (:mod:`celery_deadlines.sentry`; it imports nothing of Sentry's), and the worker
     signals that say whether a process runs its attempts one at a time
-    (:mod:`celery_deadlines.pools`).
+    (:mod:`celery_deadlines.pools`), and the check that keeps a worker or beat from
+    starting on a configuration the library's checks reject
+    (:mod:`celery_deadlines.preflight`).
 
     Called for you when a :class:`DeadlineTask` is bound to an app and when the Django
     app is ready; call it yourself in a process that only sends tasks by name.
@@ -32,3 +34,4 @@ def install() -> None:
     timelimits.connect()
     sentry.connect()
     pools.connect()
+    preflight.connect()

@@ -17,6 +17,11 @@ a request with no budget opens no scope at all. The middleware resolves the URL 
 block around the rest of the chain and the view, the same in WSGI and ASGI, for sync and
 async views (a sync view under ASGI runs in a copy of the context: it inherits too).
 
+A view reads the deadline in force as ``request.deadline_decision`` (set on every
+request, with or without a budget): the :class:`~celery_deadlines.rules.incoming.Decision`
+``ingress_scope`` yields, its ``deadline`` (``None``: no scope), ``source``, ``ignored``
+headers and ``remaining(now)``.
+
 Settings are read from Django's settings (``CELERY_DEADLINES_*``), whichever Celery app
 is loaded.
 """
@@ -43,6 +48,8 @@ V = TypeVar("V")
 
 #: The attribute :func:`deadline_budget` sets on a view (or its class).
 ATTRIBUTE: Final = "celery_deadlines_budget"
+#: The request's attribute a view reads the decision in force from.
+REQUEST_ATTRIBUTE: Final = "deadline_decision"
 
 
 def deadline_budget(budget: DurationLike | None) -> Callable[[V], V]:
@@ -103,7 +110,8 @@ def view_budget(request: HttpRequest) -> tuple[timedelta | None, str]:
 
 
 class DeadlineMiddleware:
-    """Open the request's deadline scope around the rest of the chain (sync or async).
+    """Open the request's deadline scope around the rest of the chain (sync or async),
+    and give the request the decision in force (``request.deadline_decision``).
 
     With ``CELERY_DEADLINES_REMAINING_HEADER`` set, the response carries that header:
     the whole milliseconds the request had left when its response was ready (0 once
@@ -127,10 +135,12 @@ class DeadlineMiddleware:
         if self.is_async:
             return self.__acall__(request)
         with self._scope(request) as decision:
+            setattr(request, REQUEST_ATTRIBUTE, decision)
             return self._finish(self.get_response(request), decision)
 
     async def __acall__(self, request: HttpRequest) -> HttpResponseBase:
         with self._scope(request) as decision:
+            setattr(request, REQUEST_ATTRIBUTE, decision)
             return self._finish(await self.get_response(request), decision)
 
     def _scope(self, request: HttpRequest) -> AbstractContextManager[Decision]:

@@ -20,7 +20,7 @@ from celery.exceptions import Retry
 
 from . import ledger
 from .propagation import attempt_state, headers_of
-from .rules import gates, wire
+from .rules import envelope, gates, wire
 from .rules.records import NewRun
 from .rules.stamping import Stamp
 from .rules.states import Status
@@ -119,7 +119,8 @@ def run_of_request(
 ) -> NewRun:
     """The row of a run whose message was published without the outbox, rebuilt from
     the request being executed (so the sweeper can republish it; its message encoded
-    with the task's ``serializer``)."""
+    with the task's ``serializer``). A ``root_id`` or ``parent_id`` that is not a task
+    id is not kept (:func:`envelope.link`)."""
     api = ledger.api_for(app)
 
     kept = {
@@ -129,8 +130,8 @@ def run_of_request(
         "chord": request.chord,
         "group_id": request.group,
         "group_index": request.group_index,
-        "root_id": request.root_id,
-        "parent_id": request.parent_id,
+        "root_id": envelope.link(request.root_id),
+        "parent_id": envelope.link(request.parent_id),
         "headers": {
             key: value
             for key, value in headers_of(request).items()
@@ -152,9 +153,9 @@ def run_of_request(
         task_name=task_name,
         deadline=deadline,
         delivery_deadline=None,
-        root_id=request.root_id or request.id,
-        parent_id=request.parent_id or "",
-        retries=int(request.retries or 0),
+        root_id=envelope.link(request.root_id) or request.id,
+        parent_id=envelope.link(request.parent_id) or "",
+        retries=int(request.retries or 0),  # well-formed: the worker's main process held it
         available_at=None,
         message_body=body,
         content_type=content_type,

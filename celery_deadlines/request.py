@@ -10,21 +10,30 @@ acknowledged (never requeued), its failure is stored with the typed
 ``execute_using_pool`` reads ``time_limits`` right before ``pool.apply_async``; the
 property below caps them at the budget left at that instant (the attempt gate). Only
 the prefork pool enforces both limits; docs/failure-semantics.md covers the others.
+
+Before any of it, a message's envelope (:mod:`celery_deadlines.rules.envelope`): the
+fields this package reads of every message are checked when it is handed to the pool,
+and a message Celery cannot make a request of is refused by the task's strategy
+(:func:`strategy`) instead of its error stopping the worker: ``invalid_message``.
 """
 
 from __future__ import annotations
 
 import logging
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from contextlib import suppress
 from datetime import datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from billiard.einfo import ExceptionWithTraceback  # type: ignore[attr-defined]
 from billiard.exceptions import TimeLimitExceeded, WorkerLostError
+from celery.exceptions import InvalidTaskError
 from celery.utils.time import maybe_iso8601
 from celery.worker.request import Request
 from celery.worker.state import task_ready
+from celery.worker.strategy import default as celery_strategy
+from kombu.exceptions import ContentDisallowed, DecodeError
 
 from . import ledger, options, recording, seconds
 from .body import Unresolved
@@ -32,7 +41,8 @@ from .claiming import answer_a_waiting_caller, caller_of
 from .clock import get_clock
 from .conf import settings_for
 from .errors import DeadlineRefused
-from .rules import gates, outcomes, stamping, wire
+from .rules import envelope, gates, outcomes, stamping, wire
+from .rules.envelope import LONGEST_ID, MOST_RETRIES, is_duration
 from .rules.quoting import shown
 from .rules.states import UNKNOWN_EVENT, Status
 from .signals import report_refusal
@@ -88,6 +98,7 @@ class DeadlineRequest(Request):
 
     if TYPE_CHECKING:  # set by celery's Request, missing from the stubs
         _request_dict: dict[str, Any]
+        _payload: Any
         _task: Any
         _app: Any
         _context: Any
@@ -137,6 +148,22 @@ class DeadlineRequest(Request):
         message (on arrival when it has ``expires``, and when handed to the pool)."""
         if self._already_revoked:
             return True
+        # the fields this package reads of every message, before anything is judged by
+        # them: envelope.fits, inline (every message; tests/unit/test_malformed_messages.py
+        # holds the two equal)
+        task_id = self.id
+        retries = self._request_dict.get("retries")
+        if (
+            type(task_id) is not str
+            or not 0 < len(task_id) <= LONGEST_ID
+            or type(self.name) is not str
+            or (
+                retries is not None
+                and (type(retries) is not int or not 0 <= retries <= MOST_RETRIES)
+            )
+        ):
+            self._refuse_malformed()
+            return True
         # no deadline header: nothing to judge (a delivery deadline alone is the delivery
         # gates'), no clock read. One as this package writes it (epoch seconds), clearly
         # in time, is admitted in seconds (seconds.admitted_at), the reading kept for the
@@ -158,7 +185,16 @@ class DeadlineRequest(Request):
                 if refusal is not None:
                     self._refuse(refusal)
                     return True
-        revoked: bool = super().revoked()
+        try:
+            revoked: bool = super().revoked()
+        except Exception:
+            # Celery's own reading of a field (``stamped_headers``; an expired message's
+            # links, read as its revocation is stored) failed: the message's, if the
+            # envelope's rule finds the field malformed
+            if self._flaw() is None:
+                raise
+            self._refuse_malformed()
+            return True
         return revoked
 
     def maybe_expire(self) -> Literal[True] | None:
@@ -216,7 +252,12 @@ class DeadlineRequest(Request):
 
     @time_limits.setter
     def time_limits(self, value: Any) -> None:
+        """The message's ``timelimit`` (Celery's request sets it): a pair of durations
+        (:func:`envelope.is_duration`), else ``ValueError``: Celery's request is not made
+        and the strategy refuses the message."""
         hard, soft = value
+        if (hard is not None or soft is not None) and not (is_duration(hard) and is_duration(soft)):
+            raise ValueError(f"timelimit {shown(value)} is not a pair of durations")
         self._raw_time_limits = (hard, soft)
 
     def _remaining(self) -> float | None:
@@ -315,48 +356,52 @@ class DeadlineRequest(Request):
         return task
 
     def _refuse(self, decision: gates.Decision) -> None:
-        """Acknowledge, store the typed failure, announce: never requeue, never run."""
-        if isinstance(self.task, DeadlineTask) and self.task.deadline_kind == "delivery":
+        """Acknowledge, store the typed failure, announce: never requeue, never run. The
+        refusal is named by the task's registered name, as every gate names it (the
+        message's ``shadow`` is whatever its producer wrote). A refused message that is
+        malformed in any field (:func:`envelope.flaw`) is refused as such
+        (``invalid_message``), its refusal stored only under an id that can name a
+        result, with nothing of the message but its id (:func:`_storing`)."""
+        task = self.task
+        if isinstance(task, DeadlineTask) and task.deadline_kind == "delivery":
             decision = gates.as_delivery(decision)  # a delivery task's deadline is its delivery
+        headers = self._request_dict
+        malformed = decision.reason is gates.Reason.INVALID_MESSAGE
+        if not malformed:
+            # every field of a refused message is judged (a refusal is rare: the message
+            # that runs is judged by the fields read of every message alone)
+            detail = self._flaw()
+            if detail is not None:
+                decision = gates.invalid_message(decision.gate, decision.clock_reading, detail)
+                malformed = True
+        decision, task_id, retries = _storing(task, headers, decision)
         exc = decision.refusal()
-        report_refusal(self.task, self.id, self.name, decision, carrier=self._request_dict)
-        task_ready(self)
-        if self._ended_run_in_ledger(decision, exc):
+        report_refusal(
+            task,
+            envelope.task_id(headers),
+            task.name,
+            decision,
+            carrier=None if malformed else headers,
+        )
+        with suppress(TypeError):  # an id no set takes: Celery's state never held it
+            task_ready(self)
+        if task_id is not None and _ended_in_ledger(
+            task, decision, task_id, retries, self._reserve
+        ):
             self.send_event("task-failed", exception=repr(exc), traceback="")
-            self.task.backend.mark_as_failure(
-                self.id, exc, request=self._context, store_result=self.store_errors
-            )
+            context = None if malformed else (lambda: self._context)
+            _store_refusal(task, task_id, exc, context, self.store_errors)
         self.acknowledge()
         self._already_revoked = True
 
-    def _ended_run_in_ledger(self, decision: gates.Decision, exc: DeadlineRefused) -> bool:
-        """Record the refusal in the ledger; False if the run had ended or is owned.
+    def _flaw(self) -> str | None:
+        """What the envelope's rule finds malformed in this message, or ``None``."""
+        return envelope.flaw(self._request_dict, self._payload)
 
-        Without the ledger every refusal ends its run. With it, a refused duplicate of a
-        run that already ended, or that another worker is running, must not store a
-        failure over that run's own result; a caller of an ended run still waiting is
-        told how it ended (:func:`~celery_deadlines.claiming.answer_a_waiting_caller`).
-        """
-        task = self.task
-        if not isinstance(task, DeadlineTask) or not ledger.enabled_for(task.app):
-            return True
-        try:
-            ended_it = recording.record_refusal(
-                task.app,
-                decision,
-                task_name=task.name,
-                task_id=self.id,
-                retries=int(self._request_dict.get("retries") or 0),
-                reserve=self._reserve,
-            )
-        except Exception:  # the message is still refused; the sweeper expires the run
-            logger.exception("recording the refusal of %s in the ledger failed", self.id)
-            return True
-        if not ended_it:
-            # the run had ended: whoever ended it may have died (or lost the result to a
-            # broker restart) before the caller was told; a caller still waiting is told
-            answer_a_waiting_caller(caller_of(task), self.id, decision.clock_reading)
-        return ended_it
+    def _refuse_malformed(self) -> None:
+        """Refuse a message whose envelope cannot be judged (``invalid_message``)."""
+        detail = self._flaw() or "its envelope cannot be judged"
+        self._refuse(gates.invalid_message(gates.Gate.CLAIM, get_clock().now(), detail))
 
     # -- the ledger, told by the supervisor about its pool processes -------------------
 
@@ -521,6 +566,145 @@ class DeadlineRequest(Request):
             self.acknowledge()
         else:
             self.reject(requeue=False)
+
+
+def strategy(task: Any, app: Any, consumer: Any, **options: Any) -> Callable[..., Any]:
+    """Celery's strategy for a DeadlineTask's messages (``DeadlineTask.Strategy``), with
+    the envelope's rule behind it: when Celery cannot make or hold the request of a
+    message (its id absent or of a type no set takes, a body that is not three parts,
+    an ``eta`` or ``expires`` it cannot read, a ``timelimit`` that is not two durations)
+    and the rule finds the message malformed (:func:`envelope.flaw`), or Celery's own
+    words say it cannot read it, the message is refused with ``invalid_message``
+    (:func:`refuse_message`) instead of the error stopping the worker. Any other error
+    is Celery's, as is a message of Celery's protocol 1 (its fields in the body). A
+    message that keeps the rule pays for one call more."""
+    handle = celery_strategy(task, app, consumer, **options)
+
+    def deadline_task_message_handler(
+        message: Any, body: Any, ack: Any, reject: Any, callbacks: Any
+    ) -> Any:
+        try:
+            return handle(message, body, ack, reject, callbacks)
+        except Exception as failed:
+            detail = _malformed(message, body, failed)
+            if detail is None:
+                raise
+        refuse_message(task, consumer, message.headers, detail, ack)
+        return None
+
+    return deadline_task_message_handler
+
+
+def _malformed(message: Any, body: Any, failed: Exception) -> str | None:
+    """Why Celery could not take ``message`` (it raised ``failed``), if it is malformed:
+    the envelope's flaw, or Celery's own words for an ``eta`` or ``expires`` it cannot
+    read; ``None`` when the error is not the message's to answer for (a body that does
+    not decode, a message of protocol 1: Celery's own handling)."""
+    if body is not None or isinstance(failed, (DecodeError, ContentDisallowed)):
+        return None
+    try:
+        payload, headers = message.payload, message.headers
+    except Exception:  # noqa: BLE001 - not decoded: Celery's to report
+        return None
+    if type(payload) is dict and "args" in payload:  # Celery's "hybrid": protocol 1's body
+        return None
+    detail = envelope.flaw(headers, payload)
+    if detail is None and isinstance(failed, InvalidTaskError):
+        detail = f"Celery cannot read it: {shown(str(failed), 160)}"
+    return detail
+
+
+def refuse_message(
+    task: Any, consumer: Any, headers: Mapping[str, Any], detail: str, ack: Any
+) -> None:
+    """Refuse a message Celery could not take (``detail``: why), at the claim gate:
+    logged once at WARNING, ``deadline_refused`` sent, acknowledged, stored as
+    :func:`_storing` says, with nothing of the message but its id (no errback, chord or
+    chain of it is called)."""
+    decision = gates.invalid_message(gates.Gate.CLAIM, get_clock().now(), detail)
+    decision, task_id, retries = _storing(task, headers, decision)
+    exc = decision.refusal()
+    report_refusal(task, envelope.task_id(headers), task.name, decision)
+    if task_id is not None and _ended_in_ledger(task, decision, task_id, retries, None):
+        dispatcher = consumer.event_dispatcher
+        if dispatcher and dispatcher.enabled and task.send_events:
+            dispatcher.send("task-failed", uuid=task_id, exception=repr(exc), traceback="")
+        ignore_result = headers.get("ignore_result")  # as Celery's request reads it
+        if ignore_result is None:
+            ignore_result = task.ignore_result
+        stores = not ignore_result or task.store_errors_even_if_ignored
+        _store_refusal(task, task_id, exc, None, stores)
+    ack(logger, consumer.connection_errors)
+
+
+def _storing(
+    task: Any, headers: Mapping[str, Any], decision: gates.Decision
+) -> tuple[gates.Decision, str | None, int]:
+    """The refusal as it is reported, the id its failure is stored under (``None``:
+    nothing is stored) and the attempt it ends in the ledger. A refusal is stored only
+    under an id that can name a result (:func:`envelope.task_id`); with the run ledger,
+    only when the message's ``retries`` names an attempt too (else no run is touched).
+    The decision's detail says when nothing is stored."""
+    task_id = envelope.task_id(headers)
+    retries = envelope.retries(headers)
+    if task_id is None:
+        why = "its id cannot name a result"
+    elif retries is None and isinstance(task, DeadlineTask) and ledger.enabled_for(task.app):
+        why = "its retries name no attempt of a run"
+    else:
+        return decision, task_id, retries or 0
+    detail = f"{decision.detail}; nothing is stored: {why}"
+    return decision._replace(detail=detail), None, 0
+
+
+def _ended_in_ledger(
+    task: Any, decision: gates.Decision, task_id: str, retries: int, reserve: timedelta | None
+) -> bool:
+    """Record the refusal in the ledger; False if the run had ended or is owned.
+
+    Without the ledger every refusal ends its run. With it, a refused duplicate of a
+    run that already ended, or that another worker is running, must not store a
+    failure over that run's own result; a caller of an ended run still waiting is
+    told how it ended (:func:`~celery_deadlines.claiming.answer_a_waiting_caller`).
+    """
+    if not isinstance(task, DeadlineTask) or not ledger.enabled_for(task.app):
+        return True
+    try:
+        ended_it = recording.record_refusal(
+            task.app,
+            decision,
+            task_name=task.name,
+            task_id=task_id,
+            retries=retries,
+            reserve=reserve,
+        )
+    except Exception:  # the message is still refused; the sweeper expires the run
+        logger.exception("recording the refusal of %s in the ledger failed", task_id)
+        return True
+    if not ended_it:
+        # the run had ended: whoever ended it may have died (or lost the result to a
+        # broker restart) before the caller was told; a caller still waiting is told
+        answer_a_waiting_caller(caller_of(task), task_id, decision.clock_reading)
+    return ended_it
+
+
+def _store_refusal(
+    task: Any,
+    task_id: str,
+    exc: DeadlineRefused,
+    request: Callable[[], Any] | None,
+    store_result: bool,
+) -> None:
+    """Store a refusal as the task's failure (``request``: makes the message's, whose
+    chord and errbacks Celery tells; ``None``: none). A refusal whose result cannot be
+    stored (the backend is away, or cannot take what the message carries) is logged at
+    ERROR and its message is still acknowledged, as Celery's main process does with a
+    failure it cannot store: no message stops the worker."""
+    try:
+        context = None if request is None else request()
+        task.backend.mark_as_failure(task_id, exc, request=context, store_result=store_result)
+    except Exception:
+        logger.exception("%s[%s]: storing its refusal failed", task.name, task_id)
 
 
 #: The app attribute its timezone is kept in (``DeadlineRequest.tzlocal``).

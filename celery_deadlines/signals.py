@@ -101,6 +101,10 @@ def report_operator_needed(
     )
 
 
+#: What a refusal's log line says in place of a task id it has none of, by gate.
+_UNNAMED = {Gate.OUTBOUND: "no task", Gate.CLAIM: "no task id"}
+
+
 def report_refusal(
     sender: object,
     task_id: str | None,
@@ -112,8 +116,9 @@ def report_refusal(
     """Log a refusal, record it on the current span (:mod:`celery_deadlines.tracing`;
     ``carrier``: the message's headers, where no span is current) and send
     :data:`deadline_refused`."""
-    # a refused publish has no id yet; a call refused outside any task has no task
-    unnamed = "no task" if decision.gate is Gate.OUTBOUND else "not published"
+    # a refused publish has no id yet; a call refused outside any task has no task; a
+    # message refused at the claim gate may carry an id that is not a task id
+    unnamed = _UNNAMED.get(decision.gate, "not published")
     logger.warning(
         "%s[%s] refused at %s gate: %s; deadline %s, clock read %s%s",
         task_name,
@@ -130,7 +135,10 @@ def report_refusal(
 
 def _deadline_said(decision: Decision) -> str:
     """The refused message's deadline in the log line: ``unreadable`` only for a header
-    that could not be read (a refusal for something else may have no deadline at all)."""
+    that could not be read, ``not read`` for a message refused before it was judged (a
+    refusal for something else may have no deadline at all)."""
     if decision.deadline is not None:
         return decision.deadline.isoformat()
-    return "unreadable" if decision.reason is Reason.INVALID_DEADLINE else "none"
+    if decision.reason is Reason.INVALID_DEADLINE:
+        return "unreadable"
+    return "not read" if decision.reason is Reason.INVALID_MESSAGE else "none"

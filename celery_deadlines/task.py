@@ -114,6 +114,9 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
     """
 
     Request = "celery_deadlines.request:DeadlineRequest"
+    #: Celery's strategy, with the envelope's rule behind it: a message Celery cannot
+    #: make a request of is refused (``invalid_message``), its error never the worker's
+    Strategy = "celery_deadlines.request:strategy"
 
     budget: ClassVar[object] = UNSET
     delivery_budget: ClassVar[object] = UNSET

@@ -10,9 +10,11 @@ gate       refuses when
 enqueue    the deadline has passed, or less than ``reserve`` would be left when
            the message may first start (``eta``/``countdown`` included)
 claim      same rule, when a worker actually takes the message (time spent in
-           the queue and behind busy pool processes has been spent); with the
-           ledger, also a message that names another task than the run of its
-           id (``task_mismatch``: the run is left as it is)
+           the queue and behind busy pool processes has been spent); a message
+           whose envelope cannot be judged (``invalid_message``:
+           :mod:`celery_deadlines.rules.envelope`); with the ledger, also a
+           message that names another task than the run of its id
+           (``task_mismatch``: the run is left as it is)
 attempt    never refuses by itself: it caps the attempt's time limits at the
            budget left (:func:`cap_time_limits`)
 retry      ``countdown + attempt_timeout + skew_allowance > remaining`` (or less
@@ -70,6 +72,10 @@ class Reason(enum.StrEnum):
     #: run's): refused by the ledger's claim, the run left as it was, nothing stored
     #: under the id (it is the other run's)
     TASK_MISMATCH = "task_mismatch"
+    #: a DeadlineTask's message whose envelope cannot be judged (an id that is not a
+    #: task id, a ``retries`` or ``timelimit`` of another type, a body that is not
+    #: Celery's: :mod:`celery_deadlines.rules.envelope`), refused before it is judged
+    INVALID_MESSAGE = "invalid_message"
 
 
 class Decision(NamedTuple):
@@ -210,6 +216,19 @@ def invalid(gate: Gate, now: datetime, detail: str) -> Decision:
     return Decision(
         gate=gate,
         reason=Reason.INVALID_DEADLINE,
+        deadline=None,
+        clock_reading=now,
+        remaining=None,
+        detail=detail,
+    )
+
+
+def invalid_message(gate: Gate, now: datetime, detail: str) -> Decision:
+    """The refusal for a message whose envelope cannot be judged (``detail``: what is
+    wrong with it, :func:`celery_deadlines.rules.envelope.flaw`)."""
+    return Decision(
+        gate=gate,
+        reason=Reason.INVALID_MESSAGE,
         deadline=None,
         clock_reading=now,
         remaining=None,

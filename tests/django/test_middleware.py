@@ -145,6 +145,35 @@ def test_a_request_without_a_budget_opens_no_scope(published: list[dict[str, Any
     assert answered(get("/opted-out/"), published) is None
 
 
+@pytest.mark.parametrize("call", [get, get_async], ids=["wsgi", "asgi"])
+@pytest.mark.parametrize("path", ["/decided/", "/decided-async/"])
+def test_a_view_reads_the_requests_deadline_its_source_and_the_time_left(
+    call: Any, path: str, clock: FakeClock
+) -> None:
+    headers = {"grpc-timeout": "3S", "X-Request-Timeout-Ms": "soon"}
+    seen = call(path, **headers).json()
+    assert seen == {
+        "deadline": (clock.now() + timedelta(seconds=3)).timestamp(),
+        "source": "header grpc-timeout",
+        "left": 3.0,
+        "ignored": ["x-request-timeout-ms"],  # malformed
+        "inherited": seen["deadline"],  # what its tasks inherit
+    }
+    assert call(path).json()["source"] == "view"  # its own budget, 8 s
+    assert call(path).json()["left"] == 8.0
+
+
+def test_a_view_without_a_budget_reads_no_deadline() -> None:
+    seen = get("/decided-none/").json()
+    assert seen == {
+        "deadline": None,
+        "source": None,
+        "left": None,
+        "ignored": [],
+        "inherited": None,
+    }
+
+
 def test_the_default_request_budget_covers_views_without_one_but_not_opted_out_ones(
     clock: FakeClock, published: list[dict[str, Any]]
 ) -> None:

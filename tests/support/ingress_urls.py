@@ -18,6 +18,7 @@ from django.urls import include, path
 from django.views import View
 
 from celery_deadlines import DeadlineTask
+from celery_deadlines.clock import get_clock
 from celery_deadlines.middleware import deadline_budget
 from celery_deadlines.propagation import inherited
 
@@ -90,6 +91,32 @@ def broken(request: HttpRequest) -> JsonResponse:
     raise RuntimeError("the view failed")
 
 
+def decided(request: HttpRequest) -> JsonResponse:
+    """What the view reads of the request's deadline, as the how-to shows it."""
+    decision = request.deadline_decision  # type: ignore[attr-defined]
+    left = decision.remaining(get_clock().now())
+    inherits = inherited().deadline  # what a task it published now would carry
+    return JsonResponse(
+        {
+            "deadline": None if decision.deadline is None else decision.deadline.timestamp(),
+            "source": decision.source,
+            "left": None if left is None else left.total_seconds(),
+            "ignored": [ignored.header for ignored in decision.ignored],
+            "inherited": None if inherits is None else inherits.timestamp(),
+        }
+    )
+
+
+@deadline_budget(8)
+def decided_budgeted(request: HttpRequest) -> JsonResponse:
+    return decided(request)
+
+
+@deadline_budget(8)
+async def decided_async(request: HttpRequest) -> JsonResponse:
+    return decided(request)
+
+
 views = [
     path("budgeted/", budgeted, name="budgeted"),
     path("async/", budgeted_async, name="async"),
@@ -99,5 +126,8 @@ views = [
     path("api/report/", unbudgeted, name="report"),
     path("unbudgeted/", unbudgeted, name="unbudgeted"),
     path("broken/", broken, name="broken"),
+    path("decided/", decided_budgeted, name="decided"),
+    path("decided-async/", decided_async, name="decided_async"),
+    path("decided-none/", decided, name="decided_none"),
 ]
 urlpatterns = [path("", include((views, "ingress")))]

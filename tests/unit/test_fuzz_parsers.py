@@ -1,7 +1,9 @@
 """Every parser of headers, durations and settings, fuzzed: whatever it is given, only
 the package's documented errors leave it (``InvalidDeadline``, ``ConfigurationError``),
 an error repeats a bounded part of what it was given, and a decoded deadline never lies
-further ahead than the maximum budget.
+further ahead than the maximum budget. And the message a worker's main process takes,
+whatever its headers hold: only documented refusals, nothing raised into the consumer,
+nothing stored under an id that cannot name a result, no metric label made of it.
 
 ``make test`` runs :data:`EXAMPLES` examples per property (a few thousand in all);
 ``make fuzz`` runs the opt-in tier, ``DEADLINES_FUZZ_EXAMPLES`` per property (10,000 by
@@ -30,7 +32,8 @@ from celery_deadlines.rules.contracts import parse_contracts
 from celery_deadlines.rules.gates import retry_wait
 from celery_deadlines.rules.retention import parse_age, parse_batch_size, parse_retention
 from celery_deadlines.rules.stamping import Inherited, Own, read_headers, stamp_for
-from celery_deadlines.rules.wire import decode, decode_occurrence
+from celery_deadlines.rules.wire import decode, decode_occurrence, encode
+from celery_deadlines.testing import FakeClock
 from tests.support.summaries import leave
 
 #: Examples per property: the env var's, else a few hundred (``make test``).
@@ -348,6 +351,158 @@ def test_every_setting_is_its_value_or_a_configuration_error_naming_it(
         assert len(str(error)) <= LONGEST_MESSAGE
         if not isinstance(value, Unreadable):  # the parser's own words, never the catch-all
             assert isinstance(error.__cause__, InvalidDeadline), error.__cause__
+
+
+# -- the messages a worker's main process takes ---------------------------------------------
+
+#: What a DeadlineTask's message may be refused with in the worker's main process
+#: (docs/concepts.md, the claim gate); any other outcome is Celery's own.
+MAIN_PROCESS_REFUSALS: Final = frozenset(
+    {"invalid_message", "invalid_deadline", "deadline_passed", "insufficient_budget"}
+)
+#: The fake clock of the main-process property (after any real "now": Celery's own
+#: checks, on the wall clock, never find its instants past).
+FAKE_NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+ABSENT = object()
+
+# what kombu's JSON (Redis) and py-amqp's tables (RabbitMQ) decode a header to
+header_values = st.one_of(
+    values, instants, st.uuids(), st.decimals(allow_nan=True, allow_infinity=True)
+)
+near = st.floats(min_value=-100, max_value=100).map(lambda s: FAKE_NOW + timedelta(seconds=s))
+limits = st.one_of(st.none(), st.integers(0, 120), st.floats(0, 120))
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), numbers, st.text()),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=10), inner, max_size=4)
+    ),
+    max_leaves=8,
+)
+
+
+def header(as_celery_writes_it: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """A header as Celery writes it, anything a message may carry, or no header."""
+    return st.one_of(as_celery_writes_it, header_values, st.just(ABSENT))
+
+
+message_headers = st.fixed_dictionaries(
+    {
+        "id": header(st.uuids().map(str)),
+        "shadow": header(st.one_of(st.none(), st.text(max_size=300))),
+        "retries": header(st.integers(0, 3)),
+        "timelimit": header(st.lists(limits, min_size=2, max_size=2)),
+        "eta": header(st.one_of(st.none(), near.map(datetime.isoformat))),
+        "expires": header(st.one_of(st.none(), near.map(datetime.isoformat))),
+        "parent_id": header(st.one_of(st.none(), st.uuids().map(str))),
+        "root_id": header(st.uuids().map(str)),
+        "x_deadline": header(near.map(encode)),
+        "x_delivery_deadline": header(near.map(encode)),
+        "x_deadline_origin": header(st.uuids().map(str)),
+        "x_deadline_source": header(st.sampled_from(["call", "task", "expires"])),
+    }
+)
+message_bodies = st.one_of(st.just(((), {}, None)), json_values)
+
+
+class MainProcessUnderFuzz:
+    """A DeadlineTask, Celery's strategy for it (tests/support/main_process.py), what its
+    result backend was asked to store under, the refusals reported and the metrics."""
+
+    def __init__(self) -> None:
+        from celery import Celery
+        from prometheus_client import CollectorRegistry
+
+        from celery_deadlines import DeadlineTask, deadline_refused, metrics
+        from tests.support.main_process import MainProcess
+
+        self.app = Celery("fuzz-main", broker="memory://", backend="cache+memory://")
+        self.app.conf.deadlines_ledger = False
+        self.task = self.app.task(
+            base=DeadlineTask, name="fuzz.work", time_limit=60, soft_time_limit=50
+        )(_work)
+        self.main = MainProcess(self.app, self.task)
+        self.stored: list[object] = []
+        store_result = self.app.backend.store_result
+
+        def stored(task_id: Any, *args: Any, **kwargs: Any) -> Any:
+            self.stored.append(task_id)
+            return store_result(task_id, *args, **kwargs)
+
+        self.app.backend.store_result = stored  # type: ignore[method-assign]
+        self.refused: list[Any] = []
+        deadline_refused.connect(self._refused, weak=False)
+        self.registry = CollectorRegistry()
+        metrics.install(self.registry)
+
+    def _refused(self, decision: Any, **_: Any) -> None:
+        self.refused.append(decision)
+
+    def refusal_labels(self) -> set[str]:
+        """The ``task`` labels of the refusal counter."""
+        return {
+            sample.labels["task"]
+            for family in self.registry.collect()
+            if family.name == "celery_deadlines_refusals"
+            for sample in family.samples
+        }
+
+
+def _work() -> None:
+    """The body of the main-process property's task (never run: no pool runs it)."""
+
+
+_UNDER_FUZZ: list[MainProcessUnderFuzz] = []
+
+
+def under_fuzz() -> MainProcessUnderFuzz:
+    if not _UNDER_FUZZ:
+        _UNDER_FUZZ.append(MainProcessUnderFuzz())
+    return _UNDER_FUZZ[0]
+
+
+@fuzz
+@given(message_headers, message_bodies)
+@example({"id": 5, "x_deadline": FAKE_NOW.timestamp() - 1}, ((), {}, None))
+@example({"timelimit": ["x", "y"], "x_deadline": FAKE_NOW.timestamp() + 30}, ((), {}, None))
+@example({"retries": 10**30}, ((), {}, None))
+@example({"expires": []}, ((), {}, None))  # Celery's own request: None.tzinfo (make fuzz)
+def test_a_message_meets_only_documented_refusals_and_never_stops_the_main_process(
+    fields: dict[str, Any], body: Any
+) -> None:
+    from celery.worker import state
+
+    from celery_deadlines.testing import use_clock
+    from tests.support.main_process import celery_headers
+
+    fuzzed = under_fuzz()
+    TALLY.examples += 1
+    state.revoked.clear()  # an id Celery revoked in an earlier example is this one's too
+    task_id = f"fuzz-{TALLY.examples}"  # one per example, as Celery makes them
+    headers = celery_headers(fuzzed.app, fuzzed.task.name, task_id, **fields)
+    headers = {key: value for key, value in headers.items() if value is not ABSENT}
+    handed_before = len(fuzzed.main.pool.handed)
+    fuzzed.refused.clear()
+    fuzzed.stored.clear()
+    with use_clock(FakeClock(FAKE_NOW)):
+        delivery = fuzzed.main.deliver(headers, body)  # nothing raised into the consumer
+    from celery_deadlines.rules import envelope  # the rule the outcome is judged by
+
+    handed = fuzzed.main.pool.handed[handed_before:]
+    # the message is ended once: acknowledged (refused, revoked, or accepted by the pool)
+    # or rejected (Celery's own: an ETA it cannot convert)
+    assert delivery.acks + len(delivery.rejects) == 1
+    assert len(handed) + len(fuzzed.refused) <= 1
+    for decision in fuzzed.refused:
+        assert decision.reason in MAIN_PROCESS_REFUSALS, decision
+        assert len(decision.detail) <= LONGEST_MESSAGE
+    for job in handed:  # the pool is given durations, never what the message wrote
+        assert envelope.is_duration(job.hard), job
+        assert envelope.is_duration(job.soft), job
+    for stored_id in fuzzed.stored:  # a result is stored only under a task id
+        assert envelope.task_id({"id": stored_id}) == stored_id
+    # the refusal counter's series: the registered task's name, and at most one fixed
+    # label besides (never a name a message wrote)
+    assert len(fuzzed.refusal_labels() - {fuzzed.task.name}) <= 1
 
 
 @pytest.fixture(scope="module", autouse=True)
