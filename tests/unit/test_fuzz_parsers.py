@@ -418,7 +418,7 @@ class MainProcessUnderFuzz:
         self.app = Celery("fuzz-main", broker="memory://", backend="cache+memory://")
         self.app.conf.deadlines_ledger = False
         self.task = self.app.task(
-            base=DeadlineTask, name="fuzz.work", time_limit=60, soft_time_limit=50
+            base=DeadlineTask, name="fuzz.work", time_limit=60, soft_time_limit=50, shared=False
         )(_work)
         self.main = MainProcess(self.app, self.task)
         self.stored: list[object] = []
