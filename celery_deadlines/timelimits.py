@@ -21,6 +21,7 @@ nothing, as before.
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any, Final
 
 from celery.signals import worker_init
@@ -119,6 +120,79 @@ def connect() -> None:
 
 def _on_worker_init(**_: Any) -> None:
     patch()
+    patch_eventlet()
+
+
+def patch_eventlet() -> None:
+    """Give Celery's eventlet pool the hard stop at the deadline its gevent pool has: a
+    job whose hard time limit is the deadline's cap runs under eventlet's ``Timeout``,
+    raised in its green thread where it next yields, and the request is told as the
+    gevent pool tells it (``on_timeout(False, limit)``). Celery's eventlet pool ignores
+    time limits otherwise, and still ignores a task's own limit, which the deadline did
+    not set. Nothing in a worker of another pool; once per process."""
+    if "eventlet" not in sys.modules:  # not an eventlet worker (``-P eventlet`` imports it first)
+        return
+    from celery.concurrency.eventlet import TaskPool
+
+    original = TaskPool.__dict__["on_apply"]
+    if getattr(original, _MARK, False):
+        return
+
+    def on_apply(
+        pool: Any,
+        target: Any,
+        args: Any = None,
+        kwargs: Any = None,
+        callback: Any = None,
+        accept_callback: Any = None,
+        **options: Any,
+    ) -> Any:
+        limit = options.get("timeout")
+        on_timeout = options.get("timeout_callback")
+        if not limit or not getattr(getattr(on_timeout, "__self__", None), _CAPPED, False):
+            return original(pool, target, args, kwargs, callback, accept_callback, **options)
+        # Celery's own on_apply, with gevent's apply_timeout in place of apply_target
+        target = pool._make_killable_target(target)
+        pool._quick_apply_sig(sender=pool, target=target, args=args, kwargs=kwargs)
+        green = pool._quick_put(
+            _apply_until, target, args, kwargs, callback, accept_callback, pool.getpid,
+            limit, on_timeout,
+        )  # fmt: skip
+        pool._add_to_pool_map(id(green), green)
+        return None
+
+    on_apply.__wrapped__ = original  # type: ignore[attr-defined]
+    setattr(on_apply, _MARK, True)
+    TaskPool.on_apply = on_apply  # type: ignore[method-assign,assignment]
+
+
+#: The request's attribute that says its hard limit is the deadline's cap.
+_CAPPED: Final = "_capped_by_deadline"
+
+
+def _apply_until(
+    target: Any,
+    args: Any,
+    kwargs: Any,
+    callback: Any,
+    accept_callback: Any,
+    getpid: Any,
+    limit: float,
+    on_timeout: Any,
+) -> Any:
+    """Celery's ``apply_target`` under eventlet's ``Timeout`` of ``limit`` seconds, as
+    ``celery.concurrency.gevent.apply_timeout`` runs it under gevent's."""
+    from celery.concurrency.base import apply_target
+    from eventlet import Timeout
+
+    try:
+        with Timeout(limit):
+            return apply_target(
+                target, args, kwargs or {}, callback, accept_callback, pid=getpid(),
+                propagate=(Timeout,),
+            )  # fmt: skip
+    except Timeout:
+        return on_timeout(False, limit)
 
 
 def patch() -> None:
