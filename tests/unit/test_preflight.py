@@ -26,7 +26,7 @@ from celery_deadlines.conf import LEASE_TTL, Settings
 @pytest.fixture
 def app() -> Iterator[Celery]:
     """A plain Celery app: without Celery's Django fixup (see :func:`only_the_check`)."""
-    app = Celery("plain", broker="memory://", backend="cache+memory://", fixups=())
+    app = Celery("plain", broker="memory://", backend="cache+memory://", fixups=[])
     app.set_current()
     app.conf.deadlines_ledger = False
     yield app
