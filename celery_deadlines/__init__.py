@@ -9,6 +9,9 @@ database; and the Django app under Django's own names (``apps``, ``models``, ``a
 ``checks``, ``middleware``, ``explain``, ``management``). ``errors`` is every tier's.
 """
 
+from .core.ingress import ingress_scope
+from .core.outbound import deadline_headers
+from .core.propagation import deadline_scope
 from .errors import (
     ConfigurationError,
     DeadlineError,
@@ -26,10 +29,7 @@ from .errors import (
     StaleLease,
     WorkflowRefused,
 )
-from .ingress import ingress_scope
 from .install import install
-from .outbound import deadline_headers
-from .propagation import deadline_scope
 from .rules.gates import Gate, Reason
 from .rules.outcomes import Found, NotFound, PendingEffect
 from .rules.plans import Assumption, Plan, steps_of

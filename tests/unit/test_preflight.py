@@ -1,5 +1,5 @@
 """A worker or beat of a plain Celery app refuses to start on a configuration the
-library's checks reject (celery_deadlines.preflight), and says what the checks say.
+library's checks reject (celery_deadlines.core.preflight), and says what the checks say.
 
 Celery's own start-up code runs here (a ``WorkController`` built, beat's ``Service``
 started) on the memory broker; the real ``celery worker`` and ``celery beat`` processes,
@@ -19,8 +19,9 @@ from celery.beat import Service
 from celery.signals import beat_init, import_modules, worker_init
 from celery.worker import WorkController
 
-from celery_deadlines import ConfigurationError, DeadlineTask, install, preflight
+from celery_deadlines import ConfigurationError, DeadlineTask, install
 from celery_deadlines.conf import LEASE_TTL, Settings
+from celery_deadlines.core import preflight
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from billiard.exceptions import SoftTimeLimitExceeded
 from celery import shared_task
 
 from celery_deadlines import DeadlineTask
-from celery_deadlines.outbound_requests import DeadlineAdapter
+from celery_deadlines.contrib.requests import DeadlineAdapter
 
 
 def note(kind: str, key: str, **facts: Any) -> None:

@@ -29,7 +29,7 @@ replaced (one the application set stays). It is set on the span current when Cel
 reports the failure: the task's transaction. Its ``queue.process`` child span, which
 Sentry closed with ``internal_error`` as the exception left the body, keeps it.
 
-The contract, as :mod:`celery_deadlines.tracing`'s for OpenTelemetry: these functions
+The contract, as :mod:`celery_deadlines.contrib.opentelemetry`'s for OpenTelemetry: these functions
 never raise and never import sentry-sdk. They look for ``sentry_sdk`` in
 ``sys.modules``: a transaction can be current only if the application imported and
 initialised it, so when it is absent the check is one dict lookup per failure.
@@ -44,8 +44,8 @@ from typing import Any, Final
 
 from celery.signals import task_failure
 
-from .errors import DeadlineRefused, DispatchRefused, PlanRefused
-from .rules.gates import Reason
+from ..errors import DeadlineRefused, DispatchRefused, PlanRefused
+from ..rules.gates import Reason
 
 logger = logging.getLogger("celery_deadlines")
 
@@ -65,7 +65,7 @@ DISPATCH_STATUS: Final[Mapping[str, str]] = {
     "stale_lease": ABORTED,
 }
 
-_DISPATCH_UID: Final = "celery_deadlines.sentry.on_task_failure"
+_DISPATCH_UID: Final = "celery_deadlines.contrib.sentry.on_task_failure"
 
 
 def status_of(exception: BaseException | None, throws: Any) -> str | None:

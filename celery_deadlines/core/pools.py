@@ -17,7 +17,7 @@ from typing import Any
 
 from celery.signals import worker_init, worker_process_init
 
-_MARK = "celery_deadlines.pools"
+_MARK = "celery_deadlines.core.pools"
 
 #: Set in a prefork pool process and in a solo worker (never unset: a process does not
 #: change pools).

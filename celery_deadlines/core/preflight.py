@@ -32,13 +32,14 @@ from typing import Any, Final, TypeAlias
 
 from celery.signals import beat_init, worker_init
 
-from . import conf
-from .conf import SETTINGS, Setting, Settings, settings_for
-from .errors import ConfigurationError
-from .rules import contracts as contract_rules
-from .rules import declarations
-from .rules.declarations import UNKNOWN, Configured, Problem
-from .rules.quoting import named
+from .. import conf
+from ..conf import SETTINGS, Setting, Settings, settings_for
+from ..errors import ConfigurationError
+from ..rules import contracts as contract_rules
+from ..rules import declarations
+from ..rules.declarations import UNKNOWN, Configured, Problem
+from ..rules.quoting import named
+from .body import AttemptAPI
 
 SETTINGS_REFERENCE: Final = "Settings reference"
 SYSTEM_CHECKS: Final = "System checks"
@@ -203,13 +204,19 @@ CELERY_CLASS_OPTIONS: Final = frozenset(
 )
 
 
-def task_attributes() -> frozenset[str]:
-    """Every attribute a task has as a Celery task or a DeadlineTask: never a typo."""
+def task_attributes(tasks: Iterable[Any] = ()) -> frozenset[str]:
+    """Every attribute a task has as a Celery task or a DeadlineTask (the classes of
+    Celery and of this package in each of ``tasks``' classes): never a typo."""
     from celery import Task
 
-    from .task import DeadlineTask
-
-    return frozenset(dir(Task)) | frozenset(dir(DeadlineTask)) | CELERY_CLASS_OPTIONS
+    own = frozenset(
+        name
+        for task in tasks
+        for cls in type(task).__mro__
+        if cls.__module__.split(".", 1)[0] in {"celery", "celery_deadlines"}
+        for name in dir(cls)
+    )
+    return frozenset(dir(Task)) | frozenset(dir(AttemptAPI)) | own | CELERY_CLASS_OPTIONS
 
 
 def contract_problems(problems: Iterable[contract_rules.Problem]) -> list[Problem]:
@@ -237,7 +244,7 @@ def review(app: Any) -> list[Problem]:
     found = configured(settings, lease_ttl_set=lease_ttl_set(app), name=lambda setting: setting)
     problems += declarations.review_settings(found)
     tasks = dict(app.tasks)
-    problems += declarations.review(tasks, found, known_attributes=task_attributes())
+    problems += declarations.review(tasks, found, known_attributes=task_attributes(tasks.values()))
     if found.contracts is not UNKNOWN and found.contracts:
         problems += contract_problems(
             contract_rules.review(
@@ -312,5 +319,7 @@ def _beat_init(sender: Any = None, **_: Any) -> None:
 
 def connect() -> None:
     """Connect the check to worker_init and beat_init (idempotent; :func:`install`)."""
-    worker_init.connect(_worker_init, dispatch_uid="celery_deadlines.preflight.worker", weak=False)
-    beat_init.connect(_beat_init, dispatch_uid="celery_deadlines.preflight.beat", weak=False)
+    worker_init.connect(
+        _worker_init, dispatch_uid="celery_deadlines.core.preflight.worker", weak=False
+    )
+    beat_init.connect(_beat_init, dispatch_uid="celery_deadlines.core.preflight.beat", weak=False)

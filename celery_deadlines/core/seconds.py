@@ -6,7 +6,7 @@ A deadline header as this package writes it is a float of epoch seconds, and so 
 clock's own reading (:func:`celery_deadlines.clock.epoch`): comparing the two is the
 inherent cost of a gate, and building the datetimes the full rule compares costs more
 than the rest of it. Each function here decides only what the full rule (the claim gate
-of :class:`~celery_deadlines.request.DeadlineRequest`, ``DeadlineTask``'s attempt gate
+of :class:`~celery_deadlines.core.request.DeadlineRequest`, ``DeadlineTask``'s attempt gate
 and ``_stamp``) would decide for the same message, and answers ``None`` ("judge it in
 full") for any other: a deadline within :data:`EDGE` of the last start or the horizon,
 another clock as the judge (a clock-skew budget), the ledger, tracing, any option of
@@ -15,16 +15,16 @@ the caller's. ``tests/unit/test_fast_paths.py`` holds each to the full rule.
 
 from __future__ import annotations
 
-import sys
 from datetime import timedelta
 from typing import Any, Final, NamedTuple
 
-from . import clock, conf, options, propagation, tracing
-from .conf import settings_for
+from .. import clock, conf
+from ..conf import settings_for
+from ..rules import stamping, wire
+from ..rules.budgets import UNSET, Source
+from ..rules.gates import TICK
+from . import options, propagation, telemetry
 from .propagation import AttemptState
-from .rules import stamping, wire
-from .rules.budgets import UNSET, Source
-from .rules.gates import TICK
 
 #: Celery's call options that move or bound a message's start (a publish with one is
 #: stamped by the full rule).
@@ -74,7 +74,7 @@ _IN_SECONDS: Final = "_celery_deadlines_in_seconds"
 
 def limits_of(task: Any, settings: conf.Settings) -> InSeconds:
     """``task``'s :class:`InSeconds` under ``settings``: kept on the task, as its
-    :class:`~celery_deadlines.options.Times` is, while the settings' stamp and the
+    :class:`~celery_deadlines.core.options.Times` is, while the settings' stamp and the
     task's ``budget``, ``delivery_budget`` and ``reserve`` attributes are what they
     were."""
     kept: tuple[conf.Settings, object, tuple[object, ...], InSeconds] | None = getattr(
@@ -128,7 +128,7 @@ def start(task: Any, request: Any, headers: Any, deadline: float) -> AttemptStat
     header is ``deadline`` (epoch seconds): its state when it is clearly in time (the
     clocks' readings kept, the datetimes worked out if the body asks), ``None``: judge
     it in full (and with tracing loaded, which annotates the attempt's span)."""
-    if tracing.API in sys.modules:
+    if telemetry.observed():
         return None
     limits = limits_of(task, settings_for(task.app))
     now = clock.epoch()

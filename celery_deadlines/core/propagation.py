@@ -28,12 +28,12 @@ from celery import current_app
 from celery.app.task import Context
 from celery.utils.threads import Local as _Local
 
-from .clock import get_clock
-from .conf import settings_for
-from .errors import InvalidDeadline
-from .rules import wire
-from .rules.budgets import Anchor, DurationLike, Governed, govern
-from .rules.stamping import (
+from ..clock import get_clock
+from ..conf import settings_for
+from ..errors import InvalidDeadline
+from ..rules import wire
+from ..rules.budgets import Anchor, DurationLike, Governed, govern
+from ..rules.stamping import (
     CALL_OPTIONS,
     NOTHING,
     Inherited,
@@ -47,7 +47,7 @@ from .rules.stamping import (
 )
 
 if TYPE_CHECKING:
-    from .ledger.attempt import Attempt
+    from ..ledger.attempt import Attempt
 
 logger = logging.getLogger("celery_deadlines")
 

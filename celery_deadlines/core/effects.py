@@ -37,19 +37,19 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 from uuid import UUID
 
-from . import tracing
-from ._crashpoints import hit
-from .clock import get_clock
-from .errors import DispatchRefused, EffectConflict, InvalidEffect, StaleLease
-from .rules.observations import ActionClass, Observation, earliest_expiry, stale
-from .rules.outcomes import Found, NotFound, PendingEffect
-from .rules.states import EffectState
-from .signals import dispatch_refused, write_refused
+from ..clock import get_clock
+from ..errors import DispatchRefused, EffectConflict, InvalidEffect, StaleLease
+from ..ledger._crashpoints import hit
+from ..rules.observations import ActionClass, Observation, earliest_expiry, stale
+from ..rules.outcomes import Found, NotFound, PendingEffect
+from ..rules.states import EffectState
+from ..signals import dispatch_refused, write_refused
+from . import telemetry
 
 logger = logging.getLogger("celery_deadlines")
 
 if TYPE_CHECKING:
-    from .ledger.attempt import Attempt
+    from ..ledger.attempt import Attempt
 
 
 #: The longest name and key the effect ledger's columns hold.
@@ -192,7 +192,9 @@ class EffectScope:
         task_id = self.attempt.lease.task_id
         refused = DispatchRefused(self.key, reason, detail)
         logger.warning("run %s: %s", task_id, refused)
-        tracing.record_dispatch_refusal(task_id=task_id, key=self.key, reason=reason, detail=detail)
+        telemetry.record_dispatch_refusal(
+            task_id=task_id, key=self.key, reason=reason, detail=detail
+        )
         dispatch_refused.send(sender=self, task_id=task_id, key=self.key, reason=reason)
         if reason == "stale_lease":
             write_refused.send(sender=self, task_id=task_id, write="dispatch")

@@ -2,7 +2,7 @@
 windows for the ``PeriodicTask`` rows of DeadlineTasks, and :class:`~.beat.ZonedSchedule`
 entries beside them::
 
-    celery -A proj beat -S celery_deadlines.beat_database:DatabaseDeadlineScheduler
+    celery -A proj beat -S celery_deadlines.contrib.django_celery_beat:DatabaseDeadlineScheduler
 
 The only module of the package that imports django-celery-beat (an optional
 dependency: nothing else imports this one). It needs the Django app (the ledger) and
@@ -65,12 +65,12 @@ from django_celery_beat.schedulers import (  # type: ignore[import-untyped]
 )
 from kombu.utils.json import loads
 
-from . import options
-from .beat import OccurrenceSchedule, PeriodicSchedule, ZonedSchedulerMixin, entry_headers
-from .clock import get_clock
-from .conf import settings_for
-from .rules.periodic import EPOCH, Cron, Every, Once, Periodic, Rule
-from .rules.quoting import shown
+from ..beat import OccurrenceSchedule, PeriodicSchedule, ZonedSchedulerMixin, entry_headers
+from ..clock import get_clock
+from ..conf import settings_for
+from ..core import options
+from ..rules.periodic import EPOCH, Cron, Every, Once, Periodic, Rule
+from ..rules.quoting import shown
 
 logger = logging.getLogger("celery_deadlines")
 

@@ -1,13 +1,14 @@
-"""Prometheus metrics for what an operator needs to see (optional extra).
+"""Prometheus metrics for what an operator needs to see (the ``prometheus`` extra), and a
+worker's own exporter of them.
 
 ``pip install 'celery-deadlines[prometheus]'``, then set ``deadlines_metrics_port``
 (Django: ``CELERY_DEADLINES_METRICS_PORT``): each worker installs the metrics in every
-process and serves them once it is ready. Elsewhere (a producer, for enqueue
+process and serves them once it is ready (below). Elsewhere (a producer, for enqueue
 refusals)::
 
-    from celery_deadlines import metrics
+    from celery_deadlines.contrib import prometheus
 
-    metrics.install()  # once per process; the metrics join the default registry
+    prometheus.install()  # once per process; the metrics join the default registry
 
 Every metric is fed by one of the library's signals (:mod:`celery_deadlines.signals`),
 so nothing here is on the path of a decision: a failing exporter never changes one.
@@ -50,17 +51,39 @@ They are the measuring process's own values (the worker's main process), without
 ``pid`` label.
 
 docs/howto.md ("Watch it in Prometheus") has the queries. A worker serves the metrics
-itself with ``deadlines_metrics_port`` (:mod:`celery_deadlines.exporter`), or call
-:func:`serve`. In a prefork worker, pool processes count in their own memory: set
-``PROMETHEUS_MULTIPROC_DIR`` (an empty directory) before the worker starts, and
-:func:`serve` exposes prometheus_client's multiprocess collector (every process's
-counts) and, at each scrape, marks dead the live gauges of processes that exited
+itself with ``deadlines_metrics_port`` (below), or call :func:`serve`. In a prefork
+worker, pool processes count in their own memory: set ``PROMETHEUS_MULTIPROC_DIR`` (an
+empty directory) before the worker starts, and :func:`serve` exposes
+prometheus_client's multiprocess collector (every process's counts) and, at each
+scrape, marks dead the live gauges of processes that exited
 (:func:`mark_dead_processes`).
+
+**The worker's exporter** (:func:`connect`, which :func:`celery_deadlines.install`
+calls). With ``deadlines_metrics_port``, a ``celery worker`` whose app has DeadlineTasks:
+
+* installs the metrics (:func:`install`) in its main process
+  at ``worker_init``, before the pool forks, so every pool process counts too (and
+  again at ``worker_process_init``, for a pool whose processes do not fork);
+* serves them from its main process at ``worker_ready``, on the address
+  ``deadlines_metrics_address`` names (``127.0.0.1`` unless set: this machine only)
+  (:func:`serve`): with ``PROMETHEUS_MULTIPROC_DIR`` set,
+  prometheus_client's multiprocess exposition, where the live gauges of pool processes
+  that exited are marked dead.
+
+Nothing here stops a worker: without prometheus_client it logs an ERROR naming the
+extra to install and runs without metrics; a port that cannot be bound is logged at
+ERROR too. A bad port (``celery_deadlines.E001``) keeps the worker from starting
+(:mod:`celery_deadlines.core.preflight`); where a project silences that check, it is the
+setting's :class:`ConfigurationError`, logged here at ERROR.
+
+Importing this module needs nothing of prometheus_client: :func:`install` and
+:func:`serve` raise :class:`ConfigurationError` naming the extra when it is missing.
 """
 
 from __future__ import annotations
 
 import glob
+import logging
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -68,19 +91,25 @@ from datetime import timedelta
 from typing import Any
 
 from celery import Celery, Task, current_app
+from celery.signals import worker_init, worker_process_init, worker_ready
 
-from . import signals
-from .errors import ConfigurationError
-from .rules.skew import ClockReading
+from .. import conf, signals
+from ..conf import settings_for
+from ..errors import ConfigurationError
+from ..rules.skew import ClockReading
 
 try:
     from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
     from prometheus_client.core import GaugeMetricFamily, Metric
-except ImportError as exc:  # pragma: no cover - the message is the point
-    raise ConfigurationError(
-        "celery_deadlines.metrics needs prometheus_client: "
-        "pip install 'celery-deadlines[prometheus]'"
-    ) from exc
+except ImportError:  # pragma: no cover - install() and serve() say what to install
+    INSTALLED = False
+else:
+    INSTALLED = True
+
+logger = logging.getLogger("celery_deadlines")
+
+#: What to install for the metrics.
+EXTRA = "pip install 'celery-deadlines[prometheus]'"
 
 #: Queue waits from a millisecond to an hour.
 QUEUE_WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600)
@@ -157,13 +186,22 @@ class ClockGauges:
         return GaugeMetricFamily(name, self.HELP[name], value=value)
 
 
+def _require() -> None:
+    if not INSTALLED:
+        raise ConfigurationError(
+            f"celery_deadlines.contrib.prometheus needs prometheus_client: {EXTRA}"
+        )
+
+
 #: by registry (kept alive here, so its id() in the receivers' dispatch_uid stays unique)
 _installed: dict[CollectorRegistry, Metrics] = {}
 
 
 def install(registry: CollectorRegistry | None = None) -> Metrics:
     """Create the metrics in ``registry`` (default: prometheus_client's) and feed them
-    from the library's signals. Idempotent per registry."""
+    from the library's signals. Idempotent per registry. Raises
+    :class:`ConfigurationError` without prometheus_client."""
+    _require()
     registry = registry if registry is not None else REGISTRY
     if registry in _installed:
         return _installed[registry]
@@ -255,14 +293,18 @@ def _connect(m: Metrics, key: int) -> None:
         (signals.run_held, held),
         (signals.clock_measured, measured),
     ):
-        signal.connect(receiver, weak=False, dispatch_uid=f"celery_deadlines.metrics.{key}")
+        signal.connect(
+            receiver, weak=False, dispatch_uid=f"celery_deadlines.contrib.prometheus.{key}"
+        )
 
 
 def serve(port: int, addr: str = "127.0.0.1") -> None:
     """Expose the metrics over HTTP from a thread of this process (installing them
     first). With ``PROMETHEUS_MULTIPROC_DIR`` set, the exposition is prometheus_client's
     multiprocess collector's (every process's counts) plus this process's clock gauges,
-    and each scrape first marks dead the processes that exited."""
+    and each scrape first marks dead the processes that exited. Raises
+    :class:`ConfigurationError` without prometheus_client."""
+    _require()
     from prometheus_client import start_http_server
 
     made = install()
@@ -331,3 +373,80 @@ def _running(pid: int) -> bool:
     except OSError:
         return True
     return fields[:1] != [b"Z"]
+
+
+# -- the worker's exporter (deadlines_metrics_port) ------------------------------------
+
+
+def connect() -> None:
+    """Connect the worker signals (idempotent; called by :func:`celery_deadlines.install`)."""
+    for signal, receiver, uid in (
+        (worker_init, _install_in_main_process, "install"),
+        (worker_process_init, _install_in_pool_process, "install_in_pool"),
+        (worker_ready, _serve, "serve"),
+    ):
+        signal.connect(
+            receiver, dispatch_uid=f"celery_deadlines.contrib.prometheus.{uid}", weak=False
+        )
+
+
+def port_of(app: Any) -> int | None:
+    """The port ``app``'s workers serve their metrics on (``None``: not served), or the
+    setting's :class:`ConfigurationError`."""
+    return settings_for(app).get(conf.METRICS_PORT)
+
+
+def _install(app: Any) -> None:
+    """Install the metrics in this process if ``app``'s workers serve them (silently
+    otherwise: :func:`_serve` reports a bad setting or a missing extra, once)."""
+    try:
+        if port_of(app) is None:
+            return
+    except ConfigurationError:
+        return
+    if INSTALLED:
+        install()
+
+
+def _install_in_main_process(sender: Any = None, **_: Any) -> None:
+    app = getattr(sender, "app", None)
+    if app is not None:
+        _install(app)
+
+
+def _install_in_pool_process(**_: Any) -> None:
+    _install(current_app)  # a pool process's current app is its worker's
+
+
+def _serve(sender: Any = None, **_: Any) -> None:
+    app = getattr(sender, "app", None)
+    if app is None:
+        return
+    try:
+        port = port_of(app)
+        address = settings_for(app).get(conf.METRICS_ADDRESS) if port is not None else ""
+    except ConfigurationError as exc:
+        logger.error("metrics not served: %s", exc)
+        return
+    if port is None:
+        return
+    if not INSTALLED:
+        logger.error(
+            "metrics not served: %s is %s but prometheus_client is not installed; %s",
+            conf.METRICS_PORT.describe(),
+            port,
+            EXTRA,
+        )
+        return
+    try:
+        serve(port, address)
+    except OSError as exc:
+        logger.error("metrics not served: %s port %s: %s", address, port, exc)
+        return
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    logger.info(
+        "metrics served on %s port %s%s",
+        address,
+        port,
+        f" (multiprocess mode, {directory})" if directory else " (this process only)",
+    )

@@ -7,7 +7,7 @@
     stub = InventoryStub(channel)
 
 Every call on the channel (unary or streaming, either way; ``with_call`` and ``future``
-too) passes the outbound gate (:func:`celery_deadlines.outbound.prepare`) first. Without a
+too) passes the outbound gate (:func:`celery_deadlines.core.outbound.prepare`) first. Without a
 deadline it is sent as written. With one, it is refused before anything is sent
 (:class:`DeadlineRefused`, gate ``outbound``: raised by the call, by ``result()`` of a
 future, or by the first ``next()`` of a stream), or sent with its timeout capped: the
@@ -34,8 +34,8 @@ from typing import Any, Final, TypeVar
 
 import grpc
 
-from .outbound import prepare
-from .rules.budgets import DurationLike, parse_duration
+from ..core.outbound import prepare
+from ..rules.budgets import DurationLike, parse_duration
 
 __all__ = ["DeadlineInterceptor"]
 

@@ -35,18 +35,18 @@ from celery.worker.state import task_ready
 from celery.worker.strategy import default as celery_strategy
 from kombu.exceptions import ContentDisallowed, DecodeError
 
-from . import ledger, options, recording, seconds
-from .body import Unresolved
+from .. import ledger
+from ..clock import get_clock
+from ..conf import settings_for
+from ..errors import DeadlineRefused
+from ..rules import envelope, gates, outcomes, stamping, wire
+from ..rules.envelope import LONGEST_ID, MOST_RETRIES, is_duration
+from ..rules.quoting import shown
+from ..rules.states import UNKNOWN_EVENT, Status
+from . import options, recording, seconds
+from .body import AttemptAPI, Unresolved
 from .claiming import answer_a_waiting_caller, caller_of
-from .clock import get_clock
-from .conf import settings_for
-from .errors import DeadlineRefused
-from .rules import envelope, gates, outcomes, stamping, wire
-from .rules.envelope import LONGEST_ID, MOST_RETRIES, is_duration
-from .rules.quoting import shown
-from .rules.states import UNKNOWN_EVENT, Status
-from .signals import report_refusal
-from .task import DeadlineTask
+from .refusals import report_refusal
 
 logger = logging.getLogger("celery_deadlines")
 
@@ -174,7 +174,7 @@ class DeadlineRequest(Request):
             task = self._task  # Celery's property is a call more
             now = (
                 seconds.admitted_at(task, raw)
-                if type(raw) is float and isinstance(task, DeadlineTask)
+                if type(raw) is float and isinstance(task, AttemptAPI)
                 else None
             )
             if now is not None:
@@ -349,9 +349,9 @@ class DeadlineRequest(Request):
             return None
         return gates.admit(gates.Gate.CLAIM, deadline, judging, self._reserve or gates.ZERO)
 
-    def _deadline_task(self) -> DeadlineTask:
+    def _deadline_task(self) -> AttemptAPI:  # DeadlineTask's base: no other task has it
         task = self.task
-        if not isinstance(task, DeadlineTask):
+        if not isinstance(task, AttemptAPI):
             raise TypeError(f"{task.name} is not a DeadlineTask")
         return task
 
@@ -363,7 +363,7 @@ class DeadlineRequest(Request):
         (``invalid_message``), its refusal stored only under an id that can name a
         result, with nothing of the message but its id (:func:`_storing`)."""
         task = self.task
-        if isinstance(task, DeadlineTask) and task.deadline_kind == "delivery":
+        if isinstance(task, AttemptAPI) and task.deadline_kind == "delivery":
             decision = gates.as_delivery(decision)  # a delivery task's deadline is its delivery
         headers = self._request_dict
         malformed = decision.reason is gates.Reason.INVALID_MESSAGE
@@ -428,7 +428,7 @@ class DeadlineRequest(Request):
         super().on_failure(exc_info, send_failed_event, return_ok)
 
     def _with_ledger(self) -> bool:
-        return isinstance(self.task, DeadlineTask) and ledger.enabled_for(self.task.app)
+        return isinstance(self.task, AttemptAPI) and ledger.enabled_for(self.task.app)
 
     def _time_limit_outcome(self, timeout: float) -> str | None:
         """The run's end after a hard time limit, written once in the ledger (whichever of
@@ -649,7 +649,7 @@ def _storing(
     retries = envelope.retries(headers)
     if task_id is None:
         why = "its id cannot name a result"
-    elif retries is None and isinstance(task, DeadlineTask) and ledger.enabled_for(task.app):
+    elif retries is None and isinstance(task, AttemptAPI) and ledger.enabled_for(task.app):
         why = "its retries name no attempt of a run"
     else:
         return decision, task_id, retries or 0
@@ -665,9 +665,9 @@ def _ended_in_ledger(
     Without the ledger every refusal ends its run. With it, a refused duplicate of a
     run that already ended, or that another worker is running, must not store a
     failure over that run's own result; a caller of an ended run still waiting is
-    told how it ended (:func:`~celery_deadlines.claiming.answer_a_waiting_caller`).
+    told how it ended (:func:`~celery_deadlines.core.claiming.answer_a_waiting_caller`).
     """
-    if not isinstance(task, DeadlineTask) or not ledger.enabled_for(task.app):
+    if not isinstance(task, AttemptAPI) or not ledger.enabled_for(task.app):
         return True
     try:
         ended_it = recording.record_refusal(

@@ -21,10 +21,12 @@ claim in the ledger, retry, dispatch). The claim gate in the worker's main proce
 before any task span exists: it records a short span of its own, ``refused/<task name>``
 (kind CONSUMER), a child of the publisher's span when the message carries its context.
 
-The contract, for the rest of the package: these functions never raise and never import
-OpenTelemetry. They look for ``opentelemetry.trace`` in ``sys.modules``: a span can be
-current only if something (the instrumentation, the SDK, the application) imported it,
-so when it is absent there is nothing to annotate, and the check is one dict lookup.
+:func:`celery_deadlines.install` wires these functions into the Celery tier
+(:mod:`celery_deadlines.core.telemetry`), which calls them and imports nothing of this
+module. Their contract: they never raise and never import OpenTelemetry. They look for
+``opentelemetry.trace`` in ``sys.modules``: a span can be current only if something (the
+instrumentation, the SDK, the application) imported it, so when it is absent there is
+nothing to annotate, and the check is one dict lookup.
 With OpenTelemetry loaded but no span recording (no tracer provider set), each call
 reads the current span and stops there.
 """
@@ -37,9 +39,9 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
-from .rules import wire
-from .rules.gates import Decision
-from .rules.stamping import SOURCES
+from ..rules import wire
+from ..rules.gates import Decision
+from ..rules.stamping import SOURCES
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -62,6 +64,11 @@ DETAIL: Final = PREFIX + "detail"
 TASK_NAME: Final = PREFIX + "task_name"
 TASK_ID: Final = PREFIX + "task_id"
 EFFECT_KEY: Final = PREFIX + "effect_key"
+
+
+def observed() -> bool:
+    """Whether a span may be current: OpenTelemetry's API is loaded (one lookup)."""
+    return API in sys.modules
 
 
 def annotate_ingress(*, deadline: datetime, source: str, remaining: timedelta) -> None:

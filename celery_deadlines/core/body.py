@@ -3,7 +3,7 @@
 
 :class:`AttemptAPI` is the half of :class:`~celery_deadlines.task.DeadlineTask` a body
 calls; the other half (``task.py``) is Celery's hooks. Everything here reads the
-attempt's state (:func:`celery_deadlines.propagation.attempt_state`), set by
+attempt's state (:func:`celery_deadlines.core.propagation.attempt_state`), set by
 ``before_start``; without the ledger the ledger's features say what they need.
 """
 
@@ -17,25 +17,25 @@ from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from celery.exceptions import Ignore
 
-from . import ledger
+from .. import ledger
+from ..clock import get_clock
+from ..conf import settings_for
+from ..errors import ConfigurationError, PlanRefused
+from ..rules import outcomes
+from ..rules.budgets import parse_duration
+from ..rules.contracts import OnExpiry
+from ..rules.observations import ActionClass, Observation
+from ..rules.plans import Plan, Verdict
+from ..rules.plans import resume as resume_plan
+from ..rules.states import CALLER_UNKNOWN, Status
+from ..signals import plan_resumed, report_operator_needed
 from .claiming import caller_of
-from .clock import get_clock
-from .conf import settings_for
-from .errors import ConfigurationError, PlanRefused
 from .propagation import attempt_state
-from .rules import outcomes
-from .rules.budgets import parse_duration
-from .rules.contracts import OnExpiry
-from .rules.observations import ActionClass, Observation
-from .rules.plans import Plan, Verdict
-from .rules.plans import resume as resume_plan
-from .rules.states import CALLER_UNKNOWN, Status
-from .signals import plan_resumed, report_operator_needed
 
 if TYPE_CHECKING:
+    from ..ledger.attempt import Attempt
+    from ..ledger.sql.rows import Lease
     from .effects import EffectScope
-    from .ledger.attempt import Attempt
-    from .ledger.sql.rows import Lease
 
 #: ``reconciler(pending_effect) -> Found | NotFound``
 Reconciler = Callable[[Any], Any]
@@ -78,7 +78,9 @@ def end_unresolved(
 
 
 class AttemptAPI:
-    """The methods a DeadlineTask's body calls (mixed into :class:`DeadlineTask`)."""
+    """The methods a DeadlineTask's body calls (mixed into :class:`DeadlineTask`, and
+    into no other task: the Celery tier tells a DeadlineTask apart by it, never
+    importing the class, which is the public surface's)."""
 
     if TYPE_CHECKING:  # provided by celery.Task
         name: str
@@ -151,7 +153,7 @@ class AttemptAPI:
         evidence: Sequence[Observation] = (),
         action: ActionClass | str | None = None,
     ) -> EffectScope:
-        """A side effect performed at most once per ``key`` (see :mod:`celery_deadlines.effects`).
+        """A side effect performed at most once per ``key`` (:mod:`~celery_deadlines.core.effects`).
 
         ``fingerprint``: the request's parameters; the same key with other parameters
         raises :class:`EffectConflict`. ``not_sent``: exceptions that prove the request
@@ -186,7 +188,7 @@ class AttemptAPI:
     def reconciler(self, name: str) -> Callable[[Reconciler], Reconciler]:
         """Register the function asked about an effect of this task whose outcome is unknown.
 
-        It gets a :class:`~celery_deadlines.effects.PendingEffect` and returns ``Found``
+        It gets a :class:`~celery_deadlines.core.effects.PendingEffect` and returns ``Found``
         (with the result to replay and the evidence) or ``NotFound`` (with evidence).
         """
 

@@ -24,13 +24,13 @@ from typing import Any
 
 from celery import current_app
 
-from . import tracing
-from .clock import get_clock
-from .conf import REQUEST_BUDGET, REQUEST_HEADERS, TRUSTED_PROXIES, Settings, settings_for
+from ..clock import get_clock
+from ..conf import REQUEST_BUDGET, REQUEST_HEADERS, TRUSTED_PROXIES, Settings, settings_for
+from ..rules import incoming
+from ..rules.budgets import UNSET, DurationLike, Unset, parse_budget
+from ..rules.incoming import Decision
+from . import telemetry
 from .propagation import deadline_scope
-from .rules import incoming
-from .rules.budgets import UNSET, DurationLike, Unset, parse_budget
-from .rules.incoming import Decision
 
 logger = logging.getLogger("celery_deadlines")
 
@@ -91,7 +91,7 @@ def scope_for(decision: Decision, *, app: Any = None) -> Iterator[Decision]:
             )
         assert decision.deadline is not None
         assert decision.source is not None
-        tracing.annotate_ingress(
+        telemetry.annotate_ingress(
             deadline=decision.deadline,
             source=decision.source,
             remaining=decision.deadline - get_clock().now(),

@@ -6,7 +6,7 @@
     >  default setting
 
 Call options (``apply_async(budget=...)``) come first and are read where the call is
-(:mod:`celery_deadlines.propagation`). :data:`OPTIONS` lists, for each duration, where
+(:mod:`celery_deadlines.core.propagation`). :data:`OPTIONS` lists, for each duration, where
 it may be said; :func:`resolve` walks that list. A task attribute is parsed once per
 value (attributes rarely change, and this runs at every publish and claim).
 :func:`own_deadlines` turns them into a publish's own deadlines.
@@ -21,10 +21,10 @@ from typing import Any, Final
 
 from celery.utils.time import maybe_make_aware
 
-from . import conf
-from .errors import InvalidDeadline
-from .rules import stamping, wire
-from .rules.budgets import UNSET, Source, capped_seconds, parse_budget, parse_duration
+from .. import conf
+from ..errors import InvalidDeadline
+from ..rules import stamping, wire
+from ..rules.budgets import UNSET, Source, capped_seconds, parse_budget, parse_duration
 
 Parse = Callable[[object, str, "conf.Settings"], "timedelta | None"]
 

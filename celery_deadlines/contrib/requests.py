@@ -8,7 +8,7 @@
     session.mount("https://", DeadlineAdapter(max_retries=Retry(total=3, backoff_factor=0.2)))
 
 Every request the session sends through the adapter (each redirect too) passes the
-outbound gate (:func:`celery_deadlines.outbound.prepare`) first. Without a deadline it is
+outbound gate (:func:`celery_deadlines.core.outbound.prepare`) first. Without a deadline it is
 sent as written. With one, it is refused before a connection is opened
 (:class:`DeadlineRefused`, gate ``outbound``), or sent with the deadline's headers
 (replacing any of the same name) and its timeout capped: the connect and the read
@@ -20,7 +20,7 @@ connection left of it.
 **urllib3's retries** (``max_retries``: connect, read and status retries,
 ``status_forcelist``, ``Retry-After``, the backoff) are attempts of the same call, and
 each is held to its deadline: the adapter's connection pools pass every attempt urllib3
-makes through the gate when it starts (:meth:`~celery_deadlines.outbound.OutboundCall.again`),
+makes through the gate when it starts (:meth:`~celery_deadlines.core.outbound.OutboundCall.again`),
 so an attempt with no more than the reserve left is refused (``DeadlineRefused``, as
 the first would be), and each carries the headers of its own instant and connect and
 read timeouts capped by what is left then. A pause before a retry (urllib3's backoff, or
@@ -55,8 +55,8 @@ from urllib3.response import BaseHTTPResponse
 from urllib3.util import Retry, Timeout
 from urllib3.util.timeout import _DEFAULT_TIMEOUT
 
-from .outbound import OutboundCall, prepare
-from .rules.budgets import DurationLike, parse_duration
+from ..core.outbound import OutboundCall, prepare
+from ..rules.budgets import DurationLike, parse_duration
 
 __all__ = ["DeadlineAdapter"]
 

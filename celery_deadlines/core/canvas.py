@@ -2,7 +2,7 @@
 whole, before anything of it is published.
 
 The rule is :func:`celery_deadlines.rules.workflows.fit`; here the canvas becomes a tree of
-steps, each step's durations come from :mod:`celery_deadlines.options` (the task's
+steps, each step's durations come from :mod:`celery_deadlines.core.options` (the task's
 ``attempt_timeout`` or ``time_limit``, its ``reserve``, the contracts and settings, as
 the retry and enqueue gates read them; a signature's ``time_limit`` can only shorten the
 attempt, its ``countdown``/``eta`` delays the step), and the governing deadline is the
@@ -90,13 +90,14 @@ from typing import Any, Final
 from celery import canvas as celery_canvas
 from celery.canvas import Signature, maybe_signature
 
-from . import conf, options
-from .clock import get_clock
-from .conf import settings_for
+from .. import conf
+from ..clock import get_clock
+from ..conf import settings_for
+from ..rules import stamping, workflows
+from ..rules.budgets import capped_seconds
+from . import options
 from .propagation import current_task, inherited
-from .rules import stamping, workflows
-from .rules.budgets import capped_seconds
-from .signals import report_refusal
+from .refusals import report_refusal
 
 logger = logging.getLogger("celery_deadlines")
 

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 from celery._state import get_current_worker_task
 from celery.exceptions import Retry
 
-from . import ledger
+from .. import ledger
+from ..rules import envelope, gates, wire
+from ..rules.records import NewRun
+from ..rules.stamping import Stamp
+from ..rules.states import Status
 from .propagation import attempt_state, headers_of
-from .rules import envelope, gates, wire
-from .rules.records import NewRun
-from .rules.stamping import Stamp
-from .rules.states import Status
 
 if TYPE_CHECKING:
     from celery import Task

@@ -26,7 +26,7 @@ from typing import Any, Final
 
 from celery.signals import worker_init
 
-from . import clock
+from .. import clock
 
 logger = logging.getLogger("celery_deadlines")
 

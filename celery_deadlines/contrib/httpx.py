@@ -7,7 +7,7 @@
     client = httpx.AsyncClient(event_hooks=async_deadline_hooks())
 
 Every request the client sends passes the outbound gate
-(:func:`celery_deadlines.outbound.prepare`) first: each redirect and each request of an
+(:func:`celery_deadlines.core.outbound.prepare`) first: each redirect and each request of an
 auth flow, whatever transport, mount or proxy sends it (hooks, not a transport: httpx
 sends through a proxy's own transport, read from the environment, past a transport the
 client was given). Without a deadline the request is sent as written. With one, it is
@@ -36,8 +36,8 @@ from typing import Any, Final
 import httpx
 from httpcore._sync.connection import RETRIES_BACKOFF_FACTOR, exponential_backoff
 
-from .outbound import OutboundCall, prepare
-from .rules.budgets import DurationLike, parse_duration
+from ..core.outbound import OutboundCall, prepare
+from ..rules.budgets import DurationLike, parse_duration
 
 __all__ = ["async_deadline_hooks", "deadline_hooks"]
 

@@ -2,17 +2,17 @@
 outbound gate, and each call's timeout.
 
 The current deadline is the one a task published right here would inherit
-(:func:`celery_deadlines.propagation.inherited`): the running task's, a
+(:func:`celery_deadlines.core.propagation.inherited`): the running task's, a
 :func:`~celery_deadlines.deadline_scope`'s, or a request's scope
-(:mod:`celery_deadlines.ingress`, the Django middleware). Inside an attempt it is judged
+(:mod:`celery_deadlines.core.ingress`, the Django middleware). Inside an attempt it is judged
 on the attempt's monotonic clock, as ``self.remaining()`` is; elsewhere on the wall
 clock. The rules are :mod:`celery_deadlines.rules.outgoing`.
 
 * :func:`deadline_headers` gives the headers that say it (``deadlines_outbound_headers``),
   for any client; nothing without a deadline.
 * :func:`prepare` is the outbound gate for one call, for the client adapters
-  (:mod:`~celery_deadlines.outbound_httpx`, :mod:`~celery_deadlines.outbound_requests`,
-  :mod:`~celery_deadlines.outbound_grpc`) and for clients of your own: it refuses a call
+  (:mod:`~celery_deadlines.contrib.httpx`, :mod:`~celery_deadlines.contrib.requests`,
+  :mod:`~celery_deadlines.contrib.grpc`) and for clients of your own: it refuses a call
   with no more than its reserve left (``deadlines_outbound_reserve``) with
   :class:`DeadlineRefused` (gate ``outbound``), logged once and sent as
   ``deadline_refused``, before anything is sent; or gives the call its headers and
@@ -33,17 +33,17 @@ from typing import Any, NoReturn
 
 from celery import current_app
 
-from .clock import get_clock
-from .conf import OUTBOUND_HEADERS, OUTBOUND_RESERVE, Settings, settings_for
-from .errors import InvalidDeadline
+from ..clock import get_clock
+from ..conf import OUTBOUND_HEADERS, OUTBOUND_RESERVE, Settings, settings_for
+from ..errors import InvalidDeadline
+from ..rules import outgoing
+from ..rules.budgets import DurationLike, capped_seconds, parse_duration
+from ..rules.gates import Decision
+from ..rules.incoming import Syntax
+from ..rules.quoting import shown
+from ..rules.stamping import Inherited
 from .propagation import attempt_state, current_task, inherited
-from .rules import outgoing
-from .rules.budgets import DurationLike, capped_seconds, parse_duration
-from .rules.gates import Decision
-from .rules.incoming import Syntax
-from .rules.quoting import shown
-from .rules.stamping import Inherited
-from .signals import report_refusal
+from .refusals import report_refusal
 
 __all__ = ["OutboundCall", "deadline_headers", "prepare"]
 

@@ -33,16 +33,18 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from celery import states as celery_states
 
-from . import ledger, pools, recording
-from .clock import get_clock
-from .errors import LedgerUnreachable, RunFailed
-from .rules import gates
-from .rules.records import ClaimRefused, Expired, Held
-from .rules.states import Status
-from .signals import report_refusal, run_claimed, run_held
+from .. import ledger
+from ..clock import get_clock
+from ..errors import LedgerUnreachable, RunFailed
+from ..rules import gates
+from ..rules.records import ClaimRefused, Expired, Held
+from ..rules.states import Status
+from ..signals import run_claimed, run_held
+from . import pools, recording
+from .refusals import report_refusal
 
 if TYPE_CHECKING:
-    from .ledger.attempt import Attempt
+    from ..ledger.attempt import Attempt
 
 logger = logging.getLogger("celery_deadlines")
 
