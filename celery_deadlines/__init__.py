@@ -1,12 +1,8 @@
 """celery-deadlines: one deadline, stamped once, honoured by every hop of a Celery workflow.
 
-The folders are the tiers (DEVELOPERS.md, "The tiers", draws the map;
-``tests/unit/test_architecture.py`` holds it, reading each module's tier from its path):
-``rules/`` the pure rules (no clock, no Celery, no Django: ``now`` is passed in); the
-package root the Celery tier (``task``, ``propagation``, ``claiming``, ...), which
-reads the time only through ``clock``; ``ledger/`` the run ledger on Django's
-database; and the Django app under Django's own names (``apps``, ``models``, ``admin``,
-``checks``, ``middleware``, ``explain``, ``management``). ``errors`` is every tier's.
+What is imported from here is the public surface. Where everything else lives, tier by
+tier, and the life of a message through it: DEVELOPERS.md ("The tiers"), which
+``tests/unit/test_architecture.py`` holds.
 """
 
 from .core.ingress import ingress_scope
