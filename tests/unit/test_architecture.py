@@ -181,9 +181,9 @@ def violations(module: str, imported: Import) -> list[str]:
         problems.append(f"{where}: {kind} imports {foreign}")
     if tier == "pure" and foreign == "celery":
         problems.append(f"{where}: a pure rule imports celery")
-    if tier in {"celery", "public"} and foreign == "django" and not imported.lazy:
-        if module != "testing":
-            problems.append(f"{where}: the {tier} tier imports Django at import time")
+    django_at_import = foreign == "django" and not imported.lazy and module != "testing"
+    if tier in {"celery", "public"} and django_at_import:
+        problems.append(f"{where}: the {tier} tier imports Django at import time")
     if target is None:
         return problems
     target_tier = tier_of(target)
