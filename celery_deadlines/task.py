@@ -103,21 +103,6 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         if own is not None and not set(EXPECTED) <= set(own):
             cls.throws = (*EXPECTED, *own)
 
-    @property
-    def max_retries(self) -> int | None:
-        """How many retries Celery allows: a task's own ``max_retries`` (the task option)
-        as set; otherwise none beyond its deadline's while an attempt has one (the retry
-        gate ends the retries), and Celery's default of 3 for an attempt without one."""
-        own: int | object | None = getattr(self, "_max_retries", UNSET)
-        if own is not UNSET:
-            return own  # type: ignore[return-value]
-        state = attempt_state(self)
-        return None if state is not None and state.anchor is not None else 3
-
-    @max_retries.setter
-    def max_retries(self, value: int | None) -> None:
-        self._max_retries = value
-
     @classmethod
     def bind(cls, app: Any) -> Any:
         install()  # the publish hook that stamps children; idempotent
@@ -517,7 +502,9 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         The rule: ``countdown + attempt_timeout + clock_skew_allowance <= remaining``
         (autoretry's backoff and jitter arrive here as ``countdown``). A refused retry
         raises :class:`DeadlineRefused`, chained to ``exc``, so the run fails with that
-        reason. The retried message keeps the original absolute deadline.
+        reason. The retried message keeps the original absolute deadline. Celery's
+        ``max_retries`` (its default of 3 included) still bounds the retries: the
+        deadline only ends them sooner (``max_retries=None``: until the deadline).
         """
         state = attempt_state(self)
         attempt = state.attempt if state is not None else None
