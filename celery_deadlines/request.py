@@ -5,7 +5,8 @@ arrival, in a prefork worker), and also when it arrives if it has ``expires`` (a
 waiting for its ETA, or the caller's own), so the claim gate here sees the time a message
 spent in the queue and, for a delayed one, in the worker. A refused message is
 acknowledged (never requeued), its failure is stored with the typed
-:class:`DeadlineRefused`, and ``deadline_refused`` is sent.
+:class:`DeadlineRefused` (or as Celery's own expiry: :mod:`celery_deadlines.refusals`),
+and ``deadline_refused`` is sent.
 
 ``execute_using_pool`` reads ``time_limits`` right before ``pool.apply_async``; the
 property below caps them at the budget left at that instant (the attempt gate). Only
@@ -32,6 +33,7 @@ from .claiming import answer_a_waiting_caller, caller_of
 from .clock import get_clock
 from .conf import settings_for
 from .errors import DeadlineRefused
+from .refusals import tell_refused_message
 from .rules import gates, outcomes, stamping, wire
 from .rules.quoting import shown
 from .rules.states import UNKNOWN_EVENT, Status
@@ -322,10 +324,7 @@ class DeadlineRequest(Request):
         report_refusal(self.task, self.id, self.name, decision, carrier=self._request_dict)
         task_ready(self)
         if self._ended_run_in_ledger(decision, exc):
-            self.send_event("task-failed", exception=repr(exc), traceback="")
-            self.task.backend.mark_as_failure(
-                self.id, exc, request=self._context, store_result=self.store_errors
-            )
+            tell_refused_message(self, exc)
         self.acknowledge()
         self._already_revoked = True
 
@@ -355,7 +354,12 @@ class DeadlineRequest(Request):
         if not ended_it:
             # the run had ended: whoever ended it may have died (or lost the result to a
             # broker restart) before the caller was told; a caller still waiting is told
-            answer_a_waiting_caller(caller_of(task), self.id, decision.clock_reading)
+            answer_a_waiting_caller(
+                caller_of(task),
+                self.id,
+                decision.clock_reading,
+                source=stamping.header_source(self._request_dict),
+            )
         return ended_it
 
     # -- the ledger, told by the supervisor about its pool processes -------------------

@@ -40,6 +40,7 @@ from .conf import settings_for
 from .errors import ConfigurationError, DeadlineRefused, DispatchRefused, PlanRefused, StaleLease
 from .install import install
 from .propagation import HANDED, NOTHING_KEPT, STAMPED, attempt_state
+from .refusals import tell_refusal
 from .rules import gates, outcomes, stamping, wire
 from .rules.budgets import UNSET, Anchor
 from .rules.quoting import shown
@@ -422,8 +423,9 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         self, decision: gates.Decision, task_id: str, reserve: timedelta | None
     ) -> NoReturn:
         """Refuse to run this delivery: record it, store the typed refusal as the task's
-        failure (unless another attempt's result stands), and end it with ``Ignore``
-        (``reserve``: the task's, given with a refusal for the deadline)."""
+        failure, or Celery's own expiry (:mod:`celery_deadlines.refusals`), unless another
+        attempt's result stands, and end it with ``Ignore`` (``reserve``: the task's,
+        given with a refusal for the deadline)."""
         decision = self._kind_of(decision)
         report_refusal(self, task_id, self.name, decision)
         refusal = decision.refusal()
@@ -438,8 +440,13 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         ):
             # already ended, or another attempt owns the run: its result stands
             raise Ignore(str(refusal))
-        self.backend.mark_as_failure(
-            task_id, refusal, request=request, store_result=claiming.caller_of(self).stores_errors
+        tell_refusal(
+            self.backend,
+            task_id,
+            refusal,
+            source=stamping.header_source(propagation.headers_of(request)),
+            request=request,
+            store_result=claiming.caller_of(self).stores_errors,
         )
         raise Ignore(str(refusal))
 
