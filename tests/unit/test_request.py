@@ -244,7 +244,11 @@ def test_claim_tells_a_message_whose_deadline_was_its_expires_what_celery_tells_
 
     task = make_task(app, reserve=2)
     expires = clock.now() + timedelta(seconds=left)
-    headers = {DEADLINE_HEADER: encode(expires), SOURCE_HEADER: "expires", "expires": expires}
+    headers: dict[str, Any] = {
+        DEADLINE_HEADER: encode(expires),
+        SOURCE_HEADER: "expires",
+        "expires": expires,
+    }
     message = TaskMessage(task.name, id="expired-1", **headers)
     eventer, on_ack = Mock(enabled=True), Mock()
     request = DeadlineRequest(message, app=app, task=task, on_ack=on_ack, eventer=eventer)
@@ -252,7 +256,7 @@ def test_claim_tells_a_message_whose_deadline_was_its_expires_what_celery_tells_
         assert request.revoked() is True
         on_ack.assert_called_once()
         result = app.AsyncResult("expired-1")
-        assert result.state == "REVOKED"
+        assert str(result.state) == "REVOKED"
         assert isinstance(result.result, TaskRevokedError)
         assert str(result.result) == "expired"
         [(kind, fields)] = [(c.args[0], c.kwargs) for c in eventer.send.call_args_list]
