@@ -12,8 +12,11 @@ compat.celery_integration [--budget SECONDS|none] [TEST PATH...]``):
    from this work tree;
 3. two ``redis-server`` processes of its own (free ports, no data kept), one per run:
    each run's broker and result backend (``TEST_BROKER``, ``TEST_BACKEND``, as Celery's
-   integration conftest reads them). The runs must not share one: Celery's canvas tests
-   count the server's pub/sub channels, which no database number separates;
+   integration conftest reads them) and the server its tasks keep their own keys on
+   (``REDIS_HOST``, ``REDIS_PORT``: ``redis-echo``, ``Done``, ... in database 0, which
+   Celery's tests write and delete by name). The runs must not share one: those keys
+   have fixed names, and Celery's canvas tests count the server's pub/sub channels,
+   which no database number separates;
 4. runs ``t/integration/test_canvas.py`` and ``t/integration/test_tasks.py`` twice,
    side by side, each with the worker their conftest starts (in the pytest process, a
    prefork pool): with ``celery.Task`` as the default task class (the baseline), and
@@ -197,6 +200,9 @@ def environment(run: Run, port: int) -> dict[str, str]:
     env["CELERY_COMPAT_OUTCOMES"] = str(run.outcomes)
     env["TEST_BROKER"] = f"redis://127.0.0.1:{port}/0"
     env["TEST_BACKEND"] = f"redis://127.0.0.1:{port}/1"
+    # where Celery's tasks and tests keep their own keys (redis-echo, ...): never the
+    # machine's Redis, and never the other run's
+    env["REDIS_HOST"], env["REDIS_PORT"] = "127.0.0.1", str(port)
     if run.task_cls is None:
         env["PYTHONPATH"] = str(HERE)  # the plugin only: celery_deadlines is not imported
     else:

@@ -138,6 +138,9 @@ def test_the_integration_runs_each_have_a_redis_server_and_only_the_deadline_run
         "redis://127.0.0.1:7001/1",
     )
     assert deadline_env["TEST_BROKER"] == "redis://127.0.0.1:7002/0"
+    # Celery's tasks keep their own keys on the run's server too
+    assert (base_env["REDIS_HOST"], base_env["REDIS_PORT"]) == ("127.0.0.1", "7001")
+    assert deadline_env["REDIS_PORT"] == "7002"
     assert "CELERY_COMPAT_DEFAULTS" not in base_env
     assert "CELERY_COMPAT_TASK_CLS" not in base_env
     assert deadline_env["CELERY_COMPAT_DEFAULTS"] == '{"deadlines_default_budget": 300.0}'
