@@ -94,6 +94,8 @@ BARE_COMPLETE: Final = "UPDATE bench_bare_run SET done = true WHERE id = %s AND 
 #: A claim's lease and reserve, as a DeadlineTask's default settings give them.
 TTL: Final = timedelta(seconds=30)
 RESERVE: Final = timedelta(0)
+#: The task of every run claimed here (bench/ledgerapp.py's ``bench.ledgered``).
+TASK_NAME: Final = "bench.ledgered"
 #: Deliveries each process makes before the barrier (not timed): its connection opened
 #: and its statements prepared, as a worker's are after its first tasks.
 WARM: Final = 20
@@ -136,9 +138,7 @@ def ledger_runs(count: int, tag: str) -> list[str]:
     ids = [f"{tag}-{uuid.uuid4().hex}" for _ in range(count)]
     with store.transaction():
         for task_id in ids:
-            store.outbox.enqueue(
-                NewRun(task_id=task_id, task_name="bench.ledgered", deadline=deadline)
-            )
+            store.outbox.enqueue(NewRun(task_id=task_id, task_name=TASK_NAME, deadline=deadline))
     return ids
 
 
@@ -233,6 +233,7 @@ def _library_steps(index: int) -> Steps:
         outcome = api.claim_run(
             app,
             task_id=task_id,
+            task_name=TASK_NAME,
             retries=0,
             hostname=hostname,
             ttl=TTL,
@@ -557,8 +558,8 @@ def lost_claim_flushes(batch: int = 500) -> None:
     ended = ledger_runs(batch, "flush")
     for task_id in ended:  # claimed and completed by a first worker
         attempt = api.claim_run(
-            app, task_id=task_id, retries=0, hostname="celery@first", ttl=TTL,
-            reserve=RESERVE, unrecorded=_no_run,
+            app, task_id=task_id, task_name=TASK_NAME, retries=0, hostname="celery@first",
+            ttl=TTL, reserve=RESERVE, unrecorded=_no_run,
         )  # fmt: skip
         assert isinstance(attempt, api.Attempt)
         attempt.succeed()
@@ -567,8 +568,8 @@ def lost_claim_flushes(batch: int = 500) -> None:
     def library_lost() -> None:
         for task_id in ended:
             refused = api.claim_run(
-                app, task_id=task_id, retries=0, hostname="celery@second", ttl=TTL,
-                reserve=RESERVE, unrecorded=_no_run,
+                app, task_id=task_id, task_name=TASK_NAME, retries=0,
+                hostname="celery@second", ttl=TTL, reserve=RESERVE, unrecorded=_no_run,
             )  # fmt: skip
             assert isinstance(refused, api.ClaimRefused)
         api.store_for(app, dedicated=True).close()  # its statistics reported at exit
@@ -579,8 +580,9 @@ def lost_claim_flushes(batch: int = 500) -> None:
         def run() -> None:
             for task_id in fresh:
                 attempt = api.claim_run(
-                    app, task_id=task_id, retries=0, hostname="celery@first", ttl=TTL,
-                    reserve=RESERVE, unrecorded=_no_run, exclusive=exclusive,
+                    app, task_id=task_id, task_name=TASK_NAME, retries=0,
+                    hostname="celery@first", ttl=TTL, reserve=RESERVE, unrecorded=_no_run,
+                    exclusive=exclusive,
                 )  # fmt: skip
                 assert isinstance(attempt, api.Attempt)
             api.store_for(app, dedicated=True).close()
@@ -634,9 +636,9 @@ if variant.startswith("library"):
     ids = claims.ledger_runs(warm + count, "callgrind")
 
     def claim(task_id, host="celery@counted"):
-        return api.claim_run(app, task_id=task_id, retries=0, hostname=host,
-                             ttl=claims.TTL, reserve=claims.RESERVE, unrecorded=None,
-                             exclusive=True)
+        return api.claim_run(app, task_id=task_id, task_name=claims.TASK_NAME, retries=0,
+                             hostname=host, ttl=claims.TTL, reserve=claims.RESERVE,
+                             unrecorded=None, exclusive=True)
 
     if variant == "library-lost":  # completed by another worker first
         for task_id in ids:

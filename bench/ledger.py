@@ -201,6 +201,7 @@ def racer(index: int, task_ids: list[str], barrier: Any, results: Any) -> None:
         outcome = store.runs.claim(
             task_id,
             0,
+            task_name="race",
             owner=f"racer-{index}",
             ttl=timedelta(60),
             reserve=timedelta(0),

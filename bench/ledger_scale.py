@@ -151,6 +151,7 @@ class Ledger:
         return self.worker.runs.claim(
             task_id,
             0,
+            task_name="bench.ledgered",
             owner=owner,
             ttl=timedelta(minutes=1),
             reserve=timedelta(0),

@@ -46,13 +46,13 @@ from . import conf
 from .clock import get_clock
 from .conf import settings_for
 from .errors import ConfigurationError, DeadlineRefused
-from .rules import skew
+from .rules import skew, stamping, wire
 from .rules.budgets import parse_duration
-from .rules.periodic import Periodic
+from .rules.periodic import LeftOut, Periodic
 from .rules.periodic import classify as periodic_classify
 from .rules.periodic import occurrences as periodic_occurrences
+from .rules.quoting import shown
 from .rules.schedules import WEEKDAYS, Backlog, LocalSchedule, Occurrence, classify, occurrences
-from .rules.wire import OCCURRENCE_HEADER
 from .signals import clock_uncertain
 
 logger = logging.getLogger("celery_deadlines")
@@ -65,6 +65,27 @@ RETRY_PENDING = timedelta(seconds=5)
 #: The most occurrences of one :class:`PeriodicSchedule` one pass publishes or records
 #: (the latest; the ledger's bulk lookups stay within every database's parameter limit).
 OCCURRENCE_LIMIT = 500
+#: Headers a beat entry's ``headers`` may not set: Celery's own fields of the message
+#: (:data:`stamping.PROTOCOL_HEADERS`: a header given to ``apply_async`` replaces each of
+#: them, the message's id and task name included, so an entry could publish under another
+#: run's id), and this package's (an entry's deadline is its window's).
+DEADLINE_HEADERS = frozenset(
+    {
+        wire.DEADLINE_HEADER,
+        wire.DELIVERY_DEADLINE_HEADER,
+        wire.ORIGIN_HEADER,
+        wire.SOURCE_HEADER,
+        wire.OCCURRENCE_HEADER,
+    }
+)
+
+
+def entry_headers(headers: Any) -> tuple[dict[str, Any], list[str]]:
+    """The headers of a beat entry that are sent, and the names of those that are not
+    (:func:`stamping.reserved_headers`, :data:`DEADLINE_HEADERS`)."""
+    left = {*stamping.reserved_headers(headers), *(DEADLINE_HEADERS & headers.keys())}
+    sent = {name: value for name, value in headers.items() if name not in left}
+    return sent, sorted(str(name) for name in left)
 
 
 class OccurrenceSchedule(BaseSchedule):
@@ -94,14 +115,17 @@ class OccurrenceSchedule(BaseSchedule):
         #: occurrences at or before this are not the schedule's (it did not exist yet, or
         #: said something else): neither published nor recorded missed
         self.floor: datetime | None = None
+        #: why none of its occurrences is published (a django-celery-beat row refused
+        #: when read): each is recorded missed, saying this, when it comes
+        self.refused: str | None = None
 
     def occurrences(self, start: datetime, end: datetime) -> Iterator[Occurrence]:
         """Every occurrence with ``start <= at < end``, in order."""
         raise NotImplementedError
 
-    def backlog(self, since: datetime, now: datetime) -> tuple[Backlog, int]:
-        """The occurrences in ``(since, now]``, due and missed, and how many earlier
-        ones in that span were left out (not looked at)."""
+    def backlog(self, since: datetime, now: datetime) -> tuple[Backlog, LeftOut | None]:
+        """The occurrences in ``(since, now]``, due and missed, and the earlier ones in
+        that span that were left out (not looked at), if any."""
         raise NotImplementedError
 
     def now(self) -> datetime:
@@ -159,8 +183,8 @@ class ZonedSchedule(OccurrenceSchedule):
     def occurrences(self, start: datetime, end: datetime) -> Iterator[Occurrence]:
         return occurrences(self.local, start, end)
 
-    def backlog(self, since: datetime, now: datetime) -> tuple[Backlog, int]:
-        return classify(self.local, since, now), 0
+    def backlog(self, since: datetime, now: datetime) -> tuple[Backlog, LeftOut | None]:
+        return classify(self.local, since, now), None
 
     def __reduce__(self) -> tuple[Any, ...]:
         return self.__class__, (self.local, self.catch_up)
@@ -202,7 +226,7 @@ class PeriodicSchedule(OccurrenceSchedule):
     def occurrences(self, start: datetime, end: datetime) -> Iterator[Occurrence]:
         return periodic_occurrences(self.periodic, start, end)
 
-    def backlog(self, since: datetime, now: datetime) -> tuple[Backlog, int]:
+    def backlog(self, since: datetime, now: datetime) -> tuple[Backlog, LeftOut | None]:
         return periodic_classify(self.periodic, since, now, self.limit)
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -269,11 +293,11 @@ class ZonedSchedulerMixin:
 
 def catch_up(app: Any, entry: Any, producer: Any = None) -> list[str]:
     """Publish the occurrences of ``entry`` still in their window that have no run, and
-    record the ones whose window closed as missed. Returns the run ids published."""
+    record the ones whose window closed as missed (all of them, for a schedule that
+    was refused). Returns the run ids published."""
     from django.db import transaction
 
-    from .ledger import operations
-    from .ledger.api import NewRun, store_for
+    from .ledger.api import store_for
     from .task import DeadlineTask
 
     schedule: OccurrenceSchedule = entry.schedule
@@ -285,47 +309,39 @@ def catch_up(app: Any, entry: Any, producer: Any = None) -> list[str]:
     now = schedule.now()
     last = store.sweeps.last_occurrence(schedule.name)
     # a schedule the ledger has never seen starts now: nothing before it was "missed"
-    since = now - schedule.window if last is None else max(last, now - schedule.catch_up)
+    # (a refused one has no window to look back over: it starts when beat first saw it)
+    start = now - schedule.window
+    if schedule.refused is not None:
+        start = schedule.handled_through or now
+    since = start if last is None else max(last, now - schedule.catch_up)
     if schedule.floor is not None and schedule.floor > since:
         since = schedule.floor
     backlog, left_out = schedule.backlog(since, now)
-    if left_out:
+    if left_out is not None:
         logger.warning(
-            "%s: %d occurrences since %s are older than the latest %d looked at: they are "
-            "neither published nor recorded missed",
+            "%s: the occurrences from %s to %s are older than the latest %d looked at: "
+            "they are neither published nor recorded missed",
             entry.name,
-            left_out,
-            since.isoformat(),
+            left_out.first.at.isoformat(),
+            left_out.last.at.isoformat(),
             len(backlog.due) + len(backlog.missed),
         )
     known = store.sweeps.known([o.run_id for o in (*backlog.due, *backlog.missed)])
+    if schedule.refused is not None:
+        for refused in (*backlog.missed, *backlog.due):
+            if refused.run_id not in known:
+                why = f"was not published: {schedule.refused}"
+                _record_missed(app, store, entry, refused, why, deadline=refused.at)
+        schedule.handled_through = now
+        return []
     for missed in backlog.missed:
         if missed.run_id in known:
             continue
-        header = occurrence_header(missed)
-        run = NewRun(
-            task_id=missed.run_id,
-            task_name=entry.task,
-            deadline=missed.deadline,
-            delivery_deadline=None,
-            root_id=missed.run_id,
-            parent_id="",
-            retries=0,
-            available_at=None,
-            message_body=None,
-            content_type="",
-            content_encoding="",
-            not_before=missed.at,
-            schedule=missed.schedule,
-            schedule_zone=missed.zone,
-            schedule_local=header["local"],
+        why = (
+            f"was not published before its window closed at {missed.deadline.isoformat()}; "
+            "recorded as missed, not run late"
         )
-        detail = (
-            f"{entry.name}: occurrence {header['local']} {missed.zone} "
-            f"({missed.at.isoformat()}) was not published before its window closed at "
-            f"{missed.deadline.isoformat()}; recorded as missed, not run late"
-        )
-        operations.record_missed(app, store, run, detail)
+        _record_missed(app, store, entry, missed, why, deadline=missed.deadline)
     published = []
     task = app.tasks[entry.task]
     if not isinstance(task, DeadlineTask):
@@ -337,9 +353,16 @@ def catch_up(app: Any, entry: Any, producer: Any = None) -> list[str]:
         if due.run_id in known:
             continue
         options = dict(entry.options)
-        headers = dict(options.pop("headers", None) or {})
+        headers, left = entry_headers(options.pop("headers", None) or {})
+        if left:
+            logger.warning(
+                "%s: header(s) %s of the entry are not sent: the occurrence's run id, "
+                "task and window are its message's",
+                entry.name,
+                ", ".join(shown(name) for name in left),
+            )
         headers["celery_beat_task"] = True
-        headers[OCCURRENCE_HEADER] = occurrence_header(due)
+        headers[wire.OCCURRENCE_HEADER] = occurrence_header(due)
         # in a transaction, the outbox publishes on commit: if the broker is down the run
         # stays QUEUED and the sweeper publishes it again; the occurrence is not lost
         with transaction.atomic(using=store.using):
@@ -372,6 +395,39 @@ def catch_up(app: Any, entry: Any, producer: Any = None) -> list[str]:
         len(known),
     )
     return published
+
+
+def _record_missed(
+    app: Any, store: Any, entry: Any, occurrence: Occurrence, why: str, *, deadline: datetime
+) -> None:
+    """Record ``occurrence`` of ``entry`` EXPIRED / ``missed_occurrence`` (never run),
+    saying ``why``, with ``deadline`` as its run's."""
+    from .ledger import operations
+    from .ledger.api import NewRun
+
+    header = occurrence_header(occurrence)
+    run = NewRun(
+        task_id=occurrence.run_id,
+        task_name=entry.task,
+        deadline=deadline,
+        delivery_deadline=None,
+        root_id=occurrence.run_id,
+        parent_id="",
+        retries=0,
+        available_at=None,
+        message_body=None,
+        content_type="",
+        content_encoding="",
+        not_before=occurrence.at,
+        schedule=occurrence.schedule,
+        schedule_zone=occurrence.zone,
+        schedule_local=header["local"],
+    )
+    detail = (
+        f"{entry.name}: occurrence {header['local']} {occurrence.zone} "
+        f"({occurrence.at.isoformat()}) {why}"
+    )
+    operations.record_missed(app, store, run, detail)
 
 
 def _clock_agrees(app: Any, store: Any, name: str) -> bool:
@@ -413,5 +469,6 @@ __all__ = [
     "ZonedSchedule",
     "ZonedSchedulerMixin",
     "catch_up",
+    "entry_headers",
     "occurrence_header",
 ]

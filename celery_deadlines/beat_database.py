@@ -27,6 +27,10 @@ durable state, as with :class:`~.beat.DeadlineScheduler`.
   ``EXPIRED`` / ``missed_occurrence``, never run late; a restart, a lost ``last_run_at``
   or a second beat neither loses nor doubles one: the ledger holds each run id once.
 
+A window longer than ``deadlines_max_budget`` is refused when the row is read (logged
+once): none of the row's occurrences is published, each is recorded ``EXPIRED`` /
+``missed_occurrence`` saying why, until the row is changed.
+
 The row's other fields keep their django-celery-beat meaning: ``enabled``,
 ``start_time``, ``expires`` (no occurrence after it), ``one_off``, ``queue``,
 ``exchange``, ``routing_key``, ``priority``, ``headers``, ``args``, ``kwargs``.
@@ -36,6 +40,11 @@ the admin; the ledger, not they, says what ran.
 A row of a plain task, a solar schedule, or a DeadlineTask with neither
 ``expire_seconds`` nor a budget is published as django-celery-beat publishes it (the
 last two logged once, saying why).
+
+Whatever its task, a row's ``headers`` never set a field of its message nor a deadline
+(:func:`~.beat.entry_headers`: not sent, logged once per row), and a row whose
+``headers`` are not a JSON object is not scheduled (an ERROR each time the table is
+read), where django-celery-beat's reading of the table stopped at it.
 """
 
 from __future__ import annotations
@@ -54,12 +63,14 @@ from django_celery_beat.schedulers import (  # type: ignore[import-untyped]
     DatabaseScheduler,
     ModelEntry,
 )
+from kombu.utils.json import loads
 
 from . import options
-from .beat import OccurrenceSchedule, PeriodicSchedule, ZonedSchedulerMixin
+from .beat import OccurrenceSchedule, PeriodicSchedule, ZonedSchedulerMixin, entry_headers
 from .clock import get_clock
 from .conf import settings_for
 from .rules.periodic import EPOCH, Cron, Every, Once, Periodic, Rule
+from .rules.quoting import shown
 
 logger = logging.getLogger("celery_deadlines")
 
@@ -79,7 +90,24 @@ class DeadlineModelEntry(ModelEntry):  # type: ignore[misc]
         #: no beat has run the row since it was saved without one (created, or enabled
         #: again: django-celery-beat clears last_run_at when a row is disabled)
         self.never_run = model.last_run_at is None
+        try:
+            headers = loads(model.headers or "{}")  # as django-celery-beat reads them
+        except Exception:  # noqa: BLE001 - kombu's types raise TypeError, ValueError, ...
+            headers = None
+        if not isinstance(headers, dict):
+            # django-celery-beat leaves out a row whose headers are not JSON (its
+            # ValueError), and stopped at one whose JSON is not an object (a TypeError
+            # out of reading the table: beat published no row at all)
+            logger.error(
+                "periodic task %s is not scheduled: its headers are not a JSON object: %s",
+                shown(model.name),
+                shown(model.headers),
+            )
+            raise ValueError(f"periodic task {shown(model.name)}: headers not a JSON object")
         super().__init__(model, app=app)
+        #: the names of the row's headers that are not sent (beat.entry_headers)
+        self.headers_left_out: list[str]
+        self.options["headers"], self.headers_left_out = entry_headers(self.options["headers"])
 
     def _default_now(self) -> datetime:
         from django.conf import settings
@@ -212,20 +240,50 @@ class DatabaseDeadlineScheduler(ZonedSchedulerMixin, DatabaseScheduler):  # type
         and the row names a window (kept across reads while the row is unchanged)."""
         if not isinstance(entry, ModelEntry) or isinstance(entry.schedule, OccurrenceSchedule):
             return
+        left_out = getattr(entry, "headers_left_out", None)
+        if left_out:
+            self.tell(
+                entry.name,
+                f"headers {left_out}",
+                f"its header(s) {', '.join(shown(name) for name in left_out)} are not sent: "
+                "the message's id, task and deadline are beat's and the row's to say",
+                published="",
+            )
         periodic = self.periodic_of(entry)
         if periodic is None:
             self.periodic.pop(entry.name, None)
             return
+        refused = self.refusal_of(entry, periodic)
         kept = self.periodic.get(entry.name)
-        if kept is None or kept.periodic != periodic:
+        if kept is None or kept.periodic != periodic or kept.refused != refused:
             catch_up = max(self.catch_up, periodic.window)
             edited = kept is not None  # its schedule, window or task changed as beat ran
             kept = self.periodic[entry.name] = PeriodicSchedule(periodic, catch_up=catch_up)
+            kept.refused = refused
             if edited or getattr(entry, "never_run", False):
                 # the row's occurrences start when it was saved: none from before it
                 # existed, was enabled again or said this
                 kept.floor = _aware(entry.model.date_changed)
         entry.schedule = kept
+
+    def refusal_of(self, entry: ModelEntry, periodic: Periodic) -> str | None:
+        """Why none of the row's occurrences may be published (logged once), or
+        ``None``: a window longer than ``deadlines_max_budget``, which no deadline may be."""
+        longest = settings_for(self.app).budget_bound()
+        if periodic.window <= longest:
+            return None
+        refusal = (
+            f"its window of {periodic.window.total_seconds():.0f} s (expire_seconds) is "
+            f"longer than deadlines_max_budget ({longest.total_seconds():.0f} s)"
+        )
+        self.tell(
+            entry.name,
+            refusal,
+            f"{refusal}, so none of its occurrences is published: each is recorded "
+            "EXPIRED / missed_occurrence, saying this, until the row is changed",
+            published="",
+        )
+        return refusal
 
     def periodic_of(self, entry: ModelEntry) -> Periodic | None:
         """The occurrences of a DeadlineTask's row; ``None`` for a row published as
@@ -278,17 +336,18 @@ class DatabaseDeadlineScheduler(ZonedSchedulerMixin, DatabaseScheduler):  # type
             return Every(given.run_every, _aware(start_time) or EPOCH)
         return None
 
-    def tell(self, name: str, why: str, detail: str) -> None:
-        """Log, once per row and reason, why a DeadlineTask's row is published as
-        django-celery-beat publishes it."""
+    def tell(self, name: str, why: str, detail: str, published: str | None = None) -> None:
+        """Log, once per row and reason, what is wrong with a row and what is done with
+        it (by default: a DeadlineTask's row published as django-celery-beat publishes
+        it)."""
+        if published is None:
+            published = (
+                "; it is published as django-celery-beat publishes it, with no occurrence "
+                "run id and no missed-window record"
+            )
         if (name, why) not in self._told:
             self._told.add((name, why))
-            logger.warning(
-                "periodic task %r: %s; it is published as django-celery-beat publishes "
-                "it, with no occurrence run id and no missed-window record",
-                name,
-                detail,
-            )
+            logger.warning("periodic task %s: %s%s", shown(name), detail, published)
 
 
 def _aware(instant: datetime | None) -> datetime | None:

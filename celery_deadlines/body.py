@@ -329,35 +329,28 @@ class AttemptAPI:
 
 #: How a test runs a body with a claimed attempt and no database (docs/howto.md).
 IN_MEMORY = (
-    "or test it against the in-memory ledger, which eager runs claim too "
-    "(celery_deadlines.testing.use_ledger(FakeLedger()), or "
-    "pytest_plugins = ['celery_deadlines.pytest_plugin'])"
+    "or test it against the in-memory ledger (celery_deadlines.testing.use_ledger("
+    "FakeLedger()), or pytest_plugins = ['celery_deadlines.pytest_plugin'])"
 )
 
 
 def _why_no_attempt(task: Any) -> str:
     """Why this delivery of ``task`` has no claimed attempt, and what gives it one: the
-    ledger is off (the Django app, or this Celery app's ``deadlines_ledger``), the body
-    was called directly, or the run is eager (``task_always_eager``, ``apply()``): the
-    database's ledger claims no eager run, which has no worker to renew its lease or
-    reconcile it."""
+    ledger is off (the Django app, or this Celery app's ``deadlines_ledger``), or no
+    attempt runs in this thread (a direct call). Every run through Celery is claimed,
+    an eager one (``task_always_eager``, ``apply()``) too."""
     if not ledger.enabled_for(task.app):
         if not ledger.active():
             return (
-                "need the run ledger: add 'celery_deadlines' to INSTALLED_APPS and run the "
-                f"task in a worker, {IN_MEMORY}"
+                "need the run ledger: add 'celery_deadlines' to INSTALLED_APPS (a worker's "
+                f"runs and eager ones are claimed there), {IN_MEMORY}"
             )
         return (
             "need the run ledger, which this Celery app turned off (deadlines_ledger = "
-            f"False): turn it on and run the task in a worker, {IN_MEMORY}"
-        )
-    request = task.request
-    if request.called_directly:
-        return (
-            "need a claimed attempt, and a direct call (task(...)) claims none: run the task "
-            "through Celery (delay(), apply_async(); apply() against the in-memory ledger)"
+            f"False): turn it on, {IN_MEMORY}"
         )
     return (
-        "need a worker: an eager run (task_always_eager, apply()) claims no attempt in the "
-        f"database's run ledger; run the task in a worker, {IN_MEMORY}"
+        "need a claimed attempt, and none runs here: a direct call (task(...)) claims "
+        "none, nor does a thread the body starts; run the task through Celery (delay(), "
+        "apply_async(), apply())"
     )

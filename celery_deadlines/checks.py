@@ -26,6 +26,7 @@ from django.core import checks
 from .conf import (
     BUDGETS,
     CONTRACTS,
+    DATABASE,
     DEFAULT_ATTEMPT_TIMEOUT,
     DEFAULT_BUDGET,
     DEFAULT_RESERVE,
@@ -47,6 +48,7 @@ from .rules.contracts import is_deadline_task, review
 from .rules.declarations import UNKNOWN, Configured, Problem
 from .rules.declarations import review as review_declarations
 from .rules.declarations import review_settings as review_declared_settings
+from .rules.quoting import named, shown
 from .rules.retention import describe_age
 
 if TYPE_CHECKING:
@@ -87,7 +89,7 @@ def _unknown(spelled: str, name: str, *, django: bool) -> checks.CheckMessage:
         )
     where = "" if django else " (set on the Celery app)"
     return checks.Error(
-        f"{spelled}{where} is not a celery-deadlines setting.",
+        f"{named(spelled)}{where} is not a celery-deadlines setting.",
         hint=hint,
         id="celery_deadlines.E002",
     )
@@ -162,7 +164,7 @@ def _on_the_app() -> set[str]:
         keys = list(current_app.conf.keys())
     except Exception:  # noqa: BLE001 (a check must report, not crash; W001 says more)
         return set()
-    return {key for key in keys if key.startswith("deadlines_")}
+    return {key for key in keys if isinstance(key, str) and key.startswith("deadlines_")}
 
 
 @checks.register()
@@ -183,7 +185,7 @@ def check_contracts(
     try:
         tasks = _loaded_tasks(app)
     except Exception as exc:  # noqa: BLE001 (a check must report a failure, not crash)
-        return [_cannot_check(f"its tasks did not load: {exc!r}")]
+        return [_cannot_check(f"its tasks did not load: {shown(exc)}")]
     if not any(is_deadline_task(task) for task in tasks.values()):
         # Celery's fallback app, not the project's: every contract would look unknown
         return [_cannot_check("the project's Celery app (with its DeadlineTasks) is not loaded")]
@@ -241,7 +243,7 @@ def check_declarations(
     try:
         tasks = _loaded_tasks(app)
     except Exception as exc:  # noqa: BLE001 (a check must report a failure, not crash)
-        return [*messages, _cannot_check(f"its tasks did not load: {exc!r}", what=TASKS)]
+        return [*messages, _cannot_check(f"its tasks did not load: {shown(exc)}", what=TASKS)]
     return messages + _messages(
         review_declarations(tasks, configured, known_attributes=_task_attributes())
     )
@@ -348,6 +350,13 @@ def check_retention(
     ]
 
 
+def _names(names: Sequence[str] | Mapping[str, Any], most: int = 4) -> str:
+    """``names`` as a message lists them: each as :func:`named` says, at most ``most``."""
+    listed = [named(name) for name in list(names)[:most]]
+    more = len(names) - len(listed)
+    return ", ".join(listed) + (f" and {more} more" if more > 0 else "")
+
+
 MIDDLEWARE = "celery_deadlines.middleware.DeadlineMiddleware"
 INGRESS_HOWTO = ("How-tos", "Start the deadline at the HTTP request")
 
@@ -384,7 +393,7 @@ def check_ingress(
     if headers and not proxies:
         messages.append(
             checks.Warning(
-                f"{PREFIX}REQUEST_HEADERS names {', '.join(headers)}, but "
+                f"{PREFIX}REQUEST_HEADERS names {_names(headers)}, but "
                 f"{PREFIX}TRUSTED_PROXIES is empty: no request's header will ever be read.",
                 hint="List the addresses or networks of the proxies that send them. "
                 + docs(SETTINGS_REFERENCE, f"{PREFIX}TRUSTED_PROXIES"),
@@ -399,39 +408,43 @@ def check_ledger_database(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
     """E003: the ledger's database is not PostgreSQL or SQLite. E004: ``USE_TZ`` is off.
-    E010: the ledger's alias turns Django's transaction management off (``AUTOCOMMIT``)."""
+    E010: the ledger's alias turns Django's transaction management off (``AUTOCOMMIT``).
+    A setting that names no alias at all is E001 (``check_settings``): not looked up."""
     from django.db import connections
 
     from .ledger.sql.dialect import SUPPORTED
 
     messages: list[checks.CheckMessage] = []
-    alias = getattr(django_settings, f"{PREFIX}DATABASE", "default")
-    if alias not in connections.settings:
+    try:
+        alias = from_django().get(DATABASE)
+    except ConfigurationError:  # not an alias at all (a list, a number): E001 says so
+        alias = ""
+    if alias and alias not in connections.settings:
         messages.append(
             checks.Error(
-                f"CELERY_DEADLINES_DATABASE names {alias!r}, which is not in DATABASES.",
+                f"CELERY_DEADLINES_DATABASE names {shown(alias)}, which is not in DATABASES.",
                 hint="Name the alias of the database that holds the run ledger. "
                 + docs(SETTINGS_REFERENCE, f"{PREFIX}DATABASE"),
                 id="celery_deadlines.E003",
             )
         )
-    elif connections[alias].vendor not in SUPPORTED:
+    elif alias and connections[alias].vendor not in SUPPORTED:
         messages.append(
             checks.Error(
-                f"The run ledger needs PostgreSQL or SQLite; DATABASES[{alias!r}] is "
+                f"The run ledger needs PostgreSQL or SQLite; DATABASES[{shown(alias)}] is "
                 f"{connections[alias].vendor}.",
                 hint="Point CELERY_DEADLINES_DATABASE at a PostgreSQL or SQLite alias. "
                 + docs(SETTINGS_REFERENCE, f"{PREFIX}DATABASE"),
                 id="celery_deadlines.E003",
             )
         )
-    elif connections.settings[alias].get("AUTOCOMMIT", True) is False:
+    elif alias and connections.settings[alias].get("AUTOCOMMIT", True) is False:
         # the producer's row joins the caller's transaction and its message goes when
         # that commits (on_commit); a transaction managed by hand has no such hook, so
         # the message would be sent before its row exists for anyone else
         messages.append(
             checks.Error(
-                f"DATABASES[{alias!r}] sets AUTOCOMMIT = False: a run's row would be "
+                f"DATABASES[{shown(alias)}] sets AUTOCOMMIT = False: a run's row would be "
                 "written in a transaction whose commit the library cannot wait for, and "
                 "its message sent before the row is committed.",
                 hint="Keep AUTOCOMMIT on for the ledger's alias and group writes with "

@@ -9,10 +9,15 @@ the task turns an outcome that does not run the body into Celery's at its edge
   the attempt (the refusal is stored as the task's result, then ``Ignore``);
 * :class:`NotRun`: everything there is to do was done here, the task ends the delivery
   with ``Ignore``: failed for good when the run lost too many leases; held unstarted as
-  CLOCK_UNCERTAIN when this worker's clock is beyond the skew budget; otherwise simply
-  not run (a duplicate delivery, another worker's live lease, an ended run). A delivery
+  CLOCK_UNCERTAIN when this worker's clock is beyond the skew budget; refused as
+  ``task_mismatch`` when the message names another task than the run of its id (the
+  run left as it was, nothing stored under its id); otherwise simply not run (a
+  duplicate delivery, another worker's live lease, an ended run). A delivery
   of an ended run whose caller is still waiting tells it the ledger's outcome: the
   worker that ended the run died before storing it;
+* :class:`Ended`: an eager run (``apply()``) of a run that has ended: its caller waits
+  in this very call, and is told the run's outcome as the body's (the task returns the
+  kept value or raises the failure; the body is not run again);
 * :class:`Unreachable`: the claim could not reach the ledger for a whole lease: a
   late-acked message goes back to the broker (``Reject`` with requeue: nothing stored
   for the caller, nothing lost); an early-acked one fails with the error.
@@ -37,7 +42,7 @@ from .rules import gates
 from .rules.records import ClaimRefused, Expired, Held
 from .rules.stamping import header_source
 from .rules.states import Status
-from .signals import run_claimed, run_held
+from .signals import report_refusal, run_claimed, run_held
 
 if TYPE_CHECKING:
     from .ledger.attempt import Attempt
@@ -118,21 +123,31 @@ class Unreachable(NamedTuple):
     requeue: bool
 
 
+class Ended(NamedTuple):
+    """An eager call of a run that has ended: what it tells its caller instead of running
+    the body again, the run's kept return value or its failure (``error``)."""
+
+    value: Any
+    error: Exception | None
+
+
 #: The outcomes that do not run the body.
-NOT_RUN = (Refused, NotRun, Unreachable)
+NOT_RUN = (Refused, NotRun, Unreachable, Ended)
 
 
-def claim(delivery: Claim) -> Attempt | Refused | NotRun | Unreachable:
+def claim(delivery: Claim) -> Attempt | Refused | NotRun | Unreachable | Ended:
     """Claim the run in the ledger: the attempt, or how this delivery ends unrun."""
     caller = delivery.caller
     app = caller.app
     request = delivery.request
     task_id = delivery.task_id
     deadline = delivery.deadline
+    eager = bool(request.is_eager)
     try:
         outcome = ledger.api_for(app).claim_run(
             app,
             task_id=task_id,
+            task_name=caller.task_name,
             retries=int(request.retries or 0),
             hostname=request.hostname,
             ttl=delivery.lease,
@@ -140,7 +155,9 @@ def claim(delivery: Claim) -> Attempt | Refused | NotRun | Unreachable:
             unrecorded=lambda: recording.run_of_request(
                 app, caller.task_name, delivery.serializer, request, deadline
             ),
-            exclusive=pools.one_attempt_at_a_time(),
+            # an eager run is the caller's, inside whatever attempt runs it
+            exclusive=not eager and pools.one_attempt_at_a_time(),
+            eager=eager,
         )
     except LedgerUnreachable as unreachable:
         return _hand_back(delivery, unreachable)
@@ -158,6 +175,8 @@ def claim(delivery: Claim) -> Attempt | Refused | NotRun | Unreachable:
             )
         return attempt
     reason = gates.claim_refusal(outcome.why)  # by the database's clock, as the claim was
+    if reason is gates.Reason.TASK_MISMATCH:
+        return _foreign(delivery, outcome)
     if reason is not None:
         return Refused(
             gates.Decision(
@@ -172,13 +191,19 @@ def claim(delivery: Claim) -> Attempt | Refused | NotRun | Unreachable:
     if outcome.why == ClaimRefused.LOST_LEASES:
         return _lost_too_many_leases(delivery)
     if outcome.why == ClaimRefused.TERMINAL:
-        answer_a_waiting_caller(
-            caller,
-            task_id,
-            outcome.database_now or get_clock().now(),
-            wait_for_the_attempt=True,
-            source=header_source(headers_of(request)),
-        )
+        now = outcome.database_now or get_clock().now()
+        if eager:
+            told = _tell_an_eager_caller(caller, task_id, now)
+            if told is not None:
+                return told
+        else:
+            answer_a_waiting_caller(
+                caller,
+                task_id,
+                now,
+                wait_for_the_attempt=True,
+                source=header_source(headers_of(request)),
+            )
     logger.info(
         "%s[%s]: delivery not run, claim refused (%s); run is %s, token %s, owner %s",
         caller.task_name,
@@ -189,6 +214,19 @@ def claim(delivery: Claim) -> Attempt | Refused | NotRun | Unreachable:
         outcome.owner or "none",
     )
     return NotRun(f"claim refused: {outcome.why}")
+
+
+def _foreign(delivery: Claim, refused: ClaimRefused) -> NotRun:
+    """A message that names another task than the run of its id: the ledger left the run
+    as it was and recorded the refusal in its history. Reported as the claim gate's
+    refusal (``task_mismatch``: logged at WARNING, ``deadline_refused`` sent), and
+    nothing is stored for the caller: the id's result is the other run's, and storing a
+    failure there would tell that run's caller an outcome it never had."""
+    decision = gates.task_mismatch(
+        delivery.caller.task_name, refused.database_now or get_clock().now(), delivery.deadline
+    )
+    report_refusal(delivery.sender, delivery.task_id, delivery.caller.task_name, decision)
+    return NotRun(f"claim refused: {decision.reason}")
 
 
 def _hand_back(delivery: Claim, unreachable: LedgerUnreachable) -> Unreachable:
@@ -243,7 +281,10 @@ def answer_a_waiting_caller(
     ``wait_for_the_attempt`` (a pool process; never the worker's main process, whose
     event loop must not block): a run that ended less than :data:`OUTCOME_GRACE` ago by
     the database clock (``now``) is left to the attempt that ended it until then, its
-    result looked at every :data:`OUTCOME_POLL`."""
+    result looked at every :data:`OUTCOME_POLL`.
+
+    A message naming another task than the run of its id tells nothing: the caller is
+    the run's, and is told by a delivery of the run's own message."""
     if not caller.stores_errors:
         return
     try:
@@ -251,8 +292,8 @@ def answer_a_waiting_caller(
         if told in celery_states.READY_STATES:
             return
         ended = ledger.api_for(caller.app).ended_run(caller.app, task_id)
-        if ended is None:
-            return
+        if ended is None or ended.task_name != caller.task_name:
+            return  # not ended, or not this task's run
         if wait_for_the_attempt and _told_within_grace(caller, task_id, ended, now):
             return
         if ended.status == Status.SUCCEEDED:
@@ -277,6 +318,45 @@ def answer_a_waiting_caller(
         logger.exception(
             "%s[%s]: telling the caller the run's end failed", caller.task_name, task_id
         )
+
+
+def _tell_an_eager_caller(caller: Caller, task_id: str, now: datetime) -> Ended | None:
+    """An eager call of a run that has ended (a page reloaded with the same task id,
+    another process's call): the outcome the ledger recorded, as the first call's caller
+    was told it (``None``: the run is gone, purged meanwhile). A success is its kept
+    return value (``None`` when none was kept: an ``ignore_result`` task, or one over
+    the limit; the log says so)."""
+    api = ledger.api_for(caller.app)
+    ended = api.ended_run(caller.app, task_id)
+    if ended is None:
+        return None
+    logger.info(
+        "%s[%s]: the run had ended %s; its outcome is told again and nothing runs",
+        caller.task_name,
+        task_id,
+        ended.status,
+    )
+    if ended.status != Status.SUCCEEDED:
+        return Ended(None, _ledgers_outcome(task_id, ended, now))
+    if ended.result is None:
+        if not caller.ignores_result:
+            logger.warning(
+                "%s[%s]: the run SUCCEEDED, and the ledger kept no return value to tell "
+                "(one over the limit, or not encodable); told None",
+                caller.task_name,
+                task_id,
+            )
+        return Ended(None, None)
+    try:
+        return Ended(api.read_result(caller.app, ended.result), None)
+    except ValueError as unreadable:  # UnreadableMessage: never decoded otherwise
+        logger.warning(
+            "%s[%s]: the run SUCCEEDED; its kept return value is not read here (%s): told None",
+            caller.task_name,
+            task_id,
+            unreadable,
+        )
+        return Ended(None, None)
 
 
 def _tell_a_success(caller: Caller, task_id: str, ended: Expired, told: str | None) -> None:

@@ -4,7 +4,9 @@ Plain Celery users write ``app.conf.deadlines_default_budget = 30``; Django user
 load settings with ``namespace="CELERY"`` write ``CELERY_DEADLINES_DEFAULT_BUDGET = 30``.
 Nothing is read at import: each value is read when a task is published or claimed, so
 changing the configuration (``override_settings`` included) takes effect at once.
-A bad value raises :class:`ConfigurationError` naming the setting in both spellings.
+A bad value raises :class:`ConfigurationError` naming the setting in both spellings
+and repeating at most :data:`~celery_deadlines.rules.quoting.LIMIT` characters of it,
+whatever it is (a value whose own methods fail too).
 """
 
 from __future__ import annotations
@@ -90,9 +92,16 @@ def _positive_duration(value: object, name: str, settings: Settings) -> timedelt
     return parse_duration(value, name=name)
 
 
-def _count(value: object, name: str, settings: Settings) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidDeadline(f"{name} must be a whole number >= 0, got {shown(value)}")
+#: The most leases a run can have lost: the ledger counts them in a 32-bit column, so a
+#: larger maximum is never reached (and is no number SQLite or PostgreSQL compares it with).
+MOST_LOST_LEASES: Final = 2**31 - 1
+
+
+def _lost_leases(value: object, name: str, settings: Settings) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MOST_LOST_LEASES:
+        raise InvalidDeadline(
+            f"{name} must be a whole number from 0 to {MOST_LOST_LEASES}, got {shown(value)}"
+        )
     return value
 
 
@@ -328,7 +337,7 @@ REPUBLISH_AFTER: Final = Setting(
 MAX_LOST_LEASES: Final = Setting(
     "deadlines_max_lost_leases",
     3,
-    _count,
+    _lost_leases,
     "Leases a run may lose (its worker died or stalled) before it fails with "
     "reason worker_lost instead of running again.",
 )
@@ -443,6 +452,10 @@ class Settings:
             value = setting.parse(raw, name, self)
         except InvalidDeadline as exc:
             raise ConfigurationError(f"{setting.describe()}: {exc}") from exc
+        except Exception as exc:  # a value whose own methods fail: a mapping's items()
+            raise ConfigurationError(
+                f"{setting.describe()}: {shown(raw)} cannot be read ({type(exc).__name__})"
+            ) from exc
         self._parsed[name] = (raw, value)
         return value
 

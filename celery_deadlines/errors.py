@@ -6,6 +6,7 @@
     ├── DeadlineRefused                a gate refused to start (or restart) work
     │   └── WorkflowRefused            a chain, group or chord cannot fit its deadline
     ├── InvalidDeadline (ValueError)   a caller passed a deadline or budget that cannot work
+    ├── ReservedHeader (ValueError)    a caller's header would replace a field of Celery's message
     ├── ConfigurationError             a setting has a bad value; the message names the setting
     ├── StaleLease                     a write by an attempt that no longer owns its run
     ├── LedgerUnreachable              the ledger's database could not be reached to claim
@@ -104,6 +105,14 @@ class WorkflowRefused(DeadlineRefused):
 
 class InvalidDeadline(DeadlineError, ValueError):
     """A deadline or budget given by the caller cannot be used (naive, negative, absurd)."""
+
+
+class ReservedHeader(DeadlineError, ValueError):
+    """``apply_async(headers=...)`` names a field of Celery's own message (``id``,
+    ``task``, ``retries``, ...: :data:`celery_deadlines.rules.stamping.PROTOCOL_HEADERS`).
+    Celery lets such a header replace the field, so the message would carry another
+    run's id, or run as another task; each field has its own call option. Nothing was
+    recorded or published."""
 
 
 class ConfigurationError(DeadlineError):

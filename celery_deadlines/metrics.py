@@ -14,9 +14,7 @@ so nothing here is on the path of a decision: a failing exporter never changes o
 
 ==================================================  ==========================================
 ``celery_deadlines_refusals_total``                 gate refusals, by ``task``, ``gate``,
-                                                    ``reason`` (``deadline_refused``; a call
-                                                    refused outside a task: ``task`` is its
-                                                    method and host)
+                                                    ``reason`` (``deadline_refused``)
 ``celery_deadlines_runs_expired_total``            runs the ledger expired on its own, by
                                                     ``task``, ``reason`` (``run_expired``)
 ``celery_deadlines_dispatch_refusals_total``        side effects the dispatch guard refused,
@@ -34,6 +32,14 @@ so nothing here is on the path of a decision: a failing exporter never changes o
 ``celery_deadlines_clock_readable``                 1 if the last check read the ledger's
                                                     clock, 0 if it could not
 ==================================================  ==========================================
+
+**A** ``task`` **label is a registered task's name, or** ``(other)``: the name of the
+task that refused (never the message's ``shadow`` name, which its sender chooses), a
+name registered in the app, and everything else under the one label :data:`OTHER_TASK`
+(a name sent by ``send_task`` that this process does not register, a call to another
+service refused outside any task, whose method and host are in the log line). What a
+message or a caller's choice of host says never adds a series: the series are bounded
+by the code's tasks.
 
 The three clock gauges are **absent until the clock is measured** (a worker of the
 ledger tier with ``deadlines_clock_skew_budget`` set measures it every reconcile pass):
@@ -61,6 +67,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from celery import Celery, Task, current_app
+
 from . import signals
 from .errors import ConfigurationError
 from .rules.skew import ClockReading
@@ -76,6 +84,23 @@ except ImportError as exc:  # pragma: no cover - the message is the point
 
 #: Queue waits from a millisecond to an hour.
 QUEUE_WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600)
+#: The ``task`` label of everything that is not a registered task's name.
+OTHER_TASK = "(other)"
+
+
+def task_label(sender: object, task_name: str) -> str:
+    """The ``task`` label of a signal from ``sender`` about ``task_name``: the sending
+    task's own name, else ``task_name`` if the app (the sender, else the current one)
+    registers it, else :data:`OTHER_TASK`."""
+    if isinstance(sender, Task):
+        name = sender.name
+        return name if isinstance(name, str) else OTHER_TASK
+    app = sender if isinstance(sender, Celery) else current_app
+    try:
+        registered = task_name in app.tasks
+    except Exception:  # noqa: BLE001 - an app that cannot list its tasks registers none
+        registered = False
+    return task_name if registered else OTHER_TASK
 
 
 @dataclass(frozen=True)
@@ -195,11 +220,12 @@ def install(registry: CollectorRegistry | None = None) -> Metrics:
 
 
 def _connect(m: Metrics, key: int) -> None:
-    def refused(task_name: str, decision: Any, **_: Any) -> None:
-        m.refusals.labels(task_name, str(decision.gate), str(decision.reason)).inc()
+    def refused(sender: object, task_name: str, decision: Any, **_: Any) -> None:
+        task = task_label(sender, task_name)
+        m.refusals.labels(task, str(decision.gate), str(decision.reason)).inc()
 
-    def expired(task_name: str, reason: str, **_: Any) -> None:
-        m.expired.labels(task_name, reason).inc()
+    def expired(sender: object, task_name: str, reason: str, **_: Any) -> None:
+        m.expired.labels(task_label(sender, task_name), reason).inc()
 
     def dispatch(reason: str, **_: Any) -> None:
         m.dispatch_refusals.labels(reason).inc()
@@ -210,11 +236,11 @@ def _connect(m: Metrics, key: int) -> None:
     def resumed(verdict: Any, action: str, **_: Any) -> None:
         m.plan_resumes.labels(verdict.kind, action).inc()
 
-    def claimed(task_name: str, queue_wait: timedelta, **_: Any) -> None:
-        m.queue_wait.labels(task_name).observe(queue_wait.total_seconds())
+    def claimed(sender: object, task_name: str, queue_wait: timedelta, **_: Any) -> None:
+        m.queue_wait.labels(task_label(sender, task_name)).observe(queue_wait.total_seconds())
 
-    def held(task_name: str, **_: Any) -> None:
-        m.runs_held.labels(task_name).inc()
+    def held(sender: object, task_name: str, **_: Any) -> None:
+        m.runs_held.labels(task_label(sender, task_name)).inc()
 
     def measured(reading: ClockReading | None, **_: Any) -> None:
         m.clock.record(reading)

@@ -16,7 +16,9 @@ clock. The rules are :mod:`celery_deadlines.rules.outgoing`.
   with no more than its reserve left (``deadlines_outbound_reserve``) with
   :class:`DeadlineRefused` (gate ``outbound``), logged once and sent as
   ``deadline_refused``, before anything is sent; or gives the call its headers and
-  its timeout.
+  its timeout. :meth:`OutboundCall.again` is the same gate for each attempt a client
+  library makes of its own (a retry): when it starts, and before the pause that
+  precedes it, with the headers and the timeout of that instant.
 
 This module imports no client library: each adapter imports its own, and only when the
 application imports the adapter.
@@ -27,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from celery import current_app
 
@@ -36,7 +38,9 @@ from .conf import OUTBOUND_HEADERS, OUTBOUND_RESERVE, Settings, settings_for
 from .errors import InvalidDeadline
 from .propagation import attempt_state, current_task, inherited
 from .rules import outgoing
-from .rules.budgets import DurationLike, parse_duration
+from .rules.budgets import DurationLike, capped_seconds, parse_duration
+from .rules.gates import Decision
+from .rules.incoming import Syntax
 from .rules.quoting import shown
 from .rules.stamping import Inherited
 from .signals import report_refusal
@@ -100,12 +104,18 @@ def deadline_headers(*, app: Any = None) -> dict[str, str]:
 class OutboundCall:
     """A call the outbound gate let start: send ``headers`` and give it at most
     ``timeout`` (what was left of the deadline, less the reserve, when it was admitted).
-    :meth:`left` and :meth:`cap` are judged on the monotonic clock from that instant."""
+    :meth:`left` and :meth:`cap` are judged on the monotonic clock from that instant;
+    :meth:`again` is the gate for each further attempt a client makes of it."""
 
     headers: Mapping[str, str]
     timeout: timedelta
     deadline: datetime
     admitted_monotonic: float
+    #: the reading the gate judged the call at (an attempt's: on its monotonic clock)
+    admitted_at: datetime
+    reserve: timedelta
+    names: Mapping[str, Syntax]
+    target: str
 
     def left(self) -> timedelta:
         """What remains of the call's time now (negative once it is up)."""
@@ -117,6 +127,47 @@ class OutboundCall:
         the caller's own (``None``: none) at most what is left of the call, at least a
         microsecond (a client reads 0 as "do not wait" or "no timeout")."""
         return outgoing.cap(own, self.left()).total_seconds()
+
+    def again(self, pause: float = 0.0) -> OutboundCall:
+        """The outbound gate for another attempt of this call (a client's own retry)
+        starting now, or once the client's ``pause`` (seconds: its backoff, a
+        ``Retry-After``) is over: refused as :func:`prepare` refuses, reported the same
+        way (a retry that could not start in time is refused before its pause), or the
+        attempt as of now, with the headers and the timeout of this instant."""
+        monotonic = get_clock().monotonic()
+        now = self.admitted_at + timedelta(seconds=monotonic - self.admitted_monotonic)
+        wait = capped_seconds(pause) or outgoing.ZERO  # NaN: no pause
+        decision = outgoing.admit(
+            deadline=self.deadline,
+            now=now,
+            reserve=self.reserve,
+            target=self.target,
+            pause=max(wait, outgoing.ZERO),
+        )
+        if not decision.allowed:
+            _refuse(decision, current_task(), self.target)
+        return _admitted(self.deadline, now, monotonic, self.reserve, self.names, self.target)
+
+
+def _admitted(
+    deadline: datetime,
+    now: datetime,
+    monotonic: float,
+    reserve: timedelta,
+    names: Mapping[str, Syntax],
+    target: str,
+) -> OutboundCall:
+    call = outgoing.call_for(deadline=deadline, now=now, reserve=reserve, names=names)
+    return OutboundCall(
+        call.headers, call.timeout, call.deadline, monotonic, now, reserve, names, target
+    )
+
+
+def _refuse(decision: Decision, task: Any, target: str) -> NoReturn:
+    """Report a refusal at the outbound gate (logged once, ``deadline_refused``) and raise it."""
+    task_id = task.request.id if task is not None else None
+    report_refusal(task or target, task_id, task.name if task is not None else target, decision)
+    raise decision.refusal()
 
 
 def prepare(
@@ -149,13 +200,7 @@ def prepare(
             deadline=governing.deadline, now=reading.now, reserve=kept, target=target
         )
     if not decision.allowed:
-        task = reading.task
-        task_id = task.request.id if task is not None else None
-        report_refusal(task or target, task_id, task.name if task is not None else target, decision)
-        raise decision.refusal()
+        _refuse(decision, reading.task, target)
     assert governing.deadline is not None
     names = settings.get(OUTBOUND_HEADERS)
-    call = outgoing.call_for(
-        deadline=governing.deadline, now=reading.now, reserve=kept, names=names
-    )
-    return OutboundCall(call.headers, call.timeout, call.deadline, reading.monotonic)
+    return _admitted(governing.deadline, reading.now, reading.monotonic, kept, names, target)

@@ -15,8 +15,14 @@ caller's own ``timeout=``, at most the time left minus the reserve. gRPC sends t
 timeout as ``grpc-timeout``, and ends the call with ``DEADLINE_EXCEEDED`` when it is up;
 gRPC writes it rounded up to its unit, so the timeout given is rounded down first
 (:func:`sent_timeout`): the server is never told more than the capped time.
-The other headers of ``deadlines_outbound_headers`` (an RFC 3339 instant...) go as
-metadata, so a server can read the deadline itself (``grpc-`` names are gRPC's own).
+The headers of ``deadlines_outbound_headers`` that say the deadline as an instant
+(``rfc3339``) go as metadata, so a server can read the deadline itself (``grpc-`` names
+are gRPC's own); those that say the time left (``milliseconds``, ``grpc-timeout``) do
+not: gRPC's own retries (a service config's ``retryPolicy``; its hedging and
+transparent retries) send a call's metadata again as it was, while ``grpc-timeout`` is
+written afresh for each attempt from the call's deadline. That deadline holds every
+attempt (gRFC A6): gRPC starts none after it (the deadline less the reserve), whatever
+its backoff or a server's pushback, and ends the call ``DEADLINE_EXCEEDED`` there.
 ``grpc.aio`` channels are not covered.
 """
 
@@ -108,9 +114,16 @@ class DeadlineInterceptor(
         call = prepare(f"gRPC {target}", reserve=self.reserve, app=self.app)
         if call is None:
             return details
-        ours = {name: value for name, value in call.headers.items() if not name.startswith("grpc-")}
-        # our deadline, never a caller's: a caller's entry of the same name is dropped
-        kept = [(key, value) for key, value in details.metadata or () if key.lower() not in ours]
+        # our deadline, never a caller's: a caller's entry of any of its names is dropped
+        kept = [
+            (key, value) for key, value in details.metadata or () if key.lower() not in call.headers
+        ]
+        # only an instant: gRPC sends metadata again as it was on each of its own retries
+        ours = {
+            name: value
+            for name, value in call.headers.items()
+            if call.names[name] == "rfc3339" and not name.startswith("grpc-")
+        }
         timeout = sent_timeout(call.cap(details.timeout))
         return _CallDetails(details, timeout, [*kept, *ours.items()])
 

@@ -28,11 +28,13 @@ the body's read timeout, which was what was left of the call when the body began
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from datetime import timedelta
 from typing import Any, Final
 
 import httpx
+from httpcore._sync.connection import RETRIES_BACKOFF_FACTOR, exponential_backoff
 
 from .outbound import OutboundCall, prepare
 from .rules.budgets import DurationLike, parse_duration
@@ -107,6 +109,70 @@ class _AsyncBoundedStream(httpx.AsyncByteStream):
         await self.inner.aclose()
 
 
+def _connect_pause(retry: int) -> float:
+    """The pause before httpcore's connect retry ``retry`` (0: the first), by httpcore's
+    own schedule (its ``HTTPConnection`` sleeps it; its trace does not say it)."""
+    return next(itertools.islice(exponential_backoff(RETRIES_BACKOFF_FACTOR), retry, None))
+
+
+class _Attempts:
+    """One request's steps in httpcore, as its ``trace`` extension reports them before
+    each one: every connection attempt (a retry passes the gate first, and its pause
+    before it) and every TLS handshake gets what is left of the call's connect timeout
+    then, and the request's headers are those of the instant it is sent. A trace the
+    caller gave (``inner``) is still called, after."""
+
+    def __init__(self, timeouts: _CappedTimeouts, inner: Any) -> None:
+        self.timeouts = timeouts
+        self.inner = inner
+        self.retries = 0  # httpcore's connect retries so far, for this connection
+        self.retried = False  # the next connection attempt is a retry
+
+    def step(self, name: str, info: dict[str, Any]) -> None:
+        call = self.timeouts.call
+        step = name.partition(".")[2]
+        if step in _CONNECTS:
+            if self.retried:
+                call.again()  # refused when no more than the reserve is left
+            else:
+                self.retries = 0
+            self.retried = False
+            info["timeout"] = self.timeouts.get("connect")  # what httpcore connects with
+        elif step == "start_tls.started":
+            info["timeout"] = self.timeouts.get("connect")
+        elif name == "connection.retry.started":
+            call.again(pause=_connect_pause(self.retries))  # before httpcore sleeps it
+            self.retries += 1
+        elif name == "connection.retry.complete":
+            self.retried = True
+        elif step == "send_request_headers.started":
+            ours = {
+                name.lower().encode(): value.encode()
+                for name, value in call.again().headers.items()
+            }
+            request = info["request"]
+            kept = [(key, value) for key, value in request.headers if key.lower() not in ours]
+            request.headers = [*kept, *ours.items()]
+
+    def __call__(self, name: str, info: dict[str, Any]) -> None:
+        self.step(name, info)
+        if self.inner is not None:
+            self.inner(name, info)
+
+
+class _AsyncAttempts(_Attempts):
+    """The same, for ``httpx.AsyncClient`` (httpcore awaits its trace)."""
+
+    async def __call__(self, name: str, info: dict[str, Any]) -> None:  # type: ignore[override]
+        self.step(name, info)
+        if self.inner is not None:
+            await self.inner(name, info)
+
+
+#: httpcore's connection attempts (to the service, or to a proxy)
+_CONNECTS: Final = frozenset({"connect_tcp.started", "connect_unix_socket.started"})
+
+
 class _Gate:
     """The hooks' state: the reserve and the app whose settings apply."""
 
@@ -117,7 +183,7 @@ class _Gate:
         )
         self.app = app
 
-    def request(self, request: httpx.Request) -> None:
+    def admit(self, request: httpx.Request, attempts: type[_Attempts]) -> None:
         """Pass ``request`` through the outbound gate (raises :class:`DeadlineRefused`)."""
         call = prepare(target_of(request), reserve=self.reserve, app=self.app)
         if call is None:
@@ -125,7 +191,14 @@ class _Gate:
         for name, value in call.headers.items():
             request.headers[name] = value  # our deadline, never a caller's
         own = request.extensions.get("timeout") or {}
-        request.extensions["timeout"] = _CappedTimeouts(own, call)
+        timeouts = request.extensions["timeout"] = _CappedTimeouts(own, call)
+        inner = request.extensions.get("trace")
+        if isinstance(inner, _Attempts):  # a redirect's request shares the extensions
+            inner = inner.inner
+        request.extensions["trace"] = attempts(timeouts, inner)
+
+    def request(self, request: httpx.Request) -> None:
+        self.admit(request, _Attempts)
 
     @staticmethod
     def call_of(response: httpx.Response) -> OutboundCall | None:
@@ -139,7 +212,7 @@ class _Gate:
             response.stream = _BoundedStream(response.stream, call, response.request)
 
     async def arequest(self, request: httpx.Request) -> None:
-        self.request(request)
+        self.admit(request, _AsyncAttempts)
 
     async def aresponse(self, response: httpx.Response) -> None:
         call = self.call_of(response)

@@ -10,8 +10,8 @@ database ledger's rules (one claim per run and token, effects at most once per k
 and touches no database:
 
 * eagerly (``task_always_eager``, ``apply()``) the body runs with a claimed attempt:
-  ``self.effect(...)``, ``self.lease`` and checkpoints work (the database's ledger
-  claims no eager run);
+  ``self.effect(...)``, ``self.lease`` and checkpoints work, as on the database's
+  ledger, with no database;
 * under ``celery.contrib.pytest``'s ``celery_worker`` (a worker thread in the test's
   process), ``delay()`` works with or without pytest-django's ``django_db`` mark: the
   database's ledger would write the run in the test's transaction, which the worker's

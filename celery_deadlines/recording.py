@@ -87,6 +87,8 @@ def publish(
         content_encoding=encoding,
         **wire.decode_occurrence((call.get("headers") or {}).get(wire.OCCURRENCE_HEADER)),
     )
+    if task.app.conf.task_always_eager:  # send() runs it here: Celery's apply()
+        return api.record_eager_run(task.app, run, send)
     publisher = running.attempt if running is not None else None
     sent = api.record_run(task.app, run, send, publisher=publisher)
     return sent if sent is not None else task.AsyncResult(task_id)
@@ -95,8 +97,7 @@ def publish(
 def hand_to_eager_retry(task: Task[Any, Any], attempt: Any, retry: object) -> None:
     """An eager retry publishes nothing (``apply()`` runs ``retry.sig`` in place): hand
     the run to it here, as :func:`publish` does for a worker's retry message, so that
-    its claim finds the run RETRYING. Only a ledger that claims eager runs (a test's
-    in-memory one) gives an eager run an ``attempt``."""
+    its claim finds the run RETRYING (``attempt``: the eager run's, with the ledger on)."""
     if attempt is None or not isinstance(retry, Retry) or not getattr(retry, "is_eager", False):
         return
     sig = getattr(retry, "sig", None)

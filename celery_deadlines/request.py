@@ -491,8 +491,8 @@ class DeadlineRequest(Request):
         task = self.task
         try:
             ended = ledger.api_for(task.app).ended_run(task.app, self.id)
-            if ended is None or ended.status != Status.SUCCEEDED:
-                return False
+            if ended is None or ended.status != Status.SUCCEEDED or ended.task_name != task.name:
+                return False  # (another task's run under this id is not this message's)
             stored = task.backend.get_task_meta(self.id, cache=False).get("status")
             if stored != "SUCCESS":
                 if ended.result is None or caller_of(task).ignores_result:

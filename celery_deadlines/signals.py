@@ -24,7 +24,7 @@ from typing import Any
 from celery.utils.dispatch import Signal
 
 from . import tracing
-from .rules.gates import Decision, Gate
+from .rules.gates import Decision, Gate, Reason
 
 logger = logging.getLogger("celery_deadlines")
 
@@ -120,9 +120,17 @@ def report_refusal(
         task_id or unnamed,
         decision.gate,
         decision.reason,
-        decision.deadline.isoformat() if decision.deadline else "unreadable",
+        _deadline_said(decision),
         decision.clock_reading.isoformat(),
         f"; {decision.detail}" if decision.detail else "",
     )
     tracing.record_refusal(decision, task_name=task_name, task_id=task_id, carrier=carrier)
     deadline_refused.send(sender=sender, task_id=task_id, task_name=task_name, decision=decision)
+
+
+def _deadline_said(decision: Decision) -> str:
+    """The refused message's deadline in the log line: ``unreadable`` only for a header
+    that could not be read (a refusal for something else may have no deadline at all)."""
+    if decision.deadline is not None:
+        return decision.deadline.isoformat()
+    return "unreadable" if decision.reason is Reason.INVALID_DEADLINE else "none"

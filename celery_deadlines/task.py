@@ -23,7 +23,8 @@ becomes ``Ignore``: it must not store a result over the current owner's.
 from __future__ import annotations
 
 import logging
-from collections.abc import MutableMapping
+import threading
+from collections.abc import Mapping, MutableMapping
 from datetime import datetime, timedelta
 from traceback import format_exception
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
@@ -37,7 +38,14 @@ from ._crashpoints import hit
 from .body import AttemptAPI, Paused, Unresolved, end_unresolved
 from .clock import get_clock
 from .conf import settings_for
-from .errors import ConfigurationError, DeadlineRefused, DispatchRefused, PlanRefused, StaleLease
+from .errors import (
+    ConfigurationError,
+    DeadlineRefused,
+    DispatchRefused,
+    PlanRefused,
+    ReservedHeader,
+    StaleLease,
+)
 from .install import install
 from .propagation import HANDED, NOTHING_KEPT, STAMPED, attempt_state
 from .refusals import tell_refusal
@@ -58,6 +66,30 @@ _attempts_handed = False
 
 #: The refusals a run may end with (see ``DeadlineTask.throws``).
 EXPECTED: tuple[type[Exception], ...] = (DeadlineRefused, PlanRefused, DispatchRefused)
+
+
+class _EagerRuns(threading.local):
+    """The eager runs (``apply()``) this thread is in, innermost last: whether each
+    raises its body's error to its caller (``throw``, by default the app's
+    ``task_eager_propagates``), as Celery's tracer then does with a retry too."""
+
+    def __init__(self) -> None:
+        self.raising: list[bool] = []
+
+
+_eager_runs = _EagerRuns()
+
+
+class _Told(propagation.AttemptState):
+    """An eager call of a run that had ended (:class:`claiming.Ended`), handed to the
+    task's call instead of an attempt: the call tells the run's outcome, the body is
+    not run."""
+
+    __slots__ = ("ended",)
+
+    def __init__(self, ended: claiming.Ended) -> None:
+        super().__init__(stamping.NOTHING)
+        self.ended = ended
 
 
 class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
@@ -143,9 +175,14 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         """Publish with the governing deadline, or raise :class:`DeadlineRefused`.
 
         Raises :class:`InvalidDeadline` for bad call options (naive datetime, negative
-        or absurd budget, both ``budget`` and ``deadline``) and
-        :class:`ConfigurationError` for a bad setting. Either way nothing is published.
+        or absurd budget, both ``budget`` and ``deadline``), :class:`ReservedHeader` for
+        a header that would replace a field of Celery's own message (``id``, ``task``,
+        ...) and :class:`ConfigurationError` for a bad setting. Either way nothing is
+        published.
         """
+        given = call.get("headers")
+        if given:
+            refuse_reserved_headers(self.name, given)
         with_ledger = self._with_ledger()
         if not with_ledger:
             stamped = seconds.stamp_own_budget(self, call, task_id)
@@ -289,8 +326,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         with no header of its own is read no further."""
         request = propagation.pushed_request(self)
         if _attempts_handed:
-            with_ledger = self._with_ledger(eager=request.is_eager)
-            HANDED.state = self._start(request, with_ledger) or NOTHING_KEPT
+            HANDED.state = self._start(request, self._with_ledger()) or NOTHING_KEPT
             return
         headers = request.headers
         if headers is None:
@@ -380,6 +416,8 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
                 )
             )
             if isinstance(attempt, claiming.NOT_RUN):
+                if isinstance(attempt, claiming.Ended):
+                    return _Told(attempt)
                 self._end_unclaimed(attempt, task_id, reserve)
             hit("claim.after", task_id)
             state.attempt = attempt
@@ -425,12 +463,15 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         """Refuse to run this delivery: record it, store the typed refusal as the task's
         failure, or Celery's own expiry (:mod:`celery_deadlines.refusals`), unless another
         attempt's result stands, and end it with ``Ignore`` (``reserve``: the task's,
-        given with a refusal for the deadline)."""
+        given with a refusal for the deadline). An eager run's caller waits in this very
+        call: the refusal is raised, and Celery raises it to the caller or keeps it in
+        the ``EagerResult`` as any eager failure."""
         decision = self._kind_of(decision)
         report_refusal(self, task_id, self.name, decision)
         refusal = decision.refusal()
         request = self.request
-        if self._with_ledger(eager=request.is_eager) and not recording.record_refusal(
+        eager = bool(request.is_eager)
+        if self._with_ledger() and not recording.record_refusal(
             self.app,
             decision,
             task_name=self.name,
@@ -439,7 +480,11 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
             reserve=reserve,
         ):
             # already ended, or another attempt owns the run: its result stands
+            if eager:
+                raise refusal
             raise Ignore(str(refusal))
+        if eager:
+            raise refusal
         tell_refusal(
             self.backend,
             task_id,
@@ -466,6 +511,10 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         # celery.Task's (never push twice).
         attempt = handed.attempt
         if attempt is None:
+            if type(handed) is _Told:  # an eager call of a run that had ended
+                if handed.ended.error is not None:
+                    raise handed.ended.error
+                return handed.ended.value
             return self.run(*args, **kwargs)
         return self._run_claimed(attempt, args, kwargs)
 
@@ -526,12 +575,30 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         try:
             retried = super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **call)
         except Retry as raised:
-            recording.hand_to_eager_retry(self, state.attempt, raised)
+            self._hand_to_eager_retry(state.attempt, raised, raised=True)
             raise
         finally:
             state.retrying = False
-        recording.hand_to_eager_retry(self, state.attempt, retried)
+        self._hand_to_eager_retry(state.attempt, retried, raised=False)
         return retried
+
+    def _hand_to_eager_retry(self, attempt: Attempt | None, retry: object, *, raised: bool) -> None:
+        """An eager retry (``apply()`` runs it in place) is handed the run
+        (:func:`recording.hand_to_eager_retry`), unless Celery raises it to the caller
+        instead and runs none (``raised`` by an eager run that propagates its errors:
+        ``task_eager_propagates``): the attempt then ends with it, as with any error
+        its caller is given."""
+        if (
+            raised
+            and attempt is not None
+            and isinstance(retry, Retry)
+            and getattr(retry, "is_eager", False)
+            and _eager_runs.raising
+            and _eager_runs.raising[-1]
+        ):
+            end_after_body(attempt, retry, task=self)
+            return
+        recording.hand_to_eager_retry(self, attempt, retry)
 
     def _admit_retry(
         self, anchor: Anchor, eta: datetime | None, countdown: float | None, exc: Exception | None
@@ -569,16 +636,45 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
             return None
         return ledger.api_for(self.app).keep_result(self.app, result)
 
-    def _with_ledger(self, *, eager: bool | None = None) -> bool:
-        """Is this run recorded in the ledger? The Django app is on, and the run is not
-        eager (``eager``: the request's; by default the app's ``task_always_eager``,
-        read only when the ledger is on: Celery's configuration is slow to read), or
-        the ledger is one that claims eager runs (the in-memory ledger of a test)."""
+    def _with_ledger(self) -> bool:
+        """Is this run recorded in the ledger? The Django app is on (or a test installed
+        the in-memory ledger), eager runs (``apply()``, ``task_always_eager``) too."""
+        return ledger.enabled_for(self.app)
+
+    # -- eager runs (``apply()``: the caller runs the task inline) -------------------------
+
+    def apply(self, args: Any = None, kwargs: Any = None, *more: Any, **options: Any) -> Any:
+        """Celery's ``apply()``: the task run here, inline (``task_always_eager``'s
+        ``delay()`` comes here too). With the ledger on it is a run as a worker's is:
+        recorded, claimed, its effects performed once per key, its outcome written;
+        its ledger statements go where :func:`celery_deadlines.ledger.api.eager_run`
+        says (its own connection, or, on SQLite inside a transaction, Django's)."""
         if not ledger.enabled_for(self.app):
-            return False
-        if ledger.records_eager_runs():
-            return True
-        return not (self.app.conf.task_always_eager if eager is None else eager)
+            return super().apply(args, kwargs, *more, **options)
+        throw = options.get("throw", more[4] if len(more) > 4 else None)
+        raising = _eager_runs.raising
+        raising.append(bool(self.app.conf.task_eager_propagates if throw is None else throw))
+        try:
+            with ledger.api_for(self.app).eager_run(self.app):
+                return super().apply(args, kwargs, *more, **options)
+        finally:
+            raising.pop()
+
+
+def refuse_reserved_headers(task_name: str, headers: Any) -> None:
+    """Raise :class:`ReservedHeader` if a publish's ``headers`` name a field of Celery's own
+    message (:func:`~celery_deadlines.rules.stamping.reserved_headers`): Celery would let
+    the header replace it (the message's id, its task). Nothing has been recorded or
+    published yet."""
+    reserved = stamping.reserved_headers(headers if isinstance(headers, Mapping) else dict(headers))
+    if reserved:
+        uses = "; ".join(f"{key}: {stamping.PROTOCOL_HEADERS[key]}" for key in reserved)
+        raise ReservedHeader(
+            f"{task_name}: apply_async(headers=...) sets {', '.join(reserved)}, which "
+            "Celery's own message fields are: a header of that name would replace the "
+            "field (another run's id, another task). Set them with their own options "
+            f"({uses}); nothing was published"
+        )
 
 
 def end_after_body(attempt: Attempt, exc: BaseException, *, task: Any = None) -> None:

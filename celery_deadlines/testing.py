@@ -8,9 +8,9 @@ tests prove that enforcement runs on the monotonic clock.
 DeadlineTask records, claims, fences and ends its runs there by the database ledger's
 rules, and guards its effects (``self.effect(...)``) as the effect ledger does, so task
 code's ledger paths are unit-tested without a database (the idea of procrastinate's
-in-memory connector). Unlike the database's ledger it claims eager runs too
-(``apply()``, ``task_always_eager``), so a body's effects run eagerly, once per key.
-Stored plans, the reconciler and the purge need the real ledger.
+in-memory connector). Eager runs (``apply()``, ``task_always_eager``) are recorded and
+claimed there as in the database's ledger, so a body's effects run eagerly, once per
+key. Stored plans, the reconciler and the purge need the real ledger.
 tests/django/test_ledger_contract.py holds the fake to the SQLite and PostgreSQL ledgers;
 :mod:`celery_deadlines.pytest_plugin` installs a fresh one for every test of a suite.
 
@@ -23,7 +23,7 @@ the pytest plugin) before a test's worker starts, or the import raises
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, NoReturn
@@ -148,8 +148,7 @@ class FakeLedger:
     token, a stale attempt's write refused, a refused claim's reason, the outbox row
     before the message, an effect dispatched at most once per key, a run with an effect
     of unknown outcome ended UNKNOWN). Eager runs (``apply()``, ``task_always_eager``)
-    are recorded and claimed here too, which the database's ledger never does (an eager
-    run has no worker to renew its lease), and an eager retry is handed its run as a
+    are recorded and claimed here as there, and an eager retry is handed its run as a
     worker's retry message is. Time is the installed clock's (use :class:`FakeClock`).
     Stored plans, the reconciler and the purge are not played: test those against a
     database.
@@ -210,21 +209,35 @@ class FakeLedger:
     ) -> Any:
         known = self.runs.get(run.task_id)
         if known is not None:  # a reused id: the same run again, or a conflict
-            existing = self._api.ExistingRun(
-                task_id=run.task_id,
-                task_name=known.task_name,
-                status=known.status,
-                message_body=known.message[0] if known.message else None,
-                content_type=known.message[1] if known.message else "",
-                content_encoding=known.message[2] if known.message else "",
-            )
-            accept = self._api.readable_by_workers(app, run.task_name)
-            self._api.check_repeat(existing, run, accept=accept)
+            self._check_repeat(app, run, known)
             return None
         recorded = self._record(run.task_id, run.task_name, run.deadline, run.retries)
         if run.message_body is not None:
             recorded.message = (run.message_body, run.content_type, run.content_encoding)
         return send()
+
+    def eager_run(self, app: Any) -> AbstractContextManager[None]:
+        return nullcontext()  # no connection to choose in memory
+
+    def record_eager_run(self, app: Any, run: Any, send: Callable[[], Any]) -> Any:
+        known = self.runs.get(run.task_id)
+        if known is None:
+            self.record_run(app, run, lambda: None)
+        else:  # the same run again (its claim decides), or a conflict
+            self._check_repeat(app, run, known)
+        return send()
+
+    def _check_repeat(self, app: Any, run: Any, known: FakeRun) -> None:
+        existing = self._api.ExistingRun(
+            task_id=run.task_id,
+            task_name=known.task_name,
+            status=known.status,
+            message_body=known.message[0] if known.message else None,
+            content_type=known.message[1] if known.message else "",
+            content_encoding=known.message[2] if known.message else "",
+        )
+        accept = self._api.readable_by_workers(app, run.task_name)
+        self._api.check_repeat(existing, run, accept=accept)
 
     def hand_to_retry(
         self,
@@ -243,12 +256,14 @@ class FakeLedger:
         app: Any,
         *,
         task_id: str,
+        task_name: str,
         retries: int,
         hostname: str | None,
         ttl: timedelta,
         reserve: timedelta,
         unrecorded: Callable[[], Any],
         exclusive: bool = False,  # nothing to flush in memory
+        eager: bool = False,  # one store in memory
     ) -> Any:
         if task_id not in self.runs:
             row = unrecorded()
@@ -257,14 +272,15 @@ class FakeLedger:
         now = get_clock().now()
         owner = f"{hostname or 'unknown'}:fake"
         max_lost = settings_for(app).get(conf.MAX_LOST_LEASES)
-        why = self._claim_refusal(run, retries, now, reserve, max_lost)
+        why = self._claim_refusal(run, task_name, retries, now, reserve, max_lost)
         if why is not None:
-            run.events.append(("claim", "rejected", why))
+            mismatch = why == ClaimRefused.TASK_MISMATCH
+            run.events.append(("claim", "rejected", f"{why}:{task_name}" if mismatch else why))
             return ClaimRefused(
                 why=why,
                 status=run.status,
                 token=run.token,
-                owner=run.owner,
+                owner="" if mismatch else run.owner,
                 lease_expires_at=run.lease_expires_at,
                 database_now=now,
             )
@@ -315,6 +331,9 @@ class FakeLedger:
             run = self._record(task_id, task_name, deadline, retries)
             run.status, run.reason, run.detail = str(status), reason, detail
             return True
+        if run.task_name != task_name:  # another task's run: left as it is
+            run.events.append(("refuse", "rejected", f"{ClaimRefused.TASK_MISMATCH}:{task_name}"))
+            return False
         lapsed = run.status == "RUNNING" and (run.lease_expires_at or now) <= now
         waiting = run.status in CLAIMABLE or lapsed
         # a deadline refusal ends a recorded run only if the ledger's clock agrees
@@ -379,14 +398,22 @@ class FakeLedger:
         return run
 
     def _claim_refusal(
-        self, run: FakeRun, retries: int, now: datetime, reserve: timedelta, max_lost: int
+        self,
+        run: FakeRun,
+        task_name: str,
+        retries: int,
+        now: datetime,
+        reserve: timedelta,
+        max_lost: int,
     ) -> str | None:
-        """The claim's condition, in the database ledger's order (``claim_checks``)."""
+        """The claim's condition, in the database ledger's order (``CLAIM_CHECKS``)."""
         live = run.status == "RUNNING" and (run.lease_expires_at or now) > now
         # a lapsed lease is taken over only after the grace: its supervisor ends it first
         held = run.status == "RUNNING" and (
             run.lease_expires_at is None or run.lease_expires_at > now - self.SUPERVISOR_GRACE
         )
+        if run.task_name != task_name:
+            return ClaimRefused.TASK_MISMATCH
         if run.status in TERMINAL:
             return ClaimRefused.TERMINAL
         if run.retries != retries:

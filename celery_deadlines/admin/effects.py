@@ -15,12 +15,11 @@ from django.utils.safestring import SafeString
 
 from ..ledger import operations
 from ..ledger.sql.connection import Store
-from ..ledger.sql.effects import Pending
 from ..models import Effect, EffectState
 from . import resolving
-from .base import ReadOnlyAdmin, operator
+from .base import ReadOnlyAdmin, forged, operator
 from .display import STYLE, badge, breakable, effect_badge, released_as, short_id, utc
-from .listing import BoundedPaginator, EffectNameFilter, console_queryset
+from .listing import BoundedPaginator, ConsoleChangeList, EffectNameFilter, console_queryset
 from .resolving import ResolveForm
 
 #: The effect's instants, shown in UTC to the millisecond.
@@ -54,6 +53,9 @@ class EffectAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
     search_help_text = "An exact effect key."
     ordering = ("-id",)
     actions = ("resolve",)
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ConsoleChangeList]:
+        return ConsoleChangeList
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Effect]:
         return console_queryset(super().get_queryset(request))
@@ -144,7 +146,9 @@ class EffectAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
         """The resolve form (what resolving does to each run, by the database clock),
         then each selected effect settled as the operator says, through
         :func:`~celery_deadlines.ledger.operations.settle_effect`. A submission with an
-        error is shown again, the errors beside their fields, nothing lost."""
+        error is shown again, the errors beside their fields, nothing lost; one naming a
+        dispatch the form never writes (:func:`.resolving.seen_in`) answers 400 and
+        settles nothing."""
         unknown = list(
             queryset.filter(state__in=[EffectState.UNKNOWN, EffectState.DISPATCHED]).select_related(
                 "run"
@@ -156,6 +160,10 @@ class EffectAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
             return resolving.page(
                 request, context, unknown, ResolveForm(), now=store.database_now()
             )
+        try:  # every dispatch the form names is read before anything else
+            seen = {effect.pk: resolving.seen_in(request.POST, effect) for effect in unknown}
+        except ValueError as error:
+            return forged(str(error))
         form = ResolveForm(request.POST)
         if not form.is_valid():
             return resolving.page(
@@ -168,14 +176,14 @@ class EffectAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
         who = operator(request)
         resolved, changed, released = 0, [], []
         for effect in unknown:
-            seen = _seen(request, effect)
-            if seen is None:
+            dispatch = seen[effect.pk]
+            if dispatch is None:
                 changed.append(f"{effect.key}: the form did not say which dispatch you saw")
                 continue
             settled = operations.settle_effect(
                 current_app,
                 store,
-                seen,
+                dispatch,
                 found=found,
                 result=form.cleaned_data["replayed"],
                 evidence=f"{evidence} ({who})",
@@ -198,24 +206,4 @@ class EffectAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
         )
         for detail in changed:
             self.message_user(request, f"Not resolved: {detail}", messages.WARNING)
-        return None
-
-
-def _seen(request: HttpRequest, effect: Effect) -> Pending | None:
-    """The dispatch the operator looked at when filling the form (``seen-<pk>`` is
-    ``state:dispatches:token:run``): the settlement applies only to that dispatch."""
-    try:
-        state, dispatches, token, run_id = str(request.POST[f"seen-{effect.pk}"]).split(":")
-        return Pending(
-            key=effect.key,
-            name=effect.name,
-            fingerprint=effect.fingerprint,
-            lease_token=int(token),
-            run_id=int(run_id),
-            task_id=effect.run.task_id,
-            task_name=effect.run.task_name,
-            state=state,
-            dispatches=int(dispatches),
-        )
-    except (KeyError, ValueError):
         return None

@@ -12,7 +12,9 @@ list, with each query it sends given an index to read (migration 0010).
   says *about* how many (the planner's estimate) instead of counting a million;
 * :func:`search`: an id as the operator has it (a task id or its start, the short id
   the list shows, a root or parent id, an effect key) or part of a task name, each
-  through its index and without a join that multiplies rows.
+  through its index and without a join that multiplies rows;
+* :class:`ConsoleChangeList`: Django's list, whose date hierarchy's numbers are
+  checked before they make a query.
 
 ``tests/django/test_console_plans.py`` holds every query of these pages to a plan
 without a sequential scan of the run, effect or event table, on PostgreSQL.
@@ -27,6 +29,8 @@ from functools import cached_property
 from typing import Any, Final
 
 from django.contrib import admin
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.views.main import ChangeList
 from django.core.paginator import Paginator
 from django.db import connections
 from django.db.models import Min, Q, QuerySet
@@ -34,7 +38,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.safestring import SafeString
 
-from ..explain import typed_id
+from ..explain import LONGEST_ID, typed_id
 from ..ledger.sql.connection import Store
 from ..ledger.sql.console import Console
 from .display import breakable
@@ -124,10 +128,27 @@ class ConsoleQuerySet(QuerySet):  # type: ignore[type-arg]
             first = later.aggregate(first=Min(field_name))["first"]
             if first is None:
                 break
-            period = period_of(timezone.localtime(first, zone), kind)
-            periods.append(period)
-            start = next_period(period, kind)
+            try:  # an instant at the end of what a date holds (a row written by hand)
+                period = period_of(timezone.localtime(first, zone), kind)
+                periods.append(period)
+                start = next_period(period, kind)
+            except (OverflowError, ValueError):
+                break  # no period after it
         return periods if order == "ASC" else periods[::-1]
+
+
+class ConsoleChangeList(ChangeList):
+    """Django's list, with the date hierarchy's year, month and day in the query string
+    checked: one no date holds (``?created_at__year=99999999999999999999``, or 9999,
+    whose next year is none) is a wrong lookup, answered as Django answers the others
+    (the list without it, ``?e=1``). Django's own check catches ``ValueError`` alone;
+    these raise ``OverflowError``, or fail after it (a 500)."""
+
+    def get_filters(self, request: HttpRequest) -> Any:
+        try:
+            return super().get_filters(request)
+        except (OverflowError, ValueError) as error:
+            raise IncorrectLookupParameters(error) from error
 
 
 def console_queryset(queryset: QuerySet[Any]) -> ConsoleQuerySet:
@@ -204,14 +225,15 @@ def search(
     ``finds``), and only the kinds that find something are asked of the list: one
     condition is read from its index in the list's order (a page of a common task's
     runs costs what a rare one's does), several are one ``OR`` of index conditions;
-    never a join, nor ``DISTINCT``."""
+    never a join, nor ``DISTINCT``. A term longer than the id column
+    (:data:`LONGEST_ID`) is looked for as a whole task id, not as the start of one:
+    no longer id is kept (SQLite refuses a ``LIKE`` pattern of 50,000 bytes)."""
     term = typed_id(text)
     if not term:
         return runs
+    task_id = Q(task_id__startswith=term) if len(term) <= LONGEST_ID else Q(task_id=term)
     found = [
-        condition
-        for condition in (Q(task_id__startswith=term), Q(root_id=term), Q(parent_id=term))
-        if finds(condition)
+        condition for condition in (task_id, Q(root_id=term), Q(parent_id=term)) if finds(condition)
     ]
     wanted = term.casefold()
     names = [name for name in task_names() if wanted in name.casefold()]

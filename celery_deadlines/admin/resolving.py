@@ -8,17 +8,22 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 from django import forms
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
-from ..models import Effect
+from ..ledger.sql.effects import Pending
+from ..models import Effect, EffectState
+from ..rules.quoting import shown
+from .base import LARGEST, form_number
 from .display import STYLE, effect_badge, resolving_does, short_id
 
 #: The page of the form (``templates/admin/celery_deadlines/resolve_effects.html``).
 TEMPLATE = "admin/celery_deadlines/resolve_effects.html"
+#: The states a dispatch the form shows can be in (``seen-<pk>`` starts with one).
+_STATES: Final = frozenset(state.value for state in EffectState)
 
 
 class ResolveForm(forms.Form):
@@ -50,6 +55,8 @@ class ResolveForm(forms.Form):
             cleaned["replayed"] = json.loads(cleaned.get("result") or "null")
         except ValueError as error:
             self.add_error("result", f"The result to replay must be JSON ({error}).")
+        except RecursionError:  # "[[[[..." nested deeper than the decoder goes
+            self.add_error("result", "The result to replay is nested too deep to read.")
         return cleaned
 
 
@@ -57,6 +64,37 @@ def seen_of(effect: Effect) -> str:
     """The dispatch the form shows (``state:dispatches:token:run``): the settlement
     applies only to it (:class:`~celery_deadlines.ledger.sql.effects.Pending`)."""
     return f"{effect.state}:{effect.dispatches}:{effect.lease_token}:{effect.run_id}"
+
+
+def seen_in(form: Mapping[str, Any], effect: Effect) -> Pending | None:
+    """The dispatch of ``effect`` the operator looked at when filling the form (its
+    ``seen-<pk>``, as :func:`seen_of` wrote it): the settlement applies only to that
+    dispatch. ``None`` when the form has none (the effect was selected but not shown:
+    it changed state since); ``ValueError`` when it is not one :func:`seen_of` writes
+    (its state not an effect's, a number not a whole one a column holds)."""
+    field = f"seen-{effect.pk}"
+    given = form.get(field)
+    if given is None:
+        return None
+    state, *written = str(given).split(":")
+    numbers = [number for number in map(form_number, written) if number is not None]
+    if state not in _STATES or len(written) != 3 or len(numbers) != 3:
+        raise ValueError(
+            f"{field} must be the dispatch the form showed (state:dispatches:token:run, "
+            f"each number from 0 to {LARGEST}); got {shown(given)}. Nothing was resolved."
+        )
+    dispatches, token, run_id = numbers
+    return Pending(
+        key=effect.key,
+        name=effect.name,
+        fingerprint=effect.fingerprint,
+        lease_token=token,
+        run_id=run_id,
+        task_id=effect.run.task_id,
+        task_name=effect.run.task_name,
+        state=state,
+        dispatches=dispatches,
+    )
 
 
 def page(

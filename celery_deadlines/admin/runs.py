@@ -40,6 +40,7 @@ from .display import (
 )
 from .listing import (
     BoundedPaginator,
+    ConsoleChangeList,
     QueueFilter,
     ReasonFilter,
     TaskNameFilter,
@@ -116,6 +117,9 @@ class RunAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
     ordering = ("-created_at", "-id")
     list_per_page = 50
     actions = ("expire_now", "requeue")
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ConsoleChangeList]:
+        return ConsoleChangeList
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Run]:
         return console_queryset(super().get_queryset(request))
@@ -228,7 +232,9 @@ class RunAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
             "runtime": said.runtime(found),
             "time_limits": said.limits_text(found["time_limits"]),
             "time": time,
-            "timeline": found["history"],
+            "timeline": [
+                {**e, "detail": said.event_detail(e, found["task_name"])} for e in found["history"]
+            ],
             "effects": [
                 {
                     "pk": e.pk,

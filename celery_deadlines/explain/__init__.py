@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import json
 
-from .facts import explanation_of, facts, task_ids_named, typed_id
+from .facts import LONGEST_ID, explanation_of, facts, task_ids_named, typed_id
 from .shape import Explanation, utc
 from .text import render_text
 
 __all__ = [
+    "LONGEST_ID",
     "Explanation",
     "explanation_of",
     "facts",

@@ -42,6 +42,9 @@ REPLAYED_BY = {
 
 #: What the operator may have copied with a short id from the admin's list: its ellipsis.
 ELLIPSES = ("…", "...")
+#: The longest task id the ledger's column keeps: a longer text is the start of none
+#: (and SQLite refuses a ``LIKE`` pattern of 50,000 bytes: it is never asked one).
+LONGEST_ID = 255
 
 
 def typed_id(text: str) -> str:
@@ -64,6 +67,8 @@ def task_ids_named(given: str, using: str = "default", most: int = 5) -> list[st
         return []
     if runs.filter(task_id=given).exists():
         return [given]
+    if len(given) > LONGEST_ID:
+        return []
     starting = runs.filter(task_id__startswith=given).order_by("task_id")
     return list(starting.values_list("task_id", flat=True)[: most + 1])
 

@@ -68,7 +68,8 @@ class PlanFacts(TypedDict):
 
 
 class Refused(TypedDict):
-    """A write refused to a stale holder (or for stale evidence)."""
+    """A write refused to a stale holder (or for stale evidence, or a message that named
+    another task than the run's: its detail ``task_mismatch:<that task>``)."""
 
     kind: str
     owner: str

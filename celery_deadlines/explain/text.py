@@ -13,7 +13,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from .shape import Ended, Explanation, TimeLimits
+from .shape import Ended, Event, Explanation, Refused, TimeLimits
 
 #: Between two columns.
 GAP = "  "
@@ -101,7 +101,7 @@ def render_text(f: Explanation) -> list[str]:
                     e["version"],
                     e["token"],
                     e["owner"],
-                    e["detail"],
+                    event_detail(e, f["task_name"]),
                 )
                 for e in f["history"]
             ],
@@ -281,13 +281,33 @@ def _lease(f: Explanation) -> list[tuple[str, str]]:
     ]
 
 
+def event_detail(event: Event, task_name: str) -> str:
+    """An event's detail as the operator reads it (the run is a run of ``task_name``): a
+    message refused for naming another task (stored as ``task_mismatch:<that task>``)
+    says which task it named; any other detail as it is stored."""
+    why, _, named = event["detail"].partition(":")
+    if event["outcome"] != "rejected" or why != "task_mismatch":
+        return event["detail"]
+    return (
+        f"task_mismatch: a message for task {named} carried this run's id; refused "
+        f"(this is a run of {task_name}): nothing of the run changed, nothing was stored "
+        "for its caller"
+    )
+
+
 def _refused(f: Explanation) -> str:
     """How many writes were refused, the last three named."""
     rejected = f["stale_writes_refused"]
     if not rejected:
         return "0 refused"
-    last = (f"{e['kind']} by {e['owner']} (token {e['token']})" for e in rejected[-3:])
+    last = (f"{e['kind']} by {e['owner'] or '-'} ({_why_refused(e)})" for e in rejected[-3:])
     return f"{len(rejected)} refused: {', '.join(last)}"
+
+
+def _why_refused(refused: Refused) -> str:
+    """A refused write in a few words: its token, or the task a foreign message named."""
+    why, _, named = refused["detail"].partition(":")
+    return f"a message for {named}" if why == "task_mismatch" else f"token {refused['token']}"
 
 
 def _family(f: Explanation) -> str:

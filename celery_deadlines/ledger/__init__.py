@@ -20,6 +20,7 @@ ready); task code does not change between the tiers. The pieces:
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -46,6 +47,10 @@ class LedgerAPI(Protocol):
         self, app: Any, run: _NewRun, send: Callable[[], Any], *, publisher: Any = None
     ) -> Any: ...
 
+    def eager_run(self, app: Any) -> AbstractContextManager[None]: ...
+
+    def record_eager_run(self, app: Any, run: _NewRun, send: Callable[[], Any]) -> Any: ...
+
     def hand_to_retry(
         self,
         attempt: Any,
@@ -61,12 +66,14 @@ class LedgerAPI(Protocol):
         app: Any,
         *,
         task_id: str,
+        task_name: str,
         retries: int,
         hostname: str | None,
         ttl: timedelta,
         reserve: timedelta,
         unrecorded: Callable[[], _NewRun],
         exclusive: bool = False,
+        eager: bool = False,
     ) -> Attempt | _ClaimRefused | _Held: ...
 
     def refuse_run(
@@ -148,13 +155,6 @@ def install(fake: Any) -> Any:
     global _installed
     previous, _installed = _installed, fake
     return previous
-
-
-def records_eager_runs() -> bool:
-    """True when eager runs (``apply()``, ``task_always_eager``) are recorded and claimed:
-    only by a ledger a test installed. The database's ledger never claims one: an eager
-    run has no worker to renew its lease, and its row would wait for the reconciler."""
-    return _installed is not None
 
 
 def active() -> bool:

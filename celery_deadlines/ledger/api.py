@@ -9,7 +9,9 @@ outcomes into Celery's ``Ignore``/``Retry`` stays with the caller.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, Final, NamedTuple
 
@@ -44,6 +46,7 @@ __all__ = [
     "check_repeat",
     "claim_run",
     "describe",
+    "eager_run",
     "encode_message",
     "end_owned",
     "ended_run",
@@ -53,6 +56,7 @@ __all__ = [
     "measure",
     "read_result",
     "readable_by_workers",
+    "record_eager_run",
     "record_run",
     "refuse_run",
     "store_for",
@@ -74,6 +78,92 @@ def store_for(app: Any, *, dedicated: bool = False) -> Store:
     except KeyError:
         store = _stores[key] = Store(key[0], dedicated=dedicated)
         return store
+
+
+def _attempts_store(app: Any) -> Store:
+    """The store of the attempt running in this thread: the worker's own, or, inside an
+    eager run (:func:`eager_run`), that run's (its refusal, and the ledger's answers to
+    it, are read and written where its row is)."""
+    store = store_for(app, dedicated=True)
+    return _eager_store(store.using) or store
+
+
+# -- eager runs (``apply()``: the caller runs the task inline) ----------------------------
+
+#: The eager runs' own stores, by alias: a connection of their own per thread, which the
+#: outermost eager run of a thread closes when it ends (a web process, a script, a test
+#: keeps no connection of the library's between its eager runs).
+_eager_stores: dict[str, Store] = {}
+
+
+class _EagerRuns(threading.local):
+    """The stores of the eager runs this thread is in, innermost last."""
+
+    def __init__(self) -> None:
+        self.stores: list[Store] = []
+
+
+_eager = _EagerRuns()
+
+
+def _eager_store(using: str) -> Store | None:
+    """The store of the innermost eager run in this thread, when it is on ``using``."""
+    stores = _eager.stores
+    if stores and stores[-1].using == using:
+        return stores[-1]
+    return None
+
+
+def store_of_an_eager_run(app: Any) -> Store:
+    """Where an eager run's statements go, decided when it starts.
+
+    An eager run is the caller's own code, run inline, often inside its transaction
+    (``ATOMIC_REQUESTS``). On its own connection, committed at once as a worker's are,
+    its row, claim, effects and end stand whatever becomes of that transaction: a
+    performed effect is not forgotten when the request rolls back. SQLite lets one
+    connection write at a time, and a transaction open on Django's connection holds the
+    database (a second connection waits out the alias's ``timeout``, then fails: "database
+    is locked"): there, inside a transaction, the run's statements join it on Django's
+    connection, and are committed or rolled back with it."""
+    using = settings_for(app).get(conf.DATABASE)
+    connection = connections[using]
+    if connection.vendor == "sqlite" and connection.in_atomic_block:
+        return store_for(app)
+    store = _eager_stores.get(using)
+    if store is None:
+        store = _eager_stores[using] = Store(using, dedicated=True)
+    return store
+
+
+@contextmanager
+def eager_run(app: Any) -> Iterator[None]:
+    """The ledger's statements of an eager run, in this thread, on
+    :func:`store_of_an_eager_run`'s store (nested runs, a child or a retry, each on
+    theirs); the outermost closes its connection when it ends."""
+    store = store_of_an_eager_run(app)
+    stores = _eager.stores
+    stores.append(store)
+    try:
+        yield
+    finally:
+        stores.pop()
+        if store.dedicated and store not in stores:
+            store.close()
+
+
+def record_eager_run(app: Any, run: NewRun, send: Callable[[], Any]) -> Any:
+    """Record an eager run, then ``send()`` it: Celery's ``apply()``, which runs it here
+    and now, whatever the caller's transaction (:func:`store_of_an_eager_run`). A run id
+    the ledger already has is checked as a repeat (:func:`check_repeat`: another task or
+    other arguments raise :class:`~celery_deadlines.errors.RunConflict`) and the same
+    run is sent again: its claim decides (a run that ended tells this caller its
+    outcome, one that another process runs is not run twice)."""
+    with eager_run(app):
+        store = _eager.stores[-1]
+        if not store.outbox.enqueue(run):
+            accept = readable_by_workers(app, run.task_name)
+            check_repeat(store.outbox.existing(run.task_id), run, accept=accept)
+        return send()
 
 
 class _Claiming(NamedTuple):
@@ -167,20 +257,24 @@ def claim_run(
     app: Any,
     *,
     task_id: str,
+    task_name: str,
     retries: int,
     hostname: str | None,
     ttl: timedelta,
     reserve: timedelta,
     unrecorded: Callable[[], NewRun],
     exclusive: bool = False,
+    eager: bool = False,
 ) -> Attempt | ClaimRefused | Held:
     """Claim the run of the message being executed (recording it first, from
     ``unrecorded()``, if it has no row: published by name, or before the app was
-    installed).
+    installed). ``task_name`` is the message's task: the run of ``task_id`` is claimed
+    only if it is a run of that task (else refused, ``task_mismatch``, and left as it is).
 
     ``exclusive``: the owner (this process) runs no other attempt until this one ends
     (a prefork pool process, a solo worker): a won claim need not wait for the disk
-    (:meth:`~.sql.runs.Runs.claim`).
+    (:meth:`~.sql.runs.Runs.claim`). ``eager``: an eager run's claim, made on its store
+    (:func:`eager_run`).
 
     A database that cannot be reached is tried again for up to one lease (``ttl``),
     then :class:`~celery_deadlines.errors.LedgerUnreachable` is raised.
@@ -191,12 +285,15 @@ def claim_run(
     """
     claiming = _claiming(app)
     store = claiming.store
+    if eager:
+        store = _eager_store(store.using) or store
     owner = owner_name(hostname)
 
     def claim() -> Lease | ClaimRefused:
         return store.runs.claim(
             task_id,
             retries,
+            task_name=task_name,
             owner=owner,
             ttl=ttl,
             reserve=reserve,
@@ -286,7 +383,7 @@ def refuse_run(
     run ends only if the database clock agrees (the deadline, less the reserve, has
     passed by it), so a worker whose own clock ran ahead cannot expire work still in time.
     """
-    store = store_for(app, dedicated=dedicated)
+    store = _attempts_store(app) if dedicated else store_for(app)
     return store.runs.refuse(
         task_id,
         task_name,
@@ -320,7 +417,7 @@ def end_owned(
 def ended_run(app: Any, task_id: str) -> Expired | None:
     """How the run of ``task_id`` ended (its status, reason, detail and deadline), or
     ``None`` if it has not ended or is not recorded."""
-    return store_for(app, dedicated=True).runs.ended(task_id)
+    return _attempts_store(app).runs.ended(task_id)
 
 
 def keep_result(app: Any, value: Any) -> KeptResult | None:

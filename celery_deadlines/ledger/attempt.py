@@ -79,7 +79,13 @@ class Attempt:
         return self.lease.checkpoint_name, self.lease.checkpoint_data
 
     def start(self) -> None:
-        heartbeat().watch(self)
+        """Renew the lease while the body runs: the heartbeat does, on a connection of
+        its own, which cannot reach a row written in a transaction not yet committed
+        (an eager run's, on SQLite inside the caller's transaction: no other connection
+        can write to it, nor see the run, until it commits, after the run has ended).
+        That lease is the one the claim gave, not renewed."""
+        if self.store.dedicated:
+            heartbeat().watch(self)
 
     def stop(self) -> None:
         heartbeat().forget(self)

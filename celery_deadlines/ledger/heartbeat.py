@@ -23,6 +23,7 @@ from ..clock import get_clock
 
 if TYPE_CHECKING:
     from .attempt import Attempt
+    from .sql.connection import Store
 
 logger = logging.getLogger("celery_deadlines")
 
@@ -44,6 +45,9 @@ class Heartbeat:
         #: the monotonic instant the thread sleeps until (``inf``: until woken; ``-inf``:
         #: awake, it looks at ``_due`` before it sleeps again)
         self._asleep_until = -math.inf
+        #: the stores the thread renewed leases on since it last had none to renew
+        #: (written by the thread alone)
+        self._used: set[Store] = set()
 
     def watch(self, attempt: Attempt) -> None:
         """Start renewing ``attempt``'s lease until :meth:`forget`.
@@ -69,6 +73,8 @@ class Heartbeat:
         so the attempt's final write is never followed by a renewal."""
         with self._renewing, self._wakeup:
             self._due.pop(attempt, None)
+            if not self._due and self._used:
+                self._wakeup.notify()  # to close its connections now (:meth:`_next_due`)
 
     def _run(self) -> None:
         try:
@@ -83,6 +89,9 @@ class Heartbeat:
         with self._wakeup:
             while True:
                 if not self._due:
+                    if self._used:
+                        self._asleep_until = -math.inf
+                        break  # its connections are closed first, outside the lock
                     self._asleep_until = math.inf
                     self._wakeup.wait()
                     continue
@@ -93,6 +102,16 @@ class Heartbeat:
                     return attempt
                 self._asleep_until = due
                 self._wakeup.wait(wait)
+        self._close_idle()
+        return None
+
+    def _close_idle(self) -> None:
+        """With no lease left to renew, close this thread's connection of each store it
+        renewed on: none is held open between the attempts that outlive a renewal (an
+        eager run's store among them, whose own thread closes its own when it ends)."""
+        used, self._used = self._used, set()
+        for store in used:
+            store.close()
 
     def _renew(self, attempt: Attempt) -> None:
         with self._renewing:
@@ -102,6 +121,7 @@ class Heartbeat:
             self._renew_now(attempt)
 
     def _renew_now(self, attempt: Attempt) -> None:
+        self._used.add(attempt.store)
         try:
             expires = attempt.renew()
         except Exception:  # a database hiccup must not kill the heartbeat

@@ -5,9 +5,11 @@ result left its caller ``PENDING`` for good: the redelivered message's claim fin
 run ended and had nothing to tell. The completion write keeps the value, encoded with
 the app's ``result_serializer`` (what the result backend writes with), when it is at
 most :data:`RESULT_LIMIT` bytes; an ``ignore_result`` task keeps nothing. A kept value
-is read as if an attacker wrote it: decoded only with the content type that serializer
-writes, and only if the app accepts it for results (``result_accept_content``, else
-``accept_content``); otherwise :class:`~.outbox.UnreadableMessage`.
+is read as if an attacker wrote it: decoded only if it is at most :data:`RESULT_LIMIT`
+bytes (a larger one, written by hand or by an older version, is read as none kept),
+only with the content type that serializer writes, and only if the app accepts it for
+results (``result_accept_content``, else ``accept_content``); otherwise
+:class:`~.outbox.UnreadableMessage`.
 """
 
 from __future__ import annotations
@@ -51,7 +53,16 @@ def result_content(app: Celery) -> frozenset[str]:
 
 
 def read(app: Celery, kept: KeptResult) -> Any:
-    """The kept return value, decoded (see the module); raises ``UnreadableMessage``."""
+    """The kept return value, decoded (see the module); raises ``UnreadableMessage``.
+
+    A value over :data:`RESULT_LIMIT` is never decoded nor handed on: its caller is told
+    what it is told of a value too large to keep (nothing by the ledger: the log says
+    why), never the whole of what the row holds."""
+    if len(kept.body) > RESULT_LIMIT:
+        raise UnreadableMessage(
+            f"a return value of {len(kept.body)} bytes, over the {RESULT_LIMIT} the ledger "
+            "keeps, is read as none kept"
+        )
     accept = result_content(app)
     if kept.content_type not in accept:
         raise UnreadableMessage(

@@ -205,7 +205,7 @@ def _longer_than_the_maximum(
             yield Problem(
                 "error",
                 "celery_deadlines.E009",
-                f"task {task!r} option {option} ({_s(value)}) is longer than {setting} "
+                f"task {shown(task)} option {option} ({_s(value)}) is longer than {setting} "
                 f"({_s(maximum)}): the task can never be published.",
                 f"Shorten the task's {option}, or raise {setting} if runs that long are meant.",
                 (SETTINGS_REFERENCE, setting),
@@ -237,8 +237,8 @@ def _misspelled(task: str, instance: Any, known_attributes: Collection[str]) -> 
             yield Problem(
                 "warning",
                 "celery_deadlines.W006",
-                f"task {task!r} has the attribute {attribute} = {shown(value, 60)}, which is not "
-                f"a task option; did you mean {closest[0]}? As spelled it changes nothing: "
+                f"task {shown(task)} has the attribute {attribute} = {shown(value, 60)}, which "
+                f"is not a task option; did you mean {closest[0]}? As spelled it changes nothing: "
                 f"the task's {closest[0]} is its default.",
                 f"Rename the option {attribute} to {closest[0]} (or rename your attribute "
                 "if it is your own).",
@@ -272,7 +272,9 @@ class Resolved:
             if raw is UNSET:
                 continue
             try:
-                self.good[option] = _parse_option(option, raw, f"task {name!r} option {option}")
+                self.good[option] = _parse_option(
+                    option, raw, f"task {shown(name)} option {option}"
+                )
             except InvalidDeadline as error:
                 self.bad[option] = str(error)
         contracts = configured.contracts
@@ -398,7 +400,7 @@ def _does_not_fit(task: str, resolved: Resolved) -> Iterator[Problem]:
             yield Problem(
                 "error",
                 "celery_deadlines.E007",
-                f"task {task!r}: its reserve ({_s(value)}, {where}) leaves nothing of its "
+                f"task {shown(task)}: its reserve ({_s(value)}, {where}) leaves nothing of its "
                 f"budget ({_s(length)}, {where_budget}): every run would be refused before "
                 "it starts.",
                 "Make the reserve (the least time a start needs) shorter than the budget, "
@@ -417,7 +419,7 @@ def _does_not_fit(task: str, resolved: Resolved) -> Iterator[Problem]:
             yield Problem(
                 "error",
                 "celery_deadlines.E007",
-                f"task {task!r}: its attempt_timeout ({_s(value)}, {where}) is longer than "
+                f"task {shown(task)}: its attempt_timeout ({_s(value)}, {where}) is longer than "
                 f"its budget ({_s(length)}, {where_budget}): no attempt could finish in "
                 "time, and every retry would be refused.",
                 f"Make {named} at most the budget (what one attempt may take), or the "
@@ -448,7 +450,7 @@ def _lease_longer_than_budget(
         return  # the package's default lease: a short budget caps it, as it should
     if ttl > length and not _said_elsewhere(where_lease, where_budget, configured):
         yield _lease_problem(
-            f"task {task!r}: its lease ({_s(ttl)}, {where_lease}) is longer than its "
+            f"task {shown(task)}: its lease ({_s(ttl)}, {where_lease}) is longer than its "
             f"budget ({_s(length)}, {where_budget})",
             "Give the task a lease_ttl shorter than its budget (a third of it leaves "
             "a dead worker's run time to run again elsewhere),",
@@ -479,7 +481,7 @@ def _budgets_entries(tasks: Mapping[str, Any], configured: Configured) -> Iterat
     setting = configured.name("deadlines_budgets")
     contracts = configured.contracts
     for name in budgets:
-        where = f"{setting}[{name!r}]"
+        where = f"{setting}[{shown(name)}]"
         task = tasks.get(name)
         if task is None:
             # a module not imported here (autodiscovery differs between a worker and
@@ -506,7 +508,7 @@ def _budgets_entries(tasks: Mapping[str, Any], configured: Configured) -> Iterat
         yield Problem(
             "warning",
             "celery_deadlines.W008",
-            f"{where} has no effect: task {name!r} {why}, which wins.",
+            f"{where} has no effect: task {shown(name)} {why}, which wins.",
             f"{fix}, or remove the entry.",
             (SETTINGS_REFERENCE, setting),
         )

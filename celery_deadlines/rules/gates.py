@@ -10,7 +10,9 @@ gate       refuses when
 enqueue    the deadline has passed, or less than ``reserve`` would be left when
            the message may first start (``eta``/``countdown`` included)
 claim      same rule, when a worker actually takes the message (time spent in
-           the queue and behind busy pool processes has been spent)
+           the queue and behind busy pool processes has been spent); with the
+           ledger, also a message that names another task than the run of its
+           id (``task_mismatch``: the run is left as it is)
 attempt    never refuses by itself: it caps the attempt's time limits at the
            budget left (:func:`cap_time_limits`)
 retry      ``countdown + attempt_timeout + skew_allowance > remaining`` (or less
@@ -64,6 +66,10 @@ class Reason(enum.StrEnum):
     #: a chain, group or chord whose critical path needs more than the time left
     #: (:mod:`celery_deadlines.rules.workflows`); nothing of it was published
     WORKFLOW_CANNOT_FIT = "workflow_cannot_fit"
+    #: a message that carries the id of a run of another task (its ``task`` is not the
+    #: run's): refused by the ledger's claim, the run left as it was, nothing stored
+    #: under the id (it is the other run's)
+    TASK_MISMATCH = "task_mismatch"
 
 
 class Decision(NamedTuple):
@@ -117,15 +123,35 @@ def retry_wait(
 
 
 def claim_refusal(why: str) -> Reason | None:
-    """The gate's reason for a claim the ledger refused for the deadline, judged by the
-    database's clock and the run's own deadline, as the claim was (``why`` is the
-    ledger's: ``deadline_passed``, or ``deadline`` for less than the reserve left);
-    ``None`` when the claim was refused for something else."""
+    """The gate's reason for a claim the ledger refused by a gate's rule (``why`` is the
+    ledger's): for the deadline, judged by the database's clock and the run's own
+    deadline, as the claim was (``deadline_passed``, or ``deadline`` for less than the
+    reserve left: ``insufficient_budget``); or ``task_mismatch``, a message naming
+    another task than the run of its id. ``None`` when the claim was refused for
+    something else (a duplicate, a held or ended run: nothing to report)."""
     if why == "deadline_passed":
         return Reason.DEADLINE_PASSED
     if why == "deadline":
         return Reason.INSUFFICIENT_BUDGET
+    if why == "task_mismatch":
+        return Reason.TASK_MISMATCH
     return None
+
+
+def task_mismatch(named: str, now: datetime, deadline: datetime | None) -> Decision:
+    """The claim's refusal of a message that names task ``named`` and carries the id of a
+    run of another task (``deadline``: the message's own; ``now``: the ledger's clock)."""
+    return Decision(
+        gate=Gate.CLAIM,
+        reason=Reason.TASK_MISMATCH,
+        deadline=deadline,
+        clock_reading=now,
+        remaining=None,
+        detail=(
+            f"the run of this id is not a run of {named}: a message runs only a run of its "
+            "own task; the run is left as it was, and nothing is stored under its id"
+        ),
+    )
 
 
 def admit(

@@ -299,10 +299,34 @@ def parse_request_budgets(value: object, *, name: str, maximum: timedelta) -> Re
             )
         budget = parse_budget(raw, name=f"{name}[{shown(key)}]", maximum=maximum)
         if key.startswith("/"):
+            fault = pattern_fault(key)
+            if fault is not None:
+                raise InvalidDeadline(f"{name}[{shown(key)}] is not a path pattern: {fault}")
             by_pattern.append((key, budget))
         else:
             by_name[key] = budget
     return RequestBudgets(by_name, tuple(by_pattern))
+
+
+def pattern_fault(pattern: str) -> str | None:
+    """What is wrong with an ``fnmatch`` path pattern, or ``None``. ``fnmatch`` refuses
+    nothing: a ``[`` no ``]`` closes matches itself (``"/["`` matches only the path
+    ``/[``), and a set of characters none is in (``[z-a]``) matches no path at all;
+    either is a pattern written wrong."""
+    at = pattern.find("[")
+    while at >= 0:
+        end = at + 1
+        end += pattern.startswith("!", end)  # a negated set
+        end += pattern.startswith("]", end)  # a "]" first is one of the set's
+        end = pattern.find("]", end)
+        if end < 0:
+            return (
+                f"its '[' at {at} opens a set of characters no ']' closes (write '[[]' for a '[')"
+            )
+        at = pattern.find("[", end + 1)
+    if "(?!)" in fnmatch.translate(pattern):  # fnmatch's own "this set is empty"
+        return "a set of characters in it holds none (a range backwards, as [z-a])"
+    return None
 
 
 def choose_budget(

@@ -10,7 +10,8 @@ The sending side of :mod:`celery_deadlines.rules.incoming`:
 * **the outbound gate** (:func:`admit`): a call may start only with more than its
   ``reserve`` left. The reserve is the caller's own: the time it keeps, after the call
   gives up, to handle the outcome before its deadline. With no more than that left,
-  the call could not wait for any answer;
+  the call could not wait for any answer. Each attempt a client makes passes it: a
+  retry when it starts, and before the pause that precedes it;
 * **the call's timeout** (:func:`cap`): the caller's own timeout, at most the time left
   minus the reserve; a timeout the caller wrote can only shorten it.
 """
@@ -103,12 +104,21 @@ def headers(names: Mapping[str, Syntax], *, deadline: datetime, now: datetime) -
 # -- the outbound gate ---------------------------------------------------------------------------
 
 
-def admit(*, deadline: datetime, now: datetime, reserve: timedelta, target: str) -> Decision:
-    """May a call to ``target`` (its method and host, for the explanation) start at ``now``?
+def admit(
+    *,
+    deadline: datetime,
+    now: datetime,
+    reserve: timedelta,
+    target: str,
+    pause: timedelta = ZERO,
+) -> Decision:
+    """May a call to ``target`` (its method and host, for the explanation) start at ``now``,
+    or, for a client's retry, once its ``pause`` (its backoff, or a ``Retry-After``) is over?
 
     Refused with ``deadline_passed`` when no time is left, and with
-    ``insufficient_budget`` when no more than ``reserve`` is (``remaining == reserve``
-    is refused too: the call's timeout would be zero)."""
+    ``insufficient_budget`` when no more than ``reserve`` is, or would be after the pause
+    (``remaining == reserve`` is refused too: the call's timeout would be zero). A retry
+    refused for its pause is refused before it, not once it is over."""
     remaining = deadline - now
     if remaining <= ZERO:
         return Decision(
@@ -119,7 +129,8 @@ def admit(*, deadline: datetime, now: datetime, reserve: timedelta, target: str)
             remaining=remaining,
             detail=f"{target}: deadline passed {seconds(-remaining)} ago; not sent",
         )
-    if remaining <= reserve:
+    if remaining - pause <= reserve:
+        waits = f", less the client's retry pause of {seconds(pause)}" if pause else ""
         return Decision(
             gate=Gate.OUTBOUND,
             reason=Reason.INSUFFICIENT_BUDGET,
@@ -127,8 +138,8 @@ def admit(*, deadline: datetime, now: datetime, reserve: timedelta, target: str)
             clock_reading=now,
             remaining=remaining,
             detail=(
-                f"{target}: {seconds(remaining)} left, not more than the outbound reserve "
-                f"of {seconds(reserve)}; not sent"
+                f"{target}: {seconds(remaining)} left{waits}, not more than the outbound "
+                f"reserve of {seconds(reserve)}; not sent"
             ),
         )
     return Decision(Gate.OUTBOUND, None, deadline, now, remaining)

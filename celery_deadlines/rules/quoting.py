@@ -32,6 +32,13 @@ def shown(value: object, limit: int = LIMIT) -> str:
     return text + "..." if cut else text
 
 
+def named(name: str, limit: int = LIMIT) -> str:
+    """A name or an id (a setting's, a header's, a task id) as a message repeats it: as
+    written, unless it is longer than ``limit`` or holds a character a terminal acts on
+    (then as :func:`shown` quotes it)."""
+    return name if len(name) <= limit and name.isprintable() else shown(name, limit)
+
+
 @cache
 def _repr(limit: int) -> reprlib.Repr:
     """A ``repr`` that stops early in large containers (Python 3.11's takes no keywords)."""

@@ -160,6 +160,9 @@ class ClaimRefused:
     #: a lapsed attempt dispatched an effect with no recorded outcome: reconcile first
     UNRESOLVED: ClassVar[str] = "unresolved"
     CHANGED: ClassVar[str] = "changed"
+    #: the message names another task than the run of its id (checked first: such a
+    #: message is refused so whatever the run's state; its ``owner`` is ``""``)
+    TASK_MISMATCH: ClassVar[str] = "task_mismatch"
     MISSING: ClassVar[str] = "missing"
 
 

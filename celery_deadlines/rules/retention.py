@@ -19,6 +19,7 @@ kept whole while one of its effects could still be asked for (the SQL is
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 from dataclasses import dataclass, replace
@@ -71,9 +72,9 @@ def parse_age(value: object, *, name: str) -> timedelta:
     seconds = _seconds_of(text.lower(), text.upper())
     if seconds is None:
         raise InvalidDeadline(f"{name} must be {_FORMS}, got {shown(value)}")
-    if not math.isfinite(seconds) or seconds <= 0:
+    if seconds <= 0:
         raise InvalidDeadline(f"{name} must be more than zero seconds, got {shown(value)}")
-    if seconds > LONGEST.total_seconds():
+    if not math.isfinite(seconds) or seconds > LONGEST.total_seconds():  # inf: 400 digits
         raise InvalidDeadline(too_long(name, shown(value)))
     return parse_duration(seconds, name=name)  # (and no positive one rounds to zero)
 
@@ -106,7 +107,8 @@ def parse_batch_size(value: object, *, name: str) -> int:
     number = value
     # ASCII digits only: str.isdigit() is true of "¹", which int() refuses
     if isinstance(value, str) and re.fullmatch(r"[0-9]+", value.strip()):
-        number = int(value.strip())
+        with contextlib.suppress(ValueError):  # past int()'s 4,300 digits: too large too
+            number = int(value.strip())
     if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= MAX_BATCH_SIZE:
         raise InvalidDeadline(
             f"{name} must be a whole number from 1 to {MAX_BATCH_SIZE}, got {shown(value)}"

@@ -21,6 +21,34 @@ from .budgets import Governed, Source, capped_seconds, govern, parse_budget, par
 #: Call options this package understands (taken out before Celery sees them).
 CALL_OPTIONS: Final = frozenset({"budget", "deadline", "delivery_budget", "delivery_deadline"})
 
+#: The headers of Celery's own message (protocol 2, ``celery.app.amqp.AMQP.as_task_v2``),
+#: each with what sets it. Celery merges a publish's ``headers`` over them, so a header
+#: of one of these names would replace the field: a caller's (or a beat row's)
+#: ``{"id": ...}`` would give the message another run's id, ``{"task": ...}`` run it as
+#: another task, ``{"retries": ...}`` make it an older or newer message of its run,
+#: ``{"group": ...}`` count it in another group's chord.
+PROTOCOL_HEADERS: Final[Mapping[str, str]] = {
+    "id": "task_id=",
+    "task": "the task itself (app.send_task's name)",
+    "retries": "Task.retry()",
+    "root_id": "root_id=",
+    "parent_id": "parent_id=",
+    "group": "group_id=",
+    "group_index": "group_index=",
+    "eta": "eta= or countdown=",
+    "expires": "expires=",
+    "timelimit": "time_limit= and soft_time_limit=",
+    "shadow": "shadow=",
+    "ignore_result": "ignore_result=",
+    "argsrepr": "argsrepr=",
+    "kwargsrepr": "kwargsrepr=",
+    "origin": "Celery (the publishing host)",
+    "lang": "Celery",
+    "replaced_task_nesting": "Task.replace()",
+    "stamped_headers": "Celery's stamping (Signature.stamp())",
+    "stamps": "Celery's stamping (Signature.stamp())",
+}
+
 #: The values ``x_deadline_source`` may name; any other value a header carries is read as
 #: ``"call"`` (a header is written by whoever publishes, and says nothing trusted).
 SOURCES: Final[frozenset[str]] = frozenset(get_args(Source))
@@ -64,6 +92,17 @@ class Stamp(NamedTuple):
     delivery: datetime | None
     origin: str | None
     expires: datetime | None
+
+
+def reserved_headers(headers: Mapping[Any, Any] | None) -> list[str]:
+    """The keys of ``headers`` a publisher may not set, sorted: the fields of Celery's own
+    message (:data:`PROTOCOL_HEADERS`), which a header would replace. Empty when every
+    header is the publisher's own (``None``: no headers). Exact names: Celery reads
+    ``id``, never ``ID``. The one rule for a caller's ``apply_async(headers=...)`` and a
+    beat row's ``headers``."""
+    if not headers:
+        return []
+    return sorted(key for key in headers if type(key) is str and key in PROTOCOL_HEADERS)
 
 
 def own_deadlines(

@@ -157,7 +157,13 @@ def test_anti_pattern_3_the_lease_is_checked_at_every_write_not_only_before_the_
     record(store, "lease-once")
     ttl = timedelta(seconds=30)
     first = store.runs.claim(
-        "lease-once", 0, owner="w1:1", ttl=ttl, reserve=timedelta(0), max_lost_leases=10
+        "lease-once",
+        0,
+        task_name="shop.charge",
+        owner="w1:1",
+        ttl=ttl,
+        reserve=timedelta(0),
+        max_lost_leases=10,
     )
     assert isinstance(first, Lease)
     stale = Attempt(store, first, "w1:1", ttl)
@@ -167,7 +173,13 @@ def test_anti_pattern_3_the_lease_is_checked_at_every_write_not_only_before_the_
         lease_expires_at=store.database_now() - timedelta(seconds=2)
     )
     second = store.runs.claim(
-        "lease-once", 0, owner="w2:2", ttl=ttl, reserve=timedelta(0), max_lost_leases=10
+        "lease-once",
+        0,
+        task_name="shop.charge",
+        owner="w2:2",
+        ttl=ttl,
+        reserve=timedelta(0),
+        max_lost_leases=10,
     )
     assert isinstance(second, Lease)
     with pytest.raises(StaleLease):

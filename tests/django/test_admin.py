@@ -6,6 +6,7 @@ writes, a stale holder's refused write), then read through the Django test clien
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from datetime import timedelta
@@ -50,7 +51,13 @@ def record(store: Store, task_id: str, parent: str = "", deadline_in: float | No
 
 def claim(store: Store, task_id: str, owner: str) -> Lease:
     lease = store.runs.claim(
-        task_id, 0, owner=owner, ttl=TTL, reserve=timedelta(0), max_lost_leases=3
+        task_id,
+        0,
+        task_name="shop.charge_card",
+        owner=owner,
+        ttl=TTL,
+        reserve=timedelta(0),
+        max_lost_leases=3,
     )
     assert isinstance(lease, Lease)
     return lease
@@ -242,6 +249,39 @@ def test_explain_answers_who_owns_the_run_when_its_lease_expires_and_what_was_fe
     assert "stale writes       1 refused: succeeded by celery@shop:102 (token 1)" in text
     claim = charge.events.filter(kind="claim", lease_token=charge.lease_token).get()
     assert f"claimed version    {claim.version} " in text
+
+
+def test_explain_and_the_run_page_say_which_task_a_refused_foreign_message_named(
+    client: Client,
+) -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    store = Store("default")
+    record(store, "pay-43")  # a run of shop.charge_card
+    forged = store.runs.claim(
+        "pay-43", 0, task_name="shop.refund", owner="celery@shop:9", ttl=TTL,
+        reserve=timedelta(0), max_lost_leases=3,
+    )  # fmt: skip
+    assert not isinstance(forged, Lease)
+    said = (
+        "task_mismatch: a message for task shop.refund carried this run's id; refused "
+        "(this is a run of shop.charge_card): nothing of the run changed"
+    )
+    out = StringIO()
+    call_command("deadlines", "explain", "pay-43", stdout=out)
+    text = " ".join(out.getvalue().split())  # the history's cells, without the padding
+    assert said in text
+    assert "stale writes 1 refused: claim by celery@shop:9 (a message for shop.refund)" in text
+    out = StringIO()
+    call_command("deadlines", "explain", "pay-43", "--json", stdout=out)
+    [event] = [e for e in json.loads(out.getvalue())["history"] if e["outcome"] == "rejected"]
+    assert (event["kind"], event["detail"]) == ("claim", "task_mismatch:shop.refund")
+    login(client)
+    run = Run.objects.get(task_id="pay-43")
+    page = client.get(reverse("admin:celery_deadlines_run_change", args=[run.pk]))
+    assert said.replace("'", "&#x27;") in page.content.decode()
 
 
 def test_explain_names_a_run_that_does_not_exist() -> None:

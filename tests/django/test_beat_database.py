@@ -10,6 +10,7 @@ interpreter's run installs it and runs these.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -20,6 +21,7 @@ pytest.importorskip("django_celery_beat", reason="django-celery-beat is not inst
 
 from celery import Celery
 from django_celery_beat.models import (  # type: ignore[import-untyped]
+    CrontabSchedule,
     IntervalSchedule,
     PeriodicTask,
 )
@@ -334,3 +336,128 @@ def test_a_deadline_tasks_row_without_a_window_is_published_as_before_and_says_w
     assert ":" not in message["id"]
     assert "'nowindow': it has no expire_seconds and its task no budget" in caplog.text
     assert [run.schedule for run in runs(app).values()] == [None]
+
+
+def cron_row(
+    name: str, task: str, saved_at: datetime = WEDNESDAY_0900 - HOUR, **fields: Any
+) -> Any:
+    """A PeriodicTask row "every minute" (a crontab, UTC) as the admin saves it."""
+    every_minute, _ = CrontabSchedule.objects.get_or_create(
+        minute="*", hour="*", day_of_week="*", day_of_month="*", month_of_year="*",
+        timezone="UTC",
+    )  # fmt: skip
+    saved = PeriodicTask.objects.create(name=name, task=task, crontab=every_minute, **fields)
+    PeriodicTask.objects.filter(pk=saved.pk).update(date_changed=saved_at)  # (auto_now)
+    return saved
+
+
+#: a row's headers naming what only Celery and the library may say: another run's id,
+#: another task, a later deadline
+HOSTILE_HEADERS = {
+    "id": "another-run", "task": "shop.plain", "root_id": "another-run",
+    "parent_id": "another-run", "shadow": "shop.plain", "retries": 7,
+    "x_deadline": (WEDNESDAY_0900 + timedelta(days=6)).timestamp(),
+    "x_delivery_deadline": (WEDNESDAY_0900 + timedelta(days=6)).timestamp(),
+    "team": "ops",
+}  # fmt: skip
+
+
+@beside_the_table
+def test_a_rows_headers_never_set_its_messages_id_task_or_deadline(
+    app: Celery,
+    database_beat: Callable[..., DatabaseDeadlineScheduler],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    row("poll", "shop.send_digest", 60, expire_seconds=30, headers=json.dumps(HOSTILE_HEADERS))
+    with use_clock(FakeClock(WEDNESDAY_0900 - timedelta(seconds=1))) as clock:
+        run_beat(database_beat(), clock, 62)
+    first, second = [m["headers"] for m in drain(app, QUEUE)]
+    assert [first["id"], second["id"]] == [POLL_0700, POLL_0701]
+    for message, at in ((first, WEDNESDAY_0900), (second, WEDNESDAY_0900 + timedelta(minutes=1))):
+        assert (message["task"], message["shadow"], message["retries"]) == (
+            "shop.send_digest", None, 0,
+        )  # fmt: skip
+        assert message["root_id"] == message["id"]
+        assert message["parent_id"] is None
+        assert message["x_deadline"] == (at + timedelta(seconds=30)).timestamp()
+        assert "x_delivery_deadline" not in message
+        assert (message["periodic_task_name"], message["team"]) == ("poll", "ops")  # kept
+    assert list(runs(app)) == [POLL_0700, POLL_0701]
+    said = [r.getMessage() for r in caplog.records if "are not sent" in r.getMessage()]
+    assert said == [
+        "periodic task 'poll': its header(s) 'id', 'parent_id', 'retries', 'root_id', "
+        "'shadow', 'task', 'x_deadline', 'x_delivery_deadline' are not sent: the "
+        "message's id, task and deadline are beat's and the row's to say"
+    ]  # once, though the row was read at each of its two publishes
+
+
+@beside_the_table
+def test_a_plain_rows_headers_never_set_its_messages_id_or_task(
+    app: Celery, database_beat: Callable[..., DatabaseDeadlineScheduler]
+) -> None:
+    row("plain", "shop.plain", 60, last_run_at=datetime(2020, 1, 1, tzinfo=UTC),
+        headers='{"id": "another-run", "task": "shop.send_digest", "team": "ops"}')  # fmt: skip
+    with use_clock(FakeClock(WEDNESDAY_0900)) as clock:
+        run_beat(database_beat(), clock, 2)
+    [message] = [m["headers"] for m in drain(app, QUEUE)]
+    assert (message["task"], message["team"]) == ("shop.plain", "ops")
+    assert message["id"] != "another-run"
+    assert message["root_id"] == message["id"]
+
+
+@beside_the_table
+def test_a_row_whose_window_is_longer_than_the_maximum_budget_is_refused_when_read(
+    app: Celery,
+    database_beat: Callable[..., DatabaseDeadlineScheduler],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # eight days: one more than deadlines_max_budget, the longest any deadline may be
+    cron_row("long", "shop.send_digest", expire_seconds=8 * 24 * 3600)
+    row("poll", "shop.send_digest", 60, expire_seconds=30)
+    with use_clock(FakeClock(WEDNESDAY_0900 - timedelta(seconds=1))) as clock:
+        run_beat(database_beat(), clock, 3 * 60)
+    # the other row keeps its times: each of its occurrences published, none missed
+    published_ids = published(app)
+    assert published_ids == [f"poll:UTC@2026-08-19T07:0{m}:00" for m in (0, 1, 2)]
+    # each of the refused row's occurrences is on record, never published, saying why
+    refused = [run for run in runs(app).values() if run.schedule == "long"]
+    assert [run.task_id for run in refused] == [
+        f"long:UTC@2026-08-19T07:0{m}:00" for m in (0, 1, 2)
+    ]
+    for run in refused:
+        assert (run.status, run.reason) == (Status.EXPIRED, "missed_occurrence")
+        assert run.deadline == run.not_before  # no window was given
+        assert run.detail.endswith(
+            "was not published: its window of 691200 s (expire_seconds) is longer than "
+            "deadlines_max_budget (604800 s)"
+        )
+    said = [
+        r
+        for r in caplog.records
+        if "longer than deadlines_max_budget (604800 s), so" in r.getMessage()
+    ]
+    assert len(said) == 1  # when the row was read, not at every look
+    assert said[0].levelname == "WARNING"
+    assert "'long'" in said[0].getMessage()
+
+
+@beside_the_table
+@pytest.mark.parametrize(
+    "headers",
+    ["[1]", '"ops"', "null", '{"__type__": "uuid", "__value__": "x"}', "{not json"],
+    ids=["list", "string", "null", "kombu-type", "not-json"],
+)
+def test_a_row_whose_headers_are_not_a_json_object_is_left_out_and_the_others_run(
+    app: Celery,
+    database_beat: Callable[..., DatabaseDeadlineScheduler],
+    caplog: pytest.LogCaptureFixture,
+    headers: str,
+) -> None:
+    row("broken", "shop.send_digest", 60, expire_seconds=30, headers=headers)
+    row("poll", "shop.send_digest", 60, expire_seconds=30)
+    with use_clock(FakeClock(WEDNESDAY_0900 - timedelta(seconds=1))) as clock:
+        run_beat(database_beat(), clock, 3)
+    assert published(app) == [POLL_0700]
+    assert "periodic task 'broken' is not scheduled: its headers are not a JSON object" in (
+        caplog.text
+    )

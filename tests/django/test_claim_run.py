@@ -41,6 +41,7 @@ def claim(
     return api.claim_run(
         app,
         task_id=task_id,
+        task_name="shop.charge",
         retries=0,
         hostname="w1@host",
         ttl=TTL,

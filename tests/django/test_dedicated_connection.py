@@ -135,8 +135,8 @@ def test_a_won_claim_of_an_exclusive_owner_commits_without_waiting_for_the_disk(
         assert synchronous_commit(dedicated) == "on"
         won(
             dedicated.runs.claim(
-                "exclusive", 0, owner="w1:1", ttl=TTL, reserve=timedelta(0),
-                max_lost_leases=3, exclusive=True,
+                "exclusive", 0, task_name="shop.charge", owner="w1:1", ttl=TTL,
+                reserve=timedelta(0), max_lost_leases=3, exclusive=True,
             )
         )  # fmt: skip
         assert synchronous_commit(dedicated) == "off"

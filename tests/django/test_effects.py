@@ -68,7 +68,13 @@ def record(store: Store, task_id: str = "charge-1", deadline_in: float = 600) ->
 
 def attempt(store: Store, owner: str, task_id: str = "charge-1") -> Attempt:
     lease = store.runs.claim(
-        task_id, 0, owner=owner, ttl=TTL, reserve=timedelta(0), max_lost_leases=10
+        task_id,
+        0,
+        task_name="shop.charge",
+        owner=owner,
+        ttl=TTL,
+        reserve=timedelta(0),
+        max_lost_leases=10,
     )
     assert isinstance(lease, Lease), lease
     return Attempt(store, lease, owner, TTL)
@@ -283,7 +289,13 @@ def test_a_redelivery_cannot_claim_a_lapsed_run_before_its_dispatched_effect_is_
     # attempt failed on the unresolved effect instead of waiting for reconciliation
     crash_after_dispatch(store)
     refused = store.runs.claim(
-        "charge-1", 0, owner="w2:2", ttl=TTL, reserve=timedelta(0), max_lost_leases=10
+        "charge-1",
+        0,
+        task_name="shop.charge",
+        owner="w2:2",
+        ttl=TTL,
+        reserve=timedelta(0),
+        max_lost_leases=10,
     )
     assert isinstance(refused, ClaimRefused)
     assert refused.why == ClaimRefused.UNRESOLVED
@@ -372,7 +384,13 @@ def test_no_gate_or_operator_ends_or_requeues_a_run_whose_effect_awaits_reconcil
     # could end or queue such a run, leaving its effect DISPATCHED for good
     crash_after_dispatch(store)
     refused = store.runs.claim(
-        "charge-1", 0, owner="w2:2", ttl=TTL, reserve=timedelta(0), max_lost_leases=0
+        "charge-1",
+        0,
+        task_name="shop.charge",
+        owner="w2:2",
+        ttl=TTL,
+        reserve=timedelta(0),
+        max_lost_leases=0,
     )
     assert isinstance(refused, ClaimRefused)
     assert refused.why == ClaimRefused.UNRESOLVED  # not lost_leases: nothing may end it

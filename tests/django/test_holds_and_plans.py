@@ -411,7 +411,13 @@ def test_a_stale_attempt_can_neither_store_nor_retire_a_plan(alias: str) -> None
     record(store, "plan-stale")
     ttl = timedelta(seconds=30)
     first = store.runs.claim(
-        "plan-stale", 0, owner="w1:1", ttl=ttl, reserve=timedelta(0), max_lost_leases=10
+        "plan-stale",
+        0,
+        task_name="shop.charge",
+        owner="w1:1",
+        ttl=ttl,
+        reserve=timedelta(0),
+        max_lost_leases=10,
     )
     assert isinstance(first, Lease)
     plans = store.plans
@@ -420,7 +426,13 @@ def test_a_stale_attempt_can_neither_store_nor_retire_a_plan(alias: str) -> None
         lease_expires_at=ledger_now(alias) - timedelta(seconds=2)
     )
     second = store.runs.claim(
-        "plan-stale", 0, owner="w2:2", ttl=ttl, reserve=timedelta(0), max_lost_leases=10
+        "plan-stale",
+        0,
+        task_name="shop.charge",
+        owner="w2:2",
+        ttl=ttl,
+        reserve=timedelta(0),
+        max_lost_leases=10,
     )
     assert isinstance(second, Lease)
     stored = plans.active(first.run_id)

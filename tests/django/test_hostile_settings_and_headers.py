@@ -1,6 +1,6 @@
 """Settings and request headers at the limits of what Python holds: ``manage.py check``
-reports them (never crashes), and a trusted proxy's header beyond UTC's range is
-ignored as malformed (never an HTTP 500)."""
+reports them (never crashes, and repeats a bounded part of each), and a trusted proxy's
+header beyond UTC's range is ignored as malformed (never an HTTP 500)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.core.checks import CheckMessage
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test import Client, override_settings
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from celery_deadlines import checks as ours
 from celery_deadlines.checks import check_settings
+from celery_deadlines.conf import SETTINGS
+from tests.unit.test_fuzz_parsers import BIG, LONGEST_MESSAGE, Unreadable, hostile, values
 
 pytestmark = pytest.mark.usefixtures("clock")
 
@@ -38,6 +44,82 @@ def test_a_setting_at_the_limits_is_a_check_error_naming_it_not_a_crash(
         found = check_settings(None)
     assert [message.id for message in found] == ["celery_deadlines.E001"]
     assert name in found[0].msg
+
+
+def our_checks() -> list[CheckMessage]:
+    """What every system check of this package says (none may raise), each message
+    and hint checked: at most :data:`LONGEST_MESSAGE` characters."""
+    found = [
+        message
+        for check in (
+            ours.check_settings,
+            ours.check_contracts,
+            ours.check_declarations,
+            ours.check_retention,
+            ours.check_ingress,
+            ours.check_ledger_database,
+        )
+        for message in check(None)
+    ]
+    for message in found:
+        assert len(message.msg) <= LONGEST_MESSAGE, (message.id, message.msg[:200])
+        assert len(message.hint or "") <= LONGEST_MESSAGE, (message.id, (message.hint or "")[:200])
+    return found
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "said"),
+    [
+        ("CELERY_DEADLINES_DATABASE", ["default"], "must name a database alias, got ['default']"),
+        ("CELERY_DEADLINES_DATABASE", {"default": 1}, "must name a database alias"),
+        ("CELERY_DEADLINES_MAX_LOST_LEASES", 2**70, "from 0 to 2147483647, got 1180591"),
+        ("CELERY_DEADLINES_MAX_LOST_LEASES", 2**31, "from 0 to 2147483647, got 2147483648"),
+        ("CELERY_DEADLINES_REQUEST_BUDGETS", {"/[": 1}, "['/['] is not a path pattern: its '['"),
+        ("CELERY_DEADLINES_REQUEST_BUDGETS", {"/api/[z-a]": 1}, "range backwards"),
+        ("CELERY_DEADLINES_BUDGETS", Unreadable(a=1), "cannot be read (RuntimeError)"),
+    ],
+    ids=["list", "dict", "2**70", "2**31", "unclosed-set", "empty-set", "failing-items"],
+)
+def test_a_setting_the_code_cannot_use_is_an_error_naming_it_and_the_checks_run_on(
+    name: str, value: Any, said: str
+) -> None:
+    with override_settings(**{name: value}):
+        found = our_checks()
+    errors = [message for message in found if message.id == "celery_deadlines.E001"]
+    assert len(errors) == 1
+    assert name in errors[0].msg
+    assert said in errors[0].msg
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "check"),
+    [
+        ("CELERY_DEADLINES_BUDGETS", {BIG: 1}, "celery_deadlines.W007"),
+        ("CELERY_DEADLINES_REQUEST_HEADERS", {BIG: "rfc3339"}, "celery_deadlines.W005"),
+        ("CELERY_DEADLINES_DATABASE", BIG, "celery_deadlines.E003"),
+        ("CELERY_DEADLINES_" + "X" * 100_000, 1, "celery_deadlines.E002"),
+    ],
+    ids=["budgets-key", "request-header", "database", "unknown-name"],
+)
+def test_a_check_repeats_a_huge_name_cut(name: str, value: Any, check: str) -> None:
+    with override_settings(**{name: value}):
+        found = [message for message in our_checks() if message.id == check]
+    assert len(found) == 1
+    assert "xxxxxxxxxx..." in found[0].msg.lower()  # its start, as quoting.shown cuts it
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    database=None,
+)
+@given(st.sampled_from(SETTINGS), st.one_of(values, hostile))
+def test_the_checks_answer_any_value_of_any_setting_with_bounded_messages(
+    setting: Any, value: object
+) -> None:
+    with override_settings(**{setting.django_name: value}):
+        our_checks()
 
 
 @pytest.mark.django_db  # model checks may ask the database (JSONField support) first

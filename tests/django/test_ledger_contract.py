@@ -11,19 +11,20 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from celery import Celery
 
-from celery_deadlines.errors import DispatchRefused, EffectConflict, StaleLease
-from celery_deadlines.rules.records import ClaimRefused
+from celery_deadlines.errors import DispatchRefused, EffectConflict, RunConflict, StaleLease
+from celery_deadlines.rules.records import ClaimRefused, NewRun
 from celery_deadlines.rules.states import Status
 from celery_deadlines.testing import FakeClock, use_clock
 from tests.conftest import service_unavailable
 from tests.django.conftest import DATABASES
-from tests.support.ledger_contract import KEY, TTL, ContractLedger, Database, Fake
+from tests.support.ledger_contract import KEY, MESSAGE, TASK, TTL, ContractLedger, Database, Fake
 from tests.support.processes import reachable
 
 #: Past the lease and the supervisor's grace: another claim may take the run over.
@@ -81,6 +82,42 @@ def test_a_recorded_run_is_claimed_by_one_worker_with_the_first_fencing_token(
     seen = ledger.seen("r1")
     assert seen is not None
     assert (seen.status, seen.token) == ("RUNNING", 1)
+
+
+def test_an_eager_run_is_sent_at_once_and_again_under_its_id_unless_its_arguments_differ(
+    ledger: ContractLedger,
+) -> None:
+    sent: list[str] = []
+
+    def run_it() -> str:  # an eager run's send: Celery's apply(), whose claim decides
+        sent.append("ran")
+        return "ran"
+
+    run = NewRun(task_id="r1", task_name=TASK, message_body=MESSAGE)
+    assert ledger.api.record_eager_run(ledger.app, run, run_it) == "ran"
+    assert ledger.status("r1") == "QUEUED"
+    assert ledger.api.record_eager_run(ledger.app, run, run_it) == "ran"
+    other = replace(run, message_body=b'{"args": [43], "kwargs": {}, "options": {}}')
+    with pytest.raises(RunConflict, match="now with args"):
+        ledger.api.record_eager_run(ledger.app, other, run_it)
+    assert sent == ["ran", "ran"]
+
+
+def test_a_message_for_another_task_neither_claims_nor_ends_the_run_its_own_task_claims(
+    ledger: ContractLedger,
+) -> None:
+    ledger.record("r1")
+    before = ledger.seen("r1")
+    loss = refused(ledger.claim("r1", "w2", task="shop.refund"))
+    assert (loss.why, loss.status, loss.token, loss.owner) == (
+        ClaimRefused.TASK_MISMATCH,
+        "QUEUED",
+        0,
+        "",
+    )
+    assert not ledger.refuse("r1", task="shop.refund")
+    assert ledger.seen("r1") == before
+    assert won(ledger.claim("r1", "w1")).lease.token == 1
 
 
 def test_a_message_older_than_its_run_is_refused_as_stale_and_the_current_one_claims(

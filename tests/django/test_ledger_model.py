@@ -75,7 +75,13 @@ def machine_for(store: Store) -> type[RuleBasedStateMachine]:
         def claim(self, task_id: str, worker: str) -> None:
             model = self.model[task_id]
             outcome = store.runs.claim(
-                task_id, 0, owner=worker, ttl=TTL, reserve=timedelta(0), max_lost_leases=1000
+                task_id,
+                0,
+                task_name="t",
+                owner=worker,
+                ttl=TTL,
+                reserve=timedelta(0),
+                max_lost_leases=1000,
             )
             claimable = model.status in (Status.QUEUED, Status.RETRYING) or (
                 model.status == Status.RUNNING and not model.live

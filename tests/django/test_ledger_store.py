@@ -60,6 +60,7 @@ def claim(store: Store, task_id: str = "run-1", owner: str = "w1:1", **kw: Any) 
     return store.runs.claim(
         task_id,
         options["retries"],
+        task_name=options.get("task_name", "shop.charge"),
         owner=owner,
         ttl=options["ttl"],
         reserve=options["reserve"],
@@ -219,6 +220,84 @@ def test_a_finished_run_is_never_claimed_again(store: Store) -> None:
     assert lost(claim(store)).why == ClaimRefused.TERMINAL
 
 
+def as_it_is(store: Store, task_id: str = "run-1") -> tuple[Any, ...]:
+    """Everything of the run a claim or a refusal may change."""
+    run = row(store, task_id)
+    return (
+        run.status,
+        run.reason,
+        run.owner,
+        run.lease_token,
+        run.lease_expires_at,
+        run.version,
+        run.attempt,
+        run.lost_leases,
+        run.op,
+        run.updated_at,
+    )
+
+
+def refusals(store: Store, task_id: str = "run-1") -> list[tuple[str, str, str, int]]:
+    return [
+        (event.kind, event.owner, event.detail, event.version)
+        for event in RunEvent.objects.using(store.using)
+        .filter(run__task_id=task_id, outcome="rejected")
+        .order_by("id")
+    ]
+
+
+def test_a_message_naming_another_task_claims_nothing_and_the_runs_own_message_claims_it(
+    store: Store,
+) -> None:
+    store.outbox.enqueue(new_run())
+    before = as_it_is(store)
+    forged = lost(claim(store, owner="w2:2", task_name="shop.refund"))
+    assert (forged.why, forged.status, forged.token, forged.owner) == (
+        ClaimRefused.TASK_MISMATCH,
+        Status.QUEUED,
+        0,
+        "",
+    )
+    assert as_it_is(store) == before
+    assert refusals(store) == [("claim", "w2:2", "task_mismatch:shop.refund", 0)]
+    lease = won(claim(store))  # the run's own task's message
+    assert (lease.token, lease.attempt) == (1, 1)
+
+
+def test_a_message_naming_another_task_is_refused_so_whatever_the_runs_state(
+    store: Store,
+) -> None:
+    store.outbox.enqueue(new_run())
+    lease = won(claim(store))
+    held = as_it_is(store)
+    assert lost(claim(store, owner="w2:2", task_name="shop.refund")).why == "task_mismatch"
+    assert as_it_is(store) == held  # not "held": the run is not the message's at all
+    assert store.runs.finish(lease, "w1:1", Status.SUCCEEDED)
+    ended = as_it_is(store)
+    assert lost(claim(store, owner="w2:2", task_name="shop.refund")).why == "task_mismatch"
+    assert as_it_is(store) == ended
+    assert [detail for _, _, detail, _ in refusals(store)] == ["task_mismatch:shop.refund"] * 2
+
+
+def test_a_gate_refusal_of_a_message_naming_another_task_leaves_the_run_as_it_was(
+    store: Store,
+) -> None:
+    store.outbox.enqueue(new_run())
+    before = as_it_is(store)
+    assert not store.runs.refuse(
+        "run-1",
+        "shop.refund",
+        0,
+        status=Status.EXPIRED,
+        reason="invalid_deadline",
+        detail="unreadable deadline header 'garbage'",
+        deadline=None,
+    )
+    assert as_it_is(store) == before
+    assert refusals(store) == [("refuse", "", "task_mismatch:shop.refund", 0)]
+    won(claim(store))
+
+
 def test_a_claim_of_an_unrecorded_run_says_it_is_missing(store: Store) -> None:
     assert lost(claim(store, "never-recorded")).why == ClaimRefused.MISSING
 
@@ -284,7 +363,7 @@ def test_a_gate_refusal_ends_a_waiting_run_but_not_one_another_worker_owns(
     store.outbox.enqueue(new_run("waiting"))
     assert store.runs.refuse(
         "waiting",
-        "t",
+        "shop.charge",
         0,
         status=Status.EXPIRED,
         reason="deadline_passed",
@@ -296,7 +375,7 @@ def test_a_gate_refusal_ends_a_waiting_run_but_not_one_another_worker_owns(
     won(claim(store, "owned"))
     assert not store.runs.refuse(
         "owned",
-        "t",
+        "shop.charge",
         0,
         status=Status.EXPIRED,
         reason="deadline_passed",

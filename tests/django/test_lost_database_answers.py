@@ -284,6 +284,32 @@ def test_a_success_whose_worker_died_before_storing_it_is_told_its_value_on_rede
     assert (told.state, told.result) == ("SUCCESS", {"receipt": "r-42", "amount": 1250})
 
 
+def test_a_kept_return_value_written_over_the_bound_is_not_told_to_the_caller(
+    claims: tuple[Celery, list[str]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run's row holding a return value over the 64 KiB the completion keeps (an
+    older version's, or written by hand) is read as none kept: the caller is not
+    handed it, and the worker says why."""
+    from celery_deadlines.ledger.results import RESULT_LIMIT
+
+    app, _ran = claims
+
+    @app.task(base=DeadlineTask, bind=True, name="lost.succeeds", budget=600, shared=False)
+    def succeeds(self: DeadlineTask) -> str:
+        return "small"
+
+    succeeds.apply_async(task_id="unstored-big")
+    [message] = drain(app, QUEUE)
+    assert execute(app, message)[0] == "SUCCESS"
+    whole = b'"' + b"x" * RESULT_LIMIT + b'"'  # JSON, one more byte than the bound each side
+    Run.objects.filter(task_id="unstored-big").update(result=whole)
+    app.backend.forget("unstored-big")
+    with caplog.at_level("WARNING", logger="celery_deadlines"):
+        assert execute(app, message)[0] == "IGNORED"
+    assert app.AsyncResult("unstored-big").state == "PENDING"
+    assert f"a return value of {RESULT_LIMIT + 2} bytes, over the {RESULT_LIMIT}" in caplog.text
+
+
 def test_an_ignore_result_task_keeps_no_return_value_in_the_ledger(
     claims: tuple[Celery, list[str]],
 ) -> None:

@@ -60,9 +60,15 @@ def record(
     return Run.objects.using(store.using).get(task_id=task_id).pk
 
 
-def claim(store: Store, task_id: str, owner: str) -> Lease:
+def claim(store: Store, task_id: str, owner: str, task_name: str = "shop.place_order") -> Lease:
     lease = store.runs.claim(
-        task_id, 0, owner=owner, ttl=TTL, reserve=timedelta(0), max_lost_leases=3
+        task_id,
+        0,
+        task_name=task_name,
+        owner=owner,
+        ttl=TTL,
+        reserve=timedelta(0),
+        max_lost_leases=3,
     )
     assert isinstance(lease, Lease)
     return lease

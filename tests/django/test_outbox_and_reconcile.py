@@ -83,7 +83,13 @@ def lapse(store: Store, task_id: str) -> None:
 
 def claim(store: Store, task_id: str) -> Lease:
     lease = store.runs.claim(
-        task_id, 0, owner="w:1", ttl=timedelta(seconds=30), reserve=timedelta(0), max_lost_leases=5
+        task_id,
+        0,
+        task_name="shop.ship",
+        owner="w:1",
+        ttl=timedelta(seconds=30),
+        reserve=timedelta(0),
+        max_lost_leases=5,
     )
     assert isinstance(lease, Lease)
     return lease

@@ -163,7 +163,13 @@ def claimed(store: Store, task_id: str) -> Lease:
         )
     )
     lease = store.runs.claim(
-        task_id, 0, owner="w:1", ttl=timedelta(seconds=30), reserve=timedelta(0), max_lost_leases=3
+        task_id,
+        0,
+        task_name="shop.ship",
+        owner="w:1",
+        ttl=timedelta(seconds=30),
+        reserve=timedelta(0),
+        max_lost_leases=3,
     )
     assert isinstance(lease, Lease)
     return lease

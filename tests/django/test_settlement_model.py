@@ -95,7 +95,13 @@ def machine_for(store: Store) -> type[RuleBasedStateMachine]:
             if self.workers[worker].lease is not None:
                 return
             lease = store.runs.claim(
-                self.task_id, 0, owner=worker, ttl=TTL, reserve=timedelta(0), max_lost_leases=1000
+                self.task_id,
+                0,
+                task_name="t",
+                owner=worker,
+                ttl=TTL,
+                reserve=timedelta(0),
+                max_lost_leases=1000,
             )
             if not isinstance(lease, Lease):
                 return

@@ -175,7 +175,13 @@ def dispatched_and_lapsed(store: Store, task_id: str, key: str) -> None:
     """The run's attempt dispatched ``key`` (effect ``pay``), then its worker vanished."""
     record(store, task_id, past_deadline=False)
     lease = store.runs.claim(
-        task_id, 0, owner="w:1", ttl=timedelta(seconds=30), reserve=timedelta(0), max_lost_leases=5
+        task_id,
+        0,
+        task_name="shop.ship",
+        owner="w:1",
+        ttl=timedelta(seconds=30),
+        reserve=timedelta(0),
+        max_lost_leases=5,
     )
     assert isinstance(lease, Lease)
     store.effects.record_intent(lease, key, "pay", "execution", "f")

@@ -61,6 +61,7 @@ def test_exactly_one_of_eight_racing_claims_wins_in_each_of_500_rounds() -> None
             lease = store.runs.claim(
                 task_id,
                 0,
+                task_name="race",
                 owner="old",
                 ttl=timedelta(hours=1),  # still held after the race, however slow it runs
                 reserve=timedelta(0),

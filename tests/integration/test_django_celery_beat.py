@@ -21,6 +21,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from django.test import override_settings
 from django_celery_beat.models import (  # type: ignore[import-untyped]
+    CrontabSchedule,
     IntervalSchedule,
     PeriodicTask,
 )
@@ -51,14 +52,29 @@ class BeatTablesOnTheLedgerDatabase:
     db_for_write = db_for_read
 
 
-def save_row(name: str, every: int, expire_seconds: int) -> None:
+def save_row(name: str, every: int, expire_seconds: int, **fields: Any) -> None:
     """Save a PeriodicTask as the admin does: ``l.report`` every ``every`` seconds."""
     router = f"{__name__}.{BeatTablesOnTheLedgerDatabase.__name__}"
     with override_settings(DATABASE_ROUTERS=[router]):
         interval, _ = IntervalSchedule.objects.get_or_create(every=every, period="seconds")
         PeriodicTask.objects.create(
-            name=name, task="l.report", interval=interval, expire_seconds=expire_seconds
-        )
+            name=name, task="l.report", interval=interval, expire_seconds=expire_seconds,
+            **fields,
+        )  # fmt: skip
+
+
+def save_cron_row(name: str, expire_seconds: int, **fields: Any) -> None:
+    """Save a PeriodicTask as the admin does: ``l.report`` every minute (a UTC crontab)."""
+    router = f"{__name__}.{BeatTablesOnTheLedgerDatabase.__name__}"
+    with override_settings(DATABASE_ROUTERS=[router]):
+        every_minute, _ = CrontabSchedule.objects.get_or_create(
+            minute="*", hour="*", day_of_week="*", day_of_month="*", month_of_year="*",
+            timezone="UTC",
+        )  # fmt: skip
+        PeriodicTask.objects.create(
+            name=name, task="l.report", crontab=every_minute, expire_seconds=expire_seconds,
+            **fields,
+        )  # fmt: skip
 
 
 class DatabaseBeat:
@@ -241,3 +257,70 @@ def test_two_beats_at_once_publish_each_of_a_rows_occurrences_once(
         beat.kill()
     assert_each_second_once(wait_for(all_ended, 30), sink, window)
     assert all(run.status == Status.SUCCEEDED for run in row_runs())
+
+
+def test_a_68_year_cron_row_is_refused_once_when_read_and_the_other_rows_keep_their_times(
+    redis_broker: Transport, ledger_worker: Any, sink: Path, database_beat: Any
+) -> None:
+    window = timedelta(seconds=10)
+    ledger_worker(redis_broker)
+    # a crontab row with the longest window the admin takes, as beat left it last time
+    # (last_run_at written: the window, not the row's save, bounds the look back)
+    ran_before = datetime.now(UTC) - timedelta(hours=1)
+    save_cron_row("forever", expire_seconds=2_147_483_647, last_run_at=ran_before)
+    save_row(ROW, every=1, expire_seconds=10)
+    beat = database_beat()
+    # the crontab's next minute comes: that occurrence is on record, refused, never run
+    refused = wait_for(lambda: row_runs("forever"), 75)
+    wait_for(lambda: any(run.not_before > refused[0].not_before for run in row_runs()), 30)
+    beat.kill()
+    [first] = refused
+    assert first.task_id == f"forever:UTC@{occurrence_of(first).replace(tzinfo=None).isoformat()}"
+    assert (first.status, first.reason) == (Status.EXPIRED, "missed_occurrence")
+    assert first.detail.endswith(
+        "was not published: its window of 2147483647 s (expire_seconds) is longer than "
+        "deadlines_max_budget (604800 s)"
+    )
+    assert executions(sink).get(first.task_id, 0) == 0
+    # said when the row was read, once, though beat looked at the row again and again
+    assert beat.log().count("longer than deadlines_max_budget (604800 s), so none") == 1
+    assert "Couldn't apply scheduled task forever" not in beat.log()
+    # the other row kept its times: every second published in its window, and run
+    runs = wait_for(all_ended, 30)
+    assert_each_second_once(runs, sink, window)
+    assert occurrence_of(runs[0]) < beat.started_at + 10 * SECOND
+    assert occurrence_of(runs[-1]) > occurrence_of(first)
+    assert all(run.reason != "missed_occurrence" for run in runs)
+
+
+def test_a_rows_headers_never_set_its_messages_id_task_or_deadline(
+    redis_broker: Transport, ledger_client: Any, ledger_worker: Any, sink: Path, database_beat: Any
+) -> None:
+    window = timedelta(seconds=10)
+    tasks = ledger_client(redis_broker)
+    ledger_worker(redis_broker)
+    victim = tasks.effect.apply_async(("victim",), budget=30)
+    victim.get(timeout=30)
+    before = wait_for(lambda: ended(victim.id), 10)
+    # anyone who may edit a PeriodicTask in the admin writes these headers
+    later = (datetime.now(UTC) + timedelta(days=6)).timestamp()
+    hostile = {
+        "id": victim.id, "task": "l.effect", "root_id": victim.id, "parent_id": victim.id,
+        "x_deadline": later, "x_delivery_deadline": later, "team": "ops",
+    }  # fmt: skip
+    save_row(ROW, every=1, expire_seconds=10, headers=json.dumps(hostile))
+    beat = database_beat()
+    wait_for(lambda: sum(run.status == Status.SUCCEEDED for run in row_runs()) >= 3, 30)
+    beat.kill()
+    runs = wait_for(all_ended, 30)
+    # each occurrence ran once, under its own id, as the row's task, within its window
+    assert_each_second_once(runs, sink, window)
+    assert all(run.task_name == "l.report" for run in runs)
+    assert all(run.delivery_deadline is None for run in runs)
+    # the other run was not touched: one attempt, one execution, as it ended
+    after = Run.objects.using(LEDGER_DB).get(task_id=victim.id)
+    assert (after.status, after.attempt, after.version) == (
+        before.status, before.attempt, before.version,
+    )  # fmt: skip
+    assert executions(sink)["victim"] == 1
+    assert "header(s) 'id', 'parent_id', 'root_id', 'task', 'x_deadline', " in beat.log()

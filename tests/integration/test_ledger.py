@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -155,6 +156,54 @@ def test_a_lost_message_whose_expires_was_its_deadline_is_told_revoked_as_celery
         result.get(timeout=30)
     assert result.state == "REVOKED"
     assert lines(sink, key="expires-too-late") == []
+
+
+# -- a message for another task, under a run's id --------------------------------------
+
+
+def as_it_is(task_id: str) -> tuple[Any, ...]:
+    run = run_of(task_id)
+    return (run.status, run.owner, run.lease_token, run.version, run.attempt, run.updated_at)
+
+
+def test_a_message_for_another_task_under_a_queued_runs_id_runs_nothing_and_the_run_runs_after(
+    redis_broker: Transport, ledger_client: Any, ledger_worker: Any, sink: Path, queue: str
+) -> None:
+    tasks = ledger_client(redis_broker)
+    worker = ledger_worker(redis_broker)
+    waiting = f"{queue}-victim"  # the worker does not consume it yet: the run stays QUEUED
+    victim = tasks.effect.apply_async(("victim",), budget=60, queue=waiting)
+    before = as_it_is(victim.id)
+    assert before[0] == Status.QUEUED
+    # Celery's own publish of another task's message with the victim's id
+    tasks.app.send_task("l.other", ("forged",), task_id=victim.id)
+    refused = wait_for(
+        lambda: (
+            RunEvent.objects.using(DB)
+            .filter(run__task_id=victim.id, kind="claim", outcome="rejected")
+            .first()
+        ),
+        30,
+    )
+    assert refused.detail == "task_mismatch:l.other"
+    assert as_it_is(victim.id) == before
+    assert victim.state == "PENDING"  # nothing stored under the victim's id
+    assert lines(sink) == []  # l.other's body never started
+    tasks.app.control.add_consumer(
+        waiting, destination=[f"{queue}-0@{socket.gethostname()}"], reply=True, timeout=10
+    )
+    assert victim.get(timeout=30) == {"key": "victim", "token": 1}
+    assert history(victim.id) == [
+        ("enqueue", "applied", 0),
+        ("claim", "rejected", 0),
+        ("claim", "applied", 1),
+        ("checkpoint", "applied", 1),
+        ("succeeded", "applied", 1),
+    ]
+    assert [line["key"] for line in lines(sink, "start")] == ["victim"]
+    # the worker is still consuming its own queue
+    assert tasks.effect.apply_async(("after",), budget=30).get(timeout=30)["key"] == "after"
+    assert "refused at claim gate: task_mismatch" in worker.log()
 
 
 # -- seed 000 fixture 5: two workers, one claim ---------------------------------------

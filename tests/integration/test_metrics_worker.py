@@ -9,6 +9,8 @@ pool process counted must outlive it, and what it reported as live must not.
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -18,6 +20,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from celery_deadlines.metrics import OTHER_TASK
+from celery_deadlines.rules.wire import DEADLINE_HEADER
 from tests.integration.conftest import LEDGER_DB, ended
 from tests.support import workerapp
 from tests.support.processes import Transport, wait_for
@@ -54,6 +58,16 @@ def samples(text: str, name: str) -> list[Sample]:
 def refusals(port: int) -> list[tuple[dict[str, str], float]]:
     found = samples(scrape(port) or "", "celery_deadlines_refusals_total")
     return [(sample.labels, sample.value) for sample in found]
+
+
+def task_labels(text: str) -> set[str]:
+    """Every ``task`` label of the exposition, whatever the metric."""
+    return {
+        sample.labels["task"]
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if "task" in sample.labels
+    }
 
 
 def multiprocess_env(tmp_path: Path, port: int) -> dict[str, str]:
@@ -156,3 +170,47 @@ def test_a_ledger_worker_serves_its_clock_once_measured_and_only_its_own(
     # and what they observed is counted: each claim's queue wait, in its pool process
     waits = samples(scrape(port) or "", "celery_deadlines_queue_wait_seconds_count")
     assert [(s.labels, s.value) for s in waits] == [({"task": "l.effect"}, 2.0)]
+
+
+def test_messages_named_by_their_shadow_add_no_series_beyond_the_registered_tasks(
+    redis: Transport, redis_client: Any, start_worker: Any
+) -> None:
+    port = free_port()
+    start_worker(
+        redis, app_module="tests.support.metricsapp", extra_env={"TEST_METRICS_PORT": str(port)}
+    )
+    wait_for(lambda: scrape(port) is not None, timeout=10)
+    # 50 messages of a registered task, each naming itself as it likes (Celery's shadow),
+    # each refused by the worker's claim gate (its deadline header is unreadable)
+    for n in range(50):
+        redis_client.send_task(
+            "t.probe", ("bad",), headers={DEADLINE_HEADER: "garbage"}, shadow=f"shadow-{n}"
+        )
+    wait_for(lambda: sum(value for _, value in refusals(port)) >= 50, timeout=30)
+    probe = {"task": "t.probe", "gate": "claim", "reason": "invalid_deadline"}
+    assert refusals(port) == [(probe, 50.0)]
+    assert task_labels(scrape(port) or "") <= set(workerapp.app.tasks) | {OTHER_TASK}
+
+
+def test_calls_refused_outside_a_task_to_500_hosts_add_one_series(tmp_path: Path) -> None:
+    port = free_port()
+    done = tmp_path / "done"
+    log = (tmp_path / "producer.log").open("wb")  # a WARNING line a refusal
+    producer = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.metricsproducer", str(port), "500", str(done)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        refused = wait_for(lambda: done.exists() and done.read_text(), timeout=60)
+        assert refused == "500"
+        text = scrape(port) or ""
+    finally:
+        producer.kill()
+        producer.wait()
+        log.close()
+    other = {"task": OTHER_TASK, "gate": "outbound", "reason": "deadline_passed"}
+    assert [(s.labels, s.value) for s in samples(text, "celery_deadlines_refusals_total")] == [
+        (other, 500.0)
+    ]
+    assert task_labels(text) == {OTHER_TASK}

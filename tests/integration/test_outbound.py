@@ -12,9 +12,6 @@ call's time is up, and the effect ledger records that side effect as UNKNOWN.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -26,7 +23,8 @@ import pytest
 from celery_deadlines import DeadlineRefused
 from celery_deadlines.models import Effect, Run, Status
 from tests.integration.conftest import LEDGER_DB, LedgerWorkers, require
-from tests.support.processes import REPO, Transport, WorkerProcess, read_log, wait_for
+from tests.support.outbound_server import serving
+from tests.support.processes import Transport, WorkerProcess, read_log, wait_for
 
 pytestmark = [
     pytest.mark.integration,
@@ -49,28 +47,8 @@ def service(
     """The Django service, publishing to the test's queue: its base URL."""
     require(redis_broker)
     log_path = tmp_path / "service.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.outbound_server"],
-            cwd=REPO,
-            env={
-                **os.environ,
-                **redis_broker.env(),
-                "TEST_QUEUE": queue,
-                "DJANGO_SETTINGS_MODULE": "tests.support.outbound_settings",
-            },
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-            start_new_session=True,
-        )
-    assert process.stdout is not None
-    ready = process.stdout.readline()
-    assert ready.startswith("serving on "), read_log(log_path)
-    yield f"http://127.0.0.1:{ready.split()[-1]}"
-    process.kill()
-    process.wait(10)
-    process.stdout.close()
+    with serving({**redis_broker.env(), "TEST_QUEUE": queue}, log_path) as url:
+        yield url
     report = getattr(request.node, "rep_call", None)
     if report is not None and report.failed:
         print(f"--- service.log ---\n{read_log(log_path)}")

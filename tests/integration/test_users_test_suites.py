@@ -7,8 +7,8 @@ there as a plain task does: eagerly (``task_always_eager``, ``apply()``) its eff
 runs, once per key, retries included, against the in-memory ledger; under
 ``celery_worker`` its ``delay()`` works with pytest-django's default ``django_db`` and
 without a mark; a test marked ``deadlines_database_ledger`` with
-``django_db(transaction=True)`` runs on the database's ledger, and an eager effect there
-says it needs a worker. Without the plugin an eager effect says what to do.
+``django_db(transaction=True)`` runs on the database's ledger, eager runs included.
+Without the plugin an eager run is a run in the database's ledger.
 """
 
 from __future__ import annotations
@@ -86,19 +86,36 @@ def test_with_the_plugin_a_users_suite_runs_deadline_tasks_as_plain_tasks(
     assert "test_a_worker_charges_in_a_database_test" in passed
 
 
-def test_without_the_plugin_an_eager_effect_says_it_needs_a_worker(project: Path) -> None:
-    # Given the suite without celery-deadlines' plugin, and a test that runs a charge
-    # eagerly (the settings' CELERY_TASK_ALWAYS_EAGER)
+def test_without_the_plugin_an_eager_charge_is_a_run_in_the_database_ledger(
+    project: Path,
+) -> None:
+    # Given the suite without celery-deadlines' plugin, and tests that charge eagerly
+    # (the settings' CELERY_TASK_ALWAYS_EAGER) on the test database, in a transaction
+    # or not, and without it
     (project / "conftest.py").write_text('pytest_plugins = ["celery.contrib.pytest"]\n')
     (project / "test_orders.py").write_text(
-        "from bakery.tasks import charge\n\n\n"
+        "import pytest\n"
+        "from bakery.tasks import charge\n"
+        "from celery_deadlines.models import Run\n\n\n"
+        "@pytest.mark.django_db(transaction=True)\n"
         "def test_an_eager_charge() -> None:\n"
-        '    charge.delay("plain-1", 1).get()\n'
+        '    result = charge.delay("plain-1", 1)\n'
+        '    assert result.get() == "receipt-plain-1"\n'
+        '    assert Run.objects.get(task_id=result.id).status == "SUCCEEDED"\n\n\n'
+        "@pytest.mark.django_db\n"
+        "def test_an_eager_charge_in_the_tests_transaction() -> None:\n"
+        '    assert charge.delay("plain-2", 1).get() == "receipt-plain-2"\n\n\n'
+        "def test_an_eager_charge_without_the_database() -> None:\n"
+        '    charge.delay("plain-3", 1).get()\n'
     )
-    # When it runs, the charge fails before anything is charged, and says why and
-    # what to do: not "add 'celery_deadlines' to INSTALLED_APPS" (it is installed)
+    # When it runs, the charges are runs in the database's ledger, and the test database
+    # is dropped at the end (no connection of the library's is left open: warnings are
+    # errors in this suite); a test without database access is told to ask for it
     status, output = run_the_users_pytest(project)
     assert status == 1, output
-    assert "ConfigurationError: side effects need a worker: an eager run" in output
-    assert "pytest_plugins = ['celery_deadlines.pytest_plugin']" in output
-    assert "to INSTALLED_APPS" not in output
+    passed = sorted(re.findall(r"^PASSED \S+::(test_\w+)", output, re.M))
+    failed = re.findall(r"^FAILED \S+::(test_\w+)", output, re.M)
+    assert passed == ["test_an_eager_charge", "test_an_eager_charge_in_the_tests_transaction"]
+    assert failed == ["test_an_eager_charge_without_the_database"], output
+    assert 'Database access not allowed, use the "django_db" mark' in output
+    assert "1 failed, 2 passed in" in output  # and no error dropping the database

@@ -67,12 +67,20 @@ class ContractLedger:
         return self.api.record_run(self.app, run, lambda: "sent")
 
     def claim(
-        self, task_id: str, worker: str = "w1", *, retries: int = 0, reserve: float = 0
+        self,
+        task_id: str,
+        worker: str = "w1",
+        *,
+        retries: int = 0,
+        reserve: float = 0,
+        task: str = TASK,
     ) -> Any:
-        """A worker's claim of the run's message (an attempt, or the refusal)."""
+        """A worker's claim of the run's message (an attempt, or the refusal); ``task``:
+        the task the message names."""
         return self.api.claim_run(
             self.app,
             task_id=task_id,
+            task_name=task,
             retries=retries,
             hostname=worker,
             ttl=TTL,
@@ -80,12 +88,15 @@ class ContractLedger:
             unrecorded=lambda: NewRun(task_id=task_id, task_name=TASK),
         )
 
-    def refuse(self, task_id: str, *, confirm_within: float | None = None) -> bool:
-        """A gate refuses the run's message for its deadline."""
+    def refuse(
+        self, task_id: str, *, confirm_within: float | None = None, task: str = TASK
+    ) -> bool:
+        """A gate refuses the run's message for its deadline (``task``: the task the
+        message names)."""
         return self.api.refuse_run(
             self.app,
             task_id=task_id,
-            task_name=TASK,
+            task_name=task,
             retries=0,
             status=Status.EXPIRED,
             reason="deadline_passed",

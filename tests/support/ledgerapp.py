@@ -108,6 +108,14 @@ def effect(self: DeadlineTask, key: str, seconds: float = 0.0) -> dict[str, Any]
     return {"key": key, "token": lease.token if lease else None}
 
 
+@app.task(base=DeadlineTask, bind=True, name="l.other")
+def other(self: DeadlineTask, key: str) -> str:
+    """Another task than ``l.effect``: a message of it carrying the id of an ``l.effect``
+    run must never run (its start would be a line of the sink)."""
+    sink("start", key, self)
+    return "other's result"
+
+
 @app.task(base=DeadlineTask, bind=True, name="l.crash_first")
 def crash_first(self: DeadlineTask, key: str) -> str:
     """Kill its own pool process on the first attempt; resume from the checkpoint after."""

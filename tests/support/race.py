@@ -26,6 +26,7 @@ def racer(index: int, database: str, rounds: int, barrier: Any, results: Any) ->
         outcome = store.runs.claim(
             f"race-{round_}",
             0,
+            task_name="race",
             owner=f"racer-{index}",
             ttl=timedelta(seconds=60),
             reserve=timedelta(0),

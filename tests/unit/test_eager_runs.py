@@ -1,22 +1,30 @@
-"""Eager runs (``apply()``, ``task_always_eager``) of a body that calls ``self.effect``.
-
-The database's ledger claims no eager run (it has no worker to renew the lease or
-reconcile it): the effect says it needs a worker and how to test it. The in-memory
-ledger a test installs (``use_ledger(FakeLedger())``, or the pytest plugin) claims
-eager runs too: the effect runs once per key, and an eager retry is handed its run
-as a worker's retry message is.
+"""Eager runs (``apply()``, ``task_always_eager``) of a body that calls ``self.effect``,
+against the in-memory ledger a test installs (``use_ledger(FakeLedger())``, or the
+pytest plugin), which claims them as the database's ledger does
+(tests/django/test_eager_runs.py): the effect runs once per key, an eager retry is
+handed its run as a worker's retry message is, a second call with the same task id is
+told the run's outcome, and a refusal is raised as Celery raises an eager failure.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from celery import Celery
+from celery.exceptions import Retry
 
-from celery_deadlines import ConfigurationError, DeadlineTask
+from celery_deadlines import (
+    DEADLINE_HEADER,
+    ConfigurationError,
+    DeadlineRefused,
+    DeadlineTask,
+    RunFailed,
+)
+from celery_deadlines.rules.wire import encode
 from celery_deadlines.testing import FakeClock, FakeLedger, use_ledger
 
 
@@ -99,15 +107,6 @@ def test_an_eager_retry_is_handed_its_run_and_the_effect_is_made_once(
     assert (effect.state, effect.dispatches) == ("SUCCEEDED", 2)
 
 
-def test_an_eager_effect_on_the_database_ledger_says_it_needs_a_worker(app: Celery) -> None:
-    provider = Provider()
-    result = charge_task(app, provider).apply(("o-4",))
-    with pytest.raises(ConfigurationError, match="side effects need a worker: an eager run"):
-        result.get()
-    assert "celery_deadlines.pytest_plugin" in str(result.result)
-    assert provider.calls == []
-
-
 def test_an_effect_of_an_app_that_turned_the_ledger_off_names_the_setting(app: Celery) -> None:
     app.conf.deadlines_ledger = False
     result = charge_task(app, Provider()).apply(("o-5",))
@@ -122,3 +121,83 @@ def test_an_effect_in_a_direct_call_says_a_direct_call_claims_none(
     with pytest.raises(ConfigurationError, match=r"a direct call \(task\(\.\.\.\)\) claims none"):
         charge_task(app, provider)("o-6")
     assert provider.calls == []
+
+
+@pytest.mark.parametrize("always_eager", [True, False], ids=["delay", "apply"])
+def test_a_second_eager_call_with_the_same_task_id_is_told_the_run_and_charges_nothing(
+    app: Celery, ledger: FakeLedger, always_eager: bool
+) -> None:
+    app.conf.task_always_eager = always_eager
+    provider = Provider()
+    charge = charge_task(app, provider)
+    call = charge.apply_async if always_eager else charge.apply
+    first = call(("o-7",), task_id="r-7")
+    again = call(("o-7",), task_id="r-7")
+    assert (again.state, again.get()) == ("SUCCESS", first.get())
+    assert provider.calls == ["o-7"]
+    run = ledger.run("r-7")
+    assert (run.status, run.attempt) == ("SUCCEEDED", 1)
+    assert ("claim", "rejected", "terminal") in run.events
+
+
+def test_a_second_eager_call_of_a_failed_run_is_told_its_failure(
+    app: Celery, ledger: FakeLedger
+) -> None:
+    calls: list[str] = []
+
+    @app.task(base=DeadlineTask, bind=True, name="eager.broken", budget=60, shared=False)
+    def broken(self: DeadlineTask) -> None:
+        calls.append(self.request.id)
+        raise ValueError("no price")
+
+    assert isinstance(broken.apply(task_id="r-8").result, ValueError)
+    again = broken.apply(task_id="r-8")
+    assert again.state == "FAILURE"
+    with pytest.raises(RunFailed, match="no price"):
+        again.get()
+    assert calls == ["r-8"]
+
+
+@pytest.mark.parametrize("propagates", [False, True], ids=["stored", "propagated"])
+def test_an_eager_attempt_past_its_deadline_is_refused_with_deadline_refused(
+    app: Celery, ledger: FakeLedger, clock: FakeClock, propagates: bool
+) -> None:
+    app.conf.task_eager_propagates = propagates
+    provider = Provider()
+    late = {DEADLINE_HEADER: encode(clock.now() - timedelta(seconds=1))}
+    charge = charge_task(app, provider)
+    if propagates:
+        with pytest.raises(DeadlineRefused, match="attempt gate refused: deadline_passed"):
+            charge.apply(("o-9",), task_id="r-9", headers=late)
+    else:
+        result = charge.apply(("o-9",), task_id="r-9", headers=late)
+        assert result.state == "FAILURE"
+        with pytest.raises(DeadlineRefused, match="attempt gate refused: deadline_passed"):
+            result.get()
+    assert provider.calls == []
+    assert (ledger.run("r-9").status, ledger.run("r-9").reason) == ("EXPIRED", "deadline_passed")
+
+
+def test_without_a_ledger_an_eager_attempt_past_its_deadline_is_refused_the_same(
+    app: Celery, clock: FakeClock
+) -> None:
+    app.conf.deadlines_ledger = False
+    provider = Provider()
+    late = {DEADLINE_HEADER: encode(clock.now() - timedelta(seconds=1))}
+    result = charge_task(app, provider).apply(("o-10",), headers=late)
+    assert result.state == "FAILURE"
+    with pytest.raises(DeadlineRefused, match="attempt gate refused: deadline_passed"):
+        result.get()
+
+
+def test_with_eager_propagates_a_raised_retry_ends_the_run_with_it(
+    app: Celery, ledger: FakeLedger
+) -> None:
+    app.conf.task_eager_propagates = True
+    provider = Provider(unreachable=1)
+    with pytest.raises(Retry):  # Celery raises it to the caller and runs no retry
+        charge_task(app, provider).apply(("o-11",), task_id="r-11")
+    assert provider.calls == []
+    run = ledger.run("r-11")
+    assert (run.status, run.reason, run.retries) == ("FAILED", "error", 0)
+    assert ledger.effects["o-11:charge"].state == "NOT_DISPATCHED"

@@ -233,6 +233,7 @@ def test_a_duration_is_within_a_microsecond_and_a_century_or_invalid(
 @given(st.one_of(durations, st.text(alphabet="0123456789.PTWDHMSwdhms", max_size=20)))
 @example("P99999999999999D")
 @example("¹")  # str.isdigit() is true of it, int() refuses it (make fuzz, seed 1347795238)
+@example("9" * 5000)  # more digits than int() reads (4,300)
 def test_an_age_or_retention_is_a_duration_or_invalid(value: object) -> None:
     only_documented_errors(lambda: parse_age(value, name="--older-than"), InvalidDeadline)
     only_documented_errors(lambda: parse_retention(value, name="retention"), InvalidDeadline)
@@ -281,15 +282,72 @@ def test_contracts_are_parsed_or_invalid(value: object) -> None:
     )
 
 
+class Unreadable(dict):  # type: ignore[type-arg]
+    """A mapping whose own methods fail, as a settings module can write one."""
+
+    def items(self) -> Any:
+        raise RuntimeError("items() failed")
+
+    def __repr__(self) -> str:
+        raise RuntimeError("__repr__ failed")
+
+
+#: Values no parser may crash on, nor repeat whole: huge numbers (beyond a float, a
+#: 32-bit column, Python's 4,300-digit str()), huge keys and strings, a list where a
+#: string goes, patterns fnmatch reads as something else, a value whose methods fail.
+BIG = "x" * 100_000
+hostile = st.one_of(
+    st.sampled_from(
+        [
+            ["default"],
+            2**31,
+            2**70,
+            -(2**70),
+            10**5000,
+            BIG,
+            BIG.encode(),
+            {BIG: 1},
+            {BIG: BIG},
+            {"a": BIG},
+            [BIG],
+            {"/[": 1},
+            {"/a[b]c[": 1},
+            {"/[z-a]": 1},
+            {1: 1},
+            {("a",): 1},
+            {BIG: {"budget": 1}},
+            {BIG: "grpc-timeout"},
+            "9" * 5000,
+            Unreadable(a=1),
+            float("nan"),
+        ]
+    ),
+    st.integers(min_value=2**31 - 2, max_value=2**80),
+    st.dictionaries(st.text(min_size=1, max_size=3).map(lambda key: key * 400), numbers),
+)
+#: The largest integer any setting may be: the ledger's 32-bit columns' (a count of
+#: lost leases), a TCP port far below it.
+LARGEST_SETTING: Final = 2**31 - 1
+
+
 @fuzz
-@given(st.sampled_from(conf.SETTINGS), values)
+@given(st.sampled_from(conf.SETTINGS), st.one_of(values, hostile))
+@example(conf.MAX_LOST_LEASES, 2**70)
+@example(conf.REQUEST_BUDGETS, {"/[": 1})
+@example(conf.DATABASE, ["default"])
+@example(conf.BUDGETS, {BIG: 1})
 def test_every_setting_is_its_value_or_a_configuration_error_naming_it(
     setting: conf.Setting[Any], value: object
 ) -> None:
     settings_ = conf.Settings({setting.name: value})
-    only_documented_errors(lambda: settings_.get(setting), ConfigurationError)
+    parsed = only_documented_errors(lambda: settings_.get(setting), ConfigurationError)
+    if isinstance(parsed, int):  # a number the code compares with a column, or binds
+        assert parsed <= LARGEST_SETTING
     for error in settings_.check():  # an error of a setting read against it names that one
         assert any(other.name in str(error) for other in conf.SETTINGS)
+        assert len(str(error)) <= LONGEST_MESSAGE
+        if not isinstance(value, Unreadable):  # the parser's own words, never the catch-all
+            assert isinstance(error.__cause__, InvalidDeadline), error.__cause__
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -120,3 +120,64 @@ def test_an_attempt_due_now_is_returned_awake_and_later_ones_sleep_until_their_r
     beat._due[due] = clock.monotonic() - 1
     assert beat._next_due() is due
     assert beat._asleep_until == -math.inf
+
+
+class Store:
+    """A store the heartbeat renews on: how many times its thread closed it."""
+
+    def __init__(self) -> None:
+        self.closed = 0
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+class Renewed(Attempt):
+    """An attempt whose renewal finds its lease gone (its run ended meanwhile)."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(TTL)
+        self.store = store
+
+    def renew(self) -> None:
+        return None
+
+
+def renewed(store: Store) -> Any:
+    return Renewed(store)
+
+
+def test_the_heartbeat_closes_its_connections_once_it_has_no_lease_left_to_renew(
+    clock: FakeClock,
+) -> None:
+    # a test suite's database can be dropped, and a web process keeps none open, after
+    # an eager run that outlived a renewal (tests/django/test_eager_runs.py)
+    beat, _ = sleeping(clock, math.inf)
+    store, other = Store(), Store()
+    first, second = renewed(store), renewed(other)
+    beat.watch(first)
+    beat.watch(second)
+    clock.advance(FIRST_RENEWAL)
+    assert beat._next_due() == first
+    beat._renew_now(first)  # its lease is gone: no longer due
+    assert beat._next_due() == second  # still one to renew: nothing closed
+    assert (store.closed, other.closed) == (0, 0)
+    beat._renew_now(second)
+    assert beat._next_due() is None  # none left: closed, instead of sleeping
+    assert (store.closed, other.closed, beat._used) == (1, 1, set())
+
+
+def test_forgetting_the_last_attempt_wakes_the_heartbeat_only_to_close_its_connections(
+    clock: FakeClock,
+) -> None:
+    beat, condition = sleeping(clock, math.inf)
+    quiet, last = renewed(Store()), renewed(Store())
+    beat.watch(quiet)
+    woken = condition.notified
+    beat.forget(quiet)  # nothing renewed, nothing to close: the thread sleeps on
+    assert condition.notified == woken
+    beat.watch(last)
+    beat._used.add(last.store)  # as its renewal did
+    woken = condition.notified
+    beat.forget(last)
+    assert condition.notified == woken + 1

@@ -4,6 +4,7 @@ a view gets, and the decision, where a header can only shorten the budget."""
 from __future__ import annotations
 
 import ipaddress
+import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -352,6 +353,26 @@ def test_request_budgets_split_url_names_from_path_patterns_in_order() -> None:
     for bad in ({"x": 0}, {"": 5}, {5: 5}, {"x": timedelta(days=8)}, [("x", 5)]):
         with pytest.raises(InvalidDeadline):
             parse_request_budgets(bad, name="x", maximum=HORIZON)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "fault"),
+    [
+        ("/[", "its '[' at 1 opens a set of characters no ']' closes"),
+        ("/api/[]", "its '[' at 5 opens"),
+        ("/a[b]c[!", "its '[' at 6 opens"),
+        ("/api/[z-a]/*", "a set of characters in it holds none"),
+    ],
+)
+def test_a_path_pattern_with_a_set_never_closed_or_holding_nothing_is_refused(
+    pattern: str, fault: str
+) -> None:
+    # fnmatch refuses nothing: "/[" would match the path "/[" alone, "[z-a]" no path
+    with pytest.raises(InvalidDeadline, match=re.escape(fault)):
+        parse_request_budgets({pattern: 5}, name="x", maximum=HORIZON)
+    kept = ["/[[]", "/[]]", "/[!]]*", "/api/[a-z]*/", "/(?!)", "/*"]  # sets that close
+    budgets = parse_request_budgets(dict.fromkeys(kept, 5), name="x", maximum=HORIZON)
+    assert [pattern for pattern, _ in budgets.by_pattern] == kept
 
 
 BUDGETS = RequestBudgets(

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from celery import Celery
 from prometheus_client import CollectorRegistry, generate_latest
 
 from celery_deadlines import metrics, signals
@@ -18,6 +19,16 @@ from celery_deadlines.rules.skew import ClockReading
 from tests.support.processes import wait_for
 
 NOW = datetime(2026, 8, 19, 8, 0, tzinfo=UTC)
+#: the app whose tasks the signals below are about
+APP = Celery("metrics", set_as_current=False)
+
+
+@APP.task(name="shop.charge", shared=False)
+def charge() -> None: ...
+
+
+@APP.task(name="shop.digest", shared=False)
+def digest() -> None: ...
 
 
 @pytest.fixture
@@ -34,13 +45,13 @@ def value(registry: CollectorRegistry, name: str, **labels: str) -> float | None
 def test_refusals_are_counted_by_task_gate_and_reason(registry: CollectorRegistry) -> None:
     decision = gates.admit(gates.Gate.CLAIM, NOW, NOW + timedelta(seconds=1), timedelta(0))
     for _ in range(2):
-        signals.report_refusal("sender", "t-1", "shop.charge", decision)
+        signals.report_refusal(charge, "t-1", "shop.charge", decision)
     labels = {"task": "shop.charge", "gate": "claim", "reason": "deadline_passed"}
     assert value(registry, "celery_deadlines_refusals_total", **labels) == 2
 
 
 def test_expiries_found_by_the_ledger_are_counted_by_reason(registry: CollectorRegistry) -> None:
-    signals.run_expired.send(sender=None, task_id="t", task_name="shop.digest",
+    signals.run_expired.send(sender=APP, task_id="t", task_name="shop.digest",
                              reason="missed_occurrence", detail="window closed")  # fmt: skip
     labels = {"task": "shop.digest", "reason": "missed_occurrence"}
     assert value(registry, "celery_deadlines_runs_expired_total", **labels) == 1
@@ -63,15 +74,44 @@ def test_plan_resumes_are_counted_by_verdict_and_action(registry: CollectorRegis
 
 
 def test_queue_wait_and_holds_are_recorded_per_task(registry: CollectorRegistry) -> None:
-    signals.run_claimed.send(sender=None, task_id="t", task_name="shop.charge",
+    signals.run_claimed.send(sender=charge, task_id="t", task_name="shop.charge",
                              queue_wait=timedelta(seconds=3))  # fmt: skip
     name = "celery_deadlines_queue_wait_seconds"
     assert value(registry, f"{name}_sum", task="shop.charge") == 3
     assert value(registry, f"{name}_bucket", task="shop.charge", le="1.0") == 0
     assert value(registry, f"{name}_bucket", task="shop.charge", le="5.0") == 1
-    signals.run_held.send(sender=None, task_id="t", task_name="shop.charge", reading=None,
+    signals.run_held.send(sender=charge, task_id="t", task_name="shop.charge", reading=None,
                           budget=timedelta(seconds=0.5))  # fmt: skip
     assert value(registry, "celery_deadlines_runs_held_total", task="shop.charge") == 1
+
+
+def test_a_task_label_is_a_registered_tasks_name_whatever_the_message_calls_it(
+    registry: CollectorRegistry,
+) -> None:
+    decision = gates.admit(gates.Gate.CLAIM, NOW, NOW + timedelta(seconds=1), timedelta(0))
+    for n in range(50):  # a worker's claim gate: Celery's request names it by its shadow
+        signals.report_refusal(charge, f"t-{n}", f"shadow-{n}", decision)
+        signals.run_expired.send(sender=APP, task_id=f"t-{n}", task_name=f"unknown-{n}",
+                                 reason="deadline_passed", detail="")  # fmt: skip
+        signals.run_claimed.send(sender=APP, task_id=f"t-{n}", task_name=f"unknown-{n}",
+                                 queue_wait=timedelta(seconds=1))  # fmt: skip
+        signals.run_held.send(sender=None, task_id="t", task_name=f"unknown-{n}", reading=None,
+                              budget=timedelta(seconds=0.5))  # fmt: skip
+    outbound = gates.admit(gates.Gate.OUTBOUND, NOW, NOW + timedelta(seconds=1), timedelta(0))
+    for n in range(500):  # calls to hosts a caller chose, refused outside any task
+        signals.report_refusal(f"GET host-{n}.example", None, f"GET host-{n}.example", outbound)
+    tasks = {
+        sample.labels["task"]
+        for family in registry.collect()
+        for sample in family.samples
+        if "task" in sample.labels
+    }
+    assert tasks == {"shop.charge", metrics.OTHER_TASK}
+    charged = {"task": "shop.charge", "gate": "claim", "reason": "deadline_passed"}
+    assert value(registry, "celery_deadlines_refusals_total", **charged) == 50
+    other = {"task": metrics.OTHER_TASK, "gate": "outbound", "reason": "deadline_passed"}
+    assert value(registry, "celery_deadlines_refusals_total", **other) == 500
+    assert value(registry, "celery_deadlines_runs_held_total", task=metrics.OTHER_TASK) == 50
 
 
 def test_clock_gauges_are_absent_until_the_clock_is_measured(registry: CollectorRegistry) -> None:

@@ -101,6 +101,52 @@ def test_an_admitted_calls_time_shrinks_as_time_passes(app: Celery, clock: FakeC
     assert call.cap(None) == 1e-6  # its time is up: its client's timeout error, at once
 
 
+def test_each_further_attempt_of_a_call_carries_the_deadline_as_of_its_own_instant(
+    app: Celery, clock: FakeClock
+) -> None:
+    task = make_task(app, name="unit.caller")
+    with running(task, {DEADLINE_HEADER: encode(clock.now() + timedelta(seconds=5))}):
+        call = prepare("GET api")
+        assert call is not None
+        clock.advance(2)
+        clock.jump_wall(3600)  # an attempt's time runs on the monotonic clock, as the call's
+        retry = call.again()
+    assert relative(dict(retry.headers)) == ("3000000u", "3000")
+    assert retry.headers["x-request-deadline"] == call.headers["x-request-deadline"]
+    assert retry.timeout == timedelta(seconds=3) - timedelta(milliseconds=100)
+    assert retry.cap(None) == call.cap(None) == pytest.approx(2.9)
+
+
+def test_a_further_attempt_is_refused_as_the_first_and_before_a_pause_that_would_spend_it(
+    app: Celery, clock: FakeClock, refusals: list[Decision], caplog: pytest.LogCaptureFixture
+) -> None:
+    task = make_task(app, name="unit.caller")
+    with (
+        caplog.at_level(logging.INFO, logger="celery_deadlines"),
+        running(task, {DEADLINE_HEADER: encode(clock.now() + timedelta(seconds=5))}, "t-9"),
+    ):
+        call = prepare("GET api")
+        assert call is not None
+        clock.advance(3)
+        call.again(pause=1.8)  # 2 s left, 0.2 s after the pause: it may start after it
+        with pytest.raises(DeadlineRefused) as before_its_pause:
+            call.again(pause=1.95)
+        clock.advance(1.95)
+        with pytest.raises(DeadlineRefused) as at_its_start:
+            call.again()
+    assert before_its_pause.value.detail.startswith(
+        "GET api: 2.000 s left, less the client's retry pause of 1.950 s, not more than the "
+        "outbound reserve of 0.100 s"
+    )
+    assert at_its_start.value.detail.startswith("GET api: 0.050 s left, not more than")
+    assert [(d.gate, d.reason) for d in refusals] == [
+        (Gate.OUTBOUND, Reason.INSUFFICIENT_BUDGET)
+    ] * 2
+    assert [record.getMessage()[:40] for record in caplog.records] == [
+        "unit.caller[t-9] refused at outbound gat"
+    ] * 2  # each refusal reported once, as the gate reports the first attempt's
+
+
 def test_a_call_with_too_little_time_left_is_refused_logged_once_and_signalled(
     app: Celery,
     clock: FakeClock,

@@ -1,21 +1,29 @@
 """The client adapters on a fake clock: httpx's request hooks, requests' adapter and the
 gRPC interceptor add the deadline's headers, cap each call's timeout, and refuse a call
 that cannot finish before anything reaches the network (a listening socket that no
-connection reaches). Their timeouts against real, slow services:
-tests/integration/test_outbound_clients.py."""
+connection reaches); each attempt a client makes by itself (urllib3's retries,
+httpcore's connect retries, on their own code with the network scripted) is held to the
+same deadline, and so is each pause before one. Their timeouts against real, slow
+services: tests/integration/test_outbound_clients.py; the retries on a real worker:
+tests/integration/test_outbound_retries.py."""
 
 from __future__ import annotations
 
 import asyncio
+import io
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
+import httpcore
 import httpx
 import pytest
 import requests
+import urllib3
 from celery import Celery
 from requests.adapters import HTTPAdapter
+from urllib3.util import Retry, Timeout
 
 from celery_deadlines import DeadlineRefused, deadline_scope
 from celery_deadlines.outbound_grpc import DeadlineInterceptor
@@ -173,6 +181,175 @@ def test_an_async_httpx_call_is_capped_or_refused_as_a_sync_one(
     assert not reached()
 
 
+class Network:
+    """httpcore's network, scripted on the fake clock: the first ``refusals`` connection
+    attempts fail (each after ``connect_takes``), the next is answered 200. It keeps
+    each attempt's instant and timeout, each TLS handshake's timeout, each pause httpcore
+    sleeps (which takes ``overrun`` times as long: a loaded machine), and what is sent."""
+
+    OK = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+
+    def __init__(
+        self, clock: FakeClock, refusals: int, connect_takes: float = 0.0, overrun: float = 1.0
+    ) -> None:
+        self.clock, self.refusals, self.connect_takes = clock, refusals, connect_takes
+        self.overrun = overrun
+        self.start = clock.monotonic()
+        self.connects: list[tuple[float, float]] = []
+        self.handshakes: list[float] = []
+        self.pauses: list[float] = []
+        self.sent = b""
+
+    def connect(self, timeout: float | None) -> None:
+        assert timeout is not None
+        self.connects.append((self.clock.monotonic() - self.start, timeout))
+        if len(self.connects) <= self.refusals:
+            self.clock.advance(self.connect_takes)
+            raise httpcore.ConnectError("refused")
+
+    def pause(self, seconds: float) -> None:
+        self.pauses.append(seconds)
+        self.clock.advance(seconds * self.overrun)
+
+    def header(self, name: bytes) -> bytes:
+        (value,) = [
+            line.split(b": ")[1]
+            for line in self.sent.split(b"\r\n")
+            if line.lower().startswith(name + b":")
+        ]
+        return value
+
+    def transport(self, retries: int) -> httpx.HTTPTransport:
+        network = self
+
+        class Stream(httpcore.MockStream):
+            def write(self, buffer: bytes, timeout: float | None = None) -> None:
+                network.sent += buffer
+
+            def start_tls(
+                self, ssl_context: Any, server_hostname: Any = None, timeout: Any = None
+            ) -> Any:
+                network.handshakes.append(timeout)
+                return self
+
+        class Backend(httpcore.MockBackend):
+            def connect_tcp(
+                self,
+                host: str,
+                port: int,
+                timeout: float | None = None,
+                local_address: str | None = None,
+                socket_options: Any = None,
+            ) -> Any:
+                network.connect(timeout)
+                return Stream([network.OK])
+
+            def sleep(self, seconds: float) -> None:
+                network.pause(seconds)
+
+        transport = httpx.HTTPTransport(retries=retries)
+        transport._pool = httpcore.ConnectionPool(retries=retries, network_backend=Backend([]))
+        return transport
+
+    def async_transport(self, retries: int) -> httpx.AsyncHTTPTransport:
+        network = self
+
+        class Stream(httpcore.AsyncMockStream):
+            async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+                network.sent += buffer
+
+        class Backend(httpcore.AsyncMockBackend):
+            async def connect_tcp(
+                self,
+                host: str,
+                port: int,
+                timeout: float | None = None,
+                local_address: str | None = None,
+                socket_options: Any = None,
+            ) -> Any:
+                network.connect(timeout)
+                return Stream([network.OK])
+
+            async def sleep(self, seconds: float) -> None:
+                network.pause(seconds)
+
+        transport = httpx.AsyncHTTPTransport(retries=retries)
+        transport._pool = httpcore.AsyncConnectionPool(retries=retries, network_backend=Backend([]))
+        return transport
+
+
+def test_each_of_httpcores_connect_retries_connects_with_what_is_left_and_sends_its_own_time(
+    app: Celery, clock: FakeClock
+) -> None:
+    network = Network(clock, refusals=2, connect_takes=1.0)
+    steps: list[str] = []
+    client = httpx.Client(transport=network.transport(retries=3), event_hooks=deadline_hooks())
+    with deadline_scope(budget=5, app=app):
+        extensions = {"trace": lambda name, info: steps.append(name)}  # the caller's own
+        client.get("https://api.example/", timeout=60, extensions=extensions)
+    # attempts at 0, 1 s (after httpcore's pause of 0) and 2.5 s (after 0.5 s), each given
+    # what is left of the call's 4.9 s then, and so is the TLS handshake after the last
+    assert [at for at, _ in network.connects] == [0, 1, 2.5]
+    assert [timeout for _, timeout in network.connects] == pytest.approx([4.9, 3.9, 2.4])
+    assert network.pauses == [0, 0.5]
+    assert network.handshakes == [pytest.approx(2.4)]
+    # the request went with the time left when it was sent, not when the hook ran
+    assert network.header(b"x-request-timeout-ms") == b"2500"
+    assert network.header(b"grpc-timeout") == b"2500000u"
+    assert steps.count("connection.retry.started") == 2  # the caller's trace still sees all
+
+
+def test_a_connect_retry_whose_pause_would_leave_no_more_than_the_reserve_is_refused_before_it(
+    app: Celery, clock: FakeClock, refusals: list[Decision]
+) -> None:
+    network = Network(clock, refusals=10)
+    client = httpx.Client(
+        transport=network.transport(retries=6), event_hooks=deadline_hooks(reserve=0.3)
+    )
+    with deadline_scope(budget=1.2, app=app), pytest.raises(DeadlineRefused) as refused:
+        client.get("http://api.example/")
+    # httpcore pauses 0, 0.5, then 1 s: the attempt after that would start with 0.2 s left
+    assert [at for at, _ in network.connects] == [0, 0, 0.5]
+    assert network.pauses == [0, 0.5]
+    assert refused.value.detail.startswith(
+        "GET api.example: 0.700 s left, less the client's retry pause of 1.000 s"
+    )
+    assert len(refusals) == 1
+
+
+def test_a_connect_retry_that_would_start_with_no_more_than_the_reserve_left_is_refused(
+    app: Celery, clock: FakeClock, refusals: list[Decision]
+) -> None:
+    # a pause judged in time that takes four times as long (a loaded machine)
+    network = Network(clock, refusals=10, overrun=3.9)
+    client = httpx.Client(transport=network.transport(retries=6), event_hooks=deadline_hooks())
+    with deadline_scope(budget=2, app=app), pytest.raises(DeadlineRefused) as refused:
+        client.get("http://api.example/")
+    assert network.pauses == [0, 0.5]  # 1.95 s slept for 0.5
+    assert len(network.connects) == 2  # the third was refused as it started
+    assert refused.value.detail.startswith("GET api.example: 0.050 s left, not more than")
+    assert len(refusals) == 1
+
+
+def test_an_async_clients_connect_retries_are_held_to_the_deadline_as_a_sync_ones(
+    app: Celery, clock: FakeClock, refusals: list[Decision]
+) -> None:
+    network = Network(clock, refusals=10)
+
+    async def calls() -> None:
+        transport = network.async_transport(retries=6)
+        hooks = async_deadline_hooks(reserve=0.3)
+        async with httpx.AsyncClient(transport=transport, event_hooks=hooks) as client:
+            await client.get("http://api.example/")
+
+    with deadline_scope(budget=1.2, app=app), pytest.raises(DeadlineRefused) as refused:
+        asyncio.run(calls())
+    assert [at for at, _ in network.connects] == [0, 0, 0.5]
+    assert [timeout for _, timeout in network.connects] == pytest.approx([0.9, 0.9, 0.4])
+    assert refused.value.detail.startswith("GET api.example: 0.700 s left, less the client")
+    assert len(refusals) == 1
+
+
 def test_hooks_with_a_bad_reserve_fail_where_the_client_is_made() -> None:
     with pytest.raises(ValueError, match="reserve"):
         deadline_hooks(reserve=-1)
@@ -267,6 +444,169 @@ def test_a_requests_call_that_cannot_finish_is_refused_before_any_byte_is_sent(
     assert not reached()
 
 
+class Service:
+    """urllib3's own connection pool with its network step scripted on the fake clock
+    (installed as the pool for ``http``; the adapter makes its own of it): each attempt
+    keeps the headers and the timeouts urllib3 hands it, takes its step's time, and
+    answers its step's status (with its ``Retry-After``), or its read times out. The
+    pauses urllib3 sleeps are kept and taken on the fake clock too."""
+
+    def __init__(self, clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.clock = clock
+        self.start = clock.monotonic()
+        self.steps: list[tuple[float, int | None, dict[str, str]]] = []
+        self.sent: list[tuple[float, dict[str, str], Any]] = []
+        self.pauses: list[float] = []
+        service = self
+
+        class Scripted(urllib3.HTTPConnectionPool):
+            def _make_request(
+                self,
+                conn: Any,
+                method: str,
+                url: str,
+                body: Any = None,
+                headers: Any = None,
+                retries: Any = None,
+                timeout: Any = None,
+                *args: Any,
+                **kwargs: Any,
+            ) -> Any:
+                return service.attempt(self, method, url, headers, timeout)
+
+        def sleep(seconds: float) -> None:
+            self.pauses.append(seconds)
+            clock.advance(seconds)
+
+        monkeypatch.setitem(urllib3.poolmanager.pool_classes_by_scheme, "http", Scripted)
+        monkeypatch.setattr(time, "sleep", sleep)
+
+    def then(self, takes: float, status: int | None, **headers: str) -> Service:
+        """The next attempt takes ``takes`` and answers ``status`` (``None``: its read
+        times out)."""
+        self.steps.append((takes, status, headers))
+        return self
+
+    def attempt(self, pool: Any, method: str, url: str, headers: Any, timeout: Any) -> Any:
+        self.sent.append((self.clock.monotonic() - self.start, dict(headers), timeout))
+        assert self.steps, f"an attempt past the script: {self.sent}"
+        takes, status, answer = self.steps.pop(0)
+        self.clock.advance(takes)
+        if status is None:
+            raise urllib3.exceptions.ReadTimeoutError(pool, url, "Read timed out.")
+        return urllib3.HTTPResponse(
+            body=io.BytesIO(b""), headers=answer, status=status, preload_content=False,
+            request_method=method, request_url=url,
+        )  # fmt: skip
+
+    def session(self, retry: Retry, **adapter: Any) -> requests.Session:
+        session = requests.Session()
+        session.mount("http://", DeadlineAdapter(max_retries=retry, **adapter))
+        return session
+
+
+@pytest.fixture
+def service(clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> Service:
+    return Service(clock, monkeypatch)
+
+
+def test_each_of_urllib3s_retries_carries_the_headers_and_the_timeouts_of_its_own_instant(
+    app: Celery, service: Service
+) -> None:
+    service.then(1, 503).then(1, 503).then(0.5, 200)
+    session = service.session(Retry(total=3, status_forcelist=[503]))
+    with deadline_scope(budget=5, app=app):
+        assert session.get("http://api.example/", timeout=(60, 60)).status_code == 200
+    assert [at for at, _, _ in service.sent] == [0, 1, 2]
+    assert [headers["x-request-timeout-ms"] for _, headers, _ in service.sent] == [
+        "5000",
+        "4000",
+        "3000",
+    ]
+    assert {headers["x-request-deadline"] for _, headers, _ in service.sent} == {DEADLINE}
+    assert [(t.connect_timeout, t.total) for _, _, t in service.sent] == [
+        (pytest.approx(left), pytest.approx(left)) for left in (4.9, 3.9, 2.9)
+    ]
+
+
+def test_a_retry_urllib3_would_start_with_no_more_than_the_reserve_left_is_refused_unsent(
+    app: Celery, service: Service, refusals: list[Decision]
+) -> None:
+    # the first read takes the whole call (its timeout, capped at 4.9 s): a read retry
+    service.then(4.9, None).then(0, 200)
+    session = service.session(Retry(read=2))
+    with deadline_scope(budget=5, app=app), pytest.raises(DeadlineRefused) as refused:
+        session.get("http://api.example/", timeout=60)
+    assert len(service.sent) == 1
+    assert refused.value.detail.startswith("GET api.example: 0.100 s left, not more than")
+    assert len(refusals) == 1
+
+
+@pytest.mark.parametrize(
+    ("retry", "steps", "slept", "detail"),
+    [
+        pytest.param(
+            Retry(total=3, status_forcelist=[503]),
+            [(1, {"Retry-After": "2"}), (0, {"Retry-After": "2"}), (0, {})],
+            [2.0],
+            "GET api.example: 2.000 s left, less the client's retry pause of 2.000 s",
+            id="retry-after",
+        ),
+        pytest.param(
+            Retry(total=5, status_forcelist=[503], backoff_factor=1),  # 0, 2, 4 s
+            [(0.5, {}), (0.5, {}), (0.5, {}), (0, {})],
+            [2.0],
+            "GET api.example: 1.500 s left, less the client's retry pause of 4.000 s",
+            id="backoff",
+        ),
+    ],
+)
+def test_a_pause_urllib3_would_take_past_the_reserve_is_refused_before_it_is_slept(
+    app: Celery,
+    service: Service,
+    refusals: list[Decision],
+    retry: Retry,
+    steps: list[tuple[float, dict[str, str]]],
+    slept: list[float],
+    detail: str,
+) -> None:
+    for takes, headers in steps:
+        service.then(takes, 503, **headers)
+    with deadline_scope(budget=5, app=app), pytest.raises(DeadlineRefused) as refused:
+        service.session(retry).get("http://api.example/", timeout=60)
+    assert service.pauses == slept  # the pauses that left time for the attempt after them
+    assert len(service.sent) == len(steps) - 1  # the last step's attempt was never made
+    assert refused.value.detail.startswith(detail)
+    assert len(refusals) == 1
+
+
+def test_a_retry_that_sleeps_its_own_way_is_judged_when_its_next_attempt_starts(
+    app: Celery, service: Service, refusals: list[Decision]
+) -> None:
+    class Patient(Retry):
+        def sleep(self, response: Any = None) -> None:
+            time.sleep(4.95)  # a pause the adapter cannot know before it is over
+
+    service.then(0, 503).then(0, 200)
+    session = service.session(Patient(total=3, status_forcelist=[503]))
+    with deadline_scope(budget=5, app=app), pytest.raises(DeadlineRefused) as refused:
+        session.get("http://api.example/", timeout=60)
+    assert service.pauses == [4.95]
+    assert len(service.sent) == 1
+    assert refused.value.detail.startswith("GET api.example: 0.050 s left, not more than")
+
+
+def test_a_callers_total_timeout_shorter_than_the_time_left_is_kept(
+    app: Celery, clock: FakeClock, session: tuple[requests.Session, RecordedDeadlineAdapter]
+) -> None:
+    client, adapter = session
+    with deadline_scope(budget=5, app=app):
+        total: Any = Timeout(total=2)
+        client.get("http://api.example/", timeout=total)
+    ((_, sent),) = adapter.handed
+    assert sent.total == 2  # a deadline only shortens the caller's own
+
+
 # -- gRPC ----------------------------------------------------------------------------------------
 
 
@@ -306,17 +646,16 @@ def intercepted(interceptor: DeadlineInterceptor, details: Details) -> grpc.Clie
 def test_a_grpc_calls_timeout_is_capped_and_its_metadata_says_the_deadline(
     app: Celery, clock: FakeClock, own: float | None, expected: float
 ) -> None:
-    given = Details(own, metadata=(("x-request-deadline", "forged"), ("x-tenant", "7")))
+    forged = (("x-request-deadline", "forged"), ("X-Request-Timeout-Ms", "99999999"))
+    given = Details(own, metadata=(*forged, ("x-tenant", "7")))
     with deadline_scope(budget=5, app=app):
         details = intercepted(DeadlineInterceptor(), given)
     assert details.timeout == pytest.approx(expected)
     assert details.method == "/shop.Inventory/Reserve"
-    # gRPC sends the timeout as grpc-timeout itself: the other headers go as metadata
-    assert details.metadata == (
-        ("x-tenant", "7"),
-        ("x-request-timeout-ms", "5000"),
-        ("x-request-deadline", DEADLINE),
-    )
+    # gRPC sends the timeout as grpc-timeout itself, afresh at each of its own attempts:
+    # the deadline goes as metadata as an instant only (metadata is sent again unchanged),
+    # and the caller's deadline headers, whatever their syntax, are dropped
+    assert details.metadata == (("x-tenant", "7"), ("x-request-deadline", DEADLINE))
 
 
 def test_a_grpc_call_without_a_deadline_is_sent_as_written(app: Celery) -> None:

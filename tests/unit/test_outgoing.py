@@ -169,6 +169,39 @@ def test_a_call_with_no_more_than_its_reserve_left_is_refused(
     assert (refusal.gate, refusal.reason) == ("outbound", reason.value)
 
 
+@pytest.mark.parametrize(
+    ("pause", "allowed"),
+    [
+        (timedelta(0), True),
+        (timedelta(milliseconds=899), True),  # 1 ms more than the reserve left after it
+        (timedelta(milliseconds=900), False),  # the reserve, exactly: a timeout of zero
+        (timedelta(hours=6), False),  # a Retry-After far past the deadline
+    ],
+)
+def test_a_retry_whose_pause_would_leave_no_more_than_the_reserve_is_refused_before_it(
+    pause: timedelta, allowed: bool
+) -> None:
+    decision = admit(
+        deadline=NOW + timedelta(seconds=1), now=NOW, reserve=RESERVE, target="GET api", pause=pause
+    )
+    assert decision.allowed is allowed
+    assert decision.remaining == timedelta(seconds=1)  # what is left now, when it is judged
+    if not allowed:
+        assert decision.reason is Reason.INSUFFICIENT_BUDGET
+        assert decision.detail == (
+            f"GET api: 1.000 s left, less the client's retry pause of "
+            f"{pause.total_seconds():.3f} s, not more than the outbound reserve of 0.100 s; "
+            "not sent"
+        )
+
+
+def test_a_retry_pause_changes_nothing_for_a_deadline_already_passed() -> None:
+    decision = admit(
+        deadline=NOW, now=NOW, reserve=RESERVE, target="GET api", pause=timedelta(seconds=1)
+    )
+    assert decision.reason is Reason.DEADLINE_PASSED
+
+
 def test_with_no_reserve_only_a_passed_deadline_refuses_a_call() -> None:
     tick = timedelta(microseconds=1)
     assert admit(deadline=NOW + tick, now=NOW, reserve=timedelta(0), target="x").allowed

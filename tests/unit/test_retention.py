@@ -77,6 +77,7 @@ def test_an_age_given_as_a_number_or_a_timedelta_is_a_duration() -> None:
         ("0", "more than zero"),
         ("PT0S", "more than zero"),
         ("99999999999999w", "too long"),
+        ("9" * 400, "too long"),  # more than a float holds: infinite, never "zero"
     ],
 )
 def test_an_age_that_cannot_be_read_says_how_to_write_one(text: str, complaint: str) -> None:
@@ -121,7 +122,9 @@ def test_a_batch_size_is_a_whole_number_up_to_the_bound(value: object, size: int
     assert parse_batch_size(value, name="--batch-size") == size
 
 
-@pytest.mark.parametrize("value", [0, -1, "0", "ten", 1.5, True, MAX_BATCH_SIZE + 1, None])
+@pytest.mark.parametrize(
+    "value", [0, -1, "0", "ten", 1.5, True, MAX_BATCH_SIZE + 1, None, "9" * 5000]
+)
 def test_a_batch_size_outside_the_bound_is_refused(value: object) -> None:
     with pytest.raises(InvalidDeadline, match="--batch-size must be a whole number from 1"):
         parse_batch_size(value, name="--batch-size")

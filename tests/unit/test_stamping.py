@@ -10,6 +10,7 @@ import pytest
 from celery_deadlines.errors import InvalidDeadline
 from celery_deadlines.rules import wire
 from celery_deadlines.rules.stamping import (
+    PROTOCOL_HEADERS,
     Inherited,
     Own,
     carries_deadlines,
@@ -17,6 +18,7 @@ from celery_deadlines.rules.stamping import (
     expiry_of,
     own_deadlines,
     read_headers,
+    reserved_headers,
     stamp_for,
     write,
 )
@@ -147,3 +149,21 @@ def test_the_earlier_of_two_optional_instants_treats_none_as_no_deadline() -> No
     assert earlier(None, None) is None
     assert earlier(NOW, None) == NOW
     assert earlier(NOW + seconds(1), NOW) == NOW
+
+
+def test_the_headers_a_publisher_may_not_set_are_named_sorted_and_only_those() -> None:
+    headers = {"task": "shop.refund", "id": "run-of-another-task", "tenant": "acme", 7: "x"}
+    assert reserved_headers(headers) == ["id", "task"]
+    assert reserved_headers({"tenant": "acme", wire.DEADLINE_HEADER: 1.0}) == []
+    assert reserved_headers({"ID": "x", "Task": "y"}) == []  # Celery reads "id" and "task"
+    assert reserved_headers(None) == reserved_headers({}) == []
+
+
+def test_every_field_of_celerys_own_message_is_reserved_and_nothing_else() -> None:
+    from celery import Celery  # the rule itself imports nothing of Celery's
+
+    app = Celery("protocol", broker="memory://", set_as_current=False)
+    message = app.amqp.as_task_v2("run-1", "shop.charge", (1,), {}, countdown=5, expires=60)
+    assert set(message.headers) == set(PROTOCOL_HEADERS)
+    assert reserved_headers(message.headers) == sorted(message.headers)
+    app.close()

@@ -20,8 +20,10 @@ from celery_deadlines import (
     ConfigurationError,
     DeadlineRefused,
     InvalidDeadline,
+    ReservedHeader,
 )
 from celery_deadlines.rules.gates import Decision
+from celery_deadlines.rules.stamping import PROTOCOL_HEADERS
 from celery_deadlines.rules.wire import encode
 from celery_deadlines.testing import FakeClock
 from tests.support.unit_tasks import claim, make_task, start_attempt, stored_refusal
@@ -181,6 +183,26 @@ def test_bad_call_options_raise_and_publish_nothing(
     with pytest.raises(InvalidDeadline, match=complaint):
         make_task(app).apply_async(**options)
     assert published == []
+
+
+@pytest.mark.parametrize("header", sorted(PROTOCOL_HEADERS))
+def test_a_header_naming_a_field_of_celerys_own_message_is_refused_and_nothing_is_published(
+    app: Celery, published: list[dict[str, Any]], header: str
+) -> None:
+    task = make_task(app)
+    with pytest.raises(ReservedHeader, match=rf"sets {header}, .*\({header}: "):
+        task.apply_async(headers={header: "run-of-another-task", "tenant": "acme"})
+    with pytest.raises(ReservedHeader):  # the same on the path of a budget of its own
+        task.apply_async(budget=30, headers={header: "run-of-another-task"})
+    assert published == []
+
+
+def test_a_publishers_own_headers_are_published_as_given(
+    app: Celery, published: list[dict[str, Any]]
+) -> None:
+    make_task(app).apply_async(task_id="r-1", headers={"tenant": "acme", "ID": "x"})
+    [headers] = published
+    assert (headers["id"], headers["tenant"], headers["ID"]) == ("r-1", "acme", "x")
 
 
 def test_naive_deadline_raises_and_publishes_nothing(

@@ -22,6 +22,8 @@ from celery_deadlines import (
     DeadlineRefused,
     DeadlineTask,
     InvalidEffect,
+    Reason,
+    ReservedHeader,
     RunConflict,
     RunFailed,
     StaleLease,
@@ -292,6 +294,28 @@ def test_a_kept_return_value_is_decoded_only_with_the_result_serializer(
         results.read(app, forged)  # a row rewritten to pickle is never unpickled
 
 
+def test_a_kept_return_value_over_the_bound_is_read_as_none_kept(
+    app: Celery, ledger: FakeLedger, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a row holding more than the completion keeps: written by hand, or by an older version
+    work = tasks(app, Calls())["work"]
+    work.apply_async(task_id="r2b")
+    [message] = drain(app, QUEUE)
+    assert execute(app, message) == ("SUCCESS", 1)
+    app.backend.forget("r2b")
+    kept = results.keep(app, "x" * (results.RESULT_LIMIT - 2))  # JSON's quotes: the limit
+    assert kept is not None
+    over = dataclasses.replace(kept, body=kept.body[:1] + b"x" + kept.body[1:])
+    assert results.read(app, kept) == "x" * (results.RESULT_LIMIT - 2)
+    with pytest.raises(UnreadableMessage, match="of 65537 bytes, over the 65536"):
+        results.read(app, over)
+    ledger.runs["r2b"].result = over
+    with caplog.at_level("WARNING", logger="celery_deadlines"):
+        assert execute(app, message)[0] == "IGNORED"
+    assert app.AsyncResult("r2b").state == "PENDING"  # as for a value too large to keep
+    assert "over the 65536 the ledger keeps, is read as none kept" in caplog.text
+
+
 def test_a_delivery_while_another_worker_holds_a_live_lease_is_not_run(
     app: Celery, ledger: FakeLedger
 ) -> None:
@@ -425,6 +449,88 @@ def test_a_task_id_reused_with_other_arguments_or_another_task_is_refused(
     with pytest.raises(RunConflict, match=r"first used for fake\.work, now for fake\.other"):
         other.apply_async(task_id="r11")
     assert len(drain(app, QUEUE)) == 1
+
+
+def other_task(app: Celery, calls: Calls) -> Any:
+    @app.task(base=DeadlineTask, bind=True, name="fake.other", budget=60, shared=False)
+    def other(self: DeadlineTask) -> str:
+        calls.count += 1
+        return "other's result"
+
+    return other
+
+
+def test_a_message_for_another_task_carrying_a_runs_id_runs_nothing_and_the_run_runs_after(
+    app: Celery, ledger: FakeLedger, refusals: list[Any]
+) -> None:
+    victim_calls, other_calls = Calls(), Calls()
+    work = tasks(app, victim_calls)["work"]
+    other_task(app, other_calls)
+    work.apply_async(task_id="victim")
+    app.send_task("fake.other", task_id="victim")  # by name: no DeadlineTask publish
+    victim, forged = drain(app, QUEUE)
+    assert forged["headers"]["task"] == "fake.other"
+    state, _ = execute(app, forged)
+    assert (state, other_calls.count, victim_calls.count) == ("IGNORED", 0, 0)
+    run = ledger.run("victim")
+    assert (run.status, run.token, run.attempt, run.owner) == ("QUEUED", 0, 0, "")
+    assert run.events[-1] == ("claim", "rejected", "task_mismatch:fake.other")
+    assert app.AsyncResult("victim").state == "PENDING"  # nothing stored under its id
+    [refusal] = refusals
+    assert (refusal.gate, refusal.reason) == ("claim", Reason.TASK_MISMATCH)
+    assert execute(app, victim) == ("SUCCESS", 1)
+    assert (victim_calls.count, other_calls.count) == (1, 0)
+    assert ledger.run("victim").status == "SUCCEEDED"
+
+
+def test_a_message_for_another_task_refused_by_its_own_header_leaves_the_run_as_it_was(
+    app: Celery, ledger: FakeLedger
+) -> None:
+    # the same id with an unreadable deadline header: the claim gate refuses the message
+    # by its header alone, and must not end the run it names, nor tell its caller
+    other_calls = Calls()
+    work = tasks(app, Calls())["work"]
+    other = other_task(app, other_calls)
+    work.apply_async(task_id="victim-2")
+    headers = {"x_deadline": "not a deadline"}
+    request, on_ack = claim(app, other, headers, task_id="victim-2")
+    assert request.revoked()
+    on_ack.assert_called_once()
+    run = ledger.run("victim-2")
+    assert (run.status, other_calls.count) == ("QUEUED", 0)
+    assert run.events[-1] == ("refuse", "rejected", "task_mismatch:fake.other")
+    assert app.AsyncResult("victim-2").state == "PENDING"
+
+
+def test_a_message_for_another_task_tells_the_caller_of_the_ended_run_of_its_id_nothing(
+    app: Celery, ledger: FakeLedger
+) -> None:
+    # the run failed and its worker died before telling its caller: a redelivery of the
+    # run's own message tells it (test above); another task's message must not
+    work = tasks(app, Calls())["work"]
+    other = other_task(app, Calls())
+    work.apply_async(task_id="victim-4")
+    run = ledger.runs["victim-4"]
+    run.status, run.reason, run.detail = "FAILED", "error", "ValueError('boom')"
+    request, _ = claim(app, other, {"x_deadline": "not a deadline"}, task_id="victim-4")
+    assert request.revoked()  # refused by the claim gate, for its header
+    app.send_task("fake.other", task_id="victim-4")
+    [forged] = [m for m in drain(app, QUEUE) if m["headers"]["task"] == "fake.other"]
+    assert execute(app, forged)[0] == "IGNORED"  # refused by the claim: task_mismatch
+    assert app.AsyncResult("victim-4").state == "PENDING"
+    assert ledger.run("victim-4").status == "FAILED"
+
+
+@pytest.mark.parametrize("header", ["id", "task"])
+def test_a_header_that_would_set_the_messages_id_or_task_is_refused_and_nothing_is_recorded(
+    app: Celery, ledger: FakeLedger, header: str
+) -> None:
+    work = tasks(app, Calls())["work"]
+    work.apply_async(task_id="victim-3")
+    with pytest.raises(ReservedHeader, match=rf"sets {header}, .*nothing was published"):
+        work.apply_async(task_id="r-new", headers={header: "victim-3", "tenant": "acme"})
+    assert sorted(ledger.runs) == ["victim-3"]
+    assert len(drain(app, QUEUE)) == 1  # the victim's own message alone
 
 
 def test_a_message_refused_at_the_claim_gate_tells_a_caller_left_waiting_how_the_run_ended(

@@ -64,9 +64,12 @@ EVENT_COLUMNS: Final = (
 #: The claim's condition, once: ``(why, what must hold)`` in the order a refusal is
 #: explained, as templates (:class:`~celery_deadlines.ledger.sql.statements.Sql`). The
 #: claim's ``WHERE`` is all of them; a lost claim's reason is the first that does not
-#: hold. Named parameters: ``retries``, ``reserve`` (seconds, as the dialect's
-#: ``now_plus`` takes them) and ``max_lost``.
+#: hold. Named parameters: ``task_name``, ``retries``, ``reserve`` (seconds, as the
+#: dialect's ``now_plus`` takes them) and ``max_lost``.
 CLAIM_CHECKS: Final = (
+    # a run is its task's: a message naming another task takes nothing of it, whatever
+    # the run's state (first: its refusal says so, never "terminal" or "held")
+    ("task_mismatch", "task_name = %(task_name)s"),
     ("terminal", "status NOT IN {terminal}"),
     ("stale_message", "retries = %(retries)s"),
     # a lapsed attempt dispatched an effect with no recorded outcome: reconcile first
@@ -82,5 +85,7 @@ CLAIM_CHECKS: Final = (
     ("held", "NOT (status = 'RUNNING' AND lease_expires_at > {now_less_grace})"),
     ("lost_leases", "NOT (status = 'RUNNING' AND lost_leases >= %(max_lost)s)"),
     ("unknown", "status <> 'UNKNOWN'"),
+    # last: a lost claim whose row meets every check raced a claim that changed it, and
+    # is refused as "changed" too (the refusal's reason names it once, as its ELSE)
     ("changed", "(status IN {claimable} OR status = 'RUNNING')"),
 )

@@ -48,26 +48,33 @@ _REFUSAL_ROW: Final = (
 )
 #: The run row as a lost claim's event explains it (PostgreSQL).
 _SEEN_COLUMNS: Final = (
-    "id, status, reason, version, lease_token, lease_expires_at, owner, deadline, "
-    "retries, lost_leases"
+    "id, task_name, status, reason, version, lease_token, lease_expires_at, owner, "
+    "deadline, retries, lost_leases"
 )
 _CHECKS: Final = dict(CLAIM_CHECKS)
+#: The last check's reason is also a lost claim's when every check holds (it raced).
+*_NAMED, (_OTHERWISE, _) = CLAIM_CHECKS
 
 #: The claim's own fragments (named parameters: those of :data:`CLAIM_CHECKS`,
 #: ``task_id``, ``owner``, ``ttl``; PostgreSQL's also ``alone`` and ``exclusive``).
+#: A lost claim's event detail is ``why:current owner``; a ``task_mismatch``'s is
+#: ``task_mismatch:the task the message named`` (the run's own is in its row).
 _CLAIM_FRAGMENTS: Final = {
     "lease_columns": _LEASE_COLUMNS,
     "refusal_columns": _REFUSAL_COLUMNS,
     "refusal_row": _REFUSAL_ROW,
     "seen_columns": _SEEN_COLUMNS,
+    "own_task": _CHECKS["task_mismatch"],
     "held": _CHECKS["held"],
     "changed": _CHECKS["changed"],
     # the claim's WHERE: every check
     "claim_condition": "\nAND ".join(check for _, check in CLAIM_CHECKS),
     # a lost claim's reason: the first check that does not hold
     "first_failed": "CASE\n"
-    + "".join(f"    WHEN NOT ({check}) THEN '{why}'\n" for why, check in CLAIM_CHECKS)
-    + "    ELSE 'changed'\nEND",
+    + "".join(f"    WHEN NOT ({check}) THEN '{why}'\n" for why, check in _NAMED)
+    + f"    ELSE '{_OTHERWISE}'\nEND",
+    "refusal_detail": "{first_failed} || ':' || "
+    "CASE WHEN task_name = %(task_name)s THEN owner ELSE %(task_name)s END",
     "claim_update": """
         UPDATE {run} SET
             status = 'RUNNING', owner = %(owner)s,
@@ -92,7 +99,7 @@ CLAIM_REFUSAL_SQLITE: Final = Sql(
     INSERT INTO {event} ({event_columns})
     SELECT id, {now}, 'claim', 'rejected', status, reason, version, lease_token,
         %(owner)s, lease_expires_at,
-        {first_failed} || ':' || owner
+        {refusal_detail}
     FROM (SELECT * FROM {run} WHERE task_id = %(task_id)s) AS {run}
     RETURNING {refusal_row}
     """,
@@ -101,11 +108,12 @@ CLAIM_REFUSAL_SQLITE: Final = Sql(
 )
 
 # PostgreSQL's claim is one statement. A lost claim's event explains the row as the
-# claim found it: as this statement's snapshot shows it, unless that showed it neither
-# held nor in a state that no claim takes (then a concurrent claim may have held its lock
-# and won: the UPDATE waited, then found the committed row changed), then as it was
-# committed, read under a share lock (which waits for that claim). A row refused for
-# another reason (its deadline, say) is read so too: the same reason, a lock more.
+# claim found it: as this statement's snapshot shows it, unless that showed it a run of
+# the message's task, neither held nor in a state that no claim takes (then a concurrent
+# claim may have held its lock and won: the UPDATE waited, then found the committed row
+# changed), then as it was committed, read under a share lock (which waits for that
+# claim). A row refused for another reason (its deadline, say) is read so too: the same
+# reason, a lock more.
 # The row the event explains is kept to the commit (``{run_kept}``): a purge of the run
 # meanwhile waits for the claim, or the claim finds the run gone and records nothing.
 # A lost claim changed nothing but the audit trail: when the statement is its own
@@ -124,7 +132,7 @@ _CLAIM_POSTGRESQL: Final = """
         {claim_update}
     ),
     lost AS (
-        SELECT {seen_columns}, {held} AND {changed} AS raced
+        SELECT {seen_columns}, {own_task} AND {held} AND {changed} AS raced
         FROM {run}
         WHERE task_id = %(task_id)s AND NOT EXISTS (SELECT 1 FROM claimed)
     ),
@@ -137,7 +145,7 @@ _CLAIM_POSTGRESQL: Final = """
         INSERT INTO {event} ({event_columns})
         SELECT id, {now}, 'claim', 'rejected', status, reason, version, lease_token,
             %(owner)s, lease_expires_at,
-            {first_failed} || ':' || owner
+            {refusal_detail}
         FROM (
             SELECT * FROM lost WHERE NOT raced
               {run_kept:lost}
@@ -145,7 +153,7 @@ _CLAIM_POSTGRESQL: Final = """
         ) AS {run}
         RETURNING {refusal_columns}
     )
-    SELECT won, {lease_columns}, at, waiting_since, NULL
+    SELECT *, NULL
     FROM claimed WHERE CASE WHEN %(alone)s AND %(exclusive)s
         THEN set_config('synchronous_commit', 'off', true) IS NOT NULL ELSE true END
     UNION ALL
@@ -173,13 +181,16 @@ class Runs(Statements):
         task_id: str,
         retries: int,
         *,
+        task_name: str,
         owner: str,
         ttl: timedelta,
         reserve: timedelta,
         max_lost_leases: int,
         exclusive: bool = False,
     ) -> Lease | ClaimRefused:
-        """The compare-and-swap that lets exactly one worker run an attempt.
+        """The compare-and-swap that lets exactly one worker run an attempt, of the run
+        of ``task_id`` when it is a run of ``task_name`` (the message's task): a message
+        naming another task is refused (``task_mismatch``) and changes nothing of it.
 
         On PostgreSQL a lost claim is recorded (its rejected event, with the first check
         that failed) by the same statement: one round trip whether it is won or lost.
@@ -193,6 +204,7 @@ class Runs(Statements):
         sql = _CLAIMS[d.vendor]
         params = {
             "task_id": task_id,
+            "task_name": task_name,
             "retries": retries,
             "reserve": d.seconds(reserve),
             "max_lost": max_lost_leases,
@@ -227,8 +239,11 @@ class Runs(Statements):
         if not rows:
             return ClaimRefused(ClaimRefused.MISSING, "", 0, "", None)
         row = rows[0]
-        # the event's owner column is the loser; the detail names the current owner
+        # the event's owner column is the loser; the detail names the current owner (the
+        # task the message named, for a task_mismatch)
         why_code, _, current_owner = str(row[7]).partition(":")
+        if why_code == ClaimRefused.TASK_MISMATCH:
+            current_owner = ""
         return ClaimRefused.lost(
             why_code,
             row[11],  # the run's status
@@ -400,7 +415,10 @@ class Runs(Statements):
         deadline: datetime | None,
         confirm_within: timedelta | None = None,
     ) -> bool:
-        """A gate refused a message: end its run, unless another worker owns it now.
+        """A gate refused a message: end its run, unless another worker owns it now, or
+        it is not a run of ``task_name`` (the message's task: then it is left as it is,
+        and the refusal recorded in its history as a rejected ``refuse``,
+        ``task_mismatch``).
 
         ``confirm_within``: a refusal for the deadline; a recorded run ends only if its
         deadline is within this much of the database clock's now (the reserve), so a
@@ -409,7 +427,7 @@ class Runs(Statements):
         already ended. Returns whether this call ended the run.
         """
         d = self.dialect
-        params = [status.value, reason, detail, detail, task_id, retries]
+        params = [status.value, reason, detail, detail, task_id, task_name, retries]
         if confirm_within is None:
             count, _ = self.execute(REFUSE.text[d.vendor], params)
         else:
@@ -430,9 +448,13 @@ class Runs(Statements):
             content_type="",
             content_encoding="",
         )
-        return self.store.outbox.record_ended(
+        if self.store.outbox.record_ended(
             unrecorded, status, reason, detail, "refuse", published=True
-        )
+        ):
+            return True
+        # the id is another task's run: it stays as it is, the refusal in its history
+        self.execute(REFUSE_MISMATCH.text[d.vendor], [task_name, task_id, task_name])
+        return False
 
 
 class _ClaimSql(NamedTuple):
@@ -557,13 +579,25 @@ _REFUSE = """
     UPDATE {run} SET status = %s, reason = %s, detail = %s, owner = '',
         lease_expires_at = NULL, version = version + 1, op = 'refuse',
         op_detail = %s, updated_at = {now}
-    WHERE task_id = %s AND retries = %s
+    WHERE task_id = %s AND task_name = %s AND retries = %s
       AND (status IN {claimable}
            OR (status = 'RUNNING' AND lease_expires_at <= {now}))
       AND NOT {has_unresolved}
       {confirm}
 """
 REFUSE: Final = Sql("runs.refuse", _REFUSE, confirm="")
+#: A gate's refusal of a message that names another task than the run of its id: the
+#: run is left as it is; the refusal is its rejected event (the task the message named).
+REFUSE_MISMATCH: Final = Sql(
+    "runs.refuse_mismatch",
+    """
+    INSERT INTO {event} ({event_columns})
+    SELECT id, {now}, 'refuse', 'rejected', status, reason, version, lease_token, '',
+        lease_expires_at, 'task_mismatch:' || %s
+    FROM {run} WHERE task_id = %s AND task_name <> %s
+      {run_kept:celery_deadlines_run}
+    """,
+)
 #: A refusal for the deadline: only a run whose deadline is within the reserve of the
 #: database clock's now ends (a worker whose clock runs ahead cannot expire it).
 REFUSE_CONFIRMED: Final = Sql(

@@ -1,25 +1,34 @@
 """``manage.py deadlines explain TASK_ID [--json]`` and ``manage.py deadlines reconcile
 [--json]``: text for a person, JSON for a script, both from the same values; and
-``manage.py deadlines purge`` (:mod:`celery_deadlines.management.purge`)."""
+``manage.py deadlines purge`` (:mod:`celery_deadlines.management.purge`). What the
+command was given is repeated in its errors cut (``quoting.shown``), argparse's own
+errors included (:mod:`celery_deadlines.management.parsing`)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from django.conf import settings as django_settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connections
 
-from ... import conf
+from ...checks import from_django
+from ...conf import DATABASE
+from ...errors import ConfigurationError
 from ...explain import explanation_of, render_text, task_ids_named, to_json, typed_id
 from ...explain.text import printable
 from ...ledger.reconcile import reconcile_once
 from ...ledger.sql.connection import Store
+from ...rules.quoting import named, shown
 from .. import purge
+from ..parsing import CutEchoes, cut
 
 
 class Command(BaseCommand):
     help = "Explain a run from the ledger, reconcile the ledger once, or purge ended runs."
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        return cut(super().create_parser(prog_name, subcommand, **kwargs))
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -27,7 +36,7 @@ class Command(BaseCommand):
             default=None,
             help="the ledger's database alias (default: CELERY_DEADLINES_DATABASE)",
         )
-        actions = parser.add_subparsers(dest="action", required=True)
+        actions = parser.add_subparsers(dest="action", required=True, parser_class=CutEchoes)
         explain_parser = actions.add_parser("explain", help="answer the operator checklist")
         explain_parser.add_argument(
             "task_id", help="the run's task id, or its start if no other run's begins so"
@@ -42,8 +51,7 @@ class Command(BaseCommand):
         purge.add_parser(actions)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        if options["database"] is None:  # as the system checks read it
-            options["database"] = getattr(django_settings, conf.DATABASE.django_name, "default")
+        options["database"] = self.alias(options["database"])
         if options["action"] == "purge":
             purge.handle(self, Store(options["database"]), options)
         elif options["action"] == "explain":
@@ -51,27 +59,39 @@ class Command(BaseCommand):
         else:
             self.reconcile(options["database"], as_json=options["json"])
 
+    @staticmethod
+    def alias(given: str | None) -> str:
+        """The ledger's alias: ``--database``, else the setting (as the system checks
+        read it); one ``DATABASES`` does not hold is refused, cut."""
+        try:
+            alias = from_django().get(DATABASE) if given is None else given
+        except ConfigurationError as exc:
+            raise CommandError(str(exc)) from exc
+        if alias not in connections.settings:
+            raise CommandError(f"the database alias {shown(alias)} is not in DATABASES")
+        return alias
+
     def explain(self, given: str, using: str, *, as_json: bool) -> None:
         """Explain the run ``given`` names: its task id, or the start of one no other
         run's task id shares (the short id the admin lists); a start several share is
         refused with their ids."""
         most = 5
-        named = task_ids_named(given, using, most)
-        if not named:
-            raise CommandError(f"no run with task id {given!r}, nor one starting with it")
-        if len(named) > 1:
-            shown = ", ".join(printable(task_id) for task_id in named[:most])
-            more = " and more" if len(named) > most else ""
+        found = task_ids_named(given, using, most)
+        if not found:
+            raise CommandError(f"no run with task id {shown(given)}, nor one starting with it")
+        if len(found) > 1:
+            ids = ", ".join(named(task_id) for task_id in found[:most])
+            more = " and more" if len(found) > most else ""
             raise CommandError(
-                f"{given!r} is not unique: the task ids of {shown}{more} start with it; "
+                f"{shown(given)} is not unique: the task ids of {ids}{more} start with it; "
                 "give more of the id"
             )
-        task_id = named[0]
+        task_id = found[0]
         if task_id != typed_id(given):  # said on stderr: stdout stays the answer (--json)
-            self.stderr.write(f"run {printable(task_id)} (its task id starts with {given!r})")
+            self.stderr.write(f"run {printable(task_id)} (its task id starts with {shown(given)})")
         explanation = explanation_of(task_id, using)
         if explanation is None:  # purged between the two reads
-            raise CommandError(f"no run with task id {task_id!r}")
+            raise CommandError(f"no run with task id {shown(task_id)}")
         if as_json:
             self.stdout.write(to_json(explanation))
         else:

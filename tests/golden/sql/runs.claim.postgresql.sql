@@ -6,6 +6,7 @@ WITH claimed AS (
         lease_expires_at = LEAST((clock_timestamp() + make_interval(secs => %(ttl)s)), deadline),
         op = 'claim', op_detail = 'retries=' || CAST(%(retries)s AS text), updated_at = clock_timestamp()
     WHERE task_id = %(task_id)s
+      AND task_name = %(task_name)s
       AND status NOT IN ('SUCCEEDED', 'FAILED', 'EXPIRED')
       AND retries = %(retries)s
       AND NOT (NOT (status = 'RUNNING' AND lease_expires_at > clock_timestamp()) AND EXISTS (SELECT 1 FROM celery_deadlines_effect u WHERE u.run_id = celery_deadlines_run.id AND u.state IN ('DISPATCHED', 'UNKNOWN')))
@@ -20,12 +21,12 @@ WITH claimed AS (
              THEN available_at ELSE published_at END AS waiting_since
 ),
 lost AS (
-    SELECT id, status, reason, version, lease_token, lease_expires_at, owner, deadline, retries, lost_leases, NOT (status = 'RUNNING' AND lease_expires_at > (clock_timestamp() + make_interval(secs => -1.0))) AND (status IN ('QUEUED', 'CLOCK_UNCERTAIN', 'RETRYING') OR status = 'RUNNING') AS raced
+    SELECT id, task_name, status, reason, version, lease_token, lease_expires_at, owner, deadline, retries, lost_leases, task_name = %(task_name)s AND NOT (status = 'RUNNING' AND lease_expires_at > (clock_timestamp() + make_interval(secs => -1.0))) AND (status IN ('QUEUED', 'CLOCK_UNCERTAIN', 'RETRYING') OR status = 'RUNNING') AS raced
     FROM celery_deadlines_run
     WHERE task_id = %(task_id)s AND NOT EXISTS (SELECT 1 FROM claimed)
 ),
 committed AS (
-    SELECT id, status, reason, version, lease_token, lease_expires_at, owner, deadline, retries, lost_leases, true
+    SELECT id, task_name, status, reason, version, lease_token, lease_expires_at, owner, deadline, retries, lost_leases, true
     FROM celery_deadlines_run
     WHERE task_id = %(task_id)s AND (SELECT raced FROM lost) FOR SHARE
 ),
@@ -34,6 +35,7 @@ refused AS (
     SELECT id, clock_timestamp(), 'claim', 'rejected', status, reason, version, lease_token,
         %(owner)s, lease_expires_at,
         CASE
+            WHEN NOT (task_name = %(task_name)s) THEN 'task_mismatch'
             WHEN NOT (status NOT IN ('SUCCEEDED', 'FAILED', 'EXPIRED')) THEN 'terminal'
             WHEN NOT (retries = %(retries)s) THEN 'stale_message'
             WHEN NOT (NOT (NOT (status = 'RUNNING' AND lease_expires_at > clock_timestamp()) AND EXISTS (SELECT 1 FROM celery_deadlines_effect u WHERE u.run_id = celery_deadlines_run.id AND u.state IN ('DISPATCHED', 'UNKNOWN')))) THEN 'unresolved'
@@ -42,9 +44,8 @@ refused AS (
             WHEN NOT (NOT (status = 'RUNNING' AND lease_expires_at > (clock_timestamp() + make_interval(secs => -1.0)))) THEN 'held'
             WHEN NOT (NOT (status = 'RUNNING' AND lost_leases >= %(max_lost)s)) THEN 'lost_leases'
             WHEN NOT (status <> 'UNKNOWN') THEN 'unknown'
-            WHEN NOT ((status IN ('QUEUED', 'CLOCK_UNCERTAIN', 'RETRYING') OR status = 'RUNNING')) THEN 'changed'
             ELSE 'changed'
-        END || ':' || owner
+        END || ':' || CASE WHEN task_name = %(task_name)s THEN owner ELSE %(task_name)s END
     FROM (
         SELECT * FROM lost WHERE NOT raced
           AND EXISTS (SELECT 1 FROM celery_deadlines_run kept WHERE kept.id = lost.id FOR KEY SHARE)
@@ -52,7 +53,7 @@ refused AS (
     ) AS celery_deadlines_run
     RETURNING detail, status, lease_token, lease_expires_at, at
 )
-SELECT won, id, lease_token, version, attempt, lease_expires_at, deadline, checkpoint_name, checkpoint_data, at, waiting_since, NULL
+SELECT *, NULL
 FROM claimed WHERE CASE WHEN %(alone)s AND %(exclusive)s
     THEN set_config('synchronous_commit', 'off', true) IS NOT NULL ELSE true END
 UNION ALL

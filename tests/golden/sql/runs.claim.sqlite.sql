@@ -5,6 +5,7 @@ UPDATE celery_deadlines_run SET
     lease_expires_at = MIN(strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %(ttl)s), COALESCE(deadline, '9999-12-31 23:59:59')),
     op = 'claim', op_detail = 'retries=' || CAST(%(retries)s AS text), updated_at = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')
 WHERE task_id = %(task_id)s
+  AND task_name = %(task_name)s
   AND status NOT IN ('SUCCEEDED', 'FAILED', 'EXPIRED')
   AND retries = %(retries)s
   AND NOT (NOT (status = 'RUNNING' AND lease_expires_at > strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')) AND EXISTS (SELECT 1 FROM celery_deadlines_effect u WHERE u.run_id = celery_deadlines_run.id AND u.state IN ('DISPATCHED', 'UNKNOWN')))

@@ -7,7 +7,6 @@ from bakery.tasks import charge, total
 from celery import Celery
 from celery.contrib.testing.worker import TestWorkController
 
-from celery_deadlines import ConfigurationError
 from celery_deadlines.models import Effect, Run
 from celery_deadlines.testing import FakeLedger
 
@@ -55,10 +54,14 @@ def test_a_worker_charges_in_a_test_without_a_database(
 
 
 @pytest.mark.deadlines_database_ledger
-def test_an_eager_charge_on_the_database_ledger_says_it_needs_a_worker() -> None:
-    with pytest.raises(ConfigurationError, match="side effects need a worker"):
-        charge.apply(("database-1", 9)).get()
-    assert ("database-1", 9) not in payments.CHARGES
+@pytest.mark.django_db(transaction=True)
+def test_an_eager_charge_on_the_database_ledger_is_a_run_there() -> None:
+    first = charge.delay("database-1", 9)
+    again = charge.apply_async(("database-1", 9), task_id=first.id)  # told, not charged
+    assert (first.get(), again.get()) == ("receipt-database-1", "receipt-database-1")
+    assert payments.CHARGES.count(("database-1", 9)) == 1
+    assert Run.objects.get(task_id=first.id).status == "SUCCEEDED"
+    assert Effect.objects.get(key="order-database-1:charge").state == "SUCCEEDED"
 
 
 @pytest.mark.deadlines_database_ledger
