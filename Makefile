@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test test-unit test-integration fuzz lint dist bench bench-ledger matrix matrix-unit matrix-env matrix-unit-env celery-compat clean screenshots browser chaos chaos-soak chaos-rabbitmq matrix-configs
+.PHONY: demo test test-unit test-integration fuzz lint dist bench bench-ledger matrix matrix-unit matrix-env matrix-unit-env celery-compat beat-compat celery-integration clean screenshots browser chaos chaos-soak chaos-rabbitmq matrix-configs
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -107,6 +107,19 @@ matrix: $(MATRIX_VENV)/.matrix
 ## celery.Task and with DeadlineTask as the default task class; fails on any difference.
 celery-compat: $(INSTALLED)
 	$(BIN)/python compat/celery_compat.py
+
+## django-celery-beat's own scheduler tests (from the installed release's sdist), run with
+## its DatabaseScheduler and with DatabaseDeadlineScheduler in its place; fails on any
+## difference (about 2 minutes: its tests sleep).
+beat-compat: $(INSTALLED)
+	$(BIN)/python -m compat.beat_compat
+
+## Celery's own integration tests (canvas, tasks) with DeadlineTask as the default task
+## class and deadlines_default_budget = 300, against celery.Task, each on a redis-server of
+## its own (opt-in, about 20 minutes: not in .ci/run; BUDGET=none runs it without a budget).
+BUDGET ?= 300
+celery-integration: $(INSTALLED)
+	$(BIN)/python -m compat.celery_integration --budget $(BUDGET)
 
 ## The unit tests on another interpreter (CI runs them on Python 3.12, so that every
 ## Python version the package claims is tested; the matrix above runs the newest).

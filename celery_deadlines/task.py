@@ -40,7 +40,7 @@ from .conf import settings_for
 from .core import claiming, options, propagation, recording, seconds, telemetry
 from .core.body import AttemptAPI, Paused, Unresolved, end_unresolved
 from .core.propagation import HANDED, NOTHING_KEPT, STAMPED, attempt_state
-from .core.refusals import report_refusal
+from .core.refusals import report_refusal, tell_refusal
 from .errors import (
     ConfigurationError,
     DeadlineRefused,
@@ -139,21 +139,6 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         own = cls.__dict__.get("throws")
         if own is not None and not set(EXPECTED) <= set(own):
             cls.throws = (*EXPECTED, *own)
-
-    @property
-    def max_retries(self) -> int | None:
-        """How many retries Celery allows: a task's own ``max_retries`` (the task option)
-        as set; otherwise none beyond its deadline's while an attempt has one (the retry
-        gate ends the retries), and Celery's default of 3 for an attempt without one."""
-        own: int | object | None = getattr(self, "_max_retries", UNSET)
-        if own is not UNSET:
-            return own  # type: ignore[return-value]
-        state = attempt_state(self)
-        return None if state is not None and state.anchor is not None else 3
-
-    @max_retries.setter
-    def max_retries(self, value: int | None) -> None:
-        self._max_retries = value
 
     @classmethod
     def bind(cls, app: Any) -> Any:
@@ -480,10 +465,11 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         self, decision: gates.Decision, task_id: str, reserve: timedelta | None
     ) -> NoReturn:
         """Refuse to run this delivery: record it, store the typed refusal as the task's
-        failure (unless another attempt's result stands), and end it with ``Ignore``
-        (``reserve``: the task's, given with a refusal for the deadline). An eager
-        run's caller waits in this very call: the refusal is raised, and Celery raises
-        it to the caller or keeps it in the ``EagerResult`` as any eager failure."""
+        failure, or Celery's own expiry (:mod:`celery_deadlines.core.refusals`), unless another
+        attempt's result stands, and end it with ``Ignore`` (``reserve``: the task's,
+        given with a refusal for the deadline). An eager run's caller waits in this very
+        call: the refusal is raised, and Celery raises it to the caller or keeps it in
+        the ``EagerResult`` as any eager failure."""
         decision = self._kind_of(decision)
         report_refusal(self, task_id, self.name, decision)
         refusal = decision.refusal()
@@ -503,8 +489,13 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
             raise Ignore(str(refusal))
         if eager:
             raise refusal
-        self.backend.mark_as_failure(
-            task_id, refusal, request=request, store_result=claiming.caller_of(self).stores_errors
+        tell_refusal(
+            self.backend,
+            task_id,
+            refusal,
+            source=stamping.header_source(propagation.headers_of(request)),
+            request=request,
+            store_result=claiming.caller_of(self).stores_errors,
         )
         raise Ignore(str(refusal))
 
@@ -571,7 +562,9 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         The rule: ``countdown + attempt_timeout + clock_skew_allowance <= remaining``
         (autoretry's backoff and jitter arrive here as ``countdown``). A refused retry
         raises :class:`DeadlineRefused`, chained to ``exc``, so the run fails with that
-        reason. The retried message keeps the original absolute deadline.
+        reason. The retried message keeps the original absolute deadline. Celery's
+        ``max_retries`` (its default of 3 included) still bounds the retries: the
+        deadline only ends them sooner (``max_retries=None``: until the deadline).
         """
         state = attempt_state(self)
         attempt = state.attempt if state is not None else None

@@ -113,24 +113,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1 if found else 0
 
 
-def sdist(version: str) -> Path:
-    """Celery's sdist for ``version``, downloaded once."""
+def sdist(version: str, project: str = "celery") -> Path:
+    """The sdist of ``project`` (Celery's unless named) for ``version``, downloaded once."""
     where = CACHE / "sdist"
-    found = sorted(where.glob(f"celery-{version}.tar.gz"))
+    # an sdist's file name spells the project's dashes as underscores, or keeps them
+    names = sorted({f"{project}-{version}.tar.gz", f"{project.replace('-', '_')}-{version}.tar.gz"})
+    found = sorted(path for name in names for path in where.glob(name))
     if found:
         return found[0]
     where.mkdir(parents=True, exist_ok=True)
-    print(f"celery-compat: downloading the sdist of celery=={version}", flush=True)
+    print(f"compat: downloading the sdist of {project}=={version}", flush=True)
     download = ["download", "--quiet", "--no-binary", ":all:", "--no-deps", "--dest", str(where)]
-    _check(sys.executable, "-m", "pip", *download, f"celery=={version}")
-    found = sorted(where.glob(f"celery-{version}.tar.gz"))
+    _check(sys.executable, "-m", "pip", *download, f"{project}=={version}")
+    found = sorted(path for name in names for path in where.glob(name))
     if not found:
-        raise SystemExit(f"celery-compat: no celery-{version}.tar.gz in {where}")
+        raise SystemExit(f"compat: no {names[0]} in {where}")
     return found[0]
 
 
-def extract(archive: Path, target: Path) -> Path:
-    """Celery's tests and their settings from ``archive``, into ``target`` (once)."""
+def extract(archive: Path, target: Path, settings: tuple[str, ...] = ("pyproject.toml",)) -> Path:
+    """The tests (``t/``, ``requirements/``) and the pytest settings (``settings``: the
+    files at the archive's root that hold them) from ``archive``, into ``target`` (once)."""
     if (target / ".extracted").exists():
         return target
     shutil.rmtree(target, ignore_errors=True)
@@ -139,7 +142,7 @@ def extract(archive: Path, target: Path) -> Path:
         members = []
         for member in tar.getmembers():
             _, _, inner = member.name.partition("/")
-            if inner.startswith(("t/", "requirements/")) or inner == "pyproject.toml":
+            if inner.startswith(("t/", "requirements/")) or inner in settings:
                 member.name = inner
                 members.append(member)
         if hasattr(tarfile, "data_filter"):  # Python 3.11.4+: refuse links out of staging
@@ -153,13 +156,18 @@ def extract(archive: Path, target: Path) -> Path:
 
 def virtualenv(version: str, source: Path) -> Path:
     """The python of a virtualenv with Celery ``version`` and its test requirements."""
-    venv = CACHE / f"venv-{version}"
-    python = venv / "bin" / "python"
     wanted = [f"celery=={version}", *dependencies(), *test_requirements(source)]
+    return built(CACHE / f"venv-{version}", wanted)
+
+
+def built(venv: Path, wanted: Sequence[str]) -> Path:
+    """The python of the virtualenv ``venv`` with the requirements ``wanted`` (built
+    again only when they change)."""
+    python = venv / "bin" / "python"
     stamp = venv / ".installed"
     if stamp.exists() and stamp.read_text() == "\n".join(wanted):
         return python
-    print(f"celery-compat: building {venv}", flush=True)
+    print(f"compat: building {venv}", flush=True)
     shutil.rmtree(venv, ignore_errors=True)
     _check(sys.executable, "-m", "venv", str(venv))
     _check(str(python), "-m", "pip", "install", "--quiet", *wanted)
@@ -167,10 +175,11 @@ def virtualenv(version: str, source: Path) -> Path:
     return python
 
 
-def dependencies() -> list[str]:
-    """Celery's dependencies at the versions installed here (kombu, billiard, ...)."""
+def dependencies(project: str = "celery") -> list[str]:
+    """The dependencies of ``project`` (Celery's unless named) at the versions installed
+    here (kombu, billiard, ...)."""
     pinned = []
-    for requirement in importlib.metadata.requires("celery") or []:
+    for requirement in importlib.metadata.requires(project) or []:
         if "extra ==" in requirement:
             continue
         name = re.split(r"[\s<>=!~;\[(]", requirement, maxsplit=1)[0]
@@ -182,20 +191,27 @@ def dependencies() -> list[str]:
 
 
 def test_requirements(source: Path) -> list[str]:
-    """The :data:`NEEDED` requirements, as Celery's requirements files say them (every
-    line of one, markers and all: pip keeps the lines whose markers hold here), else
-    unpinned; pytest-subtests only where Celery asks for it (pytest 9 has subtests)."""
+    """The :data:`NEEDED` requirements, as Celery's requirements files say them
+    (:func:`requirements_of`)."""
+    return requirements_of(source, NEEDED, REQUIREMENT_FILES)
+
+
+def requirements_of(source: Path, needed: Sequence[str], files: Sequence[str]) -> list[str]:
+    """The ``needed`` requirements, as the project's requirements ``files`` say them
+    (every line of one, markers and all: pip keeps the lines whose markers hold here),
+    else unpinned; pytest-subtests only where Celery asks for it (pytest 9 has
+    subtests)."""
     found: dict[str, list[str]] = {}
-    for relative in REQUIREMENT_FILES:
+    for relative in files:
         path = source / relative
         lines = path.read_text().splitlines() if path.exists() else []
         for line in lines:
             line = line.split("#", 1)[0].strip()
             name = re.split(r"[\s<>=!~;\[]", line, maxsplit=1)[0].lower()
-            if name in NEEDED:
+            if name in needed:
                 found.setdefault(name, []).append(line)
     requirements = []
-    for name in NEEDED:
+    for name in needed:
         requirements += found.get(name, [] if name == "pytest-subtests" else [name])
     return requirements
 

@@ -8,6 +8,9 @@ Loaded with ``-p celery_compat_plugin`` in both runs:
   ``self.Celery`` and plain ``Celery(...)`` alike. An app that names a task class of its
   own (the argument, or a subclass's ``task_cls``) keeps it. Unset: Celery's default
   (``celery.Task``), the baseline.
+* ``CELERY_COMPAT_DEFAULTS`` (a JSON object, e.g. ``{"deadlines_default_budget": 300}``)
+  becomes defaults of every app the tests create (``app.add_defaults``: the tests' own
+  configuration still overrides them). Unset: none.
 * ``CELERY_COMPAT_OUTCOMES`` names a JSON file that receives each test's outcome
   (``passed``, ``failed``, ``error``, ``skipped``), for the runner to compare the runs.
 """
@@ -22,6 +25,7 @@ from typing import Any
 import pytest
 
 TASK_CLS_ENV = "CELERY_COMPAT_TASK_CLS"
+DEFAULTS_ENV = "CELERY_COMPAT_DEFAULTS"
 OUTCOMES_ENV = "CELERY_COMPAT_OUTCOMES"
 
 #: how bad an outcome is: a test's worst phase (setup, call, teardown) is its outcome
@@ -34,24 +38,30 @@ _apps = {"with": 0, "own": 0}
 
 def pytest_configure(config: pytest.Config) -> None:
     wanted = os.environ.get(TASK_CLS_ENV)
-    if wanted:
-        _default_task_cls(wanted)
+    defaults = json.loads(os.environ.get(DEFAULTS_ENV) or "{}")
+    if wanted or defaults:
+        _default_task_cls(wanted, defaults)
 
 
-def _default_task_cls(wanted: str) -> None:
-    """Make ``wanted`` the default task class of every app created from now on."""
+def _default_task_cls(wanted: str | None, defaults: dict[str, Any]) -> None:
+    """Make ``wanted`` the default task class, and ``defaults`` default settings, of every
+    app created from now on."""
     from celery.app.base import Celery
 
     init: Any = Celery.__init__
 
     def __init__(self: Celery, *args: Any, task_cls: Any = None, **kwargs: Any) -> None:
         below = type(self).__mro__[: type(self).__mro__.index(Celery)]
-        if task_cls or any("task_cls" in vars(klass) for klass in below):
+        if not wanted:
+            pass
+        elif task_cls or any("task_cls" in vars(klass) for klass in below):
             _apps["own"] += 1  # the test chose its app's task class: it keeps it
         else:
             task_cls = wanted
             _apps["with"] += 1
         init(self, *args, task_cls=task_cls, **kwargs)
+        if defaults:
+            self.add_defaults(lambda: dict(defaults))
 
     Celery.__init__ = __init__  # type: ignore[method-assign, assignment]
 

@@ -78,6 +78,9 @@ logger = logging.getLogger("celery_deadlines")
 #: zone and the local wall time that follow the name).
 LONGEST_NAME = 180
 
+#: A change stamp that could not be read (equal to no stamp but itself).
+_UNREAD = object()
+
 
 class DeadlineModelEntry(ModelEntry):  # type: ignore[misc]
     """django-celery-beat's entry for a row, on the library's clock, keeping its
@@ -126,6 +129,7 @@ class DatabaseDeadlineScheduler(ZonedSchedulerMixin, DatabaseScheduler):  # type
     ``ZonedSchedule`` entries are published by occurrence (see the module)."""
 
     Entry = DeadlineModelEntry
+    _last_timestamp: Any  # django-celery-beat's: the table's change stamp, as last read
     #: how far back a restarted beat looks for a row's occurrences (at least the window)
     catch_up = timedelta(days=7)
 
@@ -139,9 +143,13 @@ class DatabaseDeadlineScheduler(ZonedSchedulerMixin, DatabaseScheduler):  # type
         self._told: set[tuple[str, str]] = set()
         #: the table's change stamp has been read with the rows at least once
         self._stamped = False
+        #: writing rows of its own (update_from_dict): none of them is a change
+        self._writing = False
         super().__init__(*args, **kwargs)
 
     def schedule_changed(self) -> bool:
+        if self._writing:
+            return False  # its own rows, in its schedule already
         # django-celery-beat reads its first change stamp as no change (``ts > (last or
         # ts)``), so a row saved between its initial read and its first look waited for
         # the five-minute full sync: the stamp read with the rows (below) is ``last``
@@ -155,13 +163,33 @@ class DatabaseDeadlineScheduler(ZonedSchedulerMixin, DatabaseScheduler):  # type
             for name, fields in mapping.items()
             if isinstance(fields.get("schedule"), OccurrenceSchedule)
         }
-        super().update_from_dict({n: f for n, f in mapping.items() if n not in kept})
+        # the rows it writes from its own configuration (celery.backend_cleanup, the
+        # beat_schedule entries) are not changes to sync and read the table again for:
+        # the stamp they move is taken as read, unless another writer moved it first
+        read = self._last_timestamp
+        before = self._change_stamp() if self._stamped else None
+        self._writing = True
+        try:
+            super().update_from_dict({n: f for n, f in mapping.items() if n not in kept})
+        finally:
+            self._writing = False
+        after = self._change_stamp() if self._stamped and before == read else _UNREAD
+        if after is not _UNREAD:
+            self._last_timestamp = after
         schedule = self.schedule
         for entry in schedule.values():
             self.adopt(entry)
         for name, fields in kept.items():
             entry = self.zoned[name] = ScheduleEntry(**dict(fields, name=name, app=self.app))
             schedule[name] = entry
+
+    def _change_stamp(self) -> Any:
+        """The table's change stamp now (``_UNREAD`` when it cannot be read: no write of
+        its own is then taken as read)."""
+        try:
+            return self.Changes.last_change()
+        except Exception:  # noqa: BLE001 - django-celery-beat's own look reads it again
+            return _UNREAD
 
     def all_as_schedule(self) -> dict[str, Any]:
         if not self._stamped:

@@ -40,19 +40,24 @@ with; so the gate reads no more of a canvas than that takes:
   ``deadline_scope``, no running task's deadline, and the step is a plain task or a
   DeadlineTask without a budget, its own or its contract's), the gate stops there:
   nothing to judge;
-* only when a deadline governs is the whole canvas read, since every step counts toward
-  the critical path, before anything of it is published.
+* only when a deadline governs is the rest of the canvas read, since every step counts
+  toward the critical path, before anything of it is published; except a generator.
 
 In every case Celery's own method is then called with the canvas as it was. This keeps
-Celery's promise for a group given a generator (celery#3021: Celery publishes a group's
-members as the generator yields them, with one member of look-ahead): where no deadline
-governs, the gate reads the generator no further than its first member (with the same
-look-ahead), which Celery's group reads before its first publish anyway, through
-Celery's own ``regen``, which keeps what was read; Celery consumes the rest as it
-publishes. Where a deadline governs, the generator is read whole before the first
-publish (the ``regen`` keeps it: Celery publishes the same members), refused whole or
-published. The same rule holds for a chord's header and a chain given a generator
-(Celery 5.7 itself reads a chain's generator whole before its first publish).
+Celery's promise for a group or a chord's header given a generator (celery#3021: Celery
+publishes the members as the generator yields them, with one member of look-ahead, and
+on a backend with native chords, Redis's, it does so for a chord's header too). The gate
+reads such a generator no further than its first member (with the same look-ahead),
+which Celery reads before its first publish anyway, through Celery's own ``regen``,
+which keeps what was read; Celery consumes the rest as it publishes, deadline or not.
+What the gate judges of it: its first member, as the group's need (a lower bound: a
+group needs at least what each member needs), with what must follow it (a chord's body,
+the rest of a chain) and whatever else the canvas holds. What it cannot judge: the
+members the generator has not yielded yet; each of them passes its own enqueue gate as
+Celery publishes it (a member that can no longer start is refused there, with
+``DeadlineRefused``, after the members before it were published), and its own claim and
+attempt gates. A chain given a generator is read whole (Celery 5.7 itself reads it
+whole before its first publish).
 
 Not covered, on purpose or by nature:
 
@@ -89,6 +94,7 @@ from typing import Any, Final
 
 from celery import canvas as celery_canvas
 from celery.canvas import Signature, maybe_signature
+from celery.utils.functional import _regen  # type: ignore[attr-defined]  # Celery's lazy list
 
 from .. import conf
 from ..clock import get_clock
@@ -206,8 +212,17 @@ def _node(
 def _group(
     members: Any, app: Any, settings: conf.Settings, now: datetime, lead: dict[str, Any], b: _Built
 ) -> workflows.Group:
-    # read member by member (a generator lazily): the walk may stop at the first step
+    # read member by member: the walk may stop at the first step
     members = () if members is None else members
+    if isinstance(members, _regen):
+        # a generator (Celery keeps it as a regen) is published as it yields
+        # (celery#3021): the gate reads its first member, which Celery reads before
+        # its first publish anyway, and judges the group by it alone (a lower bound of
+        # its need); every member is judged by its own enqueue gate as it is published
+        first = next(iter(members), None)
+        return workflows.Group(
+            () if first is None else (_node(first, app, settings, now, lead, b),)
+        )
     return workflows.Group(tuple(_node(m, app, settings, now, lead, b) for m in members))
 
 

@@ -35,13 +35,15 @@ from celery import states as celery_states
 
 from .. import ledger
 from ..clock import get_clock
-from ..errors import LedgerUnreachable, RunFailed
+from ..errors import DeadlineRefused, LedgerUnreachable, RunFailed
 from ..rules import gates
 from ..rules.records import ClaimRefused, Expired, Held
+from ..rules.stamping import header_source
 from ..rules.states import Status
 from ..signals import run_claimed, run_held
 from . import pools, recording
-from .refusals import report_refusal
+from .propagation import headers_of
+from .refusals import report_refusal, tell_refusal
 
 if TYPE_CHECKING:
     from ..ledger.attempt import Attempt
@@ -196,7 +198,13 @@ def claim(delivery: Claim) -> Attempt | Refused | NotRun | Unreachable | Ended:
             if told is not None:
                 return told
         else:
-            answer_a_waiting_caller(caller, task_id, now, wait_for_the_attempt=True)
+            answer_a_waiting_caller(
+                caller,
+                task_id,
+                now,
+                wait_for_the_attempt=True,
+                source=header_source(headers_of(request)),
+            )
     logger.info(
         "%s[%s]: delivery not run, claim refused (%s); run is %s, token %s, owner %s",
         caller.task_name,
@@ -249,7 +257,12 @@ _GRACE_LOOKS = math.ceil(OUTCOME_GRACE / OUTCOME_POLL)
 
 
 def answer_a_waiting_caller(
-    caller: Caller, task_id: str, now: datetime, *, wait_for_the_attempt: bool = False
+    caller: Caller,
+    task_id: str,
+    now: datetime,
+    *,
+    wait_for_the_attempt: bool = False,
+    source: str | None = None,
 ) -> None:
     """A delivery of a run that has ended: usually a duplicate, but also what comes back
     when the worker that ended the run died after the ledger's commit and before Celery
@@ -257,7 +270,9 @@ def answer_a_waiting_caller(
     still not an outcome, it is told what the ledger recorded: a failure as
     :class:`~celery_deadlines.errors.RunFailed` (Celery's ``WorkerLostError`` for
     ``worker_lost``), an expiry as the claim gate's
-    :class:`~celery_deadlines.errors.DeadlineRefused`. Only the result is stored: the
+    :class:`~celery_deadlines.errors.DeadlineRefused` (or as Celery's own expiry when
+    the deadline was the message's ``expires``: ``source``, where the delivery's deadline
+    came from; :mod:`celery_deadlines.core.refusals`). Only the result is stored: the
     message's errbacks and chord are not called, since the ended attempt may still be
     calling them (a duplicate delivery racing its last milliseconds). A success is told
     with the return value its completion kept, when one was kept (it is logged
@@ -296,7 +311,10 @@ def answer_a_waiting_caller(
             ended.reason,
             error,
         )
-        caller.backend.mark_as_failure(task_id, error)
+        if isinstance(error, DeadlineRefused):
+            tell_refusal(caller.backend, task_id, error, source=source)
+        else:
+            caller.backend.mark_as_failure(task_id, error)
     except Exception:  # never the delivery's failure: the ledger has the outcome
         logger.exception(
             "%s[%s]: telling the caller the run's end failed", caller.task_name, task_id

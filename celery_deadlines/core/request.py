@@ -5,7 +5,8 @@ arrival, in a prefork worker), and also when it arrives if it has ``expires`` (a
 waiting for its ETA, or the caller's own), so the claim gate here sees the time a message
 spent in the queue and, for a delayed one, in the worker. A refused message is
 acknowledged (never requeued), its failure is stored with the typed
-:class:`DeadlineRefused`, and ``deadline_refused`` is sent.
+:class:`DeadlineRefused` (or as Celery's own expiry: :mod:`celery_deadlines.core.refusals`),
+and ``deadline_refused`` is sent.
 
 ``execute_using_pool`` reads ``time_limits`` right before ``pool.apply_async``; the
 property below caps them at the budget left at that instant (the attempt gate). Only
@@ -46,7 +47,7 @@ from ..rules.states import UNKNOWN_EVENT, Status
 from . import options, recording, seconds
 from .body import AttemptAPI, Unresolved
 from .claiming import answer_a_waiting_caller, caller_of
-from .refusals import report_refusal
+from .refusals import announce_expiry, report_refusal
 
 logger = logging.getLogger("celery_deadlines")
 
@@ -385,12 +386,16 @@ class DeadlineRequest(Request):
         )
         with suppress(TypeError):  # an id no set takes: Celery's state never held it
             task_ready(self)
+        source = None if malformed else stamping.header_source(headers)
         if task_id is not None and _ended_in_ledger(
-            task, decision, task_id, retries, self._reserve
+            task, decision, task_id, retries, self._reserve, source
         ):
-            self.send_event("task-failed", exception=repr(exc), traceback="")
-            context = None if malformed else (lambda: self._context)
-            _store_refusal(task, task_id, exc, context, self.store_errors)
+            if outcomes.told_as_celery_expiry(exc.reason, source):
+                announce_expiry(self)  # the deadline was the message's own expires
+            else:
+                self.send_event("task-failed", exception=repr(exc), traceback="")
+                context = None if malformed else (lambda: self._context)
+                _store_refusal(task, task_id, exc, context, self.store_errors)
         self.acknowledge()
         self._already_revoked = True
 
@@ -625,7 +630,7 @@ def refuse_message(
     decision, task_id, retries = _storing(task, headers, decision)
     exc = decision.refusal()
     report_refusal(task, envelope.task_id(headers), task.name, decision)
-    if task_id is not None and _ended_in_ledger(task, decision, task_id, retries, None):
+    if task_id is not None and _ended_in_ledger(task, decision, task_id, retries, None, None):
         dispatcher = consumer.event_dispatcher
         if dispatcher and dispatcher.enabled and task.send_events:
             dispatcher.send("task-failed", uuid=task_id, exception=repr(exc), traceback="")
@@ -658,14 +663,20 @@ def _storing(
 
 
 def _ended_in_ledger(
-    task: Any, decision: gates.Decision, task_id: str, retries: int, reserve: timedelta | None
+    task: Any,
+    decision: gates.Decision,
+    task_id: str,
+    retries: int,
+    reserve: timedelta | None,
+    source: str | None,
 ) -> bool:
     """Record the refusal in the ledger; False if the run had ended or is owned.
 
     Without the ledger every refusal ends its run. With it, a refused duplicate of a
     run that already ended, or that another worker is running, must not store a
     failure over that run's own result; a caller of an ended run still waiting is
-    told how it ended (:func:`~celery_deadlines.core.claiming.answer_a_waiting_caller`).
+    told how it ended (:func:`~celery_deadlines.core.claiming.answer_a_waiting_caller`;
+    ``source``: where the message's deadline came from, which decides how).
     """
     if not isinstance(task, AttemptAPI) or not ledger.enabled_for(task.app):
         return True
@@ -684,7 +695,7 @@ def _ended_in_ledger(
     if not ended_it:
         # the run had ended: whoever ended it may have died (or lost the result to a
         # broker restart) before the caller was told; a caller still waiting is told
-        answer_a_waiting_caller(caller_of(task), task_id, decision.clock_reading)
+        answer_a_waiting_caller(caller_of(task), task_id, decision.clock_reading, source=source)
     return ended_it
 
 

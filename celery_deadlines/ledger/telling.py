@@ -15,7 +15,8 @@ Two rules hold every telling:
   ``REVOKED``: a worker's, or Celery's own revoke or expiry) is never replaced: it is
   what the caller was told, and the ledger records that end instead of another;
 * the event is the one a worker would send: ``task-failed`` for a run ended failed or
-  expired, ``task-unknown`` for a run that waits for an effect's outcome (Flower shows
+  expired (``task-revoked`` for one told as Celery's own expiry: its deadline was its
+  ``expires``), ``task-unknown`` for a run that waits for an effect's outcome (Flower shows
   the state ``UNKNOWN``, as the result backend does, until a later event replaces it).
   In a worker it is sent when the worker sends task events (``-E``, or
   ``worker_send_task_events``, or Flower's *enable events*); in another process (the
@@ -34,7 +35,9 @@ from celery import states as celery_states
 from celery.app.task import Context
 from celery.utils.saferepr import saferepr
 
-from ..rules.outcomes import unknown_meta
+from ..errors import DeadlineRefused
+from ..rules.outcomes import CELERY_EXPIRED, told_as_celery_expiry, unknown_meta
+from ..rules.stamping import header_source
 from ..rules.states import CALLER_UNKNOWN, UNKNOWN_EVENT
 from . import outbox
 from .sql.connection import Store
@@ -147,8 +150,10 @@ def _recorded_fields(app: Any, recorded: Recorded) -> dict[str, Any]:
             if options.get(option) is not None:
                 fields[field] = options[option]
         headers = options.get("headers")
-        if isinstance(headers, dict) and isinstance(headers.get("periodic_task_name"), str):
-            fields["periodic_task_name"] = headers["periodic_task_name"]
+        if isinstance(headers, dict):
+            fields["headers"] = headers  # a worker's request has its message's headers
+            if isinstance(headers.get("periodic_task_name"), str):
+                fields["periodic_task_name"] = headers["periodic_task_name"]
         queue = queue or _name(options.get("queue"))
     if queue:
         fields["delivery_info"] = {"routing_key": queue}
@@ -174,7 +179,10 @@ def tell_failed(app: Any, store: Store, task_id: str, task_name: str, error: Exc
     """Store ``error`` as the run's failure with the request a worker would have had
     (its chain, chord and errbacks are failed as a worker fails them) and send
     ``task-failed``; ``False`` (nothing stored or sent) when the result already holds a
-    final state."""
+    final state. A refusal for the deadline of a run whose recorded message's deadline
+    is Celery's ``expires`` is told as Celery tells that expiry instead
+    (:func:`~celery_deadlines.rules.outcomes.told_as_celery_expiry`): ``REVOKED``,
+    ``TaskRevokedError('expired')``, ``task-revoked`` with ``expired=True``."""
     told = already_told(app, task_id)
     if told is not None:
         logger.info(
@@ -188,11 +196,22 @@ def tell_failed(app: Any, store: Store, task_id: str, task_name: str, error: Exc
     request = request_for(app, store, task_id, task_name)
     task = app.tasks.get(task_name)
     stores = task is None or bool(task.store_errors_even_if_ignored or not task.ignore_result)
+    expired = isinstance(error, DeadlineRefused) and told_as_celery_expiry(
+        error.reason, header_source(request.headers or {})
+    )
     try:
-        app.backend.mark_as_failure(task_id, error, request=request, store_result=stores)
+        if expired:
+            app.backend.mark_as_revoked(
+                task_id, CELERY_EXPIRED, request=request, store_result=stores
+            )
+        else:
+            app.backend.mark_as_failure(task_id, error, request=request, store_result=stores)
     except Exception:  # the ledger holds the outcome
         logger.exception("storing the end of run %s in the result backend failed", task_id)
-    send_event(app, "task-failed", task_id, exception=repr(error), traceback="")
+    if expired:
+        send_event(app, "task-revoked", task_id, terminated=False, signum=None, expired=True)
+    else:
+        send_event(app, "task-failed", task_id, exception=repr(error), traceback="")
     return True
 
 

@@ -17,7 +17,7 @@ from typing import Any, Final, Literal, NamedTuple
 
 from ..errors import DeadlineRefused, DispatchRefused, PlanRefused
 from .contracts import OnExpiry
-from .gates import expiry_reason
+from .gates import Reason, expiry_reason
 from .quoting import shown
 from .states import Status
 
@@ -241,6 +241,25 @@ def ended_by_celery(
             f"revoked and terminated by Celery (signal {signum})",
         )
     return Status.FAILED, REVOKED_BY_CELERY, "revoked: Celery discarded the message"
+
+
+#: The reason Celery stores with a message its own ``expires`` check discarded
+#: (``TaskRevokedError('expired')``, state ``REVOKED``).
+CELERY_EXPIRED: Final = "expired"
+
+#: The refusals for the deadline itself (not for a header, a retry or a person).
+_FOR_THE_DEADLINE: Final = frozenset({Reason.DEADLINE_PASSED, Reason.INSUFFICIENT_BUDGET})
+
+
+def told_as_celery_expiry(reason: str | None, source: str | None) -> bool:
+    """Is a run refused or ended for its deadline told to its caller as Celery tells of a
+    message its ``expires`` discarded (state ``REVOKED``, ``TaskRevokedError('expired')``,
+    ``task-revoked`` with ``expired=True``)? When the governing deadline is Celery's
+    ``expires`` (``source``: the message's ``x_deadline_source``) and the refusal is for
+    that deadline (``reason``: it passed, or less than the reserve was left): a caller's
+    ``except TaskRevokedError`` keeps catching it, and the ledger keeps the reason. Any
+    other refusal is told as the typed refusal it is."""
+    return source == "expires" and reason in _FOR_THE_DEADLINE
 
 
 class Settle(enum.Enum):

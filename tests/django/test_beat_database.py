@@ -154,6 +154,57 @@ def test_a_row_saved_just_after_beat_started_is_published_without_waiting_five_m
     assert published(app) == [POLL_0700]
 
 
+def counted(monkeypatch: pytest.MonkeyPatch, name: str) -> list[None]:
+    """One item per call of the scheduler's method ``name`` from now on."""
+    calls: list[None] = []
+    method = getattr(DatabaseDeadlineScheduler, name)
+
+    def counting(self: DatabaseDeadlineScheduler, *args: Any, **kwargs: Any) -> Any:
+        calls.append(None)
+        return method(self, *args, **kwargs)
+
+    monkeypatch.setattr(DatabaseDeadlineScheduler, name, counting)
+    return calls
+
+
+@beside_the_table
+def test_the_rows_a_scheduler_writes_at_start_are_no_change_to_sync_and_read_again(
+    app: Celery,
+    database_beat: Callable[..., DatabaseDeadlineScheduler],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # django-celery-beat's own scheduler tests (make beat-compat) count the syncs: its
+    # startup write of celery.backend_cleanup and the beat_schedule rows counted as a
+    # change, and it synced and read the table once more at every start
+    monkeypatch.setitem(app.conf, "result_expires", timedelta(days=1))  # Celery's default
+    syncs, reads = counted(monkeypatch, "sync"), counted(monkeypatch, "all_as_schedule")
+    scheduler = database_beat(poll={"task": "shop.send_digest", "schedule": 60.0})
+    names = set(PeriodicTask.objects.values_list("name", flat=True))
+    assert names == {"celery.backend_cleanup", "poll"}  # written, and in its schedule
+    assert {"celery.backend_cleanup", "poll"} <= set(scheduler.schedule)
+    assert (len(syncs), len(reads)) == (1, 1)  # the initial read alone
+
+
+@beside_the_table
+def test_a_row_another_writer_saves_while_a_scheduler_starts_is_still_a_change(
+    app: Celery,
+    database_beat: Callable[..., DatabaseDeadlineScheduler],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # its own writes are taken as read only when nobody else wrote since its initial read
+    install = DatabaseDeadlineScheduler.install_default_entries
+
+    def installing_beside_an_admin(self: DatabaseDeadlineScheduler, data: Any) -> None:
+        row("poll", "shop.send_digest", 60, expire_seconds=30, kwargs="{}")
+        install(self, data)
+
+    monkeypatch.setattr(
+        DatabaseDeadlineScheduler, "install_default_entries", installing_beside_an_admin
+    )
+    scheduler = database_beat()
+    assert "poll" in scheduler.schedule  # its next look reads the table again
+
+
 @beside_the_table
 def test_a_rows_published_message_carries_its_run_id_deadline_and_row_name(
     app: Celery, database_beat: Callable[..., DatabaseDeadlineScheduler]

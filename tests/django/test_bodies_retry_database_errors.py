@@ -35,6 +35,7 @@ RIDES_OUT_A_CUT: dict[str, Any] = {
     "autoretry_for": (OperationalError, InterfaceError),
     "retry_backoff": True,
     "retry_backoff_max": 8,
+    "max_retries": None,
 }
 
 

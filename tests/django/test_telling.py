@@ -267,3 +267,64 @@ def test_a_run_the_ledger_ended_whose_caller_was_told_is_not_told_again(
     reconcile_once(app, store)
     assert stored == []  # looked at, found told: nothing stored over it
     assert repr(meta(app, "told-once")["result"]) == repr(first["result"])
+
+
+# -- a run whose deadline was Celery's own ``expires`` ------------------------------------
+
+#: the headers a DeadlineTask's publish writes when the caller's ``expires`` is earlier
+#: than its budget: that ``expires`` is the deadline
+EXPIRES_GOVERNED = {"x_deadline": 1.0, "x_deadline_source": "expires"}
+
+
+@pytest.fixture
+def task_events(app: Celery, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, Any]]]:
+    """Every task event the ledger sends of a run, as ``(kind, fields)``."""
+    sent: list[tuple[str, dict[str, Any]]] = []
+    monkeypatch.setattr(
+        telling, "send_event", lambda app, kind, task_id, **fields: sent.append((kind, fields))
+    )
+    return sent
+
+
+def test_a_run_the_sweeper_expires_whose_deadline_was_its_expires_is_told_as_celery_tells_it(
+    store: Store, app: Celery, task_events: list[tuple[str, dict[str, Any]]]
+) -> None:
+    record(store, "expires-swept", headers=EXPIRES_GOVERNED)
+    assert reconcile_once(app, store).expired == ["expires-swept"]
+    stored = meta(app, "expires-swept")
+    assert stored["status"] == states.REVOKED
+    assert (stored["name"], stored["args"], stored["queue"]) == ("shop.ship", [7], "orders")
+    with pytest.raises(TaskRevokedError, match="expired"):
+        app.AsyncResult("expires-swept").get(timeout=1)
+    assert task_events == [("task-revoked", {"terminated": False, "signum": None, "expired": True})]
+    # the ledger keeps its own reason
+    run = Run.objects.using(store.using).get(task_id="expires-swept")
+    assert (run.status, run.reason) == (Status.EXPIRED, "deadline_passed")
+
+
+@pytest.mark.parametrize("source", ["default", "call", "parent", "Expires", None])
+def test_a_run_the_sweeper_expires_whose_deadline_was_not_its_expires_is_told_the_refusal(
+    store: Store, app: Celery, task_events: list[tuple[str, dict[str, Any]]], source: str | None
+) -> None:
+    headers: dict[str, Any] = {"x_deadline": 1.0}
+    if source is not None:
+        headers["x_deadline_source"] = source
+    record(store, "budget-swept", headers=headers)
+    assert reconcile_once(app, store).expired == ["budget-swept"]
+    assert meta(app, "budget-swept")["status"] == states.FAILURE
+    with pytest.raises(DeadlineRefused, match="deadline_passed"):
+        app.AsyncResult("budget-swept").get(timeout=1)
+    assert [kind for kind, _ in task_events] == ["task-failed"]
+
+
+def test_an_operators_expiry_of_a_run_whose_deadline_was_its_expires_is_told_as_the_operators(
+    store: Store, app: Celery
+) -> None:
+    # only a refusal for the deadline itself is Celery's expiry; a person's is not
+    from celery_deadlines.ledger import operations
+
+    record(store, "expires-operator", past_deadline=False, headers=EXPIRES_GOVERNED)
+    run = Run.objects.using(store.using).get(task_id="expires-operator")
+    assert operations.expire_run(app, store, run.pk, operator="alice")
+    with pytest.raises(DeadlineRefused, match="expired_by_operator"):
+        app.AsyncResult("expires-operator").get(timeout=1)

@@ -28,7 +28,7 @@ from tests.support.processes import REPO, Transport, WorkerProcess, reachable
 
 pytestmark = pytest.mark.integration
 
-REDIS = ("127.0.0.1", 6379)
+REDIS = (isolation.REDIS_HOST, isolation.REDIS_PORT)
 RABBITMQ = ("127.0.0.1", 5672)
 
 

@@ -37,7 +37,6 @@ from celery import states
 from celery.exceptions import TaskRevokedError
 from celery.utils.saferepr import saferepr
 
-from celery_deadlines import DeadlineRefused
 from celery_deadlines.models import TERMINAL, Run, Status
 from tests.integration.conftest import (
     LEDGER_DB,
@@ -406,7 +405,9 @@ class Ending:
 #: Celery itself ends the run: its own ``expires`` passes (a run with no deadline), or
 #: the caller revokes it (``app.control.revoke``); Celery stores REVOKED either way and
 #: sends ``task-revoked``. With a budget, an earlier ``expires`` is the run's deadline
-#: (item 3): the claim gate refuses the late message, as for a shorter budget.
+#: (item 3): the claim gate refuses the late message, as for a shorter budget, and tells
+#: its caller and Flower what Celery tells of an expired message; the ledger keeps the
+#: reason.
 ENDINGS = {
     "expires": Ending(
         {"expires": CELERY_EXPIRES},
@@ -425,8 +426,8 @@ ENDINGS = {
     "expires-as-deadline": Ending(
         {"expires": CELERY_EXPIRES, "budget": ENDED_BUDGET},
         False,
-        states.FAILURE,
-        DeadlineRefused,
+        states.REVOKED,
+        TaskRevokedError,
         (Status.EXPIRED, "deadline_passed"),
     ),
 }

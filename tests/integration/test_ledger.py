@@ -140,6 +140,24 @@ def test_a_lost_message_whose_deadline_passes_unclaimed_expires_as_deadline_pass
     assert lines(sink, key="too-late") == []
 
 
+def test_a_lost_message_whose_expires_was_its_deadline_is_told_revoked_as_celery_tells_it(
+    redis_broker: Transport, ledger_client: Any, ledger_worker: Any, sink: Path, queue: str
+) -> None:
+    from celery.exceptions import TaskRevokedError
+
+    tasks = ledger_client(redis_broker)
+    result = tasks.effect.apply_async(("expires-too-late",), budget=60, expires=1)
+    redis.Redis.from_url(redis_broker.broker_url).delete(queue)
+    wait_for(lambda: Run.objects.using(DB).filter(task_id=result.id).exists(), 5)
+    ledger_worker(redis_broker)
+    run = wait_for(lambda: ended(result.id), 30)
+    assert (run.status, run.reason) == (Status.EXPIRED, "deadline_passed")  # the ledger's words
+    with pytest.raises(TaskRevokedError, match="expired"):  # Celery's, for its caller
+        result.get(timeout=30)
+    assert result.state == "REVOKED"
+    assert lines(sink, key="expires-too-late") == []
+
+
 # -- a message for another task, under a run's id --------------------------------------
 
 

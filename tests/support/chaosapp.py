@@ -61,6 +61,7 @@ def _work(task: DeadlineTask, seconds: float) -> None:
 @app.task(
     base=DeadlineTask, bind=True, name="c.order", reconcilers={"pay": find_remote_payment},
     autoretry_for=(OperationalError, InterfaceError), retry_backoff=True, retry_backoff_max=8,
+    max_retries=None,
 )  # fmt: skip
 def order(self: DeadlineTask, order_id: str, flavour: str, work: float) -> Any:
     if flavour == "retry" and not self.request.retries:

@@ -23,6 +23,9 @@ alone on the machine):
 ``TEST_QUEUE_PREFIX`` (none)
     put before every queue name: the tests' (already unique per test) and the demos'
     (``celery``, ``warehouse``, ``addresses``, which a RabbitMQ vhost shares otherwise).
+``TEST_REDIS_PORT`` (``6379``)
+    the port of the Redis server of all the databases above (a session on a machine
+    whose sixteen databases are taken starts a ``redis-server`` of its own).
 
 Worker subprocesses are handed the URLs and queue names, never these variables.
 """
@@ -31,7 +34,19 @@ from __future__ import annotations
 
 import os
 
-REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
+
+def _port() -> int:
+    value = os.environ.get("TEST_REDIS_PORT", "6379")
+    try:
+        number = int(value)
+    except ValueError:
+        raise ValueError(f"TEST_REDIS_PORT={value!r}: a TCP port, e.g. 6379") from None
+    if not 0 < number < 65536:
+        raise ValueError(f"TEST_REDIS_PORT={value!r}: TCP ports are numbered 1 to 65535")
+    return number
+
+
+REDIS_HOST, REDIS_PORT = "127.0.0.1", _port()
 
 #: The xdist worker running this process (``gw0``, ``gw1``, ...), or ``""`` without xdist.
 XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")

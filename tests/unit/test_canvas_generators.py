@@ -1,8 +1,8 @@
-"""The workflow gate keeps Celery's promise for a group given a generator (celery#3021:
-Celery publishes the members as the generator yields them, one member ahead): where no
-deadline governs the canvas, the gate reads no more of it than Celery does before its
-first publish; where one does, the generator is read whole before anything is published
-(memory broker, fake clock)."""
+"""The workflow gate keeps Celery's promise for a group (or a chord's header) given a
+generator (celery#3021: Celery publishes the members as the generator yields them, one
+member ahead): under a deadline or not, the gate reads no more of it than Celery does
+before its first publish, judges the group by its first member, and each member is
+judged by its own enqueue gate as it is published (memory broker, fake clock)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,14 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from celery import Celery, group
+from celery import Celery, chord, group
 from celery._state import _task_stack  # type: ignore[attr-defined]
 from celery.signals import after_task_publish
 
 from celery_deadlines import (
     DEADLINE_HEADER,
     SOURCE_HEADER,
+    DeadlineRefused,
     DeadlineTask,
     WorkflowRefused,
     deadline_scope,
@@ -41,15 +42,9 @@ CELERYS_ORDER: list[Event] = [
     ("published", 1),
     ("published", 2),
 ]
-#: Read whole, then published.
-READ_WHOLE: list[Event] = [
-    ("pulled", 0),
-    ("pulled", 1),
-    ("pulled", 2),
-    ("published", 0),
-    ("published", 1),
-    ("published", 2),
-]
+#: What the gate reads of a generator of three before its first publish: the first
+#: member, and Celery's one member of look-ahead.
+FIRST_READ: list[Event] = [("pulled", 0), ("pulled", 1)]
 
 
 def make(app: Celery, name: str, **options: Any) -> Any:
@@ -191,24 +186,55 @@ def test_a_later_members_budget_does_not_make_the_gate_read_ahead(
 
 
 @pytest.mark.parametrize("kind", ["scope", "running task"])
-def test_under_a_deadline_a_generator_that_cannot_fit_is_refused_whole_with_nothing_published(
+def test_under_a_deadline_a_generator_whose_first_member_cannot_fit_is_refused_unpublished(
     tasks: dict[str, Any], clock: FakeClock, events: list[Event], kind: str
 ) -> None:
     with a_deadline(kind, tasks, clock, 9), pytest.raises(WorkflowRefused) as refused:
         group(members(tasks["timed"], events)).apply_async()
-    assert events == [("pulled", 0), ("pulled", 1), ("pulled", 2)]
+    assert events == FIRST_READ  # nothing published, no member read past Celery's look-ahead
     assert "needs 10.000 s (gen.timed: attempt timeout 10.000 s) but 9.000 s left" in (
         refused.value.detail
     )
 
 
 @pytest.mark.parametrize("kind", ["scope", "running task"])
-def test_under_a_deadline_a_generator_that_fits_is_read_whole_then_published_with_every_member(
+def test_under_a_deadline_a_generator_is_published_as_it_yields_as_celery_publishes_it(
     tasks: dict[str, Any], clock: FakeClock, events: list[Event], kind: str
 ) -> None:
     with a_deadline(kind, tasks, clock, 10):
         group(members(tasks["timed"], events)).apply_async()
-    assert events == READ_WHOLE
+    assert events == CELERYS_ORDER
+
+
+def test_a_chords_body_that_cannot_follow_its_generators_first_member_refuses_it_unpublished(
+    tasks: dict[str, Any], clock: FakeClock, events: list[Event]
+) -> None:
+    # the part of the canvas the gate can see is judged whole: the header's first
+    # member, then the body
+    with deadline_scope(budget=15), pytest.raises(WorkflowRefused) as refused:
+        chord(members(tasks["timed"], events), tasks["timed"].si(99)).apply_async()
+    assert events == FIRST_READ
+    assert "needs 20.000 s" in refused.value.detail
+
+
+def test_a_generators_later_member_is_judged_by_its_own_enqueue_gate_as_it_is_published(
+    tasks: dict[str, Any], clock: FakeClock, events: list[Event]
+) -> None:
+    # what the gate cannot read: a generator slow enough to outlive the deadline
+    timed = tasks["timed"]
+
+    def slow() -> Iterator[Any]:
+        for index in range(3):
+            if index == 2:
+                clock.advance(11)  # the deadline passed while the generator worked
+            events.append(("pulled", index))
+            yield timed.s(index)
+
+    with deadline_scope(budget=10), pytest.raises(DeadlineRefused) as refused:
+        group(slow()).apply_async()
+    assert (refused.value.gate, refused.value.reason) == ("enqueue", "deadline_passed")
+    # the first was published; the second, published once the third was read, was refused
+    assert events == CELERYS_ORDER[:4]
 
 
 def test_a_generator_whose_first_member_has_a_budget_is_judged_against_it(
@@ -217,5 +243,5 @@ def test_a_generator_whose_first_member_has_a_budget_is_judged_against_it(
     # the first step's budget is the governing deadline: the members are needed
     with pytest.raises(WorkflowRefused) as refused:
         group(members(tasks["budgeted"], events)).apply_async()
-    assert events == [("pulled", 0), ("pulled", 1), ("pulled", 2)]
+    assert events == FIRST_READ
     assert "but 5.000 s left" in refused.value.detail

@@ -229,3 +229,36 @@ def test_a_delivery_the_ledgers_clock_refuses_stores_the_refusal_and_ends_the_ru
     assert isinstance(refused, DeadlineRefused)
     assert (refused.gate, refused.reason) == ("claim", "deadline_passed")
     assert (ledger.run("v7").status, ledger.run("v7").reason) == ("EXPIRED", "deadline_passed")
+
+
+def test_a_delivery_the_ledgers_clock_refuses_whose_deadline_was_its_expires_is_told_revoked(
+    app: Celery, ledger: FakeLedger, clock: FakeClock
+) -> None:
+    from celery.exceptions import TaskRevokedError
+
+    work_task(app, acks_late=True).apply_async(task_id="v8", expires=30)  # earlier than 60
+    [message] = drain(app, QUEUE)
+    assert message["headers"]["x_deadline_source"] == "expires"
+    ledger.run("v8").deadline = clock.now() - timedelta(seconds=1)  # by the ledger's clock
+    assert execute(app, message)[0] == "IGNORED"
+    result = app.AsyncResult("v8")
+    assert str(result.state) == "REVOKED"
+    assert isinstance(result.result, TaskRevokedError)
+    assert str(result.result) == "expired"
+    # the ledger keeps the reason
+    assert (ledger.run("v8").status, ledger.run("v8").reason) == ("EXPIRED", "deadline_passed")
+
+
+@pytest.mark.parametrize(("source", "state"), [("expires", "REVOKED"), ("default", "FAILURE")])
+def test_a_waiting_caller_of_a_run_that_expired_is_told_as_the_run_was_refused(
+    app: Celery, ledger: FakeLedger, clock: FakeClock, source: str, state: str
+) -> None:
+    # the worker that ended the run died before telling its caller: a later delivery
+    # of it tells the caller what that worker would have
+    task_id = f"v9-{source}"  # Celery's memory backend is one for every app
+    work_task(app, acks_late=True).apply_async(task_id=task_id)
+    drain(app, QUEUE)
+    run = ledger.run(task_id)
+    run.status, run.reason = "EXPIRED", "deadline_passed"
+    claiming.answer_a_waiting_caller(caller(app), task_id, clock.now(), source=source)
+    assert app.AsyncResult(task_id).state == state

@@ -20,6 +20,7 @@ from celery_deadlines.rules.outcomes import (
     bounded_traceback,
     performed_past_deadline_detail,
     settle_lapsed,
+    told_as_celery_expiry,
 )
 from celery_deadlines.rules.states import Status
 
@@ -129,3 +130,35 @@ def test_a_run_ended_past_its_deadline_after_an_effect_names_what_was_performed(
         "performed: mail (order-42:mail), pay (order-42:pay); its outcome was settled after "
         "the deadline, so the task did not go on after it (its result is not replayed)"
     )
+
+
+@pytest.mark.parametrize("reason", ["deadline_passed", "insufficient_budget"])
+def test_a_refusal_for_a_deadline_that_was_celerys_expires_is_told_as_celerys_expiry(
+    reason: str,
+) -> None:
+    assert told_as_celery_expiry(reason, "expires")
+
+
+@pytest.mark.parametrize(
+    "reason",
+    [
+        "retry_budget_exhausted",
+        "invalid_deadline",
+        "delivery_expired",
+        "workflow_cannot_fit",
+        "expired_by_operator",
+        "performed_past_deadline",
+        None,
+    ],
+)
+def test_a_refusal_for_anything_but_the_deadline_itself_is_told_as_the_refusal_it_is(
+    reason: str | None,
+) -> None:
+    assert not told_as_celery_expiry(reason, "expires")
+
+
+@pytest.mark.parametrize("source", ["call", "task", "setting", "default", "scope", "parent", None])
+def test_a_refusal_for_a_deadline_from_anywhere_but_expires_is_told_as_the_refusal_it_is(
+    source: str | None,
+) -> None:
+    assert not told_as_celery_expiry("deadline_passed", source)

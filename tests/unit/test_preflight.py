@@ -12,9 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
+from unittest import mock
 
 import pytest
 from celery import Celery, beat
+from celery import _state as celery_state
 from celery.beat import Service
 from celery.signals import beat_init, import_modules, worker_init
 from celery.worker import WorkController
@@ -26,8 +28,13 @@ from celery_deadlines.core import preflight
 
 @pytest.fixture
 def app() -> Iterator[Celery]:
-    """A plain Celery app: without Celery's Django fixup (see :func:`only_the_check`)."""
+    """A plain Celery app with the tasks its test defines alone: without Celery's Django
+    fixup (see :func:`only_the_check`), and finalized without the shared tasks other
+    modules of the session defined (Celery adds every one to every app it finalizes, and
+    the checks would report theirs too)."""
     app = Celery("plain", broker="memory://", backend="cache+memory://", fixups=[])
+    with mock.patch.object(celery_state, "_on_app_finalizers", set()):
+        app.finalize()
     app.set_current()
     app.conf.deadlines_ledger = False
     yield app

@@ -1,5 +1,6 @@
-"""The README's first example, as written: its retries are ended by the retry gate, at
-the deadline, not by Celery's default of three retries."""
+"""The README's first example, as written: with ``max_retries=None`` its retries are
+ended by the retry gate, at the deadline; without it, Celery's default of three retries
+still bounds them, deadline or not."""
 
 from __future__ import annotations
 
@@ -61,6 +62,7 @@ def test_the_readme_example_retries_until_the_retry_gate_ends_it_at_the_deadline
         attempt_timeout=10,
         autoretry_for=(ProviderDown,),
         retry_backoff=True,
+        max_retries=None,  # retry until the deadline (Celery's default: 3 retries)
         shared=False,
         name="readme.ship",
     )
@@ -133,3 +135,31 @@ def test_a_task_with_no_deadline_keeps_celerys_default_of_three_retries(
             break
         states.append(execute(app, messages[0])[0])
     assert states == ["RETRY", "RETRY", "RETRY", "FAILURE"]
+
+
+def test_a_task_with_a_deadline_keeps_celerys_default_of_three_retries(
+    app: Celery, clock: FakeClock
+) -> None:
+    # a deadline only ends retries sooner: ten minutes would hold hundreds of these
+    @app.task(
+        base=DeadlineTask,
+        bind=True,
+        budget=600,
+        autoretry_for=(ProviderDown,),
+        shared=False,
+        name="readme.bounded",
+    )
+    def bounded(self: Any) -> None:
+        raise ProviderDown(f"down (retry {self.request.retries})")
+
+    bounded.apply_async(task_id="bounded-1")
+    outcomes = []
+    for _ in range(6):
+        messages = drain(app, "readme")
+        if not messages:
+            break
+        clock.advance(1)
+        outcomes.append(execute(app, messages[0]))
+    assert [state for state, _ in outcomes] == ["RETRY", "RETRY", "RETRY", "FAILURE"]
+    assert isinstance(outcomes[-1][1], ProviderDown)  # Celery's own end: the last error
+    assert str(outcomes[-1][1]) == "down (retry 3)"

@@ -3,13 +3,17 @@ time-limit cap, before a message reaches the pool."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from unittest.mock import Mock
 
 import pytest
 from celery import Celery
+from celery.contrib.testing.mocks import TaskMessage
 
-from celery_deadlines import DEADLINE_HEADER
+from celery_deadlines import DEADLINE_HEADER, SOURCE_HEADER
+from celery_deadlines.core.request import DeadlineRequest
 from celery_deadlines.rules.gates import Decision
 from celery_deadlines.rules.wire import encode
 from celery_deadlines.testing import FakeClock
@@ -206,3 +210,82 @@ def test_the_cap_handed_to_the_pool_is_measured_from_the_claim_gates_own_reading
     clock.advance(0.5)
     assert request.time_limits[0] == pytest.approx(15.0)
     assert request.time_limits[0] == pytest.approx(14.5)
+
+
+# -- a deadline that was Celery's own ``expires``: told as Celery tells its expiry ------
+
+
+@pytest.fixture
+def revoked_signals() -> Iterator[list[dict[str, Any]]]:
+    """Celery's ``task_revoked`` signals sent meanwhile (their keyword arguments)."""
+    from celery.signals import task_revoked
+
+    sent: list[dict[str, Any]] = []
+
+    def receive(**fields: Any) -> None:
+        sent.append(fields)
+
+    task_revoked.connect(receive, weak=False)
+    yield sent
+    task_revoked.disconnect(receive)
+
+
+@pytest.mark.parametrize(("left", "reason"), [(-1, "deadline_passed"), (1, "insufficient_budget")])
+def test_claim_tells_a_message_whose_deadline_was_its_expires_what_celery_tells_of_an_expiry(
+    app: Celery,
+    clock: FakeClock,
+    revoked_signals: list[dict[str, Any]],
+    refusals: list[Decision],
+    left: float,
+    reason: str,
+) -> None:
+    from celery.exceptions import TaskRevokedError
+    from celery.worker.state import revoked
+
+    task = make_task(app, reserve=2)
+    expires = clock.now() + timedelta(seconds=left)
+    headers: dict[str, Any] = {
+        DEADLINE_HEADER: encode(expires),
+        SOURCE_HEADER: "expires",
+        "expires": expires,
+    }
+    message = TaskMessage(task.name, id="expired-1", **headers)
+    eventer, on_ack = Mock(enabled=True), Mock()
+    request = DeadlineRequest(message, app=app, task=task, on_ack=on_ack, eventer=eventer)
+    try:
+        assert request.revoked() is True
+        on_ack.assert_called_once()
+        result = app.AsyncResult("expired-1")
+        assert str(result.state) == "REVOKED"
+        assert isinstance(result.result, TaskRevokedError)
+        assert str(result.result) == "expired"
+        [(kind, fields)] = [(c.args[0], c.kwargs) for c in eventer.send.call_args_list]
+        assert kind == "task-revoked"
+        assert (fields["terminated"], fields["signum"], fields["expired"]) == (False, None, True)
+        assert [(s["expired"], s["request"].id) for s in revoked_signals] == [(True, "expired-1")]
+        assert "expired-1" in revoked  # as Celery's own expires check keeps it
+        assert [(d.gate, d.reason) for d in refusals] == [("claim", reason)]  # still reported
+    finally:
+        revoked.discard("expired-1")
+
+
+@pytest.mark.parametrize("source", ["default", "call", "scope", "parent", "task", "setting", "x"])
+def test_claim_tells_a_message_whose_deadline_came_from_anywhere_else_the_typed_refusal(
+    app: Celery, clock: FakeClock, source: str
+) -> None:
+    task = make_task(app)
+    deadline = clock.now() - timedelta(seconds=1)
+    request, _ = claim(app, task, {DEADLINE_HEADER: encode(deadline), SOURCE_HEADER: source})
+    assert request.revoked() is True
+    assert stored_refusal(app, "m-1").reason == "deadline_passed"
+
+
+def test_a_delivery_tasks_message_past_its_expires_is_told_delivery_expired(
+    app: Celery, clock: FakeClock
+) -> None:
+    # a delivery task's deadline is its delivery deadline: not Celery's expiry
+    task = make_task(app, deadline_kind="delivery")
+    deadline = clock.now() - timedelta(seconds=1)
+    request, _ = claim(app, task, {DEADLINE_HEADER: encode(deadline), SOURCE_HEADER: "expires"})
+    assert request.revoked() is True
+    assert stored_refusal(app, "m-1").reason == "delivery_expired"

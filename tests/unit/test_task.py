@@ -347,6 +347,22 @@ def test_attempt_refuses_to_start_after_the_deadline_and_stores_why(
     assert [d.gate for d in refusals] == ["attempt"]
 
 
+def test_attempt_tells_a_deadline_that_was_its_expires_as_celery_tells_an_expiry(
+    app: Celery, clock: FakeClock, refusals: list[Decision]
+) -> None:
+    from celery.exceptions import TaskRevokedError
+
+    task = make_task(app)
+    past = encode(clock.now() - timedelta(seconds=1))
+    with pytest.raises(Ignore):
+        start_attempt(task, {DEADLINE_HEADER: past, SOURCE_HEADER: "expires"}, "t-4")
+    result = app.AsyncResult("t-4")
+    assert str(result.state) == "REVOKED"
+    assert isinstance(result.result, TaskRevokedError)
+    assert str(result.result) == "expired"
+    assert [(d.gate, d.reason) for d in refusals] == [("attempt", "deadline_passed")]
+
+
 @pytest.mark.parametrize("header", ["garbage", float("nan"), -5.0, "2026-11-29T12:00:00", [1]])
 def test_attempt_refuses_a_malformed_header_as_invalid_deadline(
     app: Celery, clock: FakeClock, header: object
