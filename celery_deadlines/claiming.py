@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from celery import states as celery_states
 
-from . import ledger, pools, recording
+from . import ledger, pools, recording, timelimits
 from .clock import get_clock
 from .errors import LedgerUnreachable, RunFailed
-from .rules import gates
+from .rules import gates, limits
 from .rules.records import ClaimRefused, Expired, Held
 from .rules.states import Status
 from .signals import report_refusal, run_claimed, run_held
@@ -155,6 +155,9 @@ def claim(delivery: Claim) -> Attempt | Refused | NotRun | Unreachable | Ended:
             # an eager run is the caller's, inside whatever attempt runs it
             exclusive=not eager and pools.one_attempt_at_a_time(),
             eager=eager,
+            # what the worker's main process handed the pool with the job (its claim
+            # records it); an eager run is under no time limit
+            limits=limits.EAGER if eager else timelimits.handed(request, delivery.sender),
         )
     except LedgerUnreachable as unreachable:
         return _hand_back(delivery, unreachable)

@@ -11,22 +11,29 @@ plain Celery tier never imports Django.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from celery._state import get_current_worker_task
 from celery.exceptions import Retry
 
-from . import ledger
+from . import conf, ledger
+from .conf import settings_for
 from .propagation import attempt_state, headers_of
 from .rules import envelope, gates, wire
-from .rules.records import NewRun
+from .rules.records import NewRun, Refusal
 from .rules.stamping import Stamp
 from .rules.states import Status
+from .signals import report_refusal
 
 if TYPE_CHECKING:
     from celery import Task
+
+logger = logging.getLogger("celery_deadlines")
 
 
 def publish(
@@ -178,11 +185,11 @@ def record_refusal(
     retries: int,
     reserve: timedelta | None,
     dedicated: bool = True,
-) -> bool:
-    """Record a gate's refusal in the ledger: ``True`` when it ended the run (only then
-    may the refusal be stored as the task's result). A refusal for the deadline is
-    confirmed by the ledger's clock against the task's ``reserve``, which such a
-    refusal must give (``None``: a refusal for anything else)."""
+) -> Refusal:
+    """Record a gate's refusal in the ledger: what it did to the run, true when it ended
+    it (only then may the refusal be stored as the task's result). A refusal for the
+    deadline is confirmed by the ledger's clock against the task's ``reserve``, which
+    such a refusal must give (``None``: a refusal for anything else)."""
     refusal = decision.refusal()
     return ledger.api_for(app).refuse_run(
         app,
@@ -195,6 +202,117 @@ def record_refusal(
         deadline=decision.deadline,
         confirm_within=reserve if refusal.reason in _DEADLINE_REASONS else None,
         dedicated=dedicated,
+    )
+
+
+#: The runs whose refusal a worker's clock running ahead of the ledger's was reported for
+#: at ERROR, most recent last (at most :data:`_TOLD_AT_MOST`: a bounded memory).
+_clock_ahead_told: OrderedDict[str, None] = OrderedDict()
+_TOLD_AT_MOST: Final = 1024
+_told_lock = threading.Lock()
+
+
+def tell_refusal(
+    sender: Any,
+    app: Any,
+    task_id: str | None,
+    task_name: str,
+    decision: gates.Decision,
+    outcome: Refusal,
+    *,
+    carrier: Mapping[str, Any] | None = None,
+) -> None:
+    """Report a gate's refusal of a message by what it did to the run (``outcome``, from
+    :func:`record_refusal`; :data:`ENDED_IT` without the ledger): a refusal that ended
+    the run, or a message naming another task's run, is the run's one refusal (logged
+    at WARNING, ``deadline_refused`` sent: :func:`report_refusal`). A message of a run
+    that had ended, or that another attempt runs, is a late or duplicate delivery,
+    logged at INFO: its run was told and counted once already. A refusal for the
+    deadline that the ledger's clock does not confirm is this worker's clock running
+    ahead: logged at ERROR once per run (at INFO after), with what to do about it."""
+    kind = outcome.outcome
+    if kind in (Refusal.ENDED, Refusal.TASK_MISMATCH):
+        report_refusal(sender, task_id, task_name, decision, carrier=carrier)
+        return
+    gate = decision.gate
+    if kind == Refusal.ALREADY_ENDED:
+        logger.info(
+            "%s[%s]: message discarded at %s gate: the run had already ended %s (%s)",
+            task_name,
+            task_id,
+            gate,
+            outcome.status,
+            outcome.reason or "-",
+        )
+    elif kind == Refusal.OWNED:
+        logger.info(
+            "%s[%s]: message discarded at %s gate (%s): another attempt is running the run (%s)",
+            task_name,
+            task_id,
+            gate,
+            decision.reason,
+            outcome.owner,
+        )
+    elif kind == Refusal.NOT_CONFIRMED and task_id is not None:
+        _tell_clock_ahead(app, task_id, task_name, decision, outcome)
+    else:
+        logger.info(
+            "%s[%s]: message discarded at %s gate (%s); the run is %s, left to the ledger",
+            task_name,
+            task_id,
+            gate,
+            decision.reason,
+            outcome.status or "not recorded",
+        )
+
+
+def _tell_clock_ahead(
+    app: Any, task_id: str, task_name: str, decision: gates.Decision, outcome: Refusal
+) -> None:
+    """This worker refused a message for its deadline by its own clock, and the ledger's
+    clock says the run is still in time: the message is gone, the run stays as it was,
+    and the sweeper publishes it again after ``deadlines_republish_after``."""
+    now = outcome.database_now
+    deadline = outcome.deadline
+    ahead = None if now is None else (decision.clock_reading - now).total_seconds()
+    left = None if now is None or deadline is None else (deadline - now).total_seconds()
+    with _told_lock:
+        first = task_id not in _clock_ahead_told
+        _clock_ahead_told[task_id] = None
+        _clock_ahead_told.move_to_end(task_id)
+        while len(_clock_ahead_told) > _TOLD_AT_MOST:
+            _clock_ahead_told.popitem(last=False)
+    if not first:
+        logger.info(
+            "%s[%s]: message discarded at %s gate (%s) by this worker's clock, again: the "
+            "ledger's clock says the run is in time (its clock runs %s s ahead)",
+            task_name,
+            task_id,
+            decision.gate,
+            decision.reason,
+            "?" if ahead is None else f"{ahead:.3f}",
+        )
+        return
+    republish = settings_for(app).get(conf.REPUBLISH_AFTER)
+    logger.error(
+        "%s[%s]: this worker's clock runs %s s ahead of the ledger's: it refused the "
+        "message at %s gate (%s, clock read %s), but by the database clock the run has "
+        "%s s left before its deadline %s, so the ledger did not end it. The message is "
+        "dropped; the run stays %s and the ledger publishes it again after "
+        "deadlines_republish_after (%s s), for a worker whose clock agrees. Correct this "
+        "worker's clock (NTP), or set deadlines_clock_skew_budget: a worker then "
+        "measures its clock against the ledger's and takes no work while they disagree.",
+        task_name,
+        task_id,
+        "?" if ahead is None else f"{ahead:.3f}",
+        decision.gate,
+        decision.reason,
+        decision.clock_reading.isoformat(),
+        "?" if left is None else f"{left:.3f}",
+        "none" if deadline is None else deadline.isoformat(),
+        outcome.status or "queued",
+        republish.total_seconds() if isinstance(republish, timedelta) else republish,
+        extra={"celery_deadlines.task_id": task_id, "celery_deadlines.task_name": task_name},
     )
 
 

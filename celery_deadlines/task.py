@@ -33,7 +33,7 @@ from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
 from celery.utils import uuid
 
-from . import claiming, conf, ledger, options, propagation, recording, seconds, tracing
+from . import claiming, conf, ledger, options, propagation, recording, seconds, timelimits, tracing
 from ._crashpoints import hit
 from .body import AttemptAPI, Paused, Unresolved, end_unresolved
 from .clock import get_clock
@@ -51,6 +51,7 @@ from .propagation import HANDED, NOTHING_KEPT, STAMPED, attempt_state
 from .rules import gates, outcomes, stamping, wire
 from .rules.budgets import UNSET, Anchor
 from .rules.quoting import shown
+from .rules.records import ENDED_IT
 from .rules.states import Status
 from .signals import report_refusal
 
@@ -156,7 +157,12 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
     @classmethod
     def bind(cls, app: Any) -> Any:
         install()  # the publish hook that stamps children; idempotent
-        return super().bind(app)
+        unset = timelimits.unset_limits(cls)
+        bound = super().bind(app)
+        # Celery 5.7 copies the app's task_time_limit onto a task that declares none:
+        # the pool's default, not the task's own (the attempt timeout, the limits' record)
+        timelimits.note_app_copies(cls, unset, app.conf)
+        return bound
 
     # -- durations (one precedence rule: options.resolve) --------------------------------
 
@@ -483,18 +489,26 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         run's caller waits in this very call: the refusal is raised, and Celery raises
         it to the caller or keeps it in the ``EagerResult`` as any eager failure."""
         decision = self._kind_of(decision)
-        report_refusal(self, task_id, self.name, decision)
         refusal = decision.refusal()
         request = self.request
         eager = bool(request.is_eager)
-        if self._with_ledger() and not recording.record_refusal(
-            self.app,
-            decision,
-            task_name=self.name,
-            task_id=task_id,
-            retries=int(request.retries or 0),
-            reserve=reserve,
-        ):
+        outcome = ENDED_IT  # without the ledger every refusal ends its run
+        if self._with_ledger():
+            try:
+                outcome = recording.record_refusal(
+                    self.app,
+                    decision,
+                    task_name=self.name,
+                    task_id=task_id,
+                    retries=int(request.retries or 0),
+                    reserve=reserve,
+                )
+            except Exception:
+                report_refusal(self, task_id, self.name, decision)
+                raise
+        # recorded first: a late delivery of a run that had ended is not its refusal again
+        recording.tell_refusal(self, self.app, task_id, self.name, decision, outcome)
+        if not outcome:
             # already ended, or another attempt owns the run: its result stands
             if eager:
                 raise refusal
