@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test test-unit test-integration fuzz lint dist bench bench-ledger matrix matrix-unit matrix-env matrix-unit-env celery-compat clean screenshots browser chaos chaos-soak chaos-rabbitmq
+.PHONY: demo test test-unit test-integration fuzz lint dist bench bench-ledger matrix matrix-unit matrix-env matrix-unit-env celery-compat clean screenshots browser chaos chaos-soak chaos-rabbitmq matrix-configs
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -92,6 +92,7 @@ $(MATRIX_VENV)/.matrix: pyproject.toml
 
 $(MATRIX_VENV)/.matrix-unit: pyproject.toml
 	$(MAKE) --no-print-directory VENV=$(MATRIX_VENV) PYTHON=$(PYTHON) $(MATRIX_VENV)/.installed
+	$(MATRIX_VENV)/bin/python -m pip install --quiet 'celery==5.6.*'
 	$(newest_django)
 	touch $@
 
@@ -111,6 +112,36 @@ celery-compat: $(INSTALLED)
 ## Python version the package claims is tested; the matrix above runs the newest).
 matrix-unit: $(MATRIX_VENV)/.matrix-unit
 	$(MATRIX_VENV)/bin/python -m pytest -n 0 tests/unit
+
+## The configuration matrix (tests/matrix): one scenario on a real worker in each
+## configuration projects run, and the pools' enforcement table of
+## docs/failure-semantics.md checked against what each worker did. The Celery 5.7 rows run
+## in .venv, the 5.5 row in .venv-python3.13 (make matrix-env) and the 5.6 row in
+## .venv-python3.12 (make matrix-unit-env): three sessions side by side, each one process
+## running its rows side by side (MATRIX_SLOTS at a time, 5 by default); each session's
+## output, with its rows' timelines, is printed after it ends, and its workers' logs are
+## kept in the folder the last line names. 35 to 50 s on the 2-core machine.
+## MATRIX_AWAITING=run also runs the checks awaiting a fix (tests/matrix/rows.py,
+## AWAITING_FIXES).
+MATRIX_PY313 ?= $(firstword $(wildcard /root/.pyenv/versions/3.13*/bin/python3.13) python3.13)
+MATRIX_PY312 ?= $(firstword $(wildcard /root/.pyenv/versions/3.12*/bin/python3.12) python3.12)
+MATRIX_DB ?= test_celery_deadlines_matrix
+MATRIX_ARGS ?=
+matrix-configs: $(INSTALLED)
+	@test -x .venv-python3.13/bin/python || $(MAKE) --no-print-directory PYTHON=$(MATRIX_PY313) matrix-env
+	@test -x .venv-python3.12/bin/python || $(MAKE) --no-print-directory PYTHON=$(MATRIX_PY312) matrix-unit-env
+	@logs=$$(mktemp -d); started=$$(date +%s); pids=""; \
+	for entry in "$(BIN)/python:57" ".venv-python3.13/bin/python:55" ".venv-python3.12/bin/python:56"; do \
+	  python=$${entry%%:*}; release=$${entry#*:}; \
+	  DEADLINES_MATRIX=1 TEST_POSTGRES_DB=$(MATRIX_DB)_$$release $$python -m pytest -n 0 \
+	    -p no:cacheprovider --basetemp=$$logs/$$release --ds=tests.matrix.config.settings.production \
+	    tests/matrix $(MATRIX_ARGS) \
+	    >$$logs/$$release.log 2>&1 & pids="$$pids $$!:$$release"; \
+	done; status=0; \
+	for entry in $$pids; do \
+	  wait $${entry%%:*} || status=1; echo "== the matrix on Celery $${entry#*:} =="; cat $$logs/$${entry#*:}.log; \
+	done; echo "the configuration matrix took $$(( $$(date +%s) - started )) s (its workers' logs: $$logs)"; \
+	exit $$status
 
 clean:
 	rm -rf $(VENV) .venv-* dist demo_project/var .mypy_cache .ruff_cache .pytest_cache .celery-compat

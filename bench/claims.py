@@ -239,7 +239,7 @@ def _library_steps(index: int) -> Steps:
             ttl=TTL,
             reserve=RESERVE,
             unrecorded=unrecorded,
-            exclusive=True,  # as a prefork pool process claims (celery_deadlines.pools)
+            exclusive=True,  # as a prefork pool process claims (celery_deadlines.core.pools)
         )
         if isinstance(outcome, api.Attempt):
             won.append(outcome)

@@ -32,7 +32,7 @@ sys.path.insert(0, sys.argv[1])
 import celery.app.task
 from celery import Celery
 from celery_deadlines import DeadlineTask
-from celery_deadlines.propagation import on_before_task_publish
+from celery_deadlines.core.propagation import on_before_task_publish
 
 app = Celery("bench-instructions", broker="memory://", set_as_current=False)
 

@@ -112,7 +112,7 @@ class Pool:
     # callback, the job's time-limit handlers when a pool process starts it and when it
     # ends, the success callback. A plain worker's handlers are Celery's own (a timer per
     # job that has a limit); a worker with this package installed uses its JobLimits
-    # (celery_deadlines.timelimits, patched into every AsynPool by worker_init).
+    # (celery_deadlines.core.timelimits, patched into every AsynPool by worker_init).
     def apply_async(self, target, args, accept_callback, timeout_callback, callback,
                     error_callback, soft_timeout, timeout, correlation_id):
         accept_callback(1234, time.monotonic())
@@ -148,7 +148,7 @@ class Pool:
 pool = Pool()
 pool._tref_for_id = trefs
 if task.name != "m.plain":
-    from celery_deadlines.timelimits import JobLimits
+    from celery_deadlines.core.timelimits import JobLimits
 
     limits = JobLimits(pool, hub)
     pool.on_timeout_set = limits.on_timeout_set

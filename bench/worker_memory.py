@@ -5,7 +5,7 @@ One ``celery worker`` (prefork, ``-c 2``, Redis, ``bench/benchapp.py``) drains q
 deadline's cap) ``--rounds`` times, and the main process's resident memory is read
 after each drain. A worker that keeps nothing per finished job stays flat; one that
 keeps a cancelled timer per job until its limit's instant (kombu's event loop does so
-for Celery's timer per job, ``celery_deadlines.timelimits``) grows by that much per task
+for Celery's timer per job, ``celery_deadlines.core.timelimits``) grows by that much per task
 until the budget has passed. ``--against TREE`` runs the same on another source tree
 (a ``git worktree`` of an older commit), in the same run.
 

@@ -1,14 +1,13 @@
 """celery-deadlines: one deadline, stamped once, honoured by every hop of a Celery workflow.
 
-The folders are the tiers (DEVELOPERS.md, "The tiers", draws the map;
-``tests/unit/test_architecture.py`` holds it, reading each module's tier from its path):
-``rules/`` the pure rules (no clock, no Celery, no Django: ``now`` is passed in); the
-package root the Celery tier (``task``, ``propagation``, ``claiming``, ...), which
-reads the time only through ``clock``; ``ledger/`` the run ledger on Django's
-database; and the Django app under Django's own names (``apps``, ``models``, ``admin``,
-``checks``, ``middleware``, ``explain``, ``management``). ``errors`` is every tier's.
+What is imported from here is the public surface. Where everything else lives, tier by
+tier, and the life of a message through it: DEVELOPERS.md ("The tiers"), which
+``tests/unit/test_architecture.py`` holds.
 """
 
+from .core.ingress import ingress_scope
+from .core.outbound import deadline_headers
+from .core.propagation import deadline_scope
 from .errors import (
     ConfigurationError,
     DeadlineError,
@@ -26,10 +25,7 @@ from .errors import (
     StaleLease,
     WorkflowRefused,
 )
-from .ingress import ingress_scope
 from .install import install
-from .outbound import deadline_headers
-from .propagation import deadline_scope
 from .rules.gates import Gate, Reason
 from .rules.outcomes import Found, NotFound, PendingEffect
 from .rules.plans import Assumption, Plan, steps_of

@@ -14,7 +14,8 @@ class CeleryDeadlinesConfig(AppConfig):
     def ready(self) -> None:
         from django.core.signals import setting_changed
 
-        from . import checks, preflight  # checks: registers the system checks
+        from . import checks
+        from .core import preflight  # checks: registers the system checks
         from .install import install
         from .ledger import worker
         from .task import hand_attempts_to_the_body

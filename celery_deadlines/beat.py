@@ -206,7 +206,7 @@ class ZonedSchedule(OccurrenceSchedule):
 class PeriodicSchedule(OccurrenceSchedule):
     """A beat schedule from a :class:`~celery_deadlines.rules.periodic.Periodic`: every
     N on a fixed grid, a crontab in a zone, or once (what a django-celery-beat row
-    holds: see :mod:`celery_deadlines.beat_database`). One pass looks at the latest
+    holds: see :mod:`celery_deadlines.contrib.django_celery_beat`). One pass looks at the latest
     ``limit`` occurrences at most."""
 
     def __init__(
@@ -263,7 +263,7 @@ class ZonedSchedulerMixin:
     id; every other entry is the scheduler's own. For a scheduler that keeps
     ``beat_schedule`` in beat's memory or state file (Celery's); django-celery-beat's
     writes it to its table, which holds none of these: use
-    :class:`celery_deadlines.beat_database.DatabaseDeadlineScheduler` there."""
+    :class:`celery_deadlines.contrib.django_celery_beat.DatabaseDeadlineScheduler` there."""
 
     app: Any
     _tasks_since_sync: int

@@ -36,8 +36,7 @@ from .conf import (
     TRUSTED_PROXIES,
     Settings,
 )
-from .errors import ConfigurationError
-from .preflight import (
+from .core.preflight import (
     ON_THE_APP,
     SETTINGS_REFERENCE,
     SYSTEM_CHECKS,
@@ -50,7 +49,8 @@ from .preflight import (
     task_attributes,
     unknown_name,
 )
-from .preflight import closest_setting as closest_setting  # where the tests look for it
+from .core.preflight import closest_setting as closest_setting  # where the tests look for it
+from .errors import ConfigurationError
 from .rules.contracts import is_deadline_task, review
 from .rules.declarations import Configured, Problem
 from .rules.declarations import review as review_declarations
@@ -97,7 +97,7 @@ def check_settings(
 ) -> list[checks.CheckMessage]:
     """E001: a setting has a bad value. E002: a ``CELERY_DEADLINES_*`` name (or a
     ``deadlines_*`` name on the project's Celery app) is unknown. (The rules:
-    :mod:`celery_deadlines.preflight`, which a worker checks its own settings with.)"""
+    :mod:`celery_deadlines.core.preflight`, which a worker checks its own settings with.)"""
     given = _given()
     known = {setting.name for setting in SETTINGS}
     problems = [
@@ -181,7 +181,7 @@ def check_declarations(
     except Exception as exc:  # noqa: BLE001 (a check must report a failure, not crash)
         return [*messages, _cannot_check(f"its tasks did not load: {shown(exc)}", what=TASKS)]
     return messages + _messages(
-        review_declarations(tasks, configured, known_attributes=task_attributes())
+        review_declarations(tasks, configured, known_attributes=task_attributes(tasks.values()))
     )
 
 

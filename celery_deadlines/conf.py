@@ -408,7 +408,7 @@ class Settings:
     every read, cheaply) and Django's ``setting_changed`` signal (``override_settings``),
     which calls :meth:`reload`. Call :meth:`reload` yourself after any other change.
     :meth:`stamp` tells a reader that keeps what it worked out from the values (a task's
-    durations, :func:`celery_deadlines.options.times`) whether they may have changed.
+    durations, :func:`celery_deadlines.core.options.times`) whether they may have changed.
     """
 
     def __init__(self, conf: Mapping[str, Any]) -> None:
@@ -499,7 +499,7 @@ class Settings:
 
     def failing(self) -> list[tuple[Setting[Any], ConfigurationError]]:
         """Every setting whose value is refused, with its error (the system checks'
-        E001, and what stops a worker: :mod:`celery_deadlines.preflight`)."""
+        E001, and what stops a worker: :mod:`celery_deadlines.core.preflight`)."""
         failing = []
         for setting in SETTINGS:
             try:

@@ -1,4 +1,4 @@
-"""Django's door to :func:`~celery_deadlines.ingress.ingress_scope`: every request is
+"""Django's door to :func:`~celery_deadlines.core.ingress.ingress_scope`: every request is
 handled under its deadline, and every task its view publishes inherits it.
 
 ::
@@ -38,9 +38,9 @@ from django.conf import settings as django_settings
 from django.http import HttpRequest, HttpResponseBase
 from django.urls import Resolver404, resolve
 
-from . import ingress
 from .clock import get_clock
 from .conf import REMAINING_HEADER, REQUEST_BUDGET, REQUEST_BUDGETS, tracked
+from .core import ingress
 from .rules.budgets import UNSET, DurationLike, Unset, parse_duration
 from .rules.incoming import Decision, choose_budget
 

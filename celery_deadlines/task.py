@@ -1,8 +1,9 @@
 """``DeadlineTask``: Celery's hooks, where the enqueue, attempt and retry gates are kept.
 
 The claim gate and the time-limit cap run in the worker's main process, in
-:class:`celery_deadlines.request.DeadlineRequest`; what a body may call is in
-:mod:`celery_deadlines.body`; a task's durations come from :mod:`celery_deadlines.options`.
+:class:`celery_deadlines.core.request.DeadlineRequest`; what a body may call is in
+:mod:`celery_deadlines.core.body`; a task's durations come from
+:mod:`celery_deadlines.core.options`.
 Here the hooks gather the inputs (settings, headers, the clock), ask the pure rules
 (:mod:`~celery_deadlines.rules.gates`, :mod:`~celery_deadlines.rules.outcomes`), call the ledger
 (:mod:`celery_deadlines.ledger.api`, lazily) and turn refusals into Celery's outcomes:
@@ -33,11 +34,13 @@ from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
 from celery.utils import uuid
 
-from . import claiming, conf, ledger, options, propagation, recording, seconds, timelimits, tracing
-from ._crashpoints import hit
-from .body import AttemptAPI, Paused, Unresolved, end_unresolved
+from . import conf, ledger
 from .clock import get_clock
 from .conf import settings_for
+from .core import claiming, options, propagation, recording, seconds, telemetry, timelimits
+from .core.body import AttemptAPI, Paused, Unresolved, end_unresolved
+from .core.propagation import HANDED, NOTHING_KEPT, STAMPED, attempt_state
+from .core.refusals import report_refusal
 from .errors import (
     ConfigurationError,
     DeadlineRefused,
@@ -47,13 +50,12 @@ from .errors import (
     StaleLease,
 )
 from .install import install
-from .propagation import HANDED, NOTHING_KEPT, STAMPED, attempt_state
+from .ledger._crashpoints import hit
 from .rules import gates, outcomes, stamping, wire
 from .rules.budgets import UNSET, Anchor
 from .rules.quoting import shown
 from .rules.records import ENDED_IT
 from .rules.states import Status
-from .signals import report_refusal
 
 if TYPE_CHECKING:
     from .ledger.attempt import Attempt
@@ -114,10 +116,10 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
     datetime), ``delivery_budget`` or ``delivery_deadline``.
     """
 
-    Request = "celery_deadlines.request:DeadlineRequest"
+    Request = "celery_deadlines.core.request:DeadlineRequest"
     #: Celery's strategy, with the envelope's rule behind it: a message Celery cannot
     #: make a request of is refused (``invalid_message``), its error never the worker's
-    Strategy = "celery_deadlines.request:strategy"
+    Strategy = "celery_deadlines.core.request:strategy"
 
     budget: ClassVar[object] = UNSET
     delivery_budget: ClassVar[object] = UNSET
@@ -457,7 +459,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
             state.anchor = Anchor.at(deadline, now, started)
             if state.attempt is not None:
                 state.attempt.deadline_at = state.anchor.deadline_monotonic()
-        tracing.annotate_attempt(
+        telemetry.annotate_attempt(
             deadline=deadline,
             now=now,
             headers=headers,
@@ -703,7 +705,7 @@ def refuse_reserved_headers(task_name: str, headers: Any) -> None:
 def end_after_body(attempt: Attempt, exc: BaseException, *, task: Any = None) -> None:
     """Write the run's outcome for a body that raised ``exc``, as Celery reads ``exc``
     (the caller re-raises it). With an effect dispatched and no outcome known, whatever
-    was raised, the run ends UNKNOWN and :class:`~celery_deadlines.body.Unresolved` is
+    was raised, the run ends UNKNOWN and :class:`~celery_deadlines.core.body.Unresolved` is
     raised instead: never FAILED, never released to run again. A run that fails after
     effects were performed names them in its record and in ``exc``'s notes."""
     if attempt.unresolved:

@@ -493,7 +493,7 @@ class FakeAttempt:
 
     @property
     def effects(self) -> FakeEffects:
-        """The effect ledger (what :class:`~celery_deadlines.effects.EffectScope` uses)."""
+        """The effect ledger (what :class:`~celery_deadlines.core.effects.EffectScope` uses)."""
         return FakeEffects(self.ledger)
 
     def start(self) -> None:

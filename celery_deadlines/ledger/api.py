@@ -18,7 +18,6 @@ from typing import Any, Final, NamedTuple
 from django.db import connections
 
 from .. import clock, conf
-from .._crashpoints import hit
 from ..conf import Settings, settings_for
 from ..errors import LedgerUnreachable
 from ..rules.limits import AttemptLimits, claim_detail
@@ -26,6 +25,7 @@ from ..rules.records import ClaimRefused, Expired, Held, KeptResult, Lease, NewR
 from ..rules.skew import ClockReading, Readiness, describe, gate
 from ..rules.states import Status
 from . import operations, outbox
+from ._crashpoints import hit
 from .attempt import Attempt, owner_name, owner_name_of
 from .clockwatch import measure
 from .outbox import check_repeat, encode_message, readable_by_workers

@@ -29,8 +29,8 @@ from django.db import connections, transaction
 from kombu import serialization
 from kombu.serialization import dumps, loads, prepare_accept_content
 
-from .._crashpoints import hit
 from ..errors import RunConflict
+from ._crashpoints import hit
 from .sql.connection import Store
 from .sql.rows import ExistingRun, NewRun, Unclaimed
 

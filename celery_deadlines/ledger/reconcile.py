@@ -34,7 +34,6 @@ from billiard.exceptions import WorkerLostError
 from django.db import DatabaseError, connections
 
 from .. import conf
-from .._crashpoints import hit
 from ..clock import get_clock
 from ..conf import settings_for
 from ..errors import RunFailed
@@ -43,6 +42,7 @@ from ..rules.gates import Gate, expiry_reason
 from ..rules.outcomes import Found, NotFound, PendingEffect, Settle
 from ..rules.states import Status
 from . import telling
+from ._crashpoints import hit
 from .clockwatch import ClockWatch
 from .forks import no_fork_meanwhile
 from .operations import (

@@ -12,7 +12,7 @@ or are too wide to be meant are reviewed here too, without the tasks
 (:func:`review_settings`).
 
 A task's durations are resolved with the precedence of
-:func:`celery_deadlines.options.resolve` (task option > contract > ``time_limit`` for the
+:func:`celery_deadlines.core.options.resolve` (task option > contract > ``time_limit`` for the
 attempt > per-task setting > default), read here from plain values, since this module is
 pure: ``tests/unit/test_declarations.py`` holds the two equal. Nothing here reads the
 clock, Django or Celery; a task is anything with the attributes Celery gives one.
@@ -156,7 +156,7 @@ _HOW_TO_SAY: Final = {
 
 
 def _parse_option(option: str, raw: object, label: str) -> timedelta | None:
-    """A task option's value as :mod:`celery_deadlines.options` parses it (the maximum
+    """A task option's value as :mod:`celery_deadlines.core.options` parses it (the maximum
     budget aside: :func:`_longer_than_the_maximum` says that one), or
     :class:`InvalidDeadline`."""
     if raw is None and option != "lease_ttl":
@@ -259,7 +259,7 @@ _TIME_LIMITS: Final = TASK_LIMITS
 class Resolved:
     """The task ``name``'s duration options, parsed (``good``; ``bad``: the error of each
     bad one), and its budget, reserve, attempt timeout and lease as a publish would
-    resolve them (:func:`celery_deadlines.options.resolve`): each method answers
+    resolve them (:func:`celery_deadlines.core.options.resolve`): each method answers
     ``(where, value)``, or ``None`` when a level it asks is unreadable (a bad option or
     setting). ``value`` ``None`` is "no deadline" for the budget, "not set" for the
     attempt timeout."""

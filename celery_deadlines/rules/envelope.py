@@ -8,7 +8,7 @@ another type stopped the worker when a refusal stored its result, a ``timelimit`
 strings stopped it when the cap compared them, a ``retries`` of another type failed the
 ledger's claim with a raw error. This module is the one rule of what each field must be;
 a message that breaks it is refused with ``invalid_message``
-(``celery_deadlines.request``).
+(``celery_deadlines.core.request``).
 
 =====================  =================================================================
 field                  well-formed

@@ -17,7 +17,7 @@ otherwise) and its ``attempt_timeout`` to run, after which the rest starts; so
 the time left (``need == remaining`` still fits). A step without a declared attempt
 timeout counts as zero and is named in the refusal's detail: the check is only as good
 as the timeouts it is given. Nothing here reads a clock or a setting; the Celery glue
-is :mod:`celery_deadlines.canvas`.
+is :mod:`celery_deadlines.core.canvas`.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from celery import shared_task
 from django.conf import settings
 
 from celery_deadlines import SOURCE_HEADER, Assumption, DeadlineTask, Plan, steps_of
-from celery_deadlines.effects import Found, NotFound, PendingEffect
+from celery_deadlines.core.effects import Found, NotFound, PendingEffect
 
 from . import fulfillment, provider
 

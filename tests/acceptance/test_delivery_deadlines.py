@@ -3,7 +3,7 @@
 Real ``celery worker`` processes of ``tests.support.ledgerapp`` on Redis and
 PostgreSQL; the provider is a process of its own whose append-only log is the count of
 side effects (``tests/support/sink.py``). Crashes and pauses are planned per task id
-through ``celery_deadlines._crashpoints``.
+through ``celery_deadlines.ledger._crashpoints``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from celery_deadlines._crashpoints import PLAN_FILE_ENV
+from celery_deadlines.ledger._crashpoints import PLAN_FILE_ENV
 from celery_deadlines.models import Run, RunEvent, Status
 from tests.integration.conftest import LEDGER_DB, ended, provider_calls
 from tests.support.processes import Transport, wait_for

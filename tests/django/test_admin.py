@@ -315,7 +315,7 @@ def test_explain_writes_control_characters_of_ids_and_owners_as_escapes() -> Non
 @pytest.fixture
 def unknown_payment(story: dict[str, Any]) -> Run:
     """A run whose payment call timed out: effect UNKNOWN, run UNKNOWN (reconcile first)."""
-    from celery_deadlines.effects import EffectScope
+    from celery_deadlines.core.effects import EffectScope
     from celery_deadlines.ledger.attempt import Attempt
 
     store: Store = story["store"]

@@ -16,7 +16,7 @@ from django.test import Client
 from django.test.utils import override_settings
 from django.urls import reverse
 
-from celery_deadlines.effects import EffectScope
+from celery_deadlines.core.effects import EffectScope
 from celery_deadlines.ledger.attempt import Attempt
 from celery_deadlines.ledger.sql.connection import Store
 from celery_deadlines.models import Effect, EffectState, Run, Status

@@ -18,8 +18,8 @@ from celery import Celery
 from django.core.exceptions import SynchronousOnlyOperation
 
 from celery_deadlines import DeadlineTask, deadline_scope
+from celery_deadlines.core.propagation import inherited
 from celery_deadlines.models import Run
-from celery_deadlines.propagation import inherited
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -27,7 +27,7 @@ from django_celery_beat.models import (  # type: ignore[import-untyped]
 )
 
 from celery_deadlines.beat import ZonedSchedule
-from celery_deadlines.beat_database import DatabaseDeadlineScheduler
+from celery_deadlines.contrib.django_celery_beat import DatabaseDeadlineScheduler
 from celery_deadlines.models import Status
 from celery_deadlines.testing import FakeClock, use_clock
 from tests.django.test_beat import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from celery_deadlines import InvalidEffect
-from celery_deadlines.effects import EffectScope
+from celery_deadlines.core.effects import EffectScope
 from celery_deadlines.ledger.sql.connection import Store
 from celery_deadlines.models import Effect, RunEvent
 from tests.django.test_effects import attempt, record

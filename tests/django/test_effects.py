@@ -18,7 +18,7 @@ from django.db import connections
 from django.test.utils import CaptureQueriesContext
 
 from celery_deadlines import DeadlineTask
-from celery_deadlines.effects import EffectScope, Found, NotFound, PendingEffect
+from celery_deadlines.core.effects import EffectScope, Found, NotFound, PendingEffect
 from celery_deadlines.errors import DispatchRefused, EffectConflict, StaleLease
 from celery_deadlines.ledger import outbox
 from celery_deadlines.ledger.attempt import Attempt

@@ -272,7 +272,7 @@ def test_the_request_span_carries_the_requests_deadline_and_its_source(clock: Fa
     # the span opentelemetry-instrumentation-django makes current around the middleware
     from opentelemetry import trace
 
-    from celery_deadlines.tracing import DEADLINE, DEADLINE_SOURCE, REMAINING
+    from celery_deadlines.contrib.opentelemetry import DEADLINE, DEADLINE_SOURCE, REMAINING
     from tests.support.otel import memory_exporter
 
     spans = memory_exporter()

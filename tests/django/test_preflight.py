@@ -1,5 +1,5 @@
 """A Django project's worker or beat refuses to start on every error ``manage.py check``
-reports of this package, and on none it silences (celery_deadlines.preflight).
+reports of this package, and on none it silences (celery_deadlines.core.preflight).
 
 The real ``celery worker`` and ``celery beat`` of a Django project:
 tests/integration/test_start_on_bad_settings.py.
@@ -14,8 +14,8 @@ import pytest
 from celery import Celery
 from django.test import override_settings
 
-from celery_deadlines import preflight
 from celery_deadlines.checks import check_settings
+from celery_deadlines.core import preflight
 
 
 @pytest.fixture

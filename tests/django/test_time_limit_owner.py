@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import pytest
 from celery import Celery
 
-from celery_deadlines import DEADLINE_HEADER, pools
+from celery_deadlines import DEADLINE_HEADER
+from celery_deadlines.core import pools
 from celery_deadlines.ledger.attempt import owner_name
 from celery_deadlines.ledger.sql.connection import Store
 from celery_deadlines.models import Run, RunEvent, Status

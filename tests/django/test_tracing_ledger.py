@@ -15,10 +15,10 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from celery_deadlines import DeadlineTask
+from celery_deadlines.contrib.opentelemetry import LEASE_TOKEN, REFUSED, REMAINING
 from celery_deadlines.errors import DispatchRefused
 from celery_deadlines.ledger.sql.connection import Store
 from celery_deadlines.models import Run
-from celery_deadlines.tracing import LEASE_TOKEN, REFUSED, REMAINING
 from tests.django.test_effects import attempt, charge, lapse, record
 from tests.support.memory_queue import drain
 from tests.support.otel import current, instrumented

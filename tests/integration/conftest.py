@@ -404,7 +404,7 @@ class LedgerWorkers:
                 "DJANGO_SETTINGS_MODULE": "tests.support.ledger_settings",
                 **env,
             },
-            worker_args=worker_args,
+            extra_args=worker_args,
         )
         self.started.append(worker)
         return worker.spawn()

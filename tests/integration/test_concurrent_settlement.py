@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from celery_deadlines._crashpoints import PLAN_FILE_ENV
+from celery_deadlines.ledger._crashpoints import PLAN_FILE_ENV
 from celery_deadlines.models import Run, RunEvent
 from tests.integration.conftest import LEDGER_DB, ended, provider_calls
 from tests.support.processes import Transport, wait_for

@@ -1,6 +1,6 @@
 """The deterministic crash-point sweep (reliability plan S1), judged by an external oracle.
 
-Every named crash point of :mod:`celery_deadlines._crashpoints` is hit by its own run,
+Every named crash point of :mod:`celery_deadlines.ledger._crashpoints` is hit by its own run,
 which dies there exactly once: its pool process (``kill``) or its whole worker
 (``kill_worker``) is SIGKILLed, with ``task_reject_on_worker_lost`` off and on. The
 runs pay through a provider in a process of its own (``tests/support/sink.py``) whose
@@ -35,7 +35,7 @@ from typing import Any
 
 import pytest
 
-from celery_deadlines._crashpoints import PLAN_FILE_ENV, POINTS
+from celery_deadlines.ledger._crashpoints import PLAN_FILE_ENV, POINTS
 from celery_deadlines.models import TERMINAL, Run, RunEvent, Status
 from tests.integration.conftest import LEDGER_DB, ledger_database_url
 from tests.support import oracle

@@ -1,7 +1,7 @@
-"""django-celery-beat's rows and the library's zoned schedules in one real ``celery beat -S
-celery_deadlines.beat_database:DatabaseDeadlineScheduler``, with a real worker, Redis and
-PostgreSQL (the ledger and django-celery-beat's tables in one database, as a Django
-project has them).
+"""django-celery-beat's rows and the library's zoned schedules in one real ``celery beat
+-S celery_deadlines.contrib.django_celery_beat:DatabaseDeadlineScheduler``, with a real
+worker, Redis and PostgreSQL (the ledger and django-celery-beat's tables in one database,
+as a Django project has them).
 
 A row "every second, expire_seconds N" saved as the admin saves it is published once per
 occurrence, as the run ``<row>:UTC@<second>`` with the deadline ``second + N``; beat
@@ -36,7 +36,7 @@ pytestmark = [
     pytest.mark.django_db(transaction=True, databases=[LEDGER_DB]),
 ]
 
-SCHEDULER = "celery_deadlines.beat_database:DatabaseDeadlineScheduler"
+SCHEDULER = "celery_deadlines.contrib.django_celery_beat:DatabaseDeadlineScheduler"
 ZONE = "Europe/Berlin"
 ROW = "every-second"
 SECOND = timedelta(seconds=1)

@@ -61,7 +61,7 @@ RUN_HERE = [b for b in BLOCKS if runs_something(b) and b.page != "quickstart.md"
 #: it, the tracer provider OpenTelemetry lets a process set once) runs in a process of its
 #: own, followed by code that checks it did: the scrape of the metrics, a span exported.
 OWN_PROCESS = {
-    "metrics.serve": (
+    "prometheus.serve": (
         "\nimport urllib.request\n"
         "print(urllib.request.urlopen('http://127.0.0.1:{port}/metrics').read().decode())\n",
         "celery_deadlines_refusals",

@@ -20,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from celery_deadlines.metrics import OTHER_TASK
+from celery_deadlines.contrib.prometheus import OTHER_TASK
 from celery_deadlines.rules.wire import DEADLINE_HEADER
 from tests.integration.conftest import LEDGER_DB, ended
 from tests.support import workerapp

@@ -23,9 +23,9 @@ import pytest
 import requests
 
 from celery_deadlines import deadline_scope
-from celery_deadlines.outbound_grpc import DeadlineInterceptor
-from celery_deadlines.outbound_httpx import async_deadline_hooks, deadline_hooks
-from celery_deadlines.outbound_requests import DeadlineAdapter
+from celery_deadlines.contrib.grpc import DeadlineInterceptor
+from celery_deadlines.contrib.httpx import async_deadline_hooks, deadline_hooks
+from celery_deadlines.contrib.requests import DeadlineAdapter
 from celery_deadlines.rules.outgoing import format_rfc3339
 
 pytestmark = pytest.mark.integration

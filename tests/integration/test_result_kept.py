@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from celery_deadlines._crashpoints import PLAN_FILE_ENV
+from celery_deadlines.ledger._crashpoints import PLAN_FILE_ENV
 from celery_deadlines.models import Run, Status
 from tests.integration.conftest import LEDGER_DB
 from tests.support.processes import Transport

@@ -19,8 +19,8 @@ from django.views import View
 
 from celery_deadlines import DeadlineTask
 from celery_deadlines.clock import get_clock
+from celery_deadlines.core.propagation import inherited
 from celery_deadlines.middleware import deadline_budget
-from celery_deadlines.propagation import inherited
 
 app = Celery("ingress-views", set_as_current=False)
 app.conf.update(

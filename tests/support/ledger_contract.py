@@ -4,7 +4,7 @@ and :mod:`celery_deadlines.ledger.api` on SQLite or PostgreSQL.
 
 Each is asked what the Celery tier asks of a ledger (``LedgerAPI``: record, claim,
 refuse, read back an end) and what an attempt writes through the result of a claim
-(checkpoints, its end, effects through :class:`~celery_deadlines.effects.EffectScope`).
+(checkpoints, its end, effects through :class:`~celery_deadlines.core.effects.EffectScope`).
 What a test reads back (:class:`Seen`) is the run's row, or the fake's run.
 
 Time: the fake's clock is moved. The database's clock cannot be, so every instant
@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import pytest
 from celery import Celery
 
-from celery_deadlines.effects import EffectScope
+from celery_deadlines.core.effects import EffectScope
 from celery_deadlines.ledger import LedgerAPI
 from celery_deadlines.rules.records import NewRun, Refusal
 from celery_deadlines.rules.states import Status

@@ -211,7 +211,7 @@ def pay(self: DeadlineTask, key: str, crash: str = "") -> Any:
 
 @pay.reconciler("pay")
 def find_payment(pending: Any) -> Any:
-    from celery_deadlines.effects import Found, NotFound
+    from celery_deadlines.core.effects import Found, NotFound
 
     if sink_has(pending.key):
         return Found({"paid": pending.key, "reconciled": True}, evidence="sink lookup: found")
@@ -259,7 +259,7 @@ def remote_pay(self: DeadlineTask, key: str) -> Any:
 
 @remote_pay.reconciler("remote_pay")
 def find_remote_payment(pending: Any) -> Any:
-    from celery_deadlines.effects import Found, NotFound
+    from celery_deadlines.core.effects import Found, NotFound
 
     # the lookup is fenced: the dispatch asked about can no longer land after it
     status, answer = _provider("GET", f"{pending.key}?fence={pending.fence}")

@@ -18,8 +18,9 @@ from pathlib import Path
 import requests
 from celery import Celery
 
-from celery_deadlines import DeadlineRefused, deadline_scope, metrics
-from celery_deadlines.outbound_requests import DeadlineAdapter
+from celery_deadlines import DeadlineRefused, deadline_scope
+from celery_deadlines.contrib import prometheus as metrics
+from celery_deadlines.contrib.requests import DeadlineAdapter
 
 
 def main(port: int, count: int, done: Path) -> None:

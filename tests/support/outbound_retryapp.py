@@ -45,7 +45,7 @@ def requests_retrying(
     import requests
     from urllib3.util import Retry
 
-    from celery_deadlines.outbound_requests import DeadlineAdapter
+    from celery_deadlines.contrib.requests import DeadlineAdapter
 
     session = requests.Session()
     session.mount("http://", DeadlineAdapter(max_retries=Retry(**retry), reserve=reserve))
@@ -67,7 +67,7 @@ def httpx_retrying(
     ``HTTPTransport(retries=retries)`` (the caller's own timeout: 30 s)."""
     import httpx
 
-    from celery_deadlines.outbound_httpx import deadline_hooks
+    from celery_deadlines.contrib.httpx import deadline_hooks
 
     transport = httpx.HTTPTransport(retries=retries)
     hooks = deadline_hooks(reserve=reserve)
@@ -91,7 +91,7 @@ def grpc_retrying(
     timeout: 30 s). grpc is imported here, in the pool process that makes the call."""
     import grpc
 
-    from celery_deadlines.outbound_grpc import DeadlineInterceptor
+    from celery_deadlines.contrib.grpc import DeadlineInterceptor
 
     config = {"methodConfig": [{"name": [{"service": "t.Service"}], "retryPolicy": retry_policy}]}
     options = [("grpc.service_config", json.dumps(config)), ("grpc.enable_retries", 1)]

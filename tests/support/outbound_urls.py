@@ -27,8 +27,8 @@ from django.http import HttpRequest, JsonResponse
 from django.urls import path
 
 from celery_deadlines import DeadlineTask
+from celery_deadlines.core.propagation import inherited
 from celery_deadlines.middleware import deadline_budget
-from celery_deadlines.propagation import inherited
 
 app = Celery("outbound-service", set_as_current=False)
 app.conf.update(

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from celery_deadlines import DeadlineTask
-from celery_deadlines.outbound_httpx import deadline_hooks
+from celery_deadlines.contrib.httpx import deadline_hooks
 from tests.support.ledgerapp import app
 
 __all__ = ["app", "call_late", "call_service", "call_slow", "probe"]

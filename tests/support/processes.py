@@ -61,8 +61,8 @@ class WorkerProcess:
     app_module: str = "tests.support.workerapp"
     node: str | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
-    #: more arguments of ``celery worker`` (``--time-limit=6``)
-    worker_args: tuple[str, ...] = ()
+    #: more arguments of ``celery worker`` (``--time-limit=2``...)
+    extra_args: tuple[str, ...] = ()
     process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 30.0) -> WorkerProcess:
@@ -81,7 +81,7 @@ class WorkerProcess:
                 "-P", self.pool, "-c", str(self.concurrency), "-Q", self.queue,
                 "-n", f"{self.node or self.queue}@%h", "-l", "INFO",
                 "--without-gossip", "--without-mingle", "--without-heartbeat",
-                *self.worker_args,
+                *self.extra_args,
             ],
             self.transport, self.queue, extra, self.log_path, "wb",
         )  # fmt: skip

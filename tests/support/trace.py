@@ -19,8 +19,8 @@ from kombu import Message
 from kombu.utils.json import dumps
 
 from celery_deadlines import DeadlineTask
-from celery_deadlines.request import DeadlineRequest
-from celery_deadlines.timelimits import HANDED
+from celery_deadlines.core.request import DeadlineRequest
+from celery_deadlines.core.timelimits import HANDED
 from tests.support.memory_queue import drain
 
 

@@ -10,7 +10,7 @@ from celery import Celery
 from celery.contrib.testing.mocks import TaskMessage
 
 from celery_deadlines import DeadlineRefused, DeadlineTask
-from celery_deadlines.request import DeadlineRequest
+from celery_deadlines.core.request import DeadlineRequest
 
 
 def stored_refusal(app: Celery, task_id: str) -> DeadlineRefused:

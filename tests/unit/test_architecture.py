@@ -3,10 +3,12 @@
 Walks every module of the package (migrations aside) with ``ast``, counting every
 import, function-local ones too (a lazy import hides a dependency, it does not remove
 it); imports under ``if TYPE_CHECKING:`` are for the type checker only and are not
-counted. A module's tier is where it lives: ``rules/`` (and ``errors``) the pure
-rules, ``ledger/`` the ledger, Django's own names the Django surface, the rest of the
-package root the Celery tier. DEVELOPERS.md, "The tiers", is the map: what each tier
-may import.
+counted. A module's tier is where it lives, and every module lives in one: a folder
+(``rules/`` the pure rules, ``core/`` the Celery tier, ``contrib/`` the integrations,
+``ledger/`` the ledger, ``admin/``, ``explain/``, ``management/`` the Django app), or a
+root module named below (the foundation every tier stands on, the public surface, the
+Django app under Django's names). A new module at the root has no tier until it is
+named here: the root is no default bin. DEVELOPERS.md, "The tiers", is the map.
 
 Only ``clock`` reads the time (the crash points, inert test hooks, aside).
 """
@@ -22,15 +24,48 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "celery_deadlines"
 
-#: The pure tier's package, and the one root module every tier shares (the errors'
-#: module path is in every stored failure: Celery records ``exc_module``).
-RULES = "rules"
-SHARED_PURE = frozenset({"errors"})
-#: The Django surface: Django's own module names at the root, and its folders.
-DJANGO = frozenset({"apps", "checks", "admin", "explain", "models", "management", "middleware"})
-#: What the ledger may use of the Celery tier (below it, or beside it).
-LEDGER_MAY_USE = frozenset({"clock", "conf", "signals", "_crashpoints"})
-#: The ledger's doors, for the Celery tier (inside functions only).
+#: The folders that are tiers.
+FOLDERS = {
+    "rules": "pure",
+    "core": "celery",
+    "contrib": "contrib",
+    "ledger": "ledger",
+    "admin": "django",
+    "explain": "django",
+    "management": "django",
+}
+#: The root's modules, each in its tier: the errors are pure (their module path is in
+#: every stored failure: Celery records ``exc_module``); the foundation every tier stands
+#: on; the public surface; the Django app under Django's own names.
+ROOT = {
+    "errors": "pure",
+    "clock": "foundation",
+    "conf": "foundation",
+    "signals": "foundation",
+    "__init__": "public",
+    "task": "public",
+    "install": "public",
+    "beat": "public",
+    "testing": "public",
+    "pytest_plugin": "public",
+    "apps": "django",
+    "checks": "django",
+    "models": "django",
+    "middleware": "django",
+}
+#: What each tier may import of the package's tiers (its own included).
+MAY_USE = {
+    "pure": {"pure"},
+    "foundation": {"pure", "foundation"},
+    "ledger": {"pure", "foundation", "ledger"},
+    "celery": {"pure", "foundation", "celery", "ledger"},
+    "contrib": {"pure", "foundation", "celery", "ledger", "contrib", "public"},
+    "public": {"pure", "foundation", "celery", "ledger", "contrib", "public"},
+    "django": {"pure", "foundation", "celery", "ledger", "contrib", "public", "django"},
+}
+#: What the Celery tier may import of the ledger at import time (is it on? the crash
+#: points), and its doors, opened inside functions only.
+LEDGER_AT_IMPORT = frozenset({"ledger", "ledger._crashpoints"})
 LEDGER_DOORS = frozenset({"ledger.api", "ledger.operations"})
 #: Calls that read the time; only ``clock`` (and the inert crash points) may make them.
 CLOCK_READS = frozenset(
@@ -46,7 +81,7 @@ CLOCK_READS = frozenset(
         ("time", "monotonic_ns"),
     }
 )
-MAY_READ_THE_CLOCK = frozenset({"clock", "_crashpoints"})
+MAY_READ_THE_CLOCK = frozenset({"clock", "ledger._crashpoints"})
 
 
 @dataclass(frozen=True)
@@ -61,16 +96,13 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" and len(parts) > 1 else parts)
 
 
-def tier_of(module: str) -> str:
-    """The tier of ``module`` (relative to the package), from where it lives."""
+def tier_of(module: str) -> str | None:
+    """The tier of ``module`` (relative to the package), from where it lives; ``None``
+    for a root module no tier names."""
     head = module.split(".")[0]
-    if head == "ledger":
-        return "ledger"
-    if head == RULES or head in SHARED_PURE:
-        return "pure"
-    if head in DJANGO:
-        return "django"
-    return "celery"  # the package root
+    if "." in module or head in FOLDERS:
+        return FOLDERS.get(head)
+    return ROOT.get(module)
 
 
 def modules() -> Iterator[tuple[str, ast.Module]]:
@@ -142,25 +174,31 @@ def violations(module: str, imported: Import) -> list[str]:
     foreign = imported.target.split(".")[0]
     where = f"{module} imports {imported.target}" + (" (in a function)" if imported.lazy else "")
     problems = []
-    if tier == "pure":
-        if foreign in {"celery", "kombu", "billiard", "django"}:
-            problems.append(f"{where}: a pure rule imports {foreign}")
-        if target is not None and tier_of(target) != "pure":
-            problems.append(f"{where}: a pure rule imports the {tier_of(target)} tier")
-    elif tier == "celery":
-        if foreign == "django" and not imported.lazy and module != "testing":
-            problems.append(f"{where}: the Celery tier imports Django at import time")
-        if target is not None and tier_of(target) == "django":
-            problems.append(f"{where}: the Celery tier imports the Django surface")
-        if target is not None and tier_of(target) == "ledger" and target != "ledger":
-            if target not in LEDGER_DOORS:
-                problems.append(f"{where}: the Celery tier may use only {sorted(LEDGER_DOORS)}")
-            elif not imported.lazy:
+    if tier is None:
+        return [f"{module} is in no tier: a folder's, or one of ROOT's (test_architecture)"]
+    if tier in {"pure", "foundation"} and foreign in {"kombu", "billiard", "django"}:
+        kind = "a pure rule" if tier == "pure" else "a foundation module"
+        problems.append(f"{where}: {kind} imports {foreign}")
+    if tier == "pure" and foreign == "celery":
+        problems.append(f"{where}: a pure rule imports celery")
+    django_at_import = foreign == "django" and not imported.lazy and module != "testing"
+    if tier in {"celery", "public"} and django_at_import:
+        problems.append(f"{where}: the {tier} tier imports Django at import time")
+    if target is None:
+        return problems
+    target_tier = tier_of(target)
+    if target_tier not in MAY_USE[tier]:
+        problems.append(f"{where}: the {tier} tier reaches the {target_tier} tier")
+    elif tier == "celery" and target_tier == "ledger":
+        if target in LEDGER_DOORS:
+            if not imported.lazy:
                 problems.append(f"{where}: the ledger's doors are opened inside functions")
-    elif tier == "ledger" and target is not None:
-        target_tier = tier_of(target)
-        if target_tier == "django" or (target_tier == "celery" and target not in LEDGER_MAY_USE):
-            problems.append(f"{where}: the ledger reaches back up into the {target_tier} tier")
+        elif target not in LEDGER_AT_IMPORT:
+            problems.append(
+                f"{where}: the Celery tier may use only {sorted(LEDGER_AT_IMPORT | LEDGER_DOORS)}"
+            )
+    elif tier == "contrib" and target_tier == "public" and target != "beat":
+        problems.append(f"{where}: an integration builds on the Celery tier and beat alone")
     return problems
 
 
@@ -197,6 +235,10 @@ def test_only_the_clock_module_reads_the_time() -> None:
     assert problems == []
 
 
+def test_every_module_of_the_package_lives_in_a_tier() -> None:
+    assert [module for module, _ in modules() if tier_of(module) is None] == []
+
+
 def test_the_pure_rules_are_the_rules_package_and_the_errors() -> None:
     pure = sorted(module for module, _ in modules() if tier_of(module) == "pure")
     assert "errors" in pure
@@ -212,16 +254,22 @@ def test_the_pure_rules_are_the_rules_package_and_the_errors() -> None:
         (
             "rules.outcomes",
             "def f():\n    from ..clock import get_clock",
-            "a pure rule imports the celery",
+            "the pure tier reaches the foundation tier",
         ),
         ("rules.budgets", "import datetime\nx = datetime.datetime.now()", "reads the time"),
-        ("rules.records", "from ..ledger.sql.rows import Unclaimed", "imports the ledger"),
+        ("rules.records", "from ..ledger.sql.rows import Unclaimed", "reaches the ledger"),
         ("rules.skew", "from ..clock import get_clock\nget_clock()", "asks for the clock"),
         ("task", "from django.db import connections", "Django at import time"),
-        ("task", "from .ledger.sql.runs import Runs", "may use only"),
-        ("task", "from .ledger.api import store_for", "opened inside functions"),
-        ("ledger.api", "def f():\n    from ..task import DeadlineTask", "reaches back up"),
-        ("ledger.sql.runs", "from ...admin import RunAdmin", "reaches back up into the django"),
+        ("core.request", "from ..ledger.sql.runs import Runs", "may use only"),
+        ("core.claiming", "from ..ledger.api import store_for", "opened inside functions"),
+        ("core.request", "from ..task import DeadlineTask", "reaches the public tier"),
+        ("core.effects", "from ..contrib import opentelemetry", "reaches the contrib tier"),
+        ("ledger.api", "def f():\n    from ..task import DeadlineTask", "reaches the public"),
+        ("ledger.api", "def f():\n    from ..core import options", "reaches the celery tier"),
+        ("ledger.sql.runs", "from ...admin import RunAdmin", "reaches the django tier"),
+        ("contrib.httpx", "from ..install import install", "Celery tier and beat alone"),
+        ("signals", "from .core import refusals", "the foundation tier reaches the celery"),
+        ("celery_extra", "from .errors import DeadlineError", "is in no tier"),
     ],
 )
 def test_the_tier_test_fails_when_a_module_breaks_its_tier(

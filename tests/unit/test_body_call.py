@@ -22,7 +22,7 @@ from celery.app.trace import build_tracer, task_has_custom
 import time
 
 from celery_deadlines import DEADLINE_HEADER, DeadlineTask
-from celery_deadlines.propagation import HANDED
+from celery_deadlines.core.propagation import HANDED
 
 app = Celery("body-call", broker="memory://", set_as_current=True)
 app.conf.update(task_always_eager=False)

@@ -22,7 +22,7 @@ from celery_deadlines import (
     WorkflowRefused,
     deadline_scope,
 )
-from celery_deadlines import canvas as gate
+from celery_deadlines.core import canvas as gate
 from celery_deadlines.rules.gates import Decision
 from celery_deadlines.rules.wire import encode
 from celery_deadlines.testing import FakeClock

@@ -1,9 +1,10 @@
 """The claim takes values and returns an outcome; the task ends an unrun delivery.
 
-:func:`celery_deadlines.claiming.claim` is given a :class:`~celery_deadlines.claiming.Claim`
-(no task) and answers with the attempt or a value saying how the delivery ends unrun;
-``DeadlineTask.before_start`` turns that value into Celery's ``Ignore`` or ``Reject``,
-or into the stored refusal. Run against the in-memory ledger on a fake clock.
+:func:`celery_deadlines.core.claiming.claim` is given a
+:class:`~celery_deadlines.core.claiming.Claim` (no task) and answers with the attempt or a
+value saying how the delivery ends unrun; ``DeadlineTask.before_start`` turns that value
+into Celery's ``Ignore`` or ``Reject``, or into the stored refusal. Run against the
+in-memory ledger on a fake clock.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import pytest
 from celery import Celery
 from celery.app.task import Context
 
-from celery_deadlines import DeadlineTask, claiming, recording
+from celery_deadlines import DeadlineTask
+from celery_deadlines.core import claiming, recording
 from celery_deadlines.errors import DeadlineRefused, LedgerUnreachable
 from celery_deadlines.rules import gates
 from celery_deadlines.testing import FakeClock, FakeLedger, use_ledger

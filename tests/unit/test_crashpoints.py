@@ -9,12 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from celery_deadlines import _crashpoints
-from celery_deadlines._crashpoints import PLAN_FILE_ENV
+from celery_deadlines.ledger import _crashpoints
+from celery_deadlines.ledger._crashpoints import PLAN_FILE_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 HIT = (
-    "from celery_deadlines._crashpoints import hit\n"
+    "from celery_deadlines.ledger._crashpoints import hit\n"
     "hit('effect.dispatched', 'run-1')\n"
     "print('alive')"
 )

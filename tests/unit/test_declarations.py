@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from celery_deadlines import conf, options
+from celery_deadlines import conf
+from celery_deadlines.core import options
 from celery_deadlines.rules.contracts import parse_contracts
 from celery_deadlines.rules.declarations import (
     DURATIONS,

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from celery_deadlines import InvalidEffect
-from celery_deadlines.effects import MAX_KEY, MAX_NAME, checked, fingerprint_of
+from celery_deadlines.core.effects import MAX_KEY, MAX_NAME, checked, fingerprint_of
 
 
 @pytest.mark.parametrize(

@@ -68,7 +68,7 @@ class Consumer:
 def test_the_metrics_are_served_on_this_machine_only_unless_an_address_is_named(
     app: Celery, monkeypatch: pytest.MonkeyPatch, address: str | None, bound: str
 ) -> None:
-    from celery_deadlines import metrics
+    from celery_deadlines.contrib import prometheus as metrics
 
     served: list[tuple[int, str]] = []
     monkeypatch.setattr(metrics, "serve", lambda port, addr: served.append((port, addr)))
@@ -84,7 +84,7 @@ def test_the_metrics_are_served_on_this_machine_only_unless_an_address_is_named(
 def test_a_metrics_address_that_is_not_an_ip_address_is_logged_and_serves_nothing(
     app: Celery, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, address: object
 ) -> None:
-    from celery_deadlines import metrics
+    from celery_deadlines.contrib import prometheus as metrics
 
     monkeypatch.setattr(metrics, "serve", lambda port, addr: pytest.fail("served"))
     install()

@@ -1,4 +1,4 @@
-"""The gates in epoch seconds (``celery_deadlines.seconds``: the path of every message
+"""The gates in epoch seconds (``celery_deadlines.core.seconds``: the path of every message
 of a worker without a ledger) decide exactly what the full rule, with datetimes,
 decides: the publish's headers, the claim gate's admission and time-limit cap, and the
 attempt gate's deadline and anchor. Each property draws deadlines around the edges the
@@ -23,8 +23,10 @@ from celery.utils import uuid
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from celery_deadlines import DEADLINE_HEADER, DeadlineRefused, seconds, tracing
+from celery_deadlines import DEADLINE_HEADER, DeadlineRefused
 from celery_deadlines import clock as installed
+from celery_deadlines.contrib import opentelemetry as tracing
+from celery_deadlines.core import seconds
 from celery_deadlines.rules import wire
 from celery_deadlines.testing import FakeClock, use_clock
 from tests.support.unit_tasks import claim, make_task

@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from celery_deadlines import conf
+from celery_deadlines.core.options import start_of
 from celery_deadlines.errors import ConfigurationError, InvalidDeadline
-from celery_deadlines.options import start_of
 from celery_deadlines.rules import incoming
 from celery_deadlines.rules.budgets import LONGEST, parse_budget, parse_duration
 from celery_deadlines.rules.contracts import parse_contracts
@@ -412,7 +412,8 @@ class MainProcessUnderFuzz:
         from celery import Celery
         from prometheus_client import CollectorRegistry
 
-        from celery_deadlines import DeadlineTask, deadline_refused, metrics
+        from celery_deadlines import DeadlineTask, deadline_refused
+        from celery_deadlines.contrib import prometheus as metrics
         from tests.support.main_process import MainProcess
 
         self.app = Celery("fuzz-main", broker="memory://", backend="cache+memory://")

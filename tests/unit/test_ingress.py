@@ -134,12 +134,12 @@ def test_an_enclosing_scope_can_only_shorten_a_requests_deadline(
         assert decision.source == "enclosing scope"
 
 
-def test_the_request_is_reported_to_tracing(
+def test_the_request_is_reported_to_the_observability_integration(
     proxied: Celery, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: list[dict[str, Any]] = []
     monkeypatch.setattr(
-        "celery_deadlines.tracing.annotate_ingress", lambda **given: seen.append(given)
+        "celery_deadlines.core.telemetry.annotate_ingress", lambda **given: seen.append(given)
     )
     with ingress_scope({"grpc-timeout": "3S"}, budget=8, peer=PROXY, app=proxied):
         pass

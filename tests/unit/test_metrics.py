@@ -12,7 +12,9 @@ import pytest
 from celery import Celery
 from prometheus_client import CollectorRegistry, generate_latest
 
-from celery_deadlines import metrics, signals
+from celery_deadlines import signals
+from celery_deadlines.contrib import prometheus as metrics
+from celery_deadlines.core import refusals
 from celery_deadlines.rules import gates
 from celery_deadlines.rules.plans import Plan, Verdict
 from celery_deadlines.rules.skew import ClockReading
@@ -45,7 +47,7 @@ def value(registry: CollectorRegistry, name: str, **labels: str) -> float | None
 def test_refusals_are_counted_by_task_gate_and_reason(registry: CollectorRegistry) -> None:
     decision = gates.admit(gates.Gate.CLAIM, NOW, NOW + timedelta(seconds=1), timedelta(0))
     for _ in range(2):
-        signals.report_refusal(charge, "t-1", "shop.charge", decision)
+        refusals.report_refusal(charge, "t-1", "shop.charge", decision)
     labels = {"task": "shop.charge", "gate": "claim", "reason": "deadline_passed"}
     assert value(registry, "celery_deadlines_refusals_total", **labels) == 2
 
@@ -90,7 +92,7 @@ def test_a_task_label_is_a_registered_tasks_name_whatever_the_message_calls_it(
 ) -> None:
     decision = gates.admit(gates.Gate.CLAIM, NOW, NOW + timedelta(seconds=1), timedelta(0))
     for n in range(50):  # a worker's claim gate: Celery's request names it by its shadow
-        signals.report_refusal(charge, f"t-{n}", f"shadow-{n}", decision)
+        refusals.report_refusal(charge, f"t-{n}", f"shadow-{n}", decision)
         signals.run_expired.send(sender=APP, task_id=f"t-{n}", task_name=f"unknown-{n}",
                                  reason="deadline_passed", detail="")  # fmt: skip
         signals.run_claimed.send(sender=APP, task_id=f"t-{n}", task_name=f"unknown-{n}",
@@ -99,7 +101,7 @@ def test_a_task_label_is_a_registered_tasks_name_whatever_the_message_calls_it(
                               budget=timedelta(seconds=0.5))  # fmt: skip
     outbound = gates.admit(gates.Gate.OUTBOUND, NOW, NOW + timedelta(seconds=1), timedelta(0))
     for n in range(500):  # calls to hosts a caller chose, refused outside any task
-        signals.report_refusal(f"GET host-{n}.example", None, f"GET host-{n}.example", outbound)
+        refusals.report_refusal(f"GET host-{n}.example", None, f"GET host-{n}.example", outbound)
     tasks = {
         sample.labels["task"]
         for family in registry.collect()

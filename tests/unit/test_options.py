@@ -11,7 +11,7 @@ from celery import Celery
 
 from celery_deadlines import DeadlineTask, InvalidDeadline
 from celery_deadlines.conf import settings_for
-from celery_deadlines.options import resolve, times
+from celery_deadlines.core.options import resolve, times
 from celery_deadlines.rules.budgets import UNSET
 
 

@@ -1,5 +1,5 @@
 """The current deadline, on the calls a body makes to other services (the glue of
-celery_deadlines.outbound, fake clock): the headers that say it, read inside a task, a
+celery_deadlines.core.outbound, fake clock): the headers that say it, read inside a task, a
 scope, or nowhere, and the outbound gate, reported once."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from celery_deadlines import (
     deadline_headers,
     deadline_scope,
 )
-from celery_deadlines.outbound import prepare
+from celery_deadlines.core.outbound import prepare
 from celery_deadlines.rules.gates import Decision, Gate, Reason
 from celery_deadlines.rules.wire import encode
 from celery_deadlines.testing import FakeClock
@@ -288,10 +288,10 @@ def test_importing_the_package_imports_no_client_library() -> None:
     each, and only the application imports an adapter."""
     code = (
         "import sys\n"
-        "import celery_deadlines, celery_deadlines.outbound, celery_deadlines.task\n"
-        "import celery_deadlines.middleware, celery_deadlines.ingress\n"
+        "import celery_deadlines, celery_deadlines.core.outbound, celery_deadlines.task\n"
+        "import celery_deadlines.middleware, celery_deadlines.core.ingress\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'httpx', 'requests', 'grpc'}))\n"
-        "import celery_deadlines.outbound_httpx\n"
+        "import celery_deadlines.contrib.httpx\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'httpx', 'requests', 'grpc'}))\n"
     )
     shown = subprocess.run(

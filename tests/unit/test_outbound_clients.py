@@ -26,9 +26,9 @@ from requests.adapters import HTTPAdapter
 from urllib3.util import Retry, Timeout
 
 from celery_deadlines import DeadlineRefused, deadline_scope
-from celery_deadlines.outbound_grpc import DeadlineInterceptor
-from celery_deadlines.outbound_httpx import async_deadline_hooks, deadline_hooks
-from celery_deadlines.outbound_requests import DeadlineAdapter
+from celery_deadlines.contrib.grpc import DeadlineInterceptor
+from celery_deadlines.contrib.httpx import async_deadline_hooks, deadline_hooks
+from celery_deadlines.contrib.requests import DeadlineAdapter
 from celery_deadlines.rules.gates import Decision
 from celery_deadlines.testing import FakeClock
 
@@ -738,7 +738,7 @@ def test_the_timeout_grpc_writes_never_exceeds_the_capped_one() -> None:
     import math
     import random
 
-    from celery_deadlines.outbound_grpc import sent_timeout
+    from celery_deadlines.contrib.grpc import sent_timeout
 
     seed = random.randrange(2**32)
     print(f"seed {seed}")

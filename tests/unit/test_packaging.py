@@ -16,7 +16,7 @@ from typing import Any
 import django
 import pytest
 
-from celery_deadlines import _crashpoints
+from celery_deadlines.ledger import _crashpoints
 
 REPO = Path(__file__).resolve().parents[2]
 PYPROJECT: dict[str, Any] = tomllib.loads((REPO / "pyproject.toml").read_text())

@@ -11,8 +11,8 @@ import pytest
 
 from celery_deadlines import InvalidDeadline
 from celery_deadlines.conf import BUDGETS, DEFAULT_BUDGET, LEASE_TTL, MAX_BUDGET, Settings
+from celery_deadlines.core.options import start_of
 from celery_deadlines.errors import ConfigurationError
-from celery_deadlines.options import start_of
 from celery_deadlines.rules.budgets import LONGEST, capped_seconds, parse_budget, parse_duration
 from celery_deadlines.rules.gates import retry_wait
 from celery_deadlines.rules.incoming import (

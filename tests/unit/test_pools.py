@@ -1,5 +1,5 @@
 """Whether a process runs its attempts one at a time: what lets a won claim commit
-without waiting for the disk (celery_deadlines.pools, docs/concepts.md "Claim")."""
+without waiting for the disk (celery_deadlines.core.pools, docs/concepts.md "Claim")."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from celery import Celery
 from celery.app.task import Context
 
-from celery_deadlines import claiming, pools
+from celery_deadlines.core import claiming, pools
 from celery_deadlines.testing import FakeClock, FakeLedger, use_ledger
 
 

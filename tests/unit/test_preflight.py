@@ -1,5 +1,5 @@
 """A worker or beat of a plain Celery app refuses to start on a configuration the
-library's checks reject (celery_deadlines.preflight), and says what the checks say.
+library's checks reject (celery_deadlines.core.preflight), and says what the checks say.
 
 Celery's own start-up code runs here (a ``WorkController`` built, beat's ``Service``
 started) on the memory broker; the real ``celery worker`` and ``celery beat`` processes,
@@ -16,11 +16,22 @@ from typing import Any
 import pytest
 from celery import Celery, beat
 from celery.beat import Service
-from celery.signals import beat_init, worker_init
+from celery.signals import beat_init, import_modules, worker_init
 from celery.worker import WorkController
 
-from celery_deadlines import ConfigurationError, DeadlineTask, install, preflight
+from celery_deadlines import ConfigurationError, DeadlineTask, install
 from celery_deadlines.conf import LEASE_TTL, Settings
+from celery_deadlines.core import preflight
+
+
+@pytest.fixture
+def app() -> Iterator[Celery]:
+    """A plain Celery app: without Celery's Django fixup (see :func:`only_the_check`)."""
+    app = Celery("plain", broker="memory://", backend="cache+memory://", fixups=[])
+    app.set_current()
+    app.conf.deadlines_ledger = False
+    yield app
+    app.close()
 
 
 @pytest.fixture(autouse=True)
@@ -38,8 +49,11 @@ def plain_celery() -> Iterator[None]:
 def only_the_check() -> Iterator[None]:
     """``worker_init`` and ``beat_init`` with the check's receivers alone: the others act
     on the whole process (the pool flag, the time-limit patch, Celery's Django fixup),
-    which a unit test must not change for the tests after it."""
-    signals = (worker_init, beat_init)
+    which a unit test must not change for the tests after it. And no ``import_modules``
+    receiver: the Django fixup of every app made in this process answers it for any
+    worker, and Celery 5.5's and 5.6's run Django's model checks, which read the
+    database."""
+    signals = (worker_init, beat_init, import_modules)
     saved = [list(signal.receivers) for signal in signals]
     for signal in signals:
         signal.receivers = []

@@ -22,7 +22,7 @@ from celery_deadlines import (
     SOURCE_HEADER,
     deadline_scope,
 )
-from celery_deadlines.propagation import current_task, headers_of
+from celery_deadlines.core.propagation import current_task, headers_of
 from celery_deadlines.rules.wire import encode
 from celery_deadlines.testing import FakeClock
 from tests.support.unit_tasks import make_task, start_attempt
@@ -267,7 +267,7 @@ def test_a_plain_child_whose_expires_is_earlier_than_the_scope_carries_it_as_its
 
 
 def test_a_state_begun_in_seconds_holds_what_its_constructor_would_in_every_slot() -> None:
-    from celery_deadlines.propagation import AttemptState, begin_in_time, state_of
+    from celery_deadlines.core.propagation import AttemptState, begin_in_time, state_of
 
     request = types.SimpleNamespace(id="t-1")
     headers = {"x_deadline": 1.5}

@@ -117,7 +117,7 @@ def test_the_deadlines_cap_is_judged_by_the_ledgers_clock_not_a_wall_clock_stepp
     # Regression, nemesis soak seed 6161: the pool process killed at the deadline's cap
     # on a worker whose wall clock had been stepped back 10.8 s ended FAILED time_limit.
     from celery_deadlines import ledger
-    from celery_deadlines.request import DeadlineRequest
+    from celery_deadlines.core.request import DeadlineRequest
 
     deadline = clock.now() + timedelta(seconds=3)
     watch = Mock(budget=timedelta(seconds=1))
@@ -142,7 +142,7 @@ def test_a_kill_by_the_deadlines_cap_expires_the_run_whatever_the_clock_reads_th
     # instant before the deadline (its estimate of the ledger's clock not yet corrected
     # after a step). The limit handed to the pool says whose it was.
     from celery_deadlines import ledger
-    from celery_deadlines.request import DeadlineRequest
+    from celery_deadlines.core.request import DeadlineRequest
 
     deadline = clock.now() + timedelta(seconds=3)
     written: list[tuple[str, str]] = []
@@ -169,7 +169,7 @@ def test_an_iso_expires_is_parsed_by_the_standard_library_and_celerys_request_is
     import celery.utils.time
     from celery.worker.request import Request
 
-    from celery_deadlines.request import DeadlineRequest, fast_iso8601
+    from celery_deadlines.core.request import DeadlineRequest, fast_iso8601
 
     def parser(cls: type) -> object:
         return inspect.signature(vars(cls)["__init__"]).parameters["maybe_iso8601"].default
@@ -182,7 +182,7 @@ def test_an_iso_expires_is_parsed_by_the_standard_library_and_celerys_request_is
 
 
 def test_a_default_that_a_function_does_not_have_is_passed_by_a_wrapper() -> None:
-    from celery_deadlines.request import _with_default
+    from celery_deadlines.core.request import _with_default
 
     calls: list[dict[str, object]] = []
 

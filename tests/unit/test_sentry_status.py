@@ -1,4 +1,4 @@
-"""Sentry's transaction status of an expected refusal (``celery_deadlines.sentry``), on a
+"""Sentry's transaction status of an expected refusal (``celery_deadlines.contrib.sentry``), on a
 stand-in for sentry-sdk in ``sys.modules``: which refusals, which status, and what is
 never touched. A real worker reported to Sentry: tests/integration/test_sentry.py."""
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from celery_deadlines import DeadlineRefused, DispatchRefused, PlanRefused
-from celery_deadlines.sentry import on_task_failure, status_of
+from celery_deadlines.contrib.sentry import on_task_failure, status_of
 from celery_deadlines.task import EXPECTED
 
 

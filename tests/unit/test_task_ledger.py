@@ -27,8 +27,8 @@ from celery_deadlines import (
     RunConflict,
     RunFailed,
     StaleLease,
-    claiming,
 )
+from celery_deadlines.core import claiming
 from celery_deadlines.ledger import results
 from celery_deadlines.ledger.outbox import UnreadableMessage
 from celery_deadlines.testing import FakeClock, FakeLedger, use_ledger

@@ -18,13 +18,14 @@ from celery.app.task import Context
 from hypothesis import given as given_examples
 from hypothesis import strategies as st
 
-from celery_deadlines import DEADLINE_HEADER, DeadlineTask, timelimits
+from celery_deadlines import DEADLINE_HEADER, DeadlineTask
+from celery_deadlines.core import timelimits
+from celery_deadlines.core.timelimits import HANDED, record_worker_limits
 from celery_deadlines.rules import limits
 from celery_deadlines.rules.gates import MIN_TIME_LIMIT
 from celery_deadlines.rules.limits import APP, DEADLINE, MESSAGE, TASK, WORKER, Given
 from celery_deadlines.rules.wire import encode
 from celery_deadlines.testing import FakeClock
-from celery_deadlines.timelimits import HANDED, record_worker_limits
 from tests.support.unit_tasks import claim, make_task
 
 

@@ -1,4 +1,4 @@
-"""One event-loop timer for every job's time limits (celery_deadlines.timelimits), on a
+"""One event-loop timer for every job's time limits (celery_deadlines.core.timelimits), on a
 fake clock and a fake event loop that fires a timer when the clock reaches it."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 from celery.concurrency.asynpool import AsynPool
 from celery.signals import worker_init
 
-from celery_deadlines import timelimits
+from celery_deadlines.core import timelimits
+from celery_deadlines.core.timelimits import JobLimits
 from celery_deadlines.testing import FakeClock, use_clock
-from celery_deadlines.timelimits import JobLimits
 
 
 class Entry:

@@ -23,9 +23,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from celery_deadlines import DEADLINE_HEADER, SOURCE_HEADER, DeadlineRefused, DeadlineTask
-from celery_deadlines.rules.wire import encode
-from celery_deadlines.testing import FakeClock, FakeLedger, use_ledger
-from celery_deadlines.tracing import (
+from celery_deadlines.contrib.opentelemetry import (
     DEADLINE,
     DEADLINE_SOURCE,
     LEASE_TOKEN,
@@ -34,6 +32,8 @@ from celery_deadlines.tracing import (
     annotate_ingress,
     record_dispatch_refusal,
 )
+from celery_deadlines.rules.wire import encode
+from celery_deadlines.testing import FakeClock, FakeLedger, use_ledger
 from tests.support.memory_queue import drain
 from tests.support.otel import current, instrumented
 from tests.support.processes import REPO
@@ -278,7 +278,8 @@ if sys.argv[1] == "absent":
     sys.meta_path.insert(0, Absent())
 
 from celery import Celery
-from celery_deadlines import DEADLINE_HEADER, DeadlineRefused, DeadlineTask, tracing
+from celery_deadlines import DEADLINE_HEADER, DeadlineRefused, DeadlineTask
+from celery_deadlines.contrib import opentelemetry as tracing
 from celery_deadlines.testing import FakeClock, use_clock
 from celery_deadlines.rules.wire import encode
 from tests.support.trace import execute_next

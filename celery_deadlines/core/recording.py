@@ -1,0 +1,324 @@
+"""What the ledger records of a Celery message: the run's outbox row, in Celery's terms.
+
+:meth:`DeadlineTask.apply_async` hands its publish here once the ledger is on: a new
+run is recorded before its message is sent (:func:`publish`), and the attempt running
+in this process hands its run to its own retry message instead. A message that reaches
+a worker without a row (sent by name, or before the app was installed) gets one rebuilt
+from the request (:func:`run_of_request`). A gate's refusal (enqueue, claim gate,
+attempt) is recorded by :func:`record_refusal`. The ledger is imported lazily: the
+plain Celery tier never imports Django.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Final
+
+from celery._state import get_current_worker_task
+from celery.exceptions import Retry
+
+from .. import conf, ledger
+from ..conf import settings_for
+from ..rules import envelope, gates, wire
+from ..rules.records import NewRun, Refusal
+from ..rules.stamping import Stamp
+from ..rules.states import Status
+from .propagation import attempt_state, headers_of
+from .refusals import report_refusal
+
+if TYPE_CHECKING:
+    from celery import Task
+
+logger = logging.getLogger("celery_deadlines")
+
+
+def publish(
+    task: Task[Any, Any],
+    args: Any,
+    kwargs: Any,
+    *,
+    task_id: str,
+    call: dict[str, Any],
+    links: dict[str, Any],
+    stamp: Stamp,
+    available_at: datetime | None,
+    send: Callable[[], Any],
+) -> Any:
+    """Record the run (or hand the running attempt's run to its retry), then ``send()``.
+
+    ``call``: the publish's options as Celery will see them; ``links``: ``link``,
+    ``link_error`` and ``shadow``, kept with the message so that a republish is the
+    same message. Returns what ``send()`` returned, or the run's ``AsyncResult`` when
+    the publish waits for the caller's transaction to commit.
+    """
+    api = ledger.api_for(task.app)
+
+    kept = {**task._get_exec_options(), **call, **links}  # type: ignore[attr-defined]
+    if not (kept.get("queue") or kept.get("routing_key") or kept.get("exchange")):
+        # Record the queue Celery routes it to here: a republish by another process
+        # (a worker whose default queue or routes differ) must reach the same queue.
+        queue = task.app.amqp.router.route({}, task.name, args, kwargs).get("queue")
+        if queue is not None:
+            kept["queue"] = getattr(queue, "name", queue)
+    body, content_type, encoding = api.encode_message(task.serializer, args, kwargs, kept)
+    retries = int(call.get("retries") or 0)
+    state = attempt_state(task)
+    retry_of = state.attempt if state is not None and state.retrying else None
+    if retry_of is not None and retry_of.lease.task_id == task_id:
+        return api.hand_to_retry(
+            retry_of, retries=retries, available_at=available_at, message_body=body, send=send
+        )
+    parent = get_current_worker_task()
+    running = attempt_state(parent) if parent is not None else None
+    parent_id = call.get("parent_id") or (parent.request.id if parent else None)
+    root_id = call.get("root_id") or (
+        (parent.request.root_id or parent.request.id) if parent else None
+    )
+    run = NewRun(
+        task_id=task_id,
+        task_name=task.name,
+        deadline=stamp.governed.deadline,
+        delivery_deadline=stamp.delivery,
+        delivery_task=getattr(task, "deadline_kind", None) == "delivery",
+        queue=_queue_name(kept.get("queue")),
+        root_id=root_id or task_id,
+        parent_id=parent_id or "",
+        retries=retries,
+        available_at=available_at,
+        message_body=body,
+        content_type=content_type,
+        content_encoding=encoding,
+        **wire.decode_occurrence((call.get("headers") or {}).get(wire.OCCURRENCE_HEADER)),
+    )
+    if task.app.conf.task_always_eager:  # send() runs it here: Celery's apply()
+        return api.record_eager_run(task.app, run, send)
+    publisher = running.attempt if running is not None else None
+    sent = api.record_run(task.app, run, send, publisher=publisher)
+    return sent if sent is not None else task.AsyncResult(task_id)
+
+
+def hand_to_eager_retry(task: Task[Any, Any], attempt: Any, retry: object) -> None:
+    """An eager retry publishes nothing (``apply()`` runs ``retry.sig`` in place): hand
+    the run to it here, as :func:`publish` does for a worker's retry message, so that
+    its claim finds the run RETRYING (``attempt``: the eager run's, with the ledger on)."""
+    if attempt is None or not isinstance(retry, Retry) or not getattr(retry, "is_eager", False):
+        return
+    sig = getattr(retry, "sig", None)
+    if sig is None:
+        return
+    api = ledger.api_for(task.app)
+    body, _, _ = api.encode_message(task.serializer, sig.args, sig.kwargs, {})
+    api.hand_to_retry(
+        attempt,
+        retries=task.request.retries + 1,
+        available_at=None,
+        message_body=body,
+        send=lambda: None,
+    )
+
+
+def run_of_request(
+    app: Any, task_name: str, serializer: str, request: Any, deadline: datetime | None
+) -> NewRun:
+    """The row of a run whose message was published without the outbox, rebuilt from
+    the request being executed (so the sweeper can republish it; its message encoded
+    with the task's ``serializer``). A ``root_id`` or ``parent_id`` that is not a task
+    id is not kept (:func:`envelope.link`)."""
+    api = ledger.api_for(app)
+
+    kept = {
+        "link": request.callbacks,
+        "link_error": request.errbacks,
+        "chain": request.chain,
+        "chord": request.chord,
+        "group_id": request.group,
+        "group_index": request.group_index,
+        "root_id": envelope.link(request.root_id),
+        "parent_id": envelope.link(request.parent_id),
+        "headers": {
+            key: value
+            for key, value in headers_of(request).items()
+            if key.startswith("x_deadline") or key == "expires"
+        }
+        or None,
+        **{
+            key: value
+            for key, value in (request.delivery_info or {}).items()
+            if key in ("exchange", "routing_key", "priority") and value
+        },
+    }
+    kept = {key: value for key, value in kept.items() if value is not None}
+    body, content_type, encoding = api.encode_message(
+        serializer, request.args, request.kwargs, kept
+    )
+    return NewRun(
+        task_id=request.id,
+        task_name=task_name,
+        deadline=deadline,
+        delivery_deadline=None,
+        root_id=envelope.link(request.root_id) or request.id,
+        parent_id=envelope.link(request.parent_id) or "",
+        retries=int(request.retries or 0),  # well-formed: the worker's main process held it
+        available_at=None,
+        message_body=body,
+        content_type=content_type,
+        content_encoding=encoding,
+    )
+
+
+#: Reasons of a refusal for the deadline: the ledger confirms them by its own clock.
+_DEADLINE_REASONS = frozenset(
+    {gates.Reason.DEADLINE_PASSED, gates.Reason.INSUFFICIENT_BUDGET, gates.Reason.DELIVERY_EXPIRED}
+)
+
+
+def record_refusal(
+    app: Any,
+    decision: gates.Decision,
+    *,
+    task_name: str,
+    task_id: str,
+    retries: int,
+    reserve: timedelta | None,
+    dedicated: bool = True,
+) -> Refusal:
+    """Record a gate's refusal in the ledger: what it did to the run, true when it ended
+    it (only then may the refusal be stored as the task's result). A refusal for the
+    deadline is confirmed by the ledger's clock against the task's ``reserve``, which
+    such a refusal must give (``None``: a refusal for anything else)."""
+    refusal = decision.refusal()
+    return ledger.api_for(app).refuse_run(
+        app,
+        task_id=task_id,
+        task_name=task_name,
+        retries=retries,
+        status=Status.EXPIRED,
+        reason=refusal.reason,
+        detail=str(refusal),
+        deadline=decision.deadline,
+        confirm_within=reserve if refusal.reason in _DEADLINE_REASONS else None,
+        dedicated=dedicated,
+    )
+
+
+#: The runs whose refusal a worker's clock running ahead of the ledger's was reported for
+#: at ERROR, most recent last (at most :data:`_TOLD_AT_MOST`: a bounded memory).
+_clock_ahead_told: OrderedDict[str, None] = OrderedDict()
+_TOLD_AT_MOST: Final = 1024
+_told_lock = threading.Lock()
+
+
+def tell_refusal(
+    sender: Any,
+    app: Any,
+    task_id: str | None,
+    task_name: str,
+    decision: gates.Decision,
+    outcome: Refusal,
+    *,
+    carrier: Mapping[str, Any] | None = None,
+) -> None:
+    """Report a gate's refusal of a message by what it did to the run (``outcome``, from
+    :func:`record_refusal`; :data:`ENDED_IT` without the ledger): a refusal that ended
+    the run, or a message naming another task's run, is the run's one refusal (logged
+    at WARNING, ``deadline_refused`` sent: :func:`report_refusal`). A message of a run
+    that had ended, or that another attempt runs, is a late or duplicate delivery,
+    logged at INFO: its run was told and counted once already. A refusal for the
+    deadline that the ledger's clock does not confirm is this worker's clock running
+    ahead: logged at ERROR once per run (at INFO after), with what to do about it."""
+    kind = outcome.outcome
+    if kind in (Refusal.ENDED, Refusal.TASK_MISMATCH):
+        report_refusal(sender, task_id, task_name, decision, carrier=carrier)
+        return
+    gate = decision.gate
+    if kind == Refusal.ALREADY_ENDED:
+        logger.info(
+            "%s[%s]: message discarded at %s gate: the run had already ended %s (%s)",
+            task_name,
+            task_id,
+            gate,
+            outcome.status,
+            outcome.reason or "-",
+        )
+    elif kind == Refusal.OWNED:
+        logger.info(
+            "%s[%s]: message discarded at %s gate (%s): another attempt is running the run (%s)",
+            task_name,
+            task_id,
+            gate,
+            decision.reason,
+            outcome.owner,
+        )
+    elif kind == Refusal.NOT_CONFIRMED and task_id is not None:
+        _tell_clock_ahead(app, task_id, task_name, decision, outcome)
+    else:
+        logger.info(
+            "%s[%s]: message discarded at %s gate (%s); the run is %s, left to the ledger",
+            task_name,
+            task_id,
+            gate,
+            decision.reason,
+            outcome.status or "not recorded",
+        )
+
+
+def _tell_clock_ahead(
+    app: Any, task_id: str, task_name: str, decision: gates.Decision, outcome: Refusal
+) -> None:
+    """This worker refused a message for its deadline by its own clock, and the ledger's
+    clock says the run is still in time: the message is gone, the run stays as it was,
+    and the sweeper publishes it again after ``deadlines_republish_after``."""
+    now = outcome.database_now
+    deadline = outcome.deadline
+    ahead = None if now is None else (decision.clock_reading - now).total_seconds()
+    left = None if now is None or deadline is None else (deadline - now).total_seconds()
+    with _told_lock:
+        first = task_id not in _clock_ahead_told
+        _clock_ahead_told[task_id] = None
+        _clock_ahead_told.move_to_end(task_id)
+        while len(_clock_ahead_told) > _TOLD_AT_MOST:
+            _clock_ahead_told.popitem(last=False)
+    if not first:
+        logger.info(
+            "%s[%s]: message discarded at %s gate (%s) by this worker's clock, again: the "
+            "ledger's clock says the run is in time (its clock runs %s s ahead)",
+            task_name,
+            task_id,
+            decision.gate,
+            decision.reason,
+            "?" if ahead is None else f"{ahead:.3f}",
+        )
+        return
+    republish = settings_for(app).get(conf.REPUBLISH_AFTER)
+    logger.error(
+        "%s[%s]: this worker's clock runs %s s ahead of the ledger's: it refused the "
+        "message at %s gate (%s, clock read %s), but by the database clock the run has "
+        "%s s left before its deadline %s, so the ledger did not end it. The message is "
+        "dropped; the run stays %s and the ledger publishes it again after "
+        "deadlines_republish_after (%s s), for a worker whose clock agrees. Correct this "
+        "worker's clock (NTP), or set deadlines_clock_skew_budget: a worker then "
+        "measures its clock against the ledger's and takes no work while they disagree.",
+        task_name,
+        task_id,
+        "?" if ahead is None else f"{ahead:.3f}",
+        decision.gate,
+        decision.reason,
+        decision.clock_reading.isoformat(),
+        "?" if left is None else f"{left:.3f}",
+        "none" if deadline is None else deadline.isoformat(),
+        outcome.status or "queued",
+        republish.total_seconds() if isinstance(republish, timedelta) else republish,
+        extra={"celery_deadlines.task_id": task_id, "celery_deadlines.task_name": task_name},
+    )
+
+
+def _queue_name(queue: object) -> str | None:
+    """A queue option's name (Celery takes a name or a kombu ``Queue``)."""
+    if queue is None:
+        return None
+    name = getattr(queue, "name", queue)
+    return str(name)[:255] if name else None
