@@ -37,10 +37,10 @@ from celery.utils import uuid
 from . import conf, ledger
 from .clock import get_clock
 from .conf import settings_for
-from .core import claiming, options, propagation, recording, seconds, telemetry
+from .core import claiming, options, propagation, recording, seconds, telemetry, timelimits
 from .core.body import AttemptAPI, Paused, Unresolved, end_unresolved
 from .core.propagation import HANDED, NOTHING_KEPT, STAMPED, attempt_state
-from .core.refusals import report_refusal, tell_refusal
+from .core.refusals import report_refusal, report_refused_message, tell_refusal
 from .errors import (
     ConfigurationError,
     DeadlineRefused,
@@ -54,6 +54,7 @@ from .ledger._crashpoints import hit
 from .rules import gates, outcomes, stamping, wire
 from .rules.budgets import UNSET, Anchor
 from .rules.quoting import shown
+from .rules.records import ENDED_IT
 from .rules.states import Status
 
 if TYPE_CHECKING:
@@ -143,7 +144,12 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
     @classmethod
     def bind(cls, app: Any) -> Any:
         install()  # the publish hook that stamps children; idempotent
-        return super().bind(app)
+        unset = timelimits.unset_limits(cls)
+        bound = super().bind(app)
+        # Celery 5.7 copies the app's task_time_limit onto a task that declares none:
+        # the pool's default, not the task's own (the attempt timeout, the limits' record)
+        timelimits.note_app_copies(cls, unset, app.conf)
+        return bound
 
     # -- durations (one precedence rule: options.resolve) --------------------------------
 
@@ -471,18 +477,26 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         call: the refusal is raised, and Celery raises it to the caller or keeps it in
         the ``EagerResult`` as any eager failure."""
         decision = self._kind_of(decision)
-        report_refusal(self, task_id, self.name, decision)
         refusal = decision.refusal()
         request = self.request
         eager = bool(request.is_eager)
-        if self._with_ledger() and not recording.record_refusal(
-            self.app,
-            decision,
-            task_name=self.name,
-            task_id=task_id,
-            retries=int(request.retries or 0),
-            reserve=reserve,
-        ):
+        outcome = ENDED_IT  # without the ledger every refusal ends its run
+        if self._with_ledger():
+            try:
+                outcome = recording.record_refusal(
+                    self.app,
+                    decision,
+                    task_name=self.name,
+                    task_id=task_id,
+                    retries=int(request.retries or 0),
+                    reserve=reserve,
+                )
+            except Exception:
+                report_refusal(self, task_id, self.name, decision)
+                raise
+        # recorded first: a late delivery of a run that had ended is not its refusal again
+        report_refused_message(self, self.app, task_id, self.name, decision, outcome)
+        if not outcome:
             # already ended, or another attempt owns the run: its result stands
             if eager:
                 raise refusal

@@ -31,8 +31,9 @@ from typing import Any, Final, NoReturn
 from . import conf
 from .clock import get_clock, set_clock
 from .conf import settings_for
+from .rules.limits import claim_detail
 from .rules.outcomes import needing_an_operator, unknown_meta
-from .rules.records import ClaimRefused, Lease
+from .rules.records import ENDED_IT, ClaimRefused, Lease, Refusal
 from .rules.states import (
     CALLER_UNKNOWN,
     CLAIMABLE,
@@ -264,6 +265,7 @@ class FakeLedger:
         unrecorded: Callable[[], Any],
         exclusive: bool = False,  # nothing to flush in memory
         eager: bool = False,  # one store in memory
+        limits: Any = None,
     ) -> Any:
         if task_id not in self.runs:
             row = unrecorded()
@@ -294,7 +296,7 @@ class FakeLedger:
         )
         expires = now + ttl
         run.lease_expires_at = expires if run.deadline is None else min(expires, run.deadline)
-        run.events.append(("claim", "applied", f"retries={retries}"))
+        run.events.append(("claim", "applied", claim_detail(retries, limits)))
         lease = Lease(
             run_id=id(run),
             task_id=task_id,
@@ -324,18 +326,18 @@ class FakeLedger:
         deadline: datetime | None,
         confirm_within: timedelta | None,
         dedicated: bool = True,
-    ) -> bool:
+    ) -> Refusal:
         run = self.runs.get(task_id)
         now = get_clock().now()
         if run is None:  # published by name: its run is recorded already ended
             run = self._record(task_id, task_name, deadline, retries)
             run.status, run.reason, run.detail = str(status), reason, detail
-            return True
+            return ENDED_IT
         if run.task_name != task_name:  # another task's run: left as it is
             run.events.append(("refuse", "rejected", f"{ClaimRefused.TASK_MISMATCH}:{task_name}"))
-            return False
-        lapsed = run.status == "RUNNING" and (run.lease_expires_at or now) <= now
-        waiting = run.status in CLAIMABLE or lapsed
+            return Refusal(Refusal.TASK_MISMATCH)
+        live = run.status == "RUNNING" and (run.lease_expires_at or now) > now
+        waiting = run.status in CLAIMABLE or (run.status == "RUNNING" and not live)
         # a deadline refusal ends a recorded run only if the ledger's clock agrees
         confirmed = confirm_within is None or (
             run.deadline is not None and run.deadline <= now + confirm_within
@@ -343,11 +345,26 @@ class FakeLedger:
         unresolved = bool(self.unresolved(task_id))
         if not waiting or unresolved or not confirmed or run.retries != retries:
             run.events.append(("refuse", "rejected", reason))
-            return False
+            # why not, in the database ledger's order (ledger/sql/runs.py, _not_ended)
+            if run.status in TERMINAL:
+                return Refusal(Refusal.ALREADY_ENDED, run.status, run.reason)
+            if run.retries != retries:
+                return Refusal(Refusal.NOT_ENDED, run.status, run.reason)
+            if live:
+                return Refusal(Refusal.OWNED, run.status, run.reason, owner=run.owner)
+            if not confirmed:
+                return Refusal(
+                    Refusal.NOT_CONFIRMED,
+                    run.status,
+                    run.reason,
+                    deadline=run.deadline,
+                    database_now=now,
+                )
+            return Refusal(Refusal.NOT_ENDED, run.status, run.reason)
         run.status, run.reason, run.detail, run.owner = str(status), reason, detail, ""
         run.lease_expires_at = None
         run.events.append(("refuse", "applied", reason))
-        return True
+        return ENDED_IT
 
     def end_owned(self, app: Any, **_: Any) -> str | None:
         return None  # no pool processes here

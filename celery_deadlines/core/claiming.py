@@ -36,12 +36,12 @@ from celery import states as celery_states
 from .. import ledger
 from ..clock import get_clock
 from ..errors import DeadlineRefused, LedgerUnreachable, RunFailed
-from ..rules import gates
+from ..rules import gates, limits
 from ..rules.records import ClaimRefused, Expired, Held
 from ..rules.stamping import header_source
 from ..rules.states import Status
 from ..signals import run_claimed, run_held
-from . import pools, recording
+from . import pools, recording, timelimits
 from .propagation import headers_of
 from .refusals import report_refusal, tell_refusal
 
@@ -159,6 +159,9 @@ def claim(delivery: Claim) -> Attempt | Refused | NotRun | Unreachable | Ended:
             # an eager run is the caller's, inside whatever attempt runs it
             exclusive=not eager and pools.one_attempt_at_a_time(),
             eager=eager,
+            # what the worker's main process handed the pool with the job (its claim
+            # records it); an eager run is under no time limit
+            limits=limits.EAGER if eager else timelimits.handed(request, delivery.sender),
         )
     except LedgerUnreachable as unreachable:
         return _hand_back(delivery, unreachable)

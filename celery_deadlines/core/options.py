@@ -5,6 +5,10 @@
     task attribute  >  time contract  >  (other task attributes)  >  per-task setting
     >  default setting
 
+(The other task attributes: ``attempt_timeout`` falls back to a ``time_limit``, then a
+``soft_time_limit``, declared on the task itself; never to the app's
+``task_time_limit``, which Celery 5.7 copies onto a task that declares none.)
+
 Call options (``apply_async(budget=...)``) come first and are read where the call is
 (:mod:`celery_deadlines.core.propagation`). :data:`OPTIONS` lists, for each duration, where
 it may be said; :func:`resolve` walks that list. A task attribute is parsed once per
@@ -25,6 +29,7 @@ from .. import conf
 from ..errors import InvalidDeadline
 from ..rules import stamping, wire
 from ..rules.budgets import UNSET, Source, capped_seconds, parse_budget, parse_duration
+from ..rules.limits import TASK_LIMITS, own_limit
 
 Parse = Callable[[object, str, "conf.Settings"], "timedelta | None"]
 
@@ -120,6 +125,10 @@ def _attribute(task: Any, attribute: str, option: Option, settings: conf.Setting
     raw = getattr(task, attribute, UNSET)
     if raw is UNSET or (raw is None and option.then_attributes):
         return UNSET  # Celery's time_limit=None means "no limit", not "no deadline"
+    if attribute in _CELERY_LIMITS and own_limit(task, attribute) is None:
+        # the app's task_time_limit, which Celery 5.7 copies onto every task that
+        # declares none: a safety cap for the whole app, not what one attempt takes
+        return UNSET
     cache: dict[str, tuple[object, object]] | None = getattr(task, _PARSED, None)
     if cache is None:
         cache = {}
@@ -131,6 +140,9 @@ def _attribute(task: Any, attribute: str, option: Option, settings: conf.Setting
     cache[attribute] = (raw, parsed)
     return parsed
 
+
+#: A task's Celery time limits, which say its attempt timeout when declared on the task.
+_CELERY_LIMITS: Final = frozenset(TASK_LIMITS)
 
 #: The durations a :class:`Times` keeps: each is said by a task attribute of its name
 #: first, and by no other attribute (``attempt_timeout`` falls back to ``time_limit``).

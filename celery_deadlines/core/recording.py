@@ -11,6 +11,7 @@ plain Celery tier never imports Django.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -20,13 +21,15 @@ from celery.exceptions import Retry
 
 from .. import ledger
 from ..rules import envelope, gates, wire
-from ..rules.records import NewRun
+from ..rules.records import NewRun, Refusal
 from ..rules.stamping import Stamp
 from ..rules.states import Status
 from .propagation import attempt_state, headers_of
 
 if TYPE_CHECKING:
     from celery import Task
+
+logger = logging.getLogger("celery_deadlines")
 
 
 def publish(
@@ -178,11 +181,11 @@ def record_refusal(
     retries: int,
     reserve: timedelta | None,
     dedicated: bool = True,
-) -> bool:
-    """Record a gate's refusal in the ledger: ``True`` when it ended the run (only then
-    may the refusal be stored as the task's result). A refusal for the deadline is
-    confirmed by the ledger's clock against the task's ``reserve``, which such a
-    refusal must give (``None``: a refusal for anything else)."""
+) -> Refusal:
+    """Record a gate's refusal in the ledger: what it did to the run, true when it ended
+    it (only then may the refusal be stored as the task's result). A refusal for the
+    deadline is confirmed by the ledger's clock against the task's ``reserve``, which
+    such a refusal must give (``None``: a refusal for anything else)."""
     refusal = decision.refusal()
     return ledger.api_for(app).refuse_run(
         app,

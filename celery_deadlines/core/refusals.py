@@ -1,7 +1,10 @@
 """Every refusal, reported once and told to its caller.
 
 :func:`report_refusal`: every gate's refusal logged, told to the observability
-integration (:mod:`.telemetry`) and sent as :data:`~celery_deadlines.signals.deadline_refused`.
+integration (:mod:`.telemetry`) and sent as :data:`~celery_deadlines.signals.deadline_refused`;
+a message's refusal at the claim or attempt gate is reported by what it did to its run
+(:func:`report_refused_message`: a late or duplicate delivery, or this worker's clock
+running ahead, is not the run's refusal again).
 
 What a caller is told of a delivery a gate refused, in Celery's terms: the typed
 :class:`~celery_deadlines.errors.DeadlineRefused` stored as the task's failure, except
@@ -18,15 +21,20 @@ the same way (:mod:`celery_deadlines.ledger.telling`).
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any
+from datetime import timedelta
+from typing import Any, Final
 
 from celery.worker.state import revoked
 
-from .. import signals
+from .. import conf, signals
+from ..conf import settings_for
 from ..errors import DeadlineRefused
-from ..rules import outcomes
+from ..rules import gates, outcomes
 from ..rules.gates import Decision, Gate, Reason
+from ..rules.records import Refusal
 from . import telemetry
 
 logger = logging.getLogger("celery_deadlines")
@@ -75,6 +83,117 @@ def _deadline_said(decision: Decision) -> str:
     if decision.reason is Reason.INVALID_DEADLINE:
         return "unreadable"
     return "not read" if decision.reason is Reason.INVALID_MESSAGE else "none"
+
+
+#: The runs whose refusal a worker's clock running ahead of the ledger's was reported for
+#: at ERROR, most recent last (at most :data:`_TOLD_AT_MOST`: a bounded memory).
+_clock_ahead_told: OrderedDict[str, None] = OrderedDict()
+_TOLD_AT_MOST: Final = 1024
+_told_lock = threading.Lock()
+
+
+def report_refused_message(
+    sender: Any,
+    app: Any,
+    task_id: str | None,
+    task_name: str,
+    decision: gates.Decision,
+    outcome: Refusal,
+    *,
+    carrier: Mapping[str, Any] | None = None,
+) -> None:
+    """Report a gate's refusal of a message by what it did to the run (``outcome``, from
+    :func:`record_refusal`; :data:`ENDED_IT` without the ledger): a refusal that ended
+    the run, or a message naming another task's run, is the run's one refusal (logged
+    at WARNING, ``deadline_refused`` sent: :func:`report_refusal`). A message of a run
+    that had ended, or that another attempt runs, is a late or duplicate delivery,
+    logged at INFO: its run was told and counted once already. A refusal for the
+    deadline that the ledger's clock does not confirm is this worker's clock running
+    ahead: logged at ERROR once per run (at INFO after), with what to do about it."""
+    kind = outcome.outcome
+    if kind in (Refusal.ENDED, Refusal.TASK_MISMATCH):
+        report_refusal(sender, task_id, task_name, decision, carrier=carrier)
+        return
+    gate = decision.gate
+    if kind == Refusal.ALREADY_ENDED:
+        logger.info(
+            "%s[%s]: message discarded at %s gate: the run had already ended %s (%s)",
+            task_name,
+            task_id,
+            gate,
+            outcome.status,
+            outcome.reason or "-",
+        )
+    elif kind == Refusal.OWNED:
+        logger.info(
+            "%s[%s]: message discarded at %s gate (%s): another attempt is running the run (%s)",
+            task_name,
+            task_id,
+            gate,
+            decision.reason,
+            outcome.owner,
+        )
+    elif kind == Refusal.NOT_CONFIRMED and task_id is not None:
+        _tell_clock_ahead(app, task_id, task_name, decision, outcome)
+    else:
+        logger.info(
+            "%s[%s]: message discarded at %s gate (%s); the run is %s, left to the ledger",
+            task_name,
+            task_id,
+            gate,
+            decision.reason,
+            outcome.status or "not recorded",
+        )
+
+
+def _tell_clock_ahead(
+    app: Any, task_id: str, task_name: str, decision: gates.Decision, outcome: Refusal
+) -> None:
+    """This worker refused a message for its deadline by its own clock, and the ledger's
+    clock says the run is still in time: the message is gone, the run stays as it was,
+    and the sweeper publishes it again after ``deadlines_republish_after``."""
+    now = outcome.database_now
+    deadline = outcome.deadline
+    ahead = None if now is None else (decision.clock_reading - now).total_seconds()
+    left = None if now is None or deadline is None else (deadline - now).total_seconds()
+    with _told_lock:
+        first = task_id not in _clock_ahead_told
+        _clock_ahead_told[task_id] = None
+        _clock_ahead_told.move_to_end(task_id)
+        while len(_clock_ahead_told) > _TOLD_AT_MOST:
+            _clock_ahead_told.popitem(last=False)
+    if not first:
+        logger.info(
+            "%s[%s]: message discarded at %s gate (%s) by this worker's clock, again: the "
+            "ledger's clock says the run is in time (its clock runs %s s ahead)",
+            task_name,
+            task_id,
+            decision.gate,
+            decision.reason,
+            "?" if ahead is None else f"{ahead:.3f}",
+        )
+        return
+    republish = settings_for(app).get(conf.REPUBLISH_AFTER)
+    logger.error(
+        "%s[%s]: this worker's clock runs %s s ahead of the ledger's: it refused the "
+        "message at %s gate (%s, clock read %s), but by the database clock the run has "
+        "%s s left before its deadline %s, so the ledger did not end it. The message is "
+        "dropped; the run stays %s and the ledger publishes it again after "
+        "deadlines_republish_after (%s s), for a worker whose clock agrees. Correct this "
+        "worker's clock (NTP), or set deadlines_clock_skew_budget: a worker then "
+        "measures its clock against the ledger's and takes no work while they disagree.",
+        task_name,
+        task_id,
+        "?" if ahead is None else f"{ahead:.3f}",
+        decision.gate,
+        decision.reason,
+        decision.clock_reading.isoformat(),
+        "?" if left is None else f"{left:.3f}",
+        "none" if deadline is None else deadline.isoformat(),
+        outcome.status or "queued",
+        republish.total_seconds() if isinstance(republish, timedelta) else republish,
+        extra={"celery_deadlines.task_id": task_id, "celery_deadlines.task_name": task_name},
+    )
 
 
 def announce_expiry(request: Any) -> None:

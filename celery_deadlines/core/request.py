@@ -43,17 +43,22 @@ from ..errors import DeadlineRefused
 from ..rules import envelope, gates, outcomes, stamping, wire
 from ..rules.envelope import LONGEST_ID, MOST_RETRIES, is_duration
 from ..rules.quoting import shown
+from ..rules.records import ENDED_IT, Refusal
 from ..rules.states import UNKNOWN_EVENT, Status
-from . import options, recording, seconds
+from . import options, pools, recording, seconds
 from .body import AttemptAPI, Unresolved
 from .claiming import answer_a_waiting_caller, caller_of
-from .refusals import announce_expiry, report_refusal
+from .refusals import announce_expiry, report_refused_message
+from .timelimits import HANDED, WORKER_LIMITS
 
 logger = logging.getLogger("celery_deadlines")
 
 #: Smallest time limit handed to billiard (``gates.MIN_TIME_LIMIT``).
 MIN_TIME_LIMIT = gates.MIN_TIME_LIMIT
 
+
+#: a worker that keeps no default limits (not a worker's app, or none recorded)
+_NO_WORKER_LIMITS: Final = (None, None, None, None)
 
 #: a hard time limit's outcome not decided yet
 _UNDECIDED: Final = object()
@@ -226,10 +231,15 @@ class DeadlineRequest(Request):
 
     @property
     def time_limits(self) -> tuple[float | None, float | None]:
-        """The time limits (the message's own, else the task's) capped at the seconds
-        its deadline leaves, noting whether the hard one handed to the pool is the
-        deadline's; the message's own when it carries no deadline."""
+        """The time limits Celery would apply (the message's own, else the task's, else
+        the worker's pool default) capped at the seconds the message's deadline leaves,
+        noting whether the hard one handed to the pool is the deadline's; the message's
+        own when it carries no deadline (Celery then adds the task's and the pool's).
+        What the job is given goes to the pool process with it, with the worker's
+        defaults (``timelimits.HANDED``: its claim records them, and who set each). Celery
+        reads this once, right before it hands the job to the pool."""
         hard, soft = self._raw_time_limits
+        worker = getattr(self._app, WORKER_LIMITS, None)
         admitted = self._admitted_seconds
         remaining: float | None
         if admitted is not None:
@@ -238,17 +248,25 @@ class DeadlineRequest(Request):
             self._admitted_seconds = None
             remaining = self._deadline_seconds - admitted
         elif not stamping.carries_deadlines(self._request_dict):
-            return hard, soft  # nothing to cap by (no clock read: this runs for every message)
+            # nothing to cap by (no clock read: this runs for every message)
+            self._request_dict[HANDED] = (None, None, worker)  # no cap
+            return hard, soft
         else:
             remaining = self._remaining()
             if remaining is None:
+                self._request_dict[HANDED] = (None, None, worker)  # no cap
                 return hard, soft
+        # what Celery would apply: as rules.limits.celery_applies, inline (every message
+        # with a deadline; tests/unit/test_time_limits.py holds the two equal)
         task = self._task
-        own_hard = hard or task.time_limit
+        if worker is None:
+            worker = _NO_WORKER_LIMITS
+        celery_hard = hard or task.time_limit or worker[0]
         capped = gates.cap_time_limits(
-            remaining, own_hard, soft or task.soft_time_limit, MIN_TIME_LIMIT
+            remaining, celery_hard, soft or task.soft_time_limit or worker[2], MIN_TIME_LIMIT
         )
-        self._capped_by_deadline = not own_hard or capped[0] < own_hard
+        self._capped_by_deadline = not celery_hard or capped[0] < celery_hard
+        self._request_dict[HANDED] = (*capped, worker)
         return capped
 
     @time_limits.setter
@@ -377,19 +395,26 @@ class DeadlineRequest(Request):
                 malformed = True
         decision, task_id, retries = _storing(task, headers, decision)
         exc = decision.refusal()
-        report_refusal(
+        with suppress(TypeError):  # an id no set takes: Celery's state never held it
+            task_ready(self)
+        # recorded first: what the refusal did to the run says how it is reported (a
+        # late delivery of a run that had ended is not its refusal again)
+        source = None if malformed else stamping.header_source(headers)
+        outcome = (
+            ENDED_IT
+            if task_id is None
+            else _ended_in_ledger(task, decision, task_id, retries, self._reserve, source)
+        )
+        report_refused_message(
             task,
+            task.app,
             envelope.task_id(headers),
             task.name,
             decision,
+            outcome,
             carrier=None if malformed else headers,
         )
-        with suppress(TypeError):  # an id no set takes: Celery's state never held it
-            task_ready(self)
-        source = None if malformed else stamping.header_source(headers)
-        if task_id is not None and _ended_in_ledger(
-            task, decision, task_id, retries, self._reserve, source
-        ):
+        if task_id is not None and outcome:
             if outcomes.told_as_celery_expiry(exc.reason, source):
                 announce_expiry(self)  # the deadline was the message's own expires
             else:
@@ -470,7 +495,7 @@ class DeadlineRequest(Request):
                 self.task.app,
                 task_id=self.id,
                 hostname=self.hostname,
-                pid=self.worker_pid,
+                pid=pools.owner_pid(self.worker_pid),  # the owner its claim named
                 status=status,
                 reason=reason,
                 detail=detail,
@@ -507,7 +532,7 @@ class DeadlineRequest(Request):
             return False
         try:
             settled_by_ledger = ledger.api_for(self.task.app).lapse_owned(
-                self.task.app, self.id, self.hostname, self.worker_pid, repr(exc)
+                self.task.app, self.id, self.hostname, pools.owner_pid(self.worker_pid), repr(exc)
             )
         except Exception:  # the lease lapses on its own; the reconciler settles it
             logger.exception("recording the loss of %s in the ledger failed", self.id)
@@ -629,8 +654,13 @@ def refuse_message(
     decision = gates.invalid_message(gates.Gate.CLAIM, get_clock().now(), detail)
     decision, task_id, retries = _storing(task, headers, decision)
     exc = decision.refusal()
-    report_refusal(task, envelope.task_id(headers), task.name, decision)
-    if task_id is not None and _ended_in_ledger(task, decision, task_id, retries, None, None):
+    outcome = (
+        ENDED_IT
+        if task_id is None
+        else _ended_in_ledger(task, decision, task_id, retries, None, None)
+    )
+    report_refused_message(task, task.app, envelope.task_id(headers), task.name, decision, outcome)
+    if task_id is not None and outcome:
         dispatcher = consumer.event_dispatcher
         if dispatcher and dispatcher.enabled and task.send_events:
             dispatcher.send("task-failed", uuid=task_id, exception=repr(exc), traceback="")
@@ -669,8 +699,9 @@ def _ended_in_ledger(
     retries: int,
     reserve: timedelta | None,
     source: str | None,
-) -> bool:
-    """Record the refusal in the ledger; False if the run had ended or is owned.
+) -> Refusal:
+    """Record the refusal in the ledger: what it did to the run, false if it did not end
+    it (it had ended, another worker owns it, the ledger's clock does not confirm it).
 
     Without the ledger every refusal ends its run. With it, a refused duplicate of a
     run that already ended, or that another worker is running, must not store a
@@ -679,7 +710,7 @@ def _ended_in_ledger(
     ``source``: where the message's deadline came from, which decides how).
     """
     if not isinstance(task, AttemptAPI) or not ledger.enabled_for(task.app):
-        return True
+        return ENDED_IT
     try:
         ended_it = recording.record_refusal(
             task.app,
@@ -691,10 +722,11 @@ def _ended_in_ledger(
         )
     except Exception:  # the message is still refused; the sweeper expires the run
         logger.exception("recording the refusal of %s in the ledger failed", task_id)
-        return True
-    if not ended_it:
-        # the run had ended: whoever ended it may have died (or lost the result to a
-        # broker restart) before the caller was told; a caller still waiting is told
+        return ENDED_IT
+    if ended_it.outcome == Refusal.ALREADY_ENDED:
+        # whoever ended it may have died (or lost the result to a broker restart)
+        # before the caller was told; a caller still waiting is told (``source``: where
+        # the message's deadline came from, which decides how)
         answer_a_waiting_caller(caller_of(task), task_id, decision.clock_reading, source=source)
     return ended_it
 

@@ -16,6 +16,13 @@ it calls the pool's own ``_on_soft_timeout`` or ``_on_hard_timeout`` for each jo
 limit has come, as Celery's per-job timer would, at the same instants (a soft limit's
 follow-up hard timer is still Celery's own, as before). A job without limits sets
 nothing, as before.
+
+It also keeps what a job's limits are made of, so that a deadline only shortens them
+(:mod:`celery_deadlines.rules.limits`): the worker's own defaults, read once from the
+``WorkController`` that ``worker_init`` sends (:func:`record_worker_limits`); which of a
+task's limits Celery copied from the app's settings at bind (:func:`note_app_copies`,
+Celery 5.7); and the record of what a job was given, which the main process hands the
+pool process with the job (:data:`HANDED`, read by :func:`handed`).
 """
 
 from __future__ import annotations
@@ -24,9 +31,11 @@ import logging
 import sys
 from typing import Any, Final
 
+from celery.app.task import Context
 from celery.signals import worker_init
 
 from .. import clock
+from ..rules import limits
 
 logger = logging.getLogger("celery_deadlines")
 
@@ -114,13 +123,155 @@ class JobLimits:
 
 
 def connect() -> None:
-    """Patch ``AsynPool`` in a worker's main process when it starts (idempotent)."""
+    """Patch ``AsynPool`` and keep the worker's default limits in a worker's main
+    process when it starts; and name :data:`HANDED` one of the request's own fields
+    in Celery's ``Context``, whose other keys Celery takes for the caller's headers
+    (idempotent)."""
     worker_init.connect(_on_worker_init, dispatch_uid=_MARK, weak=False)
+    if HANDED not in Context.__dict__:
+        setattr(Context, HANDED, None)
 
 
-def _on_worker_init(**_: Any) -> None:
+def _on_worker_init(sender: Any = None, **_: Any) -> None:
     patch()
+    record_worker_limits(sender)
     patch_eventlet()
+
+
+# -- what a job's limits are made of -------------------------------------------------------
+
+#: The app's attribute that keeps its worker's default limits (:func:`record_worker_limits`).
+WORKER_LIMITS: Final = "_celery_deadlines_worker_limits"
+#: A task class's attribute that keeps the limits Celery copied onto it from the app's
+#: settings at bind, by name (:func:`note_app_copies`, read by :func:`limits.own_limit`).
+APP_COPIES: Final = limits.APP_COPIES
+#: The key of a job's request (the dict the main process hands the pool process) under
+#: which it says what limits the job was given (:data:`limits.Handed`). Also a class
+#: attribute of Celery's ``Context``, so that Celery does not take it for a header of
+#: the caller's (and publish it again with a retry): see :func:`connect`.
+HANDED: Final = "_celery_deadlines_limits"
+#: A task's time limit attributes and the app's settings Celery 5.7 copies into them.
+TASK_LIMITS: Final = (
+    ("time_limit", "task_time_limit"),
+    ("soft_time_limit", "task_soft_time_limit"),
+)
+
+#: The worker's default limits: hard, who set it, soft, who set it.
+WorkerLimits = tuple[float | None, str | None, float | None, str | None]
+
+
+def record_worker_limits(worker: Any) -> None:
+    """Keep, on the worker's app, the limits its pool applies to a job that has none:
+    the worker's ``time_limit`` and ``soft_time_limit`` (Celery's ``either``: the
+    command line's ``--time-limit``, else the app's ``task_time_limit``), each with who
+    set it (a value that is the app's setting is the app's). A value that is not a
+    duration (a setting of another type) is not one the library can shorten: it is
+    left to Celery, as none."""
+    app = getattr(worker, "app", None)
+    if app is None:
+        return
+    conf = app.conf
+    hard, hard_by = _worker_limit(getattr(worker, "time_limit", None), conf.get("task_time_limit"))
+    soft, soft_by = _worker_limit(
+        getattr(worker, "soft_time_limit", None), conf.get("task_soft_time_limit")
+    )
+    kept: WorkerLimits = (hard, hard_by, soft, soft_by)
+    setattr(app, WORKER_LIMITS, kept)
+
+
+def _worker_limit(value: object, setting: object) -> tuple[float | None, str | None]:
+    if not _is_duration(value):
+        return None, None
+    return value, limits.APP if value == setting else limits.WORKER  # type: ignore[return-value]
+
+
+def _is_duration(value: object) -> bool:
+    return type(value) in (int, float) and value > 0  # type: ignore[operator]
+
+
+def worker_limits(app: Any) -> WorkerLimits | None:
+    """The worker's default limits, as :func:`record_worker_limits` kept them on
+    ``app`` (``None``: not a worker's app, or not recorded)."""
+    kept: WorkerLimits | None = getattr(app, WORKER_LIMITS, None)
+    return kept
+
+
+def note_app_copies(cls: Any, unset: tuple[str, ...], conf: Any) -> None:
+    """After Celery bound the task class ``cls``: of its limits ``unset`` before the
+    bind, keep those Celery then copied from the app's settings (Celery 5.7's
+    ``from_config``; 5.5 and 5.6 copy none), by name. Those are the app's limits, not
+    the task's own: the pool's default, which the worker's command line may differ
+    from, and no measure of what one attempt of this task takes."""
+    copies = dict(getattr(cls, APP_COPIES, None) or {})  # a bound base class's too
+    for name, setting in TASK_LIMITS:
+        value = getattr(cls, name, None)
+        if name in unset and value is not None and value == conf.get(setting):
+            copies[name] = value
+    setattr(cls, APP_COPIES, copies)
+
+
+def unset_limits(cls: Any) -> tuple[str, ...]:
+    """The time limit attributes of the task class ``cls`` that say nothing (before
+    Celery binds it: :func:`note_app_copies`)."""
+    return tuple(name for name, _ in TASK_LIMITS if getattr(cls, name, None) is None)
+
+
+def handed(request: Any, task: Any) -> limits.AttemptLimits | None:
+    """What the worker's main process handed the pool with this job (:data:`HANDED`: the
+    hard and soft limits of the deadline's cap, both ``None`` without one, and the
+    worker's defaults), as who set each:
+    Celery's own limits worked out here from the job's request (the message's
+    ``timelimit``), ``task`` and those defaults, as the main process did
+    (:func:`limits.celery_applies`), and a limit shorter than those the deadline's.
+    ``None`` when the request says nothing this process can read: the record came with
+    the message, whose headers anyone may write, and is checked as any of them."""
+    record = getattr(request, HANDED, None)
+    if not isinstance(record, (tuple, list)) or len(record) != 3:
+        return None
+    hard, soft, worker = record
+    if worker is None:
+        worker = (None, None, None, None)
+    elif not _worker_record(worker):
+        return None
+    message = getattr(request, "timelimit", None) or (None, None)
+    if not isinstance(message, (tuple, list)) or len(message) != 2:
+        return None
+    if not all(value is None or _is_duration(value) for value in (*message, hard, soft)):
+        return None
+    copies = getattr(task, APP_COPIES, None) or {}
+    task_hard, task_soft = getattr(task, "time_limit", None), getattr(task, "soft_time_limit", None)
+    celery_hard, hard_by = limits.celery_applies(
+        message[0],
+        task_hard,
+        limits.APP
+        if task_hard is not None and task_hard == copies.get("time_limit")
+        else limits.TASK,
+        worker[0],
+        worker[1],
+    )
+    celery_soft, soft_by = limits.celery_applies(
+        message[1],
+        task_soft,
+        limits.APP
+        if task_soft is not None and task_soft == copies.get("soft_time_limit")
+        else limits.TASK,
+        worker[2],
+        worker[3],
+    )
+    if hard is None:  # no cap (the deadline's cap always sets one): Celery's own
+        hard, soft = celery_hard, celery_soft
+    return limits.given((hard, soft, celery_hard, hard_by, celery_soft, soft_by))
+
+
+def _worker_record(worker: object) -> bool:
+    """Whether ``worker`` is a record :func:`record_worker_limits` keeps."""
+    if not isinstance(worker, (tuple, list)) or len(worker) != 4:
+        return False
+    return all(
+        (value is None and source is None)
+        or (_is_duration(value) and source in (limits.APP, limits.WORKER))
+        for value, source in ((worker[0], worker[1]), (worker[2], worker[3]))
+    )
 
 
 def patch_eventlet() -> None:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from ..models import Effect, Run, RunEvent, RunPlan
-from ..rules import gates
+from ..rules import limits
 from ..rules.outcomes import PERFORMED_PAST_DEADLINE
 from ..rules.states import TERMINAL, UNRESOLVED, EffectState, Status
 from .shape import (
@@ -87,25 +87,8 @@ def explanation_of(task_id: str, using: str = "default") -> Explanation | None:
         effects=list(run.effects.using(using).order_by("id")),
         plans=list(run.plans.using(using).order_by("id")),
         children=list(Run.objects.using(using).filter(parent_id=task_id).order_by("id")),
-        limits=task_limits(run.task_name),
         database_now=Store(using).database_now(),  # read last: no row is younger
     )
-
-
-#: A task's own time limits (hard, soft; ``None``: none), as a Celery app has them.
-Limits = tuple[float | None, float | None]
-
-
-def task_limits(task_name: str) -> Limits | None:
-    """The task's own time limits as this process's Celery app has them (its
-    ``time_limit`` and ``soft_time_limit``, which default to the app's settings), or
-    ``None`` when the task is not registered here."""
-    from celery import current_app
-
-    task = current_app.tasks.get(task_name)
-    if task is None:
-        return None
-    return (task.time_limit or None, task.soft_time_limit or None)
 
 
 def facts(
@@ -115,11 +98,9 @@ def facts(
     effects: Sequence[Effect] = (),
     plans: Sequence[RunPlan] = (),
     children: Sequence[Run] = (),
-    limits: Limits | None = None,
     database_now: datetime,
 ) -> Explanation:
-    """The checklist's answers for ``run`` as plain values (``events`` oldest first;
-    ``limits``: the task's own time limits, ``None`` if not known here)."""
+    """The checklist's answers for ``run`` as plain values (``events`` oldest first)."""
     applied = [e for e in events if e.outcome == RunEvent.Outcome.APPLIED]
     claims = [e for e in applied if e.kind == "claim"]
     current_claim = next((e for e in reversed(claims) if e.lease_token == run.lease_token), None)
@@ -157,7 +138,7 @@ def facts(
         "claimed_token": claim.lease_token if claim else None,
         "started_at": instant(claims[0].at) if claims else None,
         "runtime_seconds": None if runtime is None else seconds(runtime),
-        "time_limits": _limits(run, claims[-1] if claims else None, limits),
+        "time_limits": [_limits(run, n, claim) for n, claim in enumerate(claims, 1)],
         "traceback": run.traceback,
         "version": run.version,
         "attempts": run.attempt,
@@ -288,26 +269,34 @@ def running_time(applied: Sequence[RunEvent], now: datetime) -> timedelta | None
     return total if claimed else None
 
 
-def _limits(run: Run, claim: RunEvent | None, limits: Limits | None) -> TimeLimits | None:
-    """The time limits the attempt gate gave the attempt of ``claim``: the task's own
-    (``limits``) capped at the time the deadline left then. ``None``: no deadline, or
-    never claimed."""
-    if run.deadline is None or claim is None:
-        return None
-    task_hard, task_soft = limits if limits is not None else (None, None)
-    hard, soft = gates.cap_time_limits(
-        (run.deadline - claim.at).total_seconds(), task_hard, task_soft, gates.MIN_TIME_LIMIT
-    )
+def _limits(run: Run, attempt: int, claim: RunEvent) -> TimeLimits:
+    """The time limits the attempt of ``claim`` was given, as its claim recorded them
+    (:func:`~celery_deadlines.rules.limits.read_claim`), or what can be said of a claim
+    that recorded none: the time the deadline left then."""
+    recorded = limits.read_claim(claim.detail)
+    hard = soft = limits.NO_LIMIT
+    if recorded is not None:
+        hard, soft = recorded.hard, recorded.soft
     return TimeLimits(
+        attempt=attempt,
         at=utc(claim.at),
-        hard_seconds=round(hard, 3),
-        soft_seconds=None if soft is None else round(soft, 3),
-        task_known=limits is not None,
-        task_hard_seconds=task_hard,
-        task_soft_seconds=task_soft,
-        hard_capped=task_hard is None or hard < task_hard,
-        soft_capped=soft is not None and task_soft is not None and soft < task_soft,
+        token=claim.lease_token,
+        recorded=recorded is not None,
+        eager=recorded is not None and recorded.eager,
+        hard_seconds=_rounded(hard.seconds),
+        hard_set_by=hard.source,
+        hard_celery_seconds=_rounded(hard.instead),
+        hard_celery_set_by=hard.instead_source,
+        soft_seconds=_rounded(soft.seconds),
+        soft_set_by=soft.source,
+        soft_celery_seconds=_rounded(soft.instead),
+        soft_celery_set_by=soft.instead_source,
+        deadline_left_seconds=None if run.deadline is None else seconds(run.deadline - claim.at),
     )
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
 
 
 def _ended(run: Run, applied: Sequence[RunEvent], runtime: timedelta | None) -> Ended | None:

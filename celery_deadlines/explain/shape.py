@@ -98,21 +98,31 @@ class Ended(TypedDict):
 
 
 class TimeLimits(TypedDict):
-    """The time limits the attempt gate gives the run's last attempt: the task's own
-    (as this process's Celery app has them; ``task_known`` false: not registered here),
-    capped at the time its deadline left at its claim (``at``). The worker caps them a
-    few milliseconds before the claim, when it hands the run to a pool process (only the
-    prefork and gevent pools enforce them)."""
+    """The time limits one attempt was given, as its claim recorded them (the worker's
+    main process works them out when it hands the job to the pool, a few milliseconds
+    before the claim), whatever the explaining process's settings: each limit in
+    seconds (``null``: none) and who set it (``message``, ``task``, ``app``, ``worker``
+    or ``deadline``); for one the deadline set, what Celery would have given instead
+    (``null``: nothing). ``recorded`` false: claimed before the claim recorded them
+    (nothing is known of them but the time the deadline left); ``eager``: an eager run,
+    under no time limit. Only the prefork and gevent pools enforce them
+    (docs/failure-semantics.md)."""
 
+    attempt: int
     at: str
-    hard_seconds: float
+    token: int
+    recorded: bool
+    eager: bool
+    hard_seconds: float | None
+    hard_set_by: str | None
+    hard_celery_seconds: float | None
+    hard_celery_set_by: str | None
     soft_seconds: float | None
-    task_known: bool
-    task_hard_seconds: float | None
-    task_soft_seconds: float | None
-    #: the deadline made the limit (shorter than the task's own, or the task has none)
-    hard_capped: bool
-    soft_capped: bool
+    soft_set_by: str | None
+    soft_celery_seconds: float | None
+    soft_celery_set_by: str | None
+    #: the time the deadline left at the claim (``null``: no deadline)
+    deadline_left_seconds: float | None
 
 
 class NextEffect(TypedDict):
@@ -170,7 +180,8 @@ class Explanation(TypedDict):
     #: its time RUNNING, summed over its attempts (a running one's up to the database
     #: clock); ``null``: never claimed
     runtime_seconds: float | None
-    time_limits: TimeLimits | None
+    #: each attempt's, oldest first (one per claim)
+    time_limits: list[TimeLimits]
     #: a failed body's traceback, as kept (bounded); ``null``: none kept
     traceback: str | None
     version: int

@@ -75,6 +75,7 @@ def render_text(f: Explanation) -> list[str]:
                 for p in f["plans"]
             ],
         ),
+        *_each_attempts_limits(f["time_limits"]),
         (
             "children",
             ("task id", "task", "status", "reason"),
@@ -165,46 +166,55 @@ def runtime(f: Explanation) -> str:
     return f"{duration(ran)}{so_far} (time running over {f['attempts']} attempt(s))"
 
 
-def limits_text(limits: TimeLimits | None) -> str:
-    """The time limits the deadline capped (or not) at the run's last claim."""
-    if limits is None:
-        return "none capped: no deadline, or never claimed"
-    said = [
-        _limit(
-            "hard",
-            limits["hard_seconds"],
-            limits["task_hard_seconds"],
-            capped=limits["hard_capped"],
-            known=limits["task_known"],
-        )
-    ]
-    if limits["soft_seconds"] is not None:
-        said.append(
-            _limit(
-                "soft",
-                limits["soft_seconds"],
-                limits["task_soft_seconds"],
-                capped=limits["soft_capped"],
-                known=True,
-            )
-        )
-    elif limits["task_known"]:
-        said.append("no soft limit (the task has none)")
-    return f"{'; '.join(said)} (at its last claim, {limits['at']})"
+def limits_text(attempts: Sequence[TimeLimits]) -> str:
+    """The time limits the last attempt was given, as its claim recorded them."""
+    if not attempts:
+        return "none given: never claimed"
+    last = attempts[-1]
+    which = f"attempt {last['attempt']} of {len(attempts)}" if len(attempts) > 1 else "its attempt"
+    return f"{attempt_limits(last)} ({which}, claimed {last['at']})"
 
 
-def _limit(name: str, value: float, own: float | None, *, capped: bool, known: bool) -> str:
-    if not known:
-        return (
-            f"{name} limit at most {duration(value)}, the deadline's cap (the task's own "
-            "limits are not known here)"
+def attempt_limits(attempt: TimeLimits) -> str:
+    """One attempt's time limits, and who set each."""
+    if attempt["eager"]:
+        return "none: an eager run (Celery applies no time limit to apply())"
+    if not attempt["recorded"]:
+        left = attempt["deadline_left_seconds"]
+        return "not recorded (claimed before claims recorded them)" + (
+            "" if left is None else f"; its deadline was {duration(left)} away at the claim"
         )
-    if capped and own is None:
-        return f"{name} limit set to {duration(value)} by the deadline (the task has none)"
-    if capped and own is not None:
-        own_said = f"the task's own: {duration(own)}"
-        return f"{name} limit capped to {duration(value)} by the deadline ({own_said})"
-    return f"{name} limit {duration(value)}, the task's own (the deadline left more)"
+    return f"{_given('hard', attempt)}; {_given('soft', attempt)}"
+
+
+#: Who set a limit, as the text says it, by limit and source.
+SET_BY = {
+    ("hard", "message"): "the message's own (apply_async's time_limit)",
+    ("soft", "message"): "the message's own (apply_async's soft_time_limit)",
+    ("hard", "task"): "the task's own time_limit",
+    ("soft", "task"): "the task's own soft_time_limit",
+    ("hard", "app"): "the app's task_time_limit",
+    ("soft", "app"): "the app's task_soft_time_limit",
+    ("hard", "worker"): "the worker's --time-limit",
+    ("soft", "worker"): "the worker's --soft-time-limit",
+}
+
+
+def _given(kind: str, attempt: TimeLimits) -> str:
+    seconds = attempt["hard_seconds" if kind == "hard" else "soft_seconds"]
+    by = attempt["hard_set_by" if kind == "hard" else "soft_set_by"]
+    if seconds is None or by is None:
+        return f"no {kind} limit"
+    if by != "deadline":
+        return f"{kind} limit {duration(seconds)}, {SET_BY.get((kind, by), by)}"
+    celery = attempt["hard_celery_seconds" if kind == "hard" else "soft_celery_seconds"]
+    celery_by = attempt["hard_celery_set_by" if kind == "hard" else "soft_celery_set_by"]
+    if celery is None or celery_by is None:
+        return f"{kind} limit {duration(seconds)}, the deadline's (Celery would have given none)"
+    return (
+        f"{kind} limit {duration(seconds)}, the deadline's (shorter than "
+        f"{SET_BY.get((kind, celery_by), celery_by)}: {duration(celery)})"
+    )
 
 
 def owner_now(f: Explanation) -> str:
@@ -315,6 +325,20 @@ def _family(f: Explanation) -> str:
         f"root {f['root_id'] or '-'}, parent {f['parent_id'] or '-'}, "
         f"{len(f['children'])} child run(s)"
     )
+
+
+def _each_attempts_limits(attempts: Sequence[TimeLimits]) -> list[Section]:
+    """A run claimed more than once: each attempt's limits (the row above says the
+    last one's)."""
+    if len(attempts) < 2:
+        return []
+    return [
+        (
+            "time limits, each attempt's, as its claim recorded them",
+            ("attempt", "claimed", "token", "limits"),
+            [(a["attempt"], a["at"], a["token"], attempt_limits(a)) for a in attempts],
+        )
+    ]
 
 
 def _sections(sections: Sequence[Section]) -> list[str]:

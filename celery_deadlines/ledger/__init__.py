@@ -25,11 +25,13 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from ..rules.limits import AttemptLimits as _AttemptLimits
     from ..rules.records import ClaimRefused as _ClaimRefused
     from ..rules.records import Expired as _Expired
     from ..rules.records import Held as _Held
     from ..rules.records import KeptResult as _KeptResult
     from ..rules.records import NewRun as _NewRun
+    from ..rules.records import Refusal as _Refusal
     from ..rules.states import Status
     from .attempt import Attempt
 
@@ -74,6 +76,7 @@ class LedgerAPI(Protocol):
         unrecorded: Callable[[], _NewRun],
         exclusive: bool = False,
         eager: bool = False,
+        limits: _AttemptLimits | None = None,
     ) -> Attempt | _ClaimRefused | _Held: ...
 
     def refuse_run(
@@ -89,7 +92,7 @@ class LedgerAPI(Protocol):
         deadline: datetime | None,
         confirm_within: timedelta | None,
         dedicated: bool = True,
-    ) -> bool: ...
+    ) -> _Refusal: ...
 
     def end_owned(
         self,

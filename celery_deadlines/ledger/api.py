@@ -20,7 +20,8 @@ from django.db import connections
 from .. import clock, conf
 from ..conf import Settings, settings_for
 from ..errors import LedgerUnreachable
-from ..rules.records import ClaimRefused, Expired, Held, KeptResult, Lease, NewRun
+from ..rules.limits import AttemptLimits, claim_detail
+from ..rules.records import ClaimRefused, Expired, Held, KeptResult, Lease, NewRun, Refusal
 from ..rules.skew import ClockReading, Readiness, describe, gate
 from ..rules.states import Status
 from . import operations, outbox
@@ -265,6 +266,7 @@ def claim_run(
     unrecorded: Callable[[], NewRun],
     exclusive: bool = False,
     eager: bool = False,
+    limits: AttemptLimits | None = None,
 ) -> Attempt | ClaimRefused | Held:
     """Claim the run of the message being executed (recording it first, from
     ``unrecorded()``, if it has no row: published by name, or before the app was
@@ -274,7 +276,8 @@ def claim_run(
     ``exclusive``: the owner (this process) runs no other attempt until this one ends
     (a prefork pool process, a solo worker): a won claim need not wait for the disk
     (:meth:`~.sql.runs.Runs.claim`). ``eager``: an eager run's claim, made on its store
-    (:func:`eager_run`).
+    (:func:`eager_run`). ``limits``: the time limits the attempt was given, which the
+    claim's event records (``None``: not known).
 
     A database that cannot be reached is tried again for up to one lease (``ttl``),
     then :class:`~celery_deadlines.errors.LedgerUnreachable` is raised.
@@ -288,6 +291,7 @@ def claim_run(
     if eager:
         store = _eager_store(store.using) or store
     owner = owner_name(hostname)
+    detail = claim_detail(retries, limits)
 
     def claim() -> Lease | ClaimRefused:
         return store.runs.claim(
@@ -299,6 +303,7 @@ def claim_run(
             reserve=reserve,
             max_lost_leases=claiming.max_lost_leases,
             exclusive=exclusive,
+            detail=detail,
         )
 
     started = clock.monotonic()
@@ -374,10 +379,11 @@ def refuse_run(
     deadline: datetime | None,
     confirm_within: timedelta | None,
     dedicated: bool = True,
-) -> bool:
+) -> Refusal:
     """A gate refused a message: end its run, unless it already ended or another worker
-    owns it. Returns whether this refusal ended the run: only then may the caller store
-    the refusal as the task's result (it must not overwrite another attempt's).
+    owns it. Returns what this refusal did (:class:`~celery_deadlines.rules.records.Refusal`:
+    true when it ended the run): only then may the caller store the refusal as the task's
+    result (it must not overwrite another attempt's).
 
     ``confirm_within``: for a refusal for the deadline, the task's reserve: a recorded
     run ends only if the database clock agrees (the deadline, less the reserve, has

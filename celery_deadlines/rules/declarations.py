@@ -31,6 +31,7 @@ from ..errors import InvalidDeadline
 from .budgets import UNSET, parse_duration
 from .contracts import TimeContract, is_deadline_task
 from .incoming import Network
+from .limits import TASK_LIMITS, own_limit
 from .quoting import shown
 
 
@@ -252,7 +253,7 @@ def _misspelled(task: str, instance: Any, known_attributes: Collection[str]) -> 
 Said: TypeAlias = tuple[str, "timedelta | None"]
 _TASK: Final = "task option"
 #: Celery's options an attempt timeout falls back to, in order (``options.OPTIONS``).
-_TIME_LIMITS: Final = ("time_limit", "soft_time_limit")
+_TIME_LIMITS: Final = TASK_LIMITS
 
 
 class Resolved:
@@ -342,7 +343,7 @@ class Resolved:
         return None if own is UNKNOWN else own
 
     def _time_limit(self, limit: str) -> Said | Unknown | None:
-        raw = getattr(self.task, limit, None)
+        raw = own_limit(self.task, limit)  # never the app's, which Celery 5.7 copies in
         if raw is None:
             return None
         try:

@@ -109,6 +109,45 @@ class Lease:
 
 
 @dataclass(frozen=True)
+class Refusal:
+    """What a gate's refusal of a message did to its run in the ledger (``outcome`` is
+    one of the codes below): ended it, or why not, with what the ledger found then.
+    True only when it ended the run: only then may the refusal be stored as the task's
+    result, and be the run's one refusal logged."""
+
+    outcome: str
+    #: the run's status and reason when this refusal did not end it
+    status: str = ""
+    reason: str = ""
+    #: the owner of the live lease (``OWNED``)
+    owner: str = ""
+    #: the run's deadline and the database clock when it was read (``NOT_CONFIRMED``)
+    deadline: datetime | None = None
+    database_now: datetime | None = None
+
+    def __bool__(self) -> bool:
+        return self.outcome == self.ENDED
+
+    #: this refusal ended the run
+    ENDED: ClassVar[str] = "ended"
+    #: the run had ended already (``status``, ``reason``): a late or duplicate delivery
+    ALREADY_ENDED: ClassVar[str] = "already_ended"
+    #: another attempt holds a live lease on the run (``owner``)
+    OWNED: ClassVar[str] = "owned"
+    #: a refusal for the deadline the database clock does not confirm: the run's deadline
+    #: (less the reserve) has not passed by it (``deadline``, ``database_now``)
+    NOT_CONFIRMED: ClassVar[str] = "not_confirmed"
+    #: the run of the message's id is another task's: left as it was
+    TASK_MISMATCH: ClassVar[str] = "task_mismatch"
+    #: not ended for another reason (an effect's outcome not recorded, a later attempt)
+    NOT_ENDED: ClassVar[str] = "not_ended"
+
+
+#: A refusal that ended its run (the ledger had no run to keep, or recorded its end).
+ENDED_IT: Final = Refusal(Refusal.ENDED)
+
+
+@dataclass(frozen=True)
 class ClaimRefused:
     """A lost claim, and why (``why`` is one of the codes below)."""
 

@@ -484,15 +484,17 @@ def test_a_deadline_refusal_ends_a_run_only_if_the_database_clock_agrees(store: 
     record(store, "in-time", deadline_in=60)
 
     def refuse(task_id: str) -> bool:
-        return store.runs.refuse(
-            task_id,
-            "shop.charge",
-            0,
-            status=Status.EXPIRED,
-            reason="deadline_passed",
-            detail="claim gate",
-            deadline=None,
-            confirm_within=timedelta(0),
+        return bool(
+            store.runs.refuse(
+                task_id,
+                "shop.charge",
+                0,
+                status=Status.EXPIRED,
+                reason="deadline_passed",
+                detail="claim gate",
+                deadline=None,
+                confirm_within=timedelta(0),
+            )
         )
 
     assert not refuse("in-time")

@@ -19,7 +19,7 @@ import pytest
 from celery import Celery
 
 from celery_deadlines.errors import DispatchRefused, EffectConflict, RunConflict, StaleLease
-from celery_deadlines.rules.records import ClaimRefused, NewRun
+from celery_deadlines.rules.records import ClaimRefused, NewRun, Refusal
 from celery_deadlines.rules.states import Status
 from celery_deadlines.testing import FakeClock, use_clock
 from tests.conftest import service_unavailable
@@ -115,7 +115,7 @@ def test_a_message_for_another_task_neither_claims_nor_ends_the_run_its_own_task
         0,
         "",
     )
-    assert not ledger.refuse("r1", task="shop.refund")
+    assert ledger.refuse("r1", task="shop.refund") == Refusal(Refusal.TASK_MISMATCH)
     assert ledger.seen("r1") == before
     assert won(ledger.claim("r1", "w1")).lease.token == 1
 
@@ -320,7 +320,7 @@ def test_nobody_claims_or_refuses_a_lapsed_run_before_its_dispatched_effect_is_r
     ledger.charge(crashed).__enter__()  # dispatched; the process dies before the outcome
     ledger.let_pass(LAPSED)
     assert refused(ledger.claim("r1", "w2")).why == ClaimRefused.UNRESOLVED
-    assert not ledger.refuse("r1")
+    assert ledger.refuse("r1") == Refusal(Refusal.NOT_ENDED, "RUNNING", "")
     assert ledger.effect_state() == ("DISPATCHED", 1)
     assert ledger.status("r1") == "RUNNING"
 
@@ -362,7 +362,7 @@ def test_a_run_that_ended_refuses_every_later_claim_and_refusal(ledger: Contract
     won(ledger.claim("r1")).succeed()
     assert ledger.status("r1") == "SUCCEEDED"
     assert refused(ledger.claim("r1", "w2")).why == ClaimRefused.TERMINAL
-    assert not ledger.refuse("r1")
+    assert ledger.refuse("r1") == Refusal(Refusal.ALREADY_ENDED, "SUCCEEDED", "")
     assert ledger.ended("r1").status == "SUCCEEDED"
 
 
@@ -381,19 +381,27 @@ def test_a_gate_refusal_ends_a_waiting_run_but_not_one_a_live_lease_holds(
     ledger: ContractLedger,
 ) -> None:
     ledger.record("waiting")
-    assert ledger.refuse("waiting")
+    assert ledger.refuse("waiting") == Refusal(Refusal.ENDED)
     assert ledger.ended("waiting").reason == "deadline_passed"
     ledger.record("held")
-    won(ledger.claim("held"))
-    assert not ledger.refuse("held")
+    holder = won(ledger.claim("held"))
+    assert ledger.refuse("held") == Refusal(Refusal.OWNED, "RUNNING", "", owner=holder.owner)
     assert ledger.status("held") == "RUNNING"
+    assert ledger.refuse("held") == Refusal(Refusal.OWNED, "RUNNING", "", owner=holder.owner)
 
 
 def test_a_deadline_refusal_ends_a_recorded_run_only_when_the_ledgers_clock_agrees(
     ledger: ContractLedger,
 ) -> None:
     ledger.record("in-time", deadline_in=600)
-    assert not ledger.refuse("in-time", confirm_within=5)
+    not_confirmed = ledger.refuse("in-time", confirm_within=5)
+    assert (not_confirmed.outcome, not_confirmed.status) == (Refusal.NOT_CONFIRMED, "QUEUED")
+    assert not not_confirmed
+    # what the ledger's clock says, for the worker whose clock ran ahead to be told
+    assert not_confirmed.deadline is not None
+    assert not_confirmed.database_now is not None
+    left = (not_confirmed.deadline - not_confirmed.database_now).total_seconds()
+    assert 590 < left <= 600
     assert ledger.status("in-time") == "QUEUED"
     ledger.record("due", deadline_in=3)
     assert ledger.refuse("due", confirm_within=5)

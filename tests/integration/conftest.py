@@ -370,18 +370,27 @@ class LedgerWorkers:
         self.started: list[WorkerProcess] = []
         self.url = ledger_database_url()
 
-    def __call__(self, transport: Transport, concurrency: int = 1, **env: str) -> WorkerProcess:
-        """One worker, ready."""
-        return self.spawn(transport, concurrency, **env).wait_ready()
+    def __call__(
+        self,
+        transport: Transport,
+        concurrency: int = 1,
+        *,
+        worker_args: tuple[str, ...] = (),
+        **env: str,
+    ) -> WorkerProcess:
+        """One worker, ready (``worker_args``: more arguments of ``celery worker``)."""
+        return self.spawn(transport, concurrency, worker_args, **env).wait_ready()
 
     def together(
         self, count: int, transport: Transport, concurrency: int = 1, **env: str
     ) -> list[WorkerProcess]:
         """``count`` alike workers, started side by side, all ready."""
-        workers = [self.spawn(transport, concurrency, **env) for _ in range(count)]
+        workers = [self.spawn(transport, concurrency, (), **env) for _ in range(count)]
         return [worker.wait_ready() for worker in workers]
 
-    def spawn(self, transport: Transport, concurrency: int, **env: str) -> WorkerProcess:
+    def spawn(
+        self, transport: Transport, concurrency: int, worker_args: tuple[str, ...], **env: str
+    ) -> WorkerProcess:
         worker = WorkerProcess(
             transport,
             self.queue,
@@ -395,6 +404,7 @@ class LedgerWorkers:
                 "DJANGO_SETTINGS_MODULE": "tests.support.ledger_settings",
                 **env,
             },
+            extra_args=worker_args,
         )
         self.started.append(worker)
         return worker.spawn()

@@ -24,7 +24,7 @@ from celery import Celery
 
 from celery_deadlines.core.effects import EffectScope
 from celery_deadlines.ledger import LedgerAPI
-from celery_deadlines.rules.records import NewRun
+from celery_deadlines.rules.records import NewRun, Refusal
 from celery_deadlines.rules.states import Status
 from celery_deadlines.testing import FakeClock, FakeLedger
 
@@ -90,9 +90,9 @@ class ContractLedger:
 
     def refuse(
         self, task_id: str, *, confirm_within: float | None = None, task: str = TASK
-    ) -> bool:
+    ) -> Refusal:
         """A gate refuses the run's message for its deadline (``task``: the task the
-        message names)."""
+        message names): what it did to the run."""
         return self.api.refuse_run(
             self.app,
             task_id=task_id,

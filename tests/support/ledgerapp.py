@@ -23,6 +23,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.support.ledger_settings")
 django.setup()
 
 from celery import Celery  # noqa: E402
+from celery.exceptions import SoftTimeLimitExceeded  # noqa: E402
 
 from celery_deadlines import DeadlineTask  # noqa: E402
 
@@ -33,6 +34,10 @@ def _env_float(name: str, default: float) -> float:
 
 def _env_int(name: str) -> int | None:
     return int(os.environ[name]) if name in os.environ else None
+
+
+def _env_seconds(name: str) -> float | None:
+    return float(os.environ[name]) if name in os.environ else None
 
 
 app = Celery("ledgerapp")
@@ -72,6 +77,9 @@ app.conf.update(
     ),
     deadlines_metrics_port=_env_int("TEST_METRICS_PORT"),
     worker_max_tasks_per_child=_env_int("TEST_MAX_TASKS_PER_CHILD"),
+    # the project's own app-wide limits (cookiecutter-django sets 300 and 60)
+    task_time_limit=_env_seconds("TEST_TASK_TIME_LIMIT"),
+    task_soft_time_limit=_env_seconds("TEST_TASK_SOFT_TIME_LIMIT"),
 )
 
 
@@ -139,6 +147,35 @@ def limited(self: DeadlineTask, key: str, seconds: float) -> str:
     sink("start", key, self)
     time.sleep(seconds)
     sink("effect", key, self)
+    return key
+
+
+@app.task(base=DeadlineTask, bind=True, name="l.stubborn")
+def stubborn(self: DeadlineTask, key: str, seconds: float) -> str:
+    """Works ``seconds``, and as long again after a soft time limit, which it catches and
+    notes (``soft``): only a hard limit stops it."""
+    sink("start", key, self)
+    try:
+        time.sleep(seconds)
+    except SoftTimeLimitExceeded:
+        sink("soft", key, self)
+        time.sleep(seconds)
+    sink("effect", key, self)
+    return key
+
+
+@app.task(base=DeadlineTask, bind=True, name="l.soft_stopped", max_retries=1)
+def soft_stopped(self: DeadlineTask, key: str, seconds: float) -> str:
+    """Works ``seconds``; a soft time limit stops it: its first attempt retries, its
+    second fails with it."""
+    sink("start", key, self)
+    try:
+        time.sleep(seconds)
+    except SoftTimeLimitExceeded:
+        sink("soft", key, self)
+        if not self.request.retries:
+            raise self.retry(countdown=0) from None
+        raise
     return key
 
 

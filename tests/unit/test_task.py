@@ -410,6 +410,25 @@ def test_retry_uses_time_limit_when_no_attempt_timeout_is_named(
         task.retry(countdown=0)
 
 
+def test_retry_under_an_app_wide_time_limit_reserves_no_attempt_timeout(
+    app: Celery, clock: FakeClock, published: list[dict[str, Any]]
+) -> None:
+    """cookiecutter-django's CELERY_TASK_TIME_LIMIT = 300 is a safety cap for every task,
+    not what one attempt of this one takes: a retry under a shorter deadline is admitted
+    (Celery 5.7 copies the setting onto every task that declares no limit of its own,
+    and every such retry was refused: "a retry needs 300.1 s")."""
+    app.conf.update(task_time_limit=300, task_soft_time_limit=60)
+    task = make_task(app, "unit.cookiecutter")
+    start_attempt(task, {DEADLINE_HEADER: encode(clock.now() + timedelta(seconds=15))})
+    with pytest.raises(Retry):
+        task.retry(countdown=1)
+    assert task._attempt_duration() == timedelta(0)
+    declared = make_task(app, "unit.declared", time_limit=20)
+    assert declared._attempt_duration() == timedelta(seconds=20)
+    soft_only = make_task(app, "unit.soft", soft_time_limit=15)
+    assert soft_only._attempt_duration() == timedelta(seconds=15)  # its own soft, not 300
+
+
 def test_retry_with_an_eta_counts_the_wait_until_the_eta(app: Celery, clock: FakeClock) -> None:
     task = make_task(app)
     start_attempt(task, {DEADLINE_HEADER: encode(clock.now() + timedelta(seconds=15))})

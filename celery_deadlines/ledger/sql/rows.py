@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ...rules.records import ClaimRefused, Expired, KeptResult, Lease, NewRun
+from ...rules.records import ENDED_IT, ClaimRefused, Expired, KeptResult, Lease, NewRun, Refusal
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,7 @@ def as_bytes(value: Any) -> bytes | None:
 
 
 __all__ = [
+    "ENDED_IT",
     "ClaimRefused",
     "ExistingRun",
     "Expired",
@@ -93,6 +94,7 @@ __all__ = [
     "Lease",
     "NewRun",
     "Recorded",
+    "Refusal",
     "Unclaimed",
     "as_bytes",
     "from_json",

@@ -28,10 +28,20 @@ from dataclasses import astuple
 from datetime import datetime, timedelta
 from typing import Any, Final, NamedTuple
 
-from ...rules.states import Status
+from ...rules.states import TERMINAL, Status
 from .dialect import Dialect
 from .predicates import CLAIM_CHECKS
-from .rows import ClaimRefused, Expired, KeptResult, Lease, NewRun, from_json, required
+from .rows import (
+    ENDED_IT,
+    ClaimRefused,
+    Expired,
+    KeptResult,
+    Lease,
+    NewRun,
+    Refusal,
+    from_json,
+    required,
+)
 from .statements import Sql, Statements
 
 #: What a won claim returns, after its leading ``true``.
@@ -52,6 +62,8 @@ _SEEN_COLUMNS: Final = (
     "deadline, retries, lost_leases"
 )
 _CHECKS: Final = dict(CLAIM_CHECKS)
+#: The statuses a run ends in, as the ledger stores them.
+TERMINAL_STATES: Final = frozenset(state.value for state in TERMINAL)
 #: The last check's reason is also a lost claim's when every check holds (it raced).
 *_NAMED, (_OTHERWISE, _) = CLAIM_CHECKS
 
@@ -81,7 +93,7 @@ _CLAIM_FRAGMENTS: Final = {
             lease_token = lease_token + 1, version = version + 1, attempt = attempt + 1,
             lost_leases = lost_leases + (CASE WHEN status = 'RUNNING' THEN 1 ELSE 0 END),
             lease_expires_at = {lease_end:ttl},
-            op = 'claim', op_detail = 'retries=' || CAST(%(retries)s AS text), updated_at = {now}
+            op = 'claim', op_detail = %(detail)s, updated_at = {now}
         WHERE task_id = %(task_id)s
           AND {claim_condition}
         RETURNING true AS won, {lease_columns}, {now} AS at,
@@ -187,6 +199,7 @@ class Runs(Statements):
         reserve: timedelta,
         max_lost_leases: int,
         exclusive: bool = False,
+        detail: str | None = None,
     ) -> Lease | ClaimRefused:
         """The compare-and-swap that lets exactly one worker run an attempt, of the run
         of ``task_id`` when it is a run of ``task_name`` (the message's task): a message
@@ -199,7 +212,11 @@ class Runs(Statements):
         database crash just after may lose it). So does a won one when ``exclusive``:
         ``owner`` runs no other attempt until this one ends, and the owner fences every
         later write (see ``_CLAIM_POSTGRESQL``). SQLite, in-process, runs the refusal as
-        a second statement."""
+        a second statement.
+
+        ``detail``: the won claim's event's (the message's retries, and the time limits
+        its attempt was given: :func:`~celery_deadlines.rules.limits.claim_detail`);
+        by default the retries alone."""
         d = self.dialect
         sql = _CLAIMS[d.vendor]
         params = {
@@ -210,6 +227,7 @@ class Runs(Statements):
             "max_lost": max_lost_leases,
             "owner": owner,
             "ttl": d.seconds(ttl),
+            "detail": f"retries={retries}" if detail is None else detail,
         }
         store = self.store
         if sql.refuse is None:  # PostgreSQL: whether a refusal may commit without waiting
@@ -414,7 +432,7 @@ class Runs(Statements):
         detail: str,
         deadline: datetime | None,
         confirm_within: timedelta | None = None,
-    ) -> bool:
+    ) -> Refusal:
         """A gate refused a message: end its run, unless another worker owns it now, or
         it is not a run of ``task_name`` (the message's task: then it is left as it is,
         and the refusal recorded in its history as a rejected ``refuse``,
@@ -424,7 +442,8 @@ class Runs(Statements):
         deadline is within this much of the database clock's now (the reserve), so a
         worker whose clock runs ahead cannot expire a run that is still in time. A run
         with no row (published by name, or before the app was installed) gets one,
-        already ended. Returns whether this call ended the run.
+        already ended. Returns what the call did: ended the run, or why not, read in a
+        statement more (only then) from the run as it is now.
         """
         d = self.dialect
         params = [status.value, reason, detail, detail, task_id, task_name, retries]
@@ -434,7 +453,7 @@ class Runs(Statements):
             params.append(d.seconds(confirm_within))
             count, _ = self.execute(REFUSE_CONFIRMED.text[d.vendor], params)
         if count:
-            return True  # (a recorded run still in time by the database clock is left)
+            return ENDED_IT  # (a recorded run still in time by the database clock is left)
         unrecorded = NewRun(
             task_id=task_id,
             task_name=task_name,
@@ -451,10 +470,48 @@ class Runs(Statements):
         if self.store.outbox.record_ended(
             unrecorded, status, reason, detail, "refuse", published=True
         ):
-            return True
-        # the id is another task's run: it stays as it is, the refusal in its history
-        self.execute(REFUSE_MISMATCH.text[d.vendor], [task_name, task_id, task_name])
-        return False
+            return ENDED_IT
+        _, rows = self.execute(REFUSED_RUN.text[d.vendor], [task_id])
+        if not rows:  # purged meanwhile: nothing is left to end
+            return Refusal(Refusal.NOT_ENDED)
+        name, seen, why, owner, lease_expires_at, run_deadline, run_retries, now = rows[0]
+        if name != task_name:
+            # the id is another task's run: it stays as it is, the refusal in its history
+            self.execute(REFUSE_MISMATCH.text[d.vendor], [task_name, task_id, task_name])
+            return Refusal(Refusal.TASK_MISMATCH)
+        return _not_ended(
+            str(seen),
+            str(why),
+            str(owner),
+            d.instant(lease_expires_at),
+            d.instant(run_deadline),
+            run_retries != retries,
+            required(d.instant(now)),
+            confirm_within,
+        )
+
+
+def _not_ended(
+    status: str,
+    reason: str,
+    owner: str,
+    lease_expires_at: datetime | None,
+    deadline: datetime | None,
+    other_attempt: bool,
+    now: datetime,
+    confirm_within: timedelta | None,
+) -> Refusal:
+    """Why a refusal did not end the run, as the run is by the database clock ``now``:
+    what :data:`_REFUSE`'s condition found false, the same checks in its order."""
+    if status in TERMINAL_STATES:
+        return Refusal(Refusal.ALREADY_ENDED, status, reason)
+    if other_attempt:  # a message of an earlier attempt: the run moved on
+        return Refusal(Refusal.NOT_ENDED, status, reason)
+    if status == Status.RUNNING and lease_expires_at is not None and lease_expires_at > now:
+        return Refusal(Refusal.OWNED, status, reason, owner=owner)
+    if confirm_within is not None and (deadline is None or deadline > now + confirm_within):
+        return Refusal(Refusal.NOT_CONFIRMED, status, reason, deadline=deadline, database_now=now)
+    return Refusal(Refusal.NOT_ENDED, status, reason)  # an effect's outcome not recorded
 
 
 class _ClaimSql(NamedTuple):
@@ -596,6 +653,14 @@ REFUSE_MISMATCH: Final = Sql(
         lease_expires_at, 'task_mismatch:' || %s
     FROM {run} WHERE task_id = %s AND task_name <> %s
       {run_kept:celery_deadlines_run}
+    """,
+)
+#: The run a refusal did not end, as it is now (why not: :func:`_not_ended`).
+REFUSED_RUN: Final = Sql(
+    "runs.refused_run",
+    """
+    SELECT task_name, status, reason, owner, lease_expires_at, deadline, retries, {now}
+    FROM {run} WHERE task_id = %s
     """,
 )
 #: A refusal for the deadline: only a run whose deadline is within the reserve of the

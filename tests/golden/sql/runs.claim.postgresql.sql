@@ -4,7 +4,7 @@ WITH claimed AS (
         lease_token = lease_token + 1, version = version + 1, attempt = attempt + 1,
         lost_leases = lost_leases + (CASE WHEN status = 'RUNNING' THEN 1 ELSE 0 END),
         lease_expires_at = LEAST((clock_timestamp() + make_interval(secs => %(ttl)s)), deadline),
-        op = 'claim', op_detail = 'retries=' || CAST(%(retries)s AS text), updated_at = clock_timestamp()
+        op = 'claim', op_detail = %(detail)s, updated_at = clock_timestamp()
     WHERE task_id = %(task_id)s
       AND task_name = %(task_name)s
       AND status NOT IN ('SUCCEEDED', 'FAILED', 'EXPIRED')

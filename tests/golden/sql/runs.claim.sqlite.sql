@@ -3,7 +3,7 @@ UPDATE celery_deadlines_run SET
     lease_token = lease_token + 1, version = version + 1, attempt = attempt + 1,
     lost_leases = lost_leases + (CASE WHEN status = 'RUNNING' THEN 1 ELSE 0 END),
     lease_expires_at = MIN(strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %(ttl)s), COALESCE(deadline, '9999-12-31 23:59:59')),
-    op = 'claim', op_detail = 'retries=' || CAST(%(retries)s AS text), updated_at = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')
+    op = 'claim', op_detail = %(detail)s, updated_at = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')
 WHERE task_id = %(task_id)s
   AND task_name = %(task_name)s
   AND status NOT IN ('SUCCEEDED', 'FAILED', 'EXPIRED')
