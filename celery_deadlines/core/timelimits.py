@@ -306,9 +306,16 @@ def patch_eventlet() -> None:
         target = pool._make_killable_target(target)
         pool._quick_apply_sig(sender=pool, target=target, args=args, kwargs=kwargs)
         green = pool._quick_put(
-            _apply_until, target, args, kwargs, callback, accept_callback, pool.getpid,
-            limit, on_timeout,
-        )  # fmt: skip
+            _apply_until,
+            target,
+            args,
+            kwargs,
+            callback,
+            accept_callback,
+            pool.getpid,
+            limit,
+            on_timeout,
+        )
         pool._add_to_pool_map(id(green), green)
         return None
 
@@ -339,9 +346,14 @@ def _apply_until(
     try:
         with Timeout(limit):
             return apply_target(
-                target, args, kwargs or {}, callback, accept_callback, pid=getpid(),
+                target,
+                args,
+                kwargs or {},
+                callback,
+                accept_callback,
+                pid=getpid(),
                 propagate=(Timeout,),
-            )  # fmt: skip
+            )
     except Timeout:
         return on_timeout(False, limit)
 
