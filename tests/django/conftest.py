@@ -36,3 +36,16 @@ def alias(request: pytest.FixtureRequest) -> Iterator[str]:
     yield str(request.param)
     for store in api._stores.values():
         store.close()
+
+
+@pytest.fixture(scope="session")
+def json_support_known(django_db_setup: None, django_db_blocker: Any) -> None:
+    """Every database alias's answer to "do you support JSONField?", asked once. Django
+    6.1's ``check`` asks every alias (5.2 none unless ``--database``), a query on SQLite,
+    and a test that may not query that alias would fail on the question, not on its
+    subject. A test of the system checks uses this fixture."""
+    from django.db import connections
+
+    with django_db_blocker.unblock():
+        for alias in connections:
+            assert connections[alias].features.supports_json_field is not None

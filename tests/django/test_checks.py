@@ -16,6 +16,8 @@ from celery_deadlines import ConfigurationError
 from celery_deadlines.checks import check_contracts, check_ingress, check_settings
 from celery_deadlines.conf import DEFAULT_BUDGET, settings_for
 
+pytestmark = pytest.mark.usefixtures("json_support_known")
+
 
 @pytest.fixture(autouse=True)
 def the_projects_app_is_current() -> Iterator[None]:

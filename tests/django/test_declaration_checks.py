@@ -18,6 +18,8 @@ from django.test import override_settings
 
 from celery_deadlines import DeadlineTask
 
+pytestmark = pytest.mark.usefixtures("json_support_known")
+
 DECLARED = "tests.declared"
 _numbers = itertools.count()
 

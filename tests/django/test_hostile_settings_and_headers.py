@@ -21,7 +21,7 @@ from celery_deadlines.checks import check_settings
 from celery_deadlines.conf import SETTINGS
 from tests.unit.test_fuzz_parsers import BIG, LONGEST_MESSAGE, Unreadable, hostile, values
 
-pytestmark = pytest.mark.usefixtures("clock")
+pytestmark = pytest.mark.usefixtures("clock", "json_support_known")
 
 
 @pytest.mark.parametrize(
