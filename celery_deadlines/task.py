@@ -555,6 +555,10 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
                 end_after_body(attempt, exc, task=self)
                 raise
         except StaleLease as exc:
+            if self.request.is_eager:
+                refusal = end_eager_overrun(attempt, task=self)
+                if refusal is not None:
+                    raise refusal from exc
             logger.warning("%s[%s]: %s; nothing stored", self.name, self.request.id, exc)
             raise Ignore(str(exc)) from exc
 
@@ -724,6 +728,26 @@ def end_after_body(attempt: Attempt, exc: BaseException, *, task: Any = None) ->
         attempt.end(outcome.status, outcome.reason, outcome.detail, trace)
     elif outcome.status is not None:
         attempt.end(outcome.status, outcome.reason, outcome.detail)
+
+
+def end_eager_overrun(attempt: Attempt, *, task: Any) -> DeadlineRefused | None:
+    """The refusal an eager body that ran past its deadline ends with, its run ended
+    EXPIRED (UNKNOWN when an effect lacks an outcome): its end was refused, and no
+    worker's supervisor or reconciler will end the run, as they end a worker's. ``None``
+    when the deadline has not passed by the ledger's clock (the lease was lost otherwise)
+    or the run is not this attempt's any more: nothing is changed then."""
+    deadline = attempt.lease.deadline
+    now = attempt.database_now()
+    if deadline is None or now < deadline:
+        return None
+    reason = gates.expiry_reason(delivery_task=getattr(task, "deadline_kind", None) == "delivery")
+    detail = "the eager body ran past its deadline"
+    written = attempt.end_overrun(Status.EXPIRED, reason.value, detail)
+    if written != Status.EXPIRED:
+        return None
+    return DeadlineRefused(
+        gates.Gate.ATTEMPT.value, reason.value, deadline.isoformat(), now.isoformat(), detail
+    )
 
 
 def hand_attempts_to_the_body() -> None:

@@ -537,6 +537,20 @@ class FakeAttempt:
         }
         self._write(status.lower(), write, **changes, lease_expires_at=None)
 
+    def end_overrun(self, status: Any, reason: str, detail: str) -> str | None:
+        """The run of a body past its deadline, ended by its own owner (the database
+        ledger's :meth:`~celery_deadlines.ledger.attempt.Attempt.end_overrun`)."""
+        run = self.ledger.runs.get(self.lease.task_id)
+        if run is None or run.status != "RUNNING" or run.owner != self.owner:
+            return None
+        if self.ledger.unresolved(self.lease.task_id):
+            status, reason = "UNKNOWN", "effect_unresolved"
+        run.status, run.reason, run.detail = str(status), reason, detail
+        run.token += 1
+        run.lease_expires_at = None
+        run.events.append(("end_owned", "applied", detail))
+        return str(status)
+
     def retry(
         self, retries: int, available_at: datetime | None, body: bytes | None, detail: str
     ) -> None:

@@ -282,6 +282,30 @@ def test_an_eager_run_past_its_deadline_is_refused_with_deadline_refused_and_exp
     assert (run.status, run.reason, run.attempt) == ("EXPIRED", "deadline_passed", 0)
 
 
+@pytest.mark.parametrize("propagates", [False, True], ids=["stored", "propagated"])
+def test_an_eager_body_that_runs_past_its_deadline_ends_its_run_expired_and_is_refused(
+    site: dict[str, Any], propagates: bool
+) -> None:
+    # no worker supervises an eager body and no reconciler will visit its run: the
+    # caller's own process ends it, and the caller is told as a worker's caller is
+    alias, order, task_id = site["alias"], new_id("o"), new_id("overdue")
+    eager_site.app.conf.task_eager_propagates = propagates
+    if propagates:
+        with pytest.raises(DeadlineRefused) as raised:
+            eager_site.overdue.apply_async((order,), task_id=task_id)
+        refusal = raised.value
+    else:
+        result = eager_site.overdue.apply_async((order,), task_id=task_id)
+        assert result.state == "FAILURE"
+        refusal = result.result
+    assert isinstance(refusal, DeadlineRefused)
+    assert (refusal.gate, refusal.reason) == ("attempt", "deadline_passed")
+    run = run_of(alias, task_id)
+    assert (run.status, run.reason, run.attempt) == ("EXPIRED", "deadline_passed", 1)
+    assert run.deadline is not None and run.updated_at >= run.deadline
+    assert "the eager body ran past its deadline" in explain(alias, task_id)
+
+
 def test_children_published_from_an_eager_body_are_runs_of_their_own_under_its_deadline(
     site: dict[str, Any],
 ) -> None:
