@@ -40,6 +40,9 @@ T = TypeVar("T")
 DEFAULT_MAX_BUDGET: Final = timedelta(days=7)
 
 
+__all__ = ["Settings", "settings_for"]
+
+
 @dataclass(frozen=True, slots=True)
 class Setting(Generic[T]):
     """One setting: its Celery name, its default and how a raw value is checked."""
@@ -138,7 +141,8 @@ CONTRACTS: Final = Setting(
     {},
     _contracts,
     "Time contracts, {task name: {budget, delivery_budget, reserve, attempt_timeout, "
-    "lease_ttl, observation_ttl, revalidate_before, on_expiry}}; see docs/howto.md.",
+    "lease_ttl, observation_ttl, revalidate_before, on_expiry}}; see the how-to "
+    "'Declare a time contract'.",
 )
 DEFAULT_DELIVERY_BUDGET: Final = Setting(
     "deadlines_default_delivery_budget",

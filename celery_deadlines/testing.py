@@ -46,6 +46,8 @@ from .rules.states import (
 from .signals import report_operator_needed
 from .task import hand_attempts_to_the_body
 
+__all__ = ["FakeClock", "FakeLedger", "use_clock", "use_ledger"]
+
 # A test installs this module's ledger (use_ledger) at any time, a worker thread of the
 # test's process may already be running: DeadlineTask's tracers must hand it attempts
 # from the start (a tracer built before would never write a claimed run's outcome).

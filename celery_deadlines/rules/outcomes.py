@@ -278,7 +278,8 @@ class Settle(enum.Enum):
 def settle_lapsed(
     *, unresolved_effect: bool, past_deadline: bool, lost_leases: int, max_lost: int
 ) -> Settle:
-    """The order in which a lapsed run is settled (docs/concepts.md, reconciliation)."""
+    """The order in which a lapsed run is settled (docs/explanation/run-ledger.md,
+    reconciliation)."""
     if unresolved_effect:
         return Settle.UNKNOWN
     if past_deadline:

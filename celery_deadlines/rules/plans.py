@@ -1,4 +1,5 @@
-"""Plans that must earn the right to continue when a run resumes (docs/concepts.md).
+"""Plans that must earn the right to continue when a run resumes
+(docs/explanation/time-contracts.md).
 
 A :class:`Plan` is what a run decided to do (its steps), the typed assumptions that
 decision rested on, when it was made and until when it may be followed. It is kept with

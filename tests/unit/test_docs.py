@@ -6,7 +6,7 @@ from pathlib import Path
 
 from celery_deadlines.conf import SETTINGS
 
-REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "settings.md"
+REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "settings.md"
 
 
 def test_every_setting_is_in_the_settings_reference_in_both_spellings() -> None:
