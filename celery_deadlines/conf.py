@@ -553,7 +553,10 @@ def tracked(conf: Mapping[str, Any]) -> Settings:
 
 
 def settings_for(app: Any) -> Settings:
-    """The :class:`Settings` of a Celery app (one instance per app; proxies unwrapped)."""
+    """The :class:`Settings` of a Celery app (one instance per app; proxies unwrapped).
+
+    Reading a setting through it validates it: a bad value raises
+    :class:`~celery_deadlines.ConfigurationError` naming the setting."""
     # an attribute of the app itself: this runs at every publish and claim
     settings: Settings | None = getattr(app, _ATTRIBUTE, None)
     if settings is not None and settings._conf is getattr(app, "_conf", None):
