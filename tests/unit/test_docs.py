@@ -42,3 +42,15 @@ def test_the_readmes_links_into_the_docs_name_pages_that_exist() -> None:
     targets = re.findall(r"\]\(((?:docs/)?[\w./-]+\.md)(?:#[\w-]+)?\)", README.read_text())
     assert targets
     assert [target for target in targets if not (ROOT / target).is_file()] == []
+
+
+def test_every_system_check_id_the_package_reports_is_in_the_reference() -> None:
+    package = ROOT / "celery_deadlines"
+    ids = {
+        found
+        for path in package.rglob("*.py")
+        for found in re.findall(r"celery_deadlines\.[EW]\d{3}", path.read_text())
+    }
+    assert len(ids) > 10
+    text = REFERENCE.read_text()
+    assert sorted(check for check in ids if check not in text) == []
