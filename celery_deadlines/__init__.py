@@ -104,4 +104,5 @@ __all__ = [  # noqa: RUF022 (grouped by role, not sorted)
     "SOURCE_HEADER",
 ]
 
-__version__ = "0.1.0"
+#: The version, written here only (pyproject.toml reads it: [tool.hatch.version]).
+__version__ = "0.2.0"

@@ -100,20 +100,31 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
     Task options (``@app.task(base=DeadlineTask, ...)``), each overriding the task's
     time contract (``deadlines_contracts``) and the settings:
 
-    ``budget``           seconds or timedelta from the first publish; ``None``: no deadline
-    ``delivery_budget``  the same for the delivery deadline
-    ``reserve``          least time that must be left for the task to start
-    ``attempt_timeout``  what one attempt may take, reserved by the retry gate
-                         (default: ``time_limit``, then the setting)
-    ``lease_ttl``        how long a claim owns the run before it must be renewed
-                         (Django tier; default: the ``deadlines_lease_ttl`` setting)
-    ``deadline_kind``    ``"execution"`` (default) or ``"delivery"``: a delivery task
-                         (a notification) published from a run is governed by that
-                         run's *delivery* deadline, so it may run after execution
-                         expired, and is refused with ``delivery_expired`` after it
+    ``budget``
+        seconds or a ``timedelta`` from the first publish; ``None``: no deadline
+    ``delivery_budget``
+        the same for the delivery deadline
+    ``reserve``
+        least time that must be left for the task to start
+    ``attempt_timeout``
+        what one attempt may take, reserved by the retry gate (default: ``time_limit``,
+        then the setting)
+    ``lease_ttl``
+        how long a claim owns the run before it must be renewed (Django tier; default:
+        the ``deadlines_lease_ttl`` setting)
+    ``deadline_kind``
+        ``"execution"`` (default) or ``"delivery"``: a delivery task (a notification)
+        published from a run is governed by that run's *delivery* deadline, so it may run
+        after execution expired, and is refused with ``delivery_expired`` after it
+    ``reconcilers``
+        ``{effect name: function}``: who is asked about an effect whose outcome is unknown
 
     Call options (``apply_async(budget=...)``): ``budget`` or ``deadline`` (an aware
-    datetime), ``delivery_budget`` or ``delivery_deadline``.
+    datetime), ``delivery_budget`` or ``delivery_deadline``. Every other option, and
+    every method not listed here, is ``celery.Task``'s, unchanged.
+
+    A bad option raises :class:`~celery_deadlines.InvalidDeadline` when the task is
+    published (and ``manage.py check`` reports it first).
     """
 
     Request = "celery_deadlines.core.request:DeadlineRequest"
@@ -397,7 +408,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         if deadline is None and not with_ledger:
             return state  # nothing to gate, nothing to anchor, no claim
         reserve = times.duration("reserve")
-        # With a clock-skew budget the ledger's clock decides (docs/concepts.md: the
+        # With a clock-skew budget the ledger's clock decides (docs/explanation/run-ledger.md: the
         # clock-skew hold comes before the deadline): the claim measures this clock
         # against it, holds the run if they disagree, and checks the deadline by the
         # database clock.

@@ -4,8 +4,8 @@ A claim's owner is ``host:pid``. In a process that runs one attempt at a time, t
 tells its attempt from any other, and the ledger lets a won claim commit without
 waiting for the disk: a database crash may take it back and the next claim may issue
 its token again, but every later write names the owner with the token
-(docs/concepts.md, "Claim: one compare-and-swap"). A prefork pool process runs one task
-at a time on its main thread (Celery sends it ``worker_process_init``), and so does a
+(docs/explanation/run-ledger.md, "Claim: one compare-and-swap"). A prefork pool process runs
+one task at a time on its main thread (Celery sends it ``worker_process_init``), and so does a
 solo worker; a thread or greenlet pool, and any pool this module does not know, runs
 several attempts under one pid, and its claims wait for the disk.
 

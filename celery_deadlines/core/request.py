@@ -10,7 +10,7 @@ and ``deadline_refused`` is sent.
 
 ``execute_using_pool`` reads ``time_limits`` right before ``pool.apply_async``; the
 property below caps them at the budget left at that instant (the attempt gate). Only
-the prefork pool enforces both limits; docs/failure-semantics.md covers the others.
+the prefork pool enforces both limits; docs/explanation/pools.md covers the others.
 
 Before any of it, a message's envelope (:mod:`celery_deadlines.rules.envelope`): the
 fields this package reads of every message are checked when it is handed to the pool,

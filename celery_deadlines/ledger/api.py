@@ -220,7 +220,7 @@ def record_run(
     (:meth:`~.attempt.Attempt.patiently`); a row whose commit's answer was lost is found
     again, and the sweeper publishes it (nothing is lost, nothing sent twice). Inside
     the caller's ``transaction.atomic()`` the library cannot try again: the error is
-    the caller's (docs/howto.md)."""
+    the caller's (docs/howto/database-outage.md)."""
     accept = outbox.readable_by_workers(app, run.task_name)
     store = store_for(app)
     connection = connections[store.using]

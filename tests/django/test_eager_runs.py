@@ -196,7 +196,7 @@ def test_a_view_that_fails_after_an_eager_charge_keeps_it_on_record_on_postgresq
         assert run_of(alias, task_id).events.filter(kind="claim").count() == 2
     else:
         # SQLite: one writer at a time, the run's statements joined the request's
-        # transaction, and went with it (docs/howto.md says so)
+        # transaction, and went with it (docs/howto/eager.md says so)
         assert provider_calls() == [f"charge {order} 12"] * 2
         assert run_of(alias, task_id).events.filter(kind="claim").count() == 1
     assert run_of(alias, task_id).status == "SUCCEEDED"
@@ -394,7 +394,7 @@ def test_an_eager_body_that_outlives_its_lease_keeps_it_on_postgresql_only(
         assert provider_calls() == [f"charge {order} 0"]
     else:
         # SQLite inside the request's transaction: the lease is not renewed, and the
-        # guard refuses a body past it (docs/howto.md): nothing charged, nothing stored
+        # guard refuses a body past it (docs/howto/eager.md): nothing charged, nothing stored
         assert (answer["state"], answer["receipt"]) == ("IGNORED", None)
         assert run.status == "RUNNING"  # its lease lapsed; committed with the request
         rejected = set(run.events.filter(outcome="rejected").values_list("kind", flat=True))

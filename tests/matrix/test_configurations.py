@@ -5,7 +5,7 @@ and the bodies' notes. Every row's scenario runs once, side by side with the oth
 before the first test (conftest.py's ``observations``); each test below checks one
 promise of it, and a failed one shows what every probe's caller and the ledger saw and
 the row's worker's log. The pools' and configurations' enforcement table
-(docs/failure-semantics.md) is read and each row's claims checked against what its worker
+(docs/explanation/pools.md) is read and each row's claims checked against what its worker
 did.
 
 Opt-in (``make matrix-configs``, which also runs the Celery 5.5 and 5.6 rows in their
