@@ -37,7 +37,7 @@ from celery.utils import uuid
 from . import conf, ledger
 from .clock import get_clock
 from .conf import settings_for
-from .core import claiming, options, propagation, recording, seconds, telemetry, timelimits
+from .core import claiming, options, pools, propagation, recording, seconds, telemetry, timelimits
 from .core.body import AttemptAPI, Paused, Unresolved, end_unresolved
 from .core.propagation import HANDED, NOTHING_KEPT, STAMPED, attempt_state
 from .core.refusals import report_refusal, report_refused_message, tell_refusal
@@ -563,6 +563,8 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
             except (Retry, StaleLease, Unresolved, Paused):
                 raise  # written by apply_async / by nobody (stale) / as UNKNOWN / PAUSED
             except BaseException as exc:
+                if pools.stopped_by_the_pool(exc):
+                    raise  # the worker writes the run's end at the limit, as prefork's
                 end_after_body(attempt, exc, task=self)
                 raise
         except StaleLease as exc:

@@ -302,7 +302,8 @@ def test_an_eager_body_that_runs_past_its_deadline_ends_its_run_expired_and_is_r
     assert (refusal.gate, refusal.reason) == ("attempt", "deadline_passed")
     run = run_of(alias, task_id)
     assert (run.status, run.reason, run.attempt) == ("EXPIRED", "deadline_passed", 1)
-    assert run.deadline is not None and run.updated_at >= run.deadline
+    assert run.deadline is not None
+    assert run.updated_at >= run.deadline
     assert "the eager body ran past its deadline" in explain(alias, task_id)
 
 
