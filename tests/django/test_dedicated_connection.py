@@ -47,6 +47,7 @@ class Trace:
     def __init__(self, store: Store) -> None:
         store.database_now()  # connected
         local = store._threads.local
+        assert local is not None
         assert local.direct
         assert local.connection is not None
         self._pgconn = local.connection.connection.pgconn

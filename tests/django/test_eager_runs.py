@@ -123,7 +123,8 @@ def test_a_view_that_delays_an_eager_task_gets_its_result_and_the_run_is_recorde
     assert f"order-{order}:charge" in text
     # the eager run's own connection was closed when it ended
     eager = api._eager_stores.get(alias)
-    assert eager is None or eager._threads.local.connection is None
+    local = eager._threads.local if eager is not None else None
+    assert local is None or local.connection is None
 
 
 def test_a_second_call_with_the_same_task_id_replays_the_run_and_performs_nothing(
