@@ -165,16 +165,19 @@ class DatabaseDeadlineScheduler(ZonedSchedulerMixin, DatabaseScheduler):  # type
         }
         # the rows it writes from its own configuration (celery.backend_cleanup, the
         # beat_schedule entries) are not changes to sync and read the table again for:
-        # the stamp they move is taken as read, unless another writer moved it first
+        # the stamp they move is taken as read, unless another writer moved it first or
+        # saved a row meanwhile (an operator's row saved as beat starts)
+        own = [name for name in mapping if name not in kept]
+        since = get_clock().now()
         read = self._last_timestamp
         before = self._change_stamp() if self._stamped else None
         self._writing = True
         try:
-            super().update_from_dict({n: f for n, f in mapping.items() if n not in kept})
+            super().update_from_dict({name: mapping[name] for name in own})
         finally:
             self._writing = False
         after = self._change_stamp() if self._stamped and before == read else _UNREAD
-        if after is not _UNREAD:
+        if after is not _UNREAD and not self._saved_by_another(since, own):
             self._last_timestamp = after
         schedule = self.schedule
         for entry in schedule.values():
@@ -182,6 +185,15 @@ class DatabaseDeadlineScheduler(ZonedSchedulerMixin, DatabaseScheduler):  # type
         for name, fields in kept.items():
             entry = self.zoned[name] = ScheduleEntry(**dict(fields, name=name, app=self.app))
             schedule[name] = entry
+
+    def _saved_by_another(self, since: datetime, own: list[str]) -> bool:
+        """Whether a row not among ``own`` was saved at ``since`` or later (``True`` when
+        the table cannot be read: the next look then reads it again)."""
+        try:
+            others = self.Model.objects.filter(date_changed__gte=since).exclude(name__in=own)
+            return bool(others.exists())
+        except Exception:  # noqa: BLE001 - django-celery-beat's own look reads it again
+            return True
 
     def _change_stamp(self) -> Any:
         """The table's change stamp now (``_UNREAD`` when it cannot be read: no write of

@@ -27,6 +27,7 @@ from django_celery_beat.models import (  # type: ignore[import-untyped]
 )
 
 from celery_deadlines.beat import ZonedSchedule
+from celery_deadlines.clock import get_clock
 from celery_deadlines.contrib.django_celery_beat import DatabaseDeadlineScheduler
 from celery_deadlines.models import Status
 from celery_deadlines.testing import FakeClock, use_clock
@@ -203,6 +204,29 @@ def test_a_row_another_writer_saves_while_a_scheduler_starts_is_still_a_change(
     )
     scheduler = database_beat()
     assert "poll" in scheduler.schedule  # its next look reads the table again
+
+
+@beside_the_table
+def test_a_row_another_writer_saves_as_a_scheduler_writes_its_own_is_still_a_change(
+    app: Celery,
+    database_beat: Callable[..., DatabaseDeadlineScheduler],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the stamp its own writes moved was taken as read, an operator's row saved between
+    # them with it: beat ran it only at its five-minute full sync
+    entry = DatabaseDeadlineScheduler.Entry
+    own = entry.from_entry.__func__  # type: ignore[attr-defined]
+
+    def writing_beside_an_admin(cls: Any, name: str, *args: Any, **kwargs: Any) -> Any:
+        written = own(cls, name, *args, **kwargs)
+        if name == "nightly":  # saved now, as the admin saves it (auto_now)
+            now = get_clock().now()
+            row("poll", "shop.send_digest", 60, now, expire_seconds=30, kwargs="{}")
+        return written
+
+    monkeypatch.setattr(entry, "from_entry", classmethod(writing_beside_an_admin))
+    scheduler = database_beat(nightly={"task": "shop.send_digest", "schedule": 86400.0})
+    assert {"nightly", "poll"} <= set(scheduler.schedule)  # its next look reads the table
 
 
 @beside_the_table
