@@ -1,8 +1,8 @@
 """celery-deadlines: one deadline, stamped once, honoured by every hop of a Celery workflow.
 
 What is imported from here is the public surface. Where everything else lives, tier by
-tier, and the life of a message through it: DEVELOPERS.md ("The tiers"), which
-``tests/unit/test_architecture.py`` holds.
+tier, and the life of a message through it: DEVELOPERS.md ("The tiers", which
+``tests/unit/test_architecture.py`` holds, and "The life of a message").
 """
 
 from .core.cancelling import cancel

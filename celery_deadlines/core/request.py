@@ -600,6 +600,28 @@ class DeadlineRequest(Request):
             self.reject(requeue=False)
 
 
+class Strategies(dict[Any, Any]):
+    """A worker consumer's table of task strategies by task name, in which a name no task
+    can have (unhashable: a list or a mapping in a message's ``task`` header) is not
+    found, as an unregistered name is not: Celery's consumer then tells the message's
+    caller ``NotRegistered`` and rejects it. Its lookup, ``strategies[name]``, raised
+    ``TypeError`` on such a name instead, and stopped the worker."""
+
+    def __getitem__(self, name: Any) -> Any:
+        try:
+            return super().__getitem__(name)
+        except TypeError:
+            raise KeyError(name) from None
+
+
+def guard_consumers() -> None:
+    """Give every worker consumer made from now on a :class:`Strategies` table
+    (idempotent)."""
+    from celery.worker.consumer.consumer import Consumer
+
+    Consumer.Strategies = Strategies
+
+
 def strategy(task: Any, app: Any, consumer: Any, **options: Any) -> Callable[..., Any]:
     """Celery's strategy for a DeadlineTask's messages (``DeadlineTask.Strategy``), with
     the envelope's rule behind it: when Celery cannot make or hold the request of a
