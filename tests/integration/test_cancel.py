@@ -66,7 +66,12 @@ def test_a_cancelled_tree_ends_every_queued_run_revoked_and_the_running_one_sees
         30,
     )
     watch = [line for line in lines(sink) if line["key"] == "tree-watch"]
-    assert [line["kind"] for line in watch] == ["start", "remaining-zero", "child-refused"]
+    assert [line["kind"] for line in watch] == [
+        "start",
+        "remaining-zero",
+        "effect-refused:DispatchRefused",  # no effect is dispatched after the cancel
+        "child-refused",
+    ]
     assert watch[1]["t"] - cancelled_at <= LEASE + 1.0
 
     # every queued member is refused at its claim, ended cancelled, told REVOKED
@@ -77,7 +82,7 @@ def test_a_cancelled_tree_ends_every_queued_run_revoked_and_the_running_one_sees
         assert (run.status, run.reason) == (Status.EXPIRED, "cancelled")
         assert tasks.app.AsyncResult(member_id).state == "REVOKED"
     # nothing of their bodies ran, and no child was published after the cancel
-    assert [line["key"] for line in lines(sink)] == ["tree-watch"] * 3
+    assert [line["key"] for line in lines(sink)] == ["tree-watch"] * 4
     assert not Run.objects.using(LEDGER_DB).filter(task_id__contains="late-child").exists()
 
     # the history of each says who cancelled it and why

@@ -385,15 +385,22 @@ def fan_out(self: DeadlineTask, key: str, members: int) -> list[str]:
 @app.task(base=DeadlineTask, bind=True, name="l.watch_remaining")
 def watch_remaining(self: DeadlineTask, key: str, seconds: float = 30.0) -> str:
     """Loop on ``remaining()`` until it reaches 0 (a sink line ``remaining-zero``) or
-    ``seconds`` pass (``gave-up``); then publish a child (``child-refused`` when the
-    enqueue gate refuses it, ``child-published`` when not)."""
-    from celery_deadlines import DeadlineRefused
+    ``seconds`` pass (``gave-up``); then try an effect (``effect`` when it is
+    dispatched, else the name of the error that refused it) and publish a child
+    (``child-refused`` when the enqueue gate refuses it, ``child-published`` when not)."""
+    from celery_deadlines import DeadlineRefused, DispatchRefused, StaleLease
 
     sink("start", key, self)
     until = time.monotonic() + seconds
     while self.remaining() > 0 and time.monotonic() < until:
         time.sleep(0.02)
     sink("remaining-zero" if self.remaining() <= 0 else "gave-up", key, self)
+    try:
+        with self.effect("notify", key=f"{key}-after", fingerprint={"key": key}) as fx:
+            sink("effect", key, self)
+            fx.succeed({"notified": key})
+    except (DispatchRefused, StaleLease) as refused:
+        sink(f"effect-refused:{type(refused).__name__}", key, self)
     try:
         effect.delay(f"{key}-late-child")
     except DeadlineRefused:
