@@ -144,3 +144,16 @@ def test_cancelling_2000_queued_runs_sends_as_many_statements_as_20(store: Store
         assert operations.cancel_run(store, "large", reason="", by="ops") == 2000
     assert len(small) == len(large) == 1
     assert Run.objects.using(store.using).filter(reason="cancelled").count() == 2020
+
+
+def test_a_retry_published_before_the_cancel_is_refused_at_its_claim_and_never_runs(
+    store: Store,
+) -> None:
+    tree(store)
+    lease = won(claim(store, "pay"))
+    assert store.runs.retry(
+        lease, "w1:1", retries=1, available_at=in_(store, 5), message_body=b"{}", detail="retry"
+    )
+    operations.cancel_run(store, "checkout", reason="abandoned", by="shop")
+    assert row(store, "pay").status == Status.RETRYING
+    assert lost(claim(store, "pay", retries=1)).why == "cancelled"
