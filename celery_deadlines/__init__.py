@@ -5,6 +5,7 @@ tier, and the life of a message through it: DEVELOPERS.md ("The tiers", which
 ``tests/unit/test_architecture.py`` holds, and "The life of a message").
 """
 
+from .core.cancelling import cancel
 from .core.ingress import ingress_scope
 from .core.outbound import deadline_headers
 from .core.propagation import deadline_scope
@@ -56,6 +57,8 @@ __all__ = [  # noqa: RUF022 (grouped by role, not sorted)
     "deadline_scope",
     "ingress_scope",
     "install",
+    # a run cancelled with everything it started
+    "cancel",
     # the deadline on the calls a body makes to other services
     "deadline_headers",
     # effects: what a reconciler answers

@@ -134,6 +134,7 @@ class Run(models.Model):
         permissions = [
             ("expire_run", "Can expire an unfinished run"),
             ("requeue_run", "Can requeue a run whose deadline allows it"),
+            ("cancel_run", "Can cancel a run with everything it started"),
         ]
 
     def __str__(self) -> str:

@@ -27,6 +27,7 @@ import logging
 import threading
 from collections.abc import Mapping, MutableMapping
 from datetime import datetime, timedelta
+from functools import partial
 from traceback import format_exception
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
@@ -80,6 +81,11 @@ class _EagerRuns(threading.local):
 
 
 _eager_runs = _EagerRuns()
+
+
+class _EndedCancelled(Ignore):
+    """A cancelled run's attempt, ended ``cancelled`` and its caller told ``REVOKED``:
+    Celery's tracer stores nothing more (an ``Ignore``)."""
 
 
 class _Told(propagation.AttemptState):
@@ -455,6 +461,8 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
             state.anchor = Anchor.at(deadline, now, started)
             if state.attempt is not None:
                 state.attempt.deadline_at = state.anchor.deadline_monotonic()
+                # a cancel learnt at a renewal pulls the attempt's deadline in
+                state.attempt.pulled_in = partial(propagation.pull_in, state)
         telemetry.annotate_attempt(
             deadline=deadline,
             now=now,
@@ -557,14 +565,18 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
                     attempt.stop()  # no renewal may follow the attempt's final write
                 if attempt.unresolved:
                     end_unresolved(attempt, task=self)
+                if attempt.cancelled:
+                    self._end_cancelled(attempt)
                 attempt.succeed(self._result_to_keep(result))
                 hit("run.completed", self.request.id)
                 return result
-            except (Retry, StaleLease, Unresolved, Paused):
+            except (Retry, StaleLease, Unresolved, Paused, _EndedCancelled):
                 raise  # written by apply_async / by nobody (stale) / as UNKNOWN / PAUSED
             except BaseException as exc:
                 if pools.stopped_by_the_pool(exc):
                     raise  # the worker writes the run's end at the limit, as prefork's
+                if attempt.cancelled and not attempt.unresolved:
+                    self._end_cancelled(attempt)
                 end_after_body(attempt, exc, task=self)
                 raise
         except StaleLease as exc:
@@ -574,6 +586,20 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
                     raise refusal from exc
             logger.warning("%s[%s]: %s; nothing stored", self.name, self.request.id, exc)
             raise Ignore(str(exc)) from exc
+
+    def _end_cancelled(self, attempt: Attempt) -> NoReturn:
+        """The end of a body whose run was cancelled while it ran (its renewal found the
+        deadline pulled in): ``EXPIRED`` ``cancelled`` whatever the body returned or
+        raised, and its caller told Celery's revoke (``REVOKED``), as every run of the
+        cancelled tree is. A lease lapsed meanwhile raises :class:`StaleLease`: the
+        reconciler ends the run ``cancelled`` then."""
+        detail = "cancelled while it ran: its deadline was pulled in"
+        attempt.end(Status.EXPIRED, gates.Reason.CANCELLED.value, detail)
+        if claiming.caller_of(self).stores_errors:
+            self.backend.mark_as_revoked(
+                self.request.id, outcomes.CELERY_REVOKED, request=self.request
+            )
+        raise _EndedCancelled(detail)
 
     # -- retry gate ------------------------------------------------------------------------
 

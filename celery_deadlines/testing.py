@@ -479,6 +479,9 @@ class FakeAttempt:
         self.effect_names: dict[str, str] = {}
         self.performed: dict[str, str] = {}
         self.deadline_at: float | None = None
+        #: as the ledger's attempt: told a cancel's deadline (nothing cancels in memory)
+        self.pulled_in: Any = None
+        self.cancelled = False
 
     @property
     def last_checkpoint(self) -> tuple[str, Any] | None:

@@ -1,7 +1,8 @@
 """Runs: a compact list, and a page that answers the operator checklist (the summary by
 the database clock, from :func:`celery_deadlines.explain.explanation_of`), then the
-timeline, effects, the workflow, the message and the result. Two actions: **expire
-now** and **requeue**, each behind its own permission, each recorded as a ``LogEntry``."""
+timeline, effects, the workflow, the message and the result. Three actions: **expire
+now**, **requeue** and **cancel with everything it started**, each behind its own
+permission, each recorded as a ``LogEntry``."""
 
 from __future__ import annotations
 
@@ -116,7 +117,7 @@ class RunAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
     # index, which holds the creation instant after the value)
     ordering = ("-created_at", "-id")
     list_per_page = 50
-    actions = ("expire_now", "requeue")
+    actions = ("expire_now", "requeue", "cancel_tree")
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ConsoleChangeList]:
         return ConsoleChangeList
@@ -164,6 +165,9 @@ class RunAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
 
     def has_requeue_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("celery_deadlines.requeue_run")
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("celery_deadlines.cancel_run")
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
         """The list, with the database clock read once for every row's time left."""
@@ -442,6 +446,24 @@ class RunAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
         said = "Requeued with a fresh token; its message published"
         self._act(request, queryset, operations.requeue_run, "requeued", said)
 
+    @admin.action(description="Cancel with everything it started", permissions=["cancel"])
+    def cancel_tree(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
+        """Each selected run's deadline, and every run's it started, pulled in to now
+        (:func:`celery_deadlines.cancel`): a LogEntry on each selected run that changed."""
+        store, who = Store(queryset.db), operator(request)
+        changed = 0
+        for run in queryset:
+            count = operations.cancel_run(store, run.task_id, reason=CANCELLED_HERE, by=who)
+            if count:
+                changed += count
+                self.log_change(request, run, f"Cancelled with {count} run(s) of its tree")
+        self.message_user(
+            request,
+            f"{changed} run(s) cancelled (the selected and what they started); finished "
+            "ones are left as they were.",
+            messages.SUCCESS,
+        )
+
     def _act(
         self,
         request: HttpRequest,
@@ -469,5 +491,8 @@ class RunAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
                 messages.WARNING,
             )
 
+
+#: The reason the admin's cancel records (who: the operator).
+CANCELLED_HERE = "cancelled in the admin"
 
 __all__ = ["RunAdmin"]

@@ -134,6 +134,27 @@ class AttemptState:
         self._anchor = anchor
 
 
+def pull_in(state: AttemptState, deadline: datetime, monotonic: float) -> None:
+    """The ledger's deadline of the running attempt was pulled in (a cancel, learnt at a
+    lease renewal, read at ``monotonic``): the attempt's deadline follows it, never
+    later than it was and never later than ``monotonic``, so that from then on
+    ``remaining()`` is 0 or less, the outbound gate refuses a call, a child inherits
+    the earlier deadline (refused at enqueue), and the ledger's writes stop there."""
+    anchor = state.anchor
+    if anchor is None:
+        return  # no deadline kept: the ledger's own refuses every write past it
+    elapsed = timedelta(seconds=monotonic - anchor.started_monotonic)
+    budget = min(deadline - anchor.started_at, elapsed)
+    if budget >= anchor.budget_at_start:
+        return  # a cancel never lengthens a deadline
+    state.anchor = Anchor(
+        anchor.started_at + budget, anchor.started_at, anchor.started_monotonic, budget
+    )
+    state.carried = state.carried._replace(deadline=anchor.started_at + budget)
+    if state.attempt is not None:
+        state.attempt.deadline_at = state.anchor.deadline_monotonic()
+
+
 #: What is handed over (:data:`HANDED`) for an attempt of which nothing is kept: no
 #: deadline, no ledger (its request keeps no state).
 NOTHING_KEPT: Final = AttemptState(NOTHING)

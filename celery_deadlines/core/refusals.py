@@ -196,13 +196,13 @@ def _tell_clock_ahead(
     )
 
 
-def announce_expiry(request: Any) -> None:
+def announce_expiry(request: Any, why: str = outcomes.CELERY_EXPIRED) -> None:
     """Celery's own expiry of a worker request (its main process), announced as
     ``Request.revoked()`` announces it: ``task-revoked``, ``REVOKED`` stored, the
     ``task_revoked`` signal, the id kept among the revoked (as its ``maybe_expire``
-    keeps it)."""
+    keeps it). ``why``: ``revoked`` for a cancelled run (Celery's revoke, not expired)."""
     revoked.add(request.id)
-    request._announce_revoked(outcomes.CELERY_EXPIRED, False, None, True)
+    request._announce_revoked(why, False, None, why == outcomes.CELERY_EXPIRED)
 
 
 def tell_refusal(
@@ -210,10 +210,12 @@ def tell_refusal(
 ) -> None:
     """Store a refusal of the run ``task_id`` as its caller's result (``store``: the
     backend's ``request`` and ``store_result``): ``REVOKED`` with
-    ``TaskRevokedError('expired')`` when it is told as Celery's expiry (``source``: where
+    ``TaskRevokedError('revoked')`` for a cancelled run, ``TaskRevokedError('expired')``
+    when it is told as Celery's expiry (``source``: where
     the message's deadline came from, :func:`~celery_deadlines.rules.stamping.header_source`),
     else the typed refusal as its failure."""
-    if outcomes.told_as_celery_expiry(refusal.reason, source):
-        backend.mark_as_revoked(task_id, outcomes.CELERY_EXPIRED, **store)
+    revoked_as = outcomes.celery_revocation(refusal.reason, source)
+    if revoked_as is not None:
+        backend.mark_as_revoked(task_id, revoked_as, **store)
     else:
         backend.mark_as_failure(task_id, refusal, **store)

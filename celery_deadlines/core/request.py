@@ -415,8 +415,10 @@ class DeadlineRequest(Request):
             carrier=None if malformed else headers,
         )
         if task_id is not None and outcome:
-            if outcomes.told_as_celery_expiry(exc.reason, source):
-                announce_expiry(self)  # the deadline was the message's own expires
+            revoked_as = outcomes.celery_revocation(exc.reason, source)
+            if revoked_as is not None:
+                # cancelled, or the deadline was the message's own expires
+                announce_expiry(self, revoked_as)
             else:
                 self.send_event("task-failed", exception=repr(exc), traceback="")
                 context = None if malformed else (lambda: self._context)

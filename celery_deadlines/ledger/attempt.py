@@ -63,6 +63,11 @@ class Attempt:
     #: the monotonic reading at which the run's deadline passes (set when the attempt's
     #: budget is anchored): a write is never tried past it, its lease ends there too
     deadline_at: float | None = None
+    #: told the run's pulled-in deadline and the monotonic reading it was learnt at,
+    #: when a renewal finds the run cancelled (the Celery tier's attempt follows it)
+    pulled_in: Callable[[datetime, float], None] | None = None
+    #: a renewal found the run cancelled: its body's end is the cancel's, whatever it is
+    cancelled: bool = False
 
     @property
     def effects(self) -> Effects:
@@ -96,6 +101,11 @@ class Attempt:
         if expires is None:
             self.lost = True
         return expires
+
+    def cancelled_deadline(self) -> datetime | None:
+        """The run's deadline if it was cancelled (pulled in by a cancel), else ``None``:
+        asked once, after a refused renewal."""
+        return self.store.runs.cancelled_deadline(self.lease.run_id)
 
     def checkpoint(self, name: str, data: Any) -> None:
         # the same values under the same fence: written again, it changes nothing more

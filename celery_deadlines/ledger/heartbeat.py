@@ -128,6 +128,8 @@ class Heartbeat:
             logger.exception("renewing the lease of %s failed; trying again", attempt)
             self._reschedule(attempt, RETRY_AFTER.total_seconds())
             return
+        if expires is None:
+            self._learn_a_cancel(attempt)
         if expires is None or (
             attempt.lease.deadline is not None and expires >= attempt.lease.deadline
         ):
@@ -135,6 +137,21 @@ class Heartbeat:
                 self._due.pop(attempt, None)
             return
         self._reschedule(attempt, attempt.ttl.total_seconds() * RENEW_AT)
+
+    def _learn_a_cancel(self, attempt: Attempt) -> None:
+        """A refused renewal of a cancelled run: the attempt's deadline is pulled in to
+        the ledger's (``remaining()`` 0, calls and children refused) from now on."""
+        told = attempt.pulled_in
+        try:
+            deadline = attempt.cancelled_deadline()
+        except Exception:  # the attempt is lost anyway: its writes raise StaleLease
+            logger.exception("reading whether %s was cancelled failed", attempt)
+            return
+        if deadline is not None:
+            attempt.cancelled = True
+            logger.warning("%s was cancelled: its deadline is pulled in to %s", attempt, deadline)
+            if told is not None:
+                told(deadline, get_clock().monotonic())
 
     def _reschedule(self, attempt: Attempt, seconds: float) -> None:
         with self._wakeup:

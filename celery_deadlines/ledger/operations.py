@@ -175,6 +175,21 @@ def expire_run(app: Any, store: Store, run_id: int, *, operator: str) -> bool:
     return True
 
 
+def cancel_run(
+    store: Store, task_id: str, *, reason: str, by: str, at: datetime | None = None
+) -> int:
+    """Cancel the run of ``task_id`` with everything it started: each unended run's
+    deadline pulled in to the database clock's now (``at``, if earlier), in one statement
+    whatever the tree's size; each run's history keeps who cancelled it (``by``) and why.
+    Queued runs are refused at their claim (or ended by the sweeper) ``cancelled`` and
+    their callers told ``REVOKED``; a running attempt learns it at its next renewal.
+    Returns how many runs it changed: 0 for a run that had ended (or is not recorded)."""
+    detail = f"cancelled by {by}: {reason}" if reason else f"cancelled by {by}"
+    count = store.operator.cancel(task_id, detail, at)
+    logger.warning("run %s cancelled with %d run(s) of its tree: %s", task_id, count, detail)
+    return count
+
+
 def record_missed(app: Any, store: Store, run: NewRun, detail: str) -> bool:
     """A scheduled occurrence whose window closed before it was published: recorded
     EXPIRED (``missed_occurrence``), announced, never run late. ``False``: the ledger

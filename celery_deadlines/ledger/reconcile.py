@@ -39,7 +39,7 @@ from ..clock import get_clock
 from ..conf import settings_for
 from ..errors import RunFailed
 from ..rules import outcomes
-from ..rules.gates import Gate, expiry_reason
+from ..rules.gates import Gate, Reason, expiry_reason
 from ..rules.outcomes import Found, NotFound, PendingEffect, Settle
 from ..rules.states import Status
 from . import telling
@@ -244,7 +244,11 @@ def _settle(app: Any, store: Store, lapsed: LapsedLease, max_lost: int, report: 
             ask_for_operator(app, store, lapsed.run_id, lapsed.task_id, lapsed.task_name, detail)
     elif step is Settle.EXPIRE:
         detail = f"lease of {lapsed.owner} lapsed and the deadline has passed"
-        reason = expiry_reason(delivery_task=lapsed.delivery_task)
+        reason = (
+            Reason.CANCELLED
+            if lapsed.cancelled
+            else expiry_reason(delivery_task=lapsed.delivery_task)
+        )
         if store.sweeps.settle_lapsed(lapsed, Status.EXPIRED, reason, detail):
             report.expired.append(lapsed.task_id)
             expired = Expired(

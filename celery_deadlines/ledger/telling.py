@@ -36,7 +36,7 @@ from celery.app.task import Context
 from celery.utils.saferepr import saferepr
 
 from ..errors import DeadlineRefused
-from ..rules.outcomes import CELERY_EXPIRED, told_as_celery_expiry, unknown_meta
+from ..rules.outcomes import CELERY_EXPIRED, celery_revocation, unknown_meta
 from ..rules.stamping import header_source
 from ..rules.states import CALLER_UNKNOWN, UNKNOWN_EVENT
 from . import outbox
@@ -182,7 +182,8 @@ def tell_failed(app: Any, store: Store, task_id: str, task_name: str, error: Exc
     final state. A refusal for the deadline of a run whose recorded message's deadline
     is Celery's ``expires`` is told as Celery tells that expiry instead
     (:func:`~celery_deadlines.rules.outcomes.told_as_celery_expiry`): ``REVOKED``,
-    ``TaskRevokedError('expired')``, ``task-revoked`` with ``expired=True``."""
+    ``TaskRevokedError('expired')``, ``task-revoked`` with ``expired=True``; a cancelled
+    run's as Celery's revoke (``TaskRevokedError('revoked')``)."""
     told = already_told(app, task_id)
     if told is not None:
         logger.info(
@@ -196,20 +197,27 @@ def tell_failed(app: Any, store: Store, task_id: str, task_name: str, error: Exc
     request = request_for(app, store, task_id, task_name)
     task = app.tasks.get(task_name)
     stores = task is None or bool(task.store_errors_even_if_ignored or not task.ignore_result)
-    expired = isinstance(error, DeadlineRefused) and told_as_celery_expiry(
-        error.reason, header_source(request.headers or {})
+    revoked_as = (
+        celery_revocation(error.reason, header_source(request.headers or {}))
+        if isinstance(error, DeadlineRefused)
+        else None
     )
     try:
-        if expired:
-            app.backend.mark_as_revoked(
-                task_id, CELERY_EXPIRED, request=request, store_result=stores
-            )
+        if revoked_as is not None:
+            app.backend.mark_as_revoked(task_id, revoked_as, request=request, store_result=stores)
         else:
             app.backend.mark_as_failure(task_id, error, request=request, store_result=stores)
     except Exception:  # the ledger holds the outcome
         logger.exception("storing the end of run %s in the result backend failed", task_id)
-    if expired:
-        send_event(app, "task-revoked", task_id, terminated=False, signum=None, expired=True)
+    if revoked_as is not None:
+        send_event(
+            app,
+            "task-revoked",
+            task_id,
+            terminated=False,
+            signum=None,
+            expired=revoked_as == CELERY_EXPIRED,
+        )
     else:
         send_event(app, "task-failed", task_id, exception=repr(error), traceback="")
     return True

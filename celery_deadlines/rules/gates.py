@@ -76,6 +76,10 @@ class Reason(enum.StrEnum):
     #: task id, a ``retries`` or ``timelimit`` of another type, a body that is not
     #: Celery's: :mod:`celery_deadlines.rules.envelope`), refused before it is judged
     INVALID_MESSAGE = "invalid_message"
+    #: a run cancelled with everything it started (``celery_deadlines.cancel``): its
+    #: deadline was pulled in to the cancel's instant; refused at the claim, ended by
+    #: whoever finds it past, told to its caller as Celery's revoke (``REVOKED``)
+    CANCELLED = "cancelled"
 
 
 class Decision(NamedTuple):
@@ -135,6 +139,8 @@ def claim_refusal(why: str) -> Reason | None:
     reserve left: ``insufficient_budget``); or ``task_mismatch``, a message naming
     another task than the run of its id. ``None`` when the claim was refused for
     something else (a duplicate, a held or ended run: nothing to report)."""
+    if why == "cancelled":
+        return Reason.CANCELLED
     if why == "deadline_passed":
         return Reason.DEADLINE_PASSED
     if why == "deadline":

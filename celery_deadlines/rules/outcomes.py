@@ -278,6 +278,25 @@ def told_as_celery_expiry(reason: str | None, source: str | None) -> bool:
     return source == "expires" and reason in _FOR_THE_DEADLINE
 
 
+#: The reason Celery stores with a task it revoked (``TaskRevokedError('revoked')``,
+#: state ``REVOKED``): what the caller of a cancelled run is told.
+CELERY_REVOKED: Final = "revoked"
+
+
+def celery_revocation(reason: str | None, source: str | None) -> str | None:
+    """The reason a run refused or ended is told to its caller as Celery's ``REVOKED``
+    (``TaskRevokedError(reason)``, ``task-revoked``), or ``None`` for the typed refusal:
+    a cancelled run (``cancelled``: :func:`celery_deadlines.cancel`) is Celery's revoke
+    (``revoked``), whatever its deadline's source, as Flower and django-celery-results
+    show cancelled work; a refusal for a deadline that was Celery's ``expires`` is
+    Celery's expiry (``expired``: :func:`told_as_celery_expiry`)."""
+    if reason == Reason.CANCELLED:
+        return CELERY_REVOKED
+    if told_as_celery_expiry(reason, source):
+        return CELERY_EXPIRED
+    return None
+
+
 class Settle(enum.Enum):
     """What the reconciler does with a run whose lease lapsed, in this order of priority."""
 

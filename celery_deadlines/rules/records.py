@@ -189,6 +189,8 @@ class ClaimRefused:
     #: each a field of every refusal)
     TERMINAL: ClassVar[str] = "terminal"
     STALE_MESSAGE: ClassVar[str] = "stale_message"
+    #: the run was cancelled (its deadline pulled in with everything it started)
+    CANCELLED: ClassVar[str] = "cancelled"
     #: the run's deadline has passed, by the database clock
     DEADLINE_PASSED: ClassVar[str] = "deadline_passed"
     #: less than the reserve is left before the run's deadline, by the database clock

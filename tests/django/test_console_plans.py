@@ -243,3 +243,15 @@ def test_a_long_list_says_about_how_many_runs_it_holds_and_counts_a_short_one_ex
     exact = Run.objects.using("postgres").filter(task_name="shop.tasks.step_0").count()
     assert f"\n{exact} runs" in rare
     assert "about</span>" not in rare
+
+
+def test_a_cancel_of_a_tree_reads_the_runs_by_their_indexes_at_scale(filled: Filled) -> None:
+    # the admin's "Cancel with everything it started", on a root of the filled ledger:
+    # its recursion walks parent_id down the index, never the whole run table
+    from celery_deadlines.ledger.sql.operator import CANCEL
+
+    params = {"task_id": filled.root_id, "detail": "plan", "at": None}
+    plan = [str(row[0]) for row in sql(f"EXPLAIN {CANCEL.text['postgresql']}", params)]
+    scanned = [line for line in plan if SEQUENTIAL.search(line)]
+    assert scanned == [], "\n".join(plan)
+    assert any("cdl_run_parent_idx" in line for line in plan), "\n".join(plan)

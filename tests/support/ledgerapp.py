@@ -367,3 +367,44 @@ if os.environ.get("TEST_BEAT_AT"):
             ),
         }
     }
+
+
+@app.task(base=DeadlineTask, bind=True, name="l.fan_out")
+def fan_out(self: DeadlineTask, key: str, members: int) -> list[str]:
+    """A root that starts a long-running watcher, then a group of ``members`` effects
+    (queued behind the watcher on a worker of one process): the ids it started."""
+    from celery import group
+    from celery.result import GroupResult
+
+    watcher = watch_remaining.delay(f"{key}-watch")
+    started = group(effect.s(f"{key}-{n}") for n in range(members)).apply_async()
+    assert isinstance(started, GroupResult)
+    return [watcher.id, *(result.id for result in started.results)]
+
+
+@app.task(base=DeadlineTask, bind=True, name="l.watch_remaining")
+def watch_remaining(self: DeadlineTask, key: str, seconds: float = 30.0) -> str:
+    """Loop on ``remaining()`` until it reaches 0 (a sink line ``remaining-zero``) or
+    ``seconds`` pass (``gave-up``); then try an effect (``effect`` when it is
+    dispatched, else the name of the error that refused it) and publish a child
+    (``child-refused`` when the enqueue gate refuses it, ``child-published`` when not)."""
+    from celery_deadlines import DeadlineRefused, DispatchRefused, StaleLease
+
+    sink("start", key, self)
+    until = time.monotonic() + seconds
+    while self.remaining() > 0 and time.monotonic() < until:
+        time.sleep(0.02)
+    sink("remaining-zero" if self.remaining() <= 0 else "gave-up", key, self)
+    try:
+        with self.effect("notify", key=f"{key}-after", fingerprint={"key": key}) as fx:
+            sink("effect", key, self)
+            fx.succeed({"notified": key})
+    except (DispatchRefused, StaleLease) as refused:
+        sink(f"effect-refused:{type(refused).__name__}", key, self)
+    try:
+        effect.delay(f"{key}-late-child")
+    except DeadlineRefused:
+        sink("child-refused", key, self)
+    else:
+        sink("child-published", key, self)
+    return "saw zero"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
@@ -67,6 +67,13 @@ class Attempt:
     def __init__(self, ttl: timedelta) -> None:
         self.ttl = ttl
         self.lease = SimpleNamespace(deadline=None)
+        self.pulled_in: Any = None
+        self.cancelled = False
+        #: the run's deadline a cancel pulled in, as a refused renewal reads it
+        self.cancelled_at: datetime | None = None
+
+    def cancelled_deadline(self) -> datetime | None:
+        return self.cancelled_at
 
 
 def attempt(ttl: timedelta = TTL) -> Any:
@@ -181,3 +188,30 @@ def test_forgetting_the_last_attempt_wakes_the_heartbeat_only_to_close_its_conne
     woken = condition.notified
     beat.forget(last)
     assert condition.notified == woken + 1
+
+
+def test_a_renewal_refused_for_a_cancel_pulls_the_attempts_deadline_in_once(
+    clock: FakeClock,
+) -> None:
+    beat, _ = sleeping(clock, math.inf)
+    cancelled = renewed(Store())
+    cancelled.cancelled_at = datetime(2026, 12, 5, 6, 0, tzinfo=UTC)
+    told: list[tuple[datetime, float]] = []
+    cancelled.pulled_in = lambda deadline, monotonic: told.append((deadline, monotonic))
+    beat.watch(cancelled)
+    clock.advance(FIRST_RENEWAL)
+    beat._renew_now(cancelled)
+    assert cancelled.cancelled
+    assert told == [(cancelled.cancelled_at, clock.monotonic())]
+    assert beat._next_due() is None  # its lease is gone: nothing left to renew
+
+
+def test_a_renewal_refused_for_anything_else_pulls_nothing_in(clock: FakeClock) -> None:
+    beat, _ = sleeping(clock, math.inf)
+    gone = renewed(Store())
+    told: list[Any] = []
+    gone.pulled_in = lambda *seen: told.append(seen)
+    beat.watch(gone)
+    clock.advance(FIRST_RENEWAL)
+    beat._renew_now(gone)
+    assert (gone.cancelled, told) == (False, [])

@@ -18,6 +18,7 @@ from celery_deadlines.rules.outcomes import (
     after_plan,
     after_time_limit,
     bounded_traceback,
+    celery_revocation,
     performed_past_deadline_detail,
     settle_lapsed,
     told_as_celery_expiry,
@@ -162,3 +163,24 @@ def test_a_refusal_for_a_deadline_from_anywhere_but_expires_is_told_as_the_refus
     source: str | None,
 ) -> None:
     assert not told_as_celery_expiry("deadline_passed", source)
+
+
+@pytest.mark.parametrize("source", ["expires", "call", "parent", None])
+def test_a_cancelled_run_is_told_as_celerys_revoke_whatever_its_deadlines_source(
+    source: str | None,
+) -> None:
+    assert celery_revocation("cancelled", source) == "revoked"
+
+
+def test_a_refusal_for_an_expires_deadline_is_told_as_celerys_expiry_and_others_as_they_are() -> (
+    None
+):
+    assert celery_revocation("deadline_passed", "expires") == "expired"
+    assert celery_revocation("deadline_passed", "call") is None
+    assert celery_revocation("expired_by_operator", "expires") is None
+
+
+def test_the_claims_cancelled_refusal_is_the_gates_cancelled_reason() -> None:
+    from celery_deadlines.rules.gates import Reason, claim_refusal
+
+    assert claim_refusal("cancelled") is Reason.CANCELLED

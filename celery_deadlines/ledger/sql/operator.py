@@ -2,13 +2,31 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Final
+
+from ...rules.gates import Reason
+from .dialect import Dialect
 from .predicates import HAS_UNRESOLVED, REQUEUEABLE_SQL, RUN, TERMINAL_SQL
 from .rows import Expired
-from .statements import Statements
+from .statements import Sql, Statements
 
 
 class OperatorActions(Statements):
-    """Expire now, requeue."""
+    """Expire now, requeue, cancel with everything it started."""
+
+    def cancel(self, task_id: str, detail: str, at: datetime | None = None) -> int:
+        """Pull in the deadline of the run of ``task_id`` and of every run it started,
+        down its tree (``parent_id``), to the database clock's now (or ``at``, if
+        earlier), never later than each one's own; marked ``cancelled`` with ``detail``
+        (who and why, in each run's history). One statement, whatever the tree's size.
+        Returns how many unended runs it changed (0: ended, or not recorded)."""
+        d = self.dialect
+        count, _ = self.execute(
+            CANCEL.text[d.vendor],
+            {"task_id": task_id, "detail": detail, "at": d.param(at)},
+        )
+        return count
 
     def expire_now(self, run_id: int, operator: str) -> Expired | None:
         """End an unfinished run at once; its holder, if any, is fenced (token + 1).
@@ -63,3 +81,32 @@ class OperatorActions(Statements):
             [detail, detail, run_id],
         )
         return count == 1
+
+
+#: The cancel's instant: the database clock, or the earlier ``at`` given (never later).
+def _cancel_instant(d: Dialect) -> str:
+    return d.least(d.now, "%(at)s")
+
+
+#: A run and its descendants (``parent_id`` is the parent's task id; ``UNION`` visits
+#: each once; the recursion inside the ``WHERE``, so that SQLite counts the rows an
+#: ``UPDATE`` changed), every unended one's deadline pulled in, never lengthened: the claim
+#: refuses it ``cancelled`` (``CLAIM_CHECKS``), a renewal past it fails, and whoever
+#: finds it past ends it ``cancelled`` (``EXPIRY_REASON_SQL``).
+CANCEL: Final = Sql(
+    "operator.cancel",
+    f"""
+    UPDATE {{run}} SET deadline = {{pulled_in}},
+        reason = '{Reason.CANCELLED.value}', detail = %(detail)s,
+        version = version + 1, op = 'cancel', op_detail = %(detail)s, updated_at = {{now}}
+    WHERE task_id IN (
+        WITH RECURSIVE tree (task_id) AS (
+            SELECT task_id FROM {{run}} WHERE task_id = %(task_id)s
+            UNION
+            SELECT child.task_id FROM {{run}} child JOIN tree ON child.parent_id = tree.task_id
+        )
+        SELECT task_id FROM tree
+    ) AND status NOT IN {{terminal}}
+    """,
+    pulled_in=lambda d: d.least(_cancel_instant(d), "deadline"),
+)

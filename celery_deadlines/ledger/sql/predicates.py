@@ -39,9 +39,11 @@ CLAIMABLE_SQL: Final = in_list(CLAIMABLE)
 WAITING_SQL: Final = in_list(WAITING)
 REQUEUEABLE_SQL: Final = in_list(REQUEUEABLE)
 UNRESOLVED_SQL: Final = in_list(UNRESOLVED)
-#: The reason a run ends for its deadline, by the run's row (``gates.expiry_reason``).
+#: The reason a run ends for its deadline, by the run's row (``gates.expiry_reason``): a
+#: cancelled run's deadline is the cancel's, and it ends ``cancelled`` whoever finds it past.
 EXPIRY_REASON_SQL: Final = (
-    f"(CASE WHEN delivery_task THEN '{Reason.DELIVERY_EXPIRED.value}' "
+    f"(CASE WHEN reason = '{Reason.CANCELLED.value}' THEN '{Reason.CANCELLED.value}' "
+    f"WHEN delivery_task THEN '{Reason.DELIVERY_EXPIRED.value}' "
     f"ELSE '{Reason.DEADLINE_PASSED.value}' END)"
 )
 
@@ -78,6 +80,9 @@ CLAIM_CHECKS: Final = (
         "unresolved",
         "NOT (NOT (status = 'RUNNING' AND lease_expires_at > {now}) AND {has_unresolved})",
     ),
+    # a cancelled run (its deadline pulled in by ``Operator.cancel``) is refused as
+    # cancelled, not as past its deadline: its caller is told Celery's revoke
+    ("cancelled", "reason <> 'cancelled'"),
     ("deadline_passed", "(deadline IS NULL OR deadline > {now})"),
     ("deadline", "(deadline IS NULL OR deadline > {now_plus:reserve})"),
     # a lapsed lease is taken over only after the grace: its supervisor ends it first

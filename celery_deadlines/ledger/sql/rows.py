@@ -40,6 +40,8 @@ class LapsedLease:
     deadline: datetime | None
     past_deadline: bool
     delivery_task: bool = False
+    #: its deadline was pulled in by a cancel: it ends ``cancelled``
+    cancelled: bool = False
 
 
 @dataclass(frozen=True)

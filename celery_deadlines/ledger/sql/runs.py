@@ -298,6 +298,12 @@ class Runs(Statements):
         self.record_rejected(lease.run_id, "renew", lease.token, owner)
         return None
 
+    def cancelled_deadline(self, run_id: int) -> datetime | None:
+        """The deadline of run ``run_id`` if a cancel pulled it in, else ``None``."""
+        d = self.dialect
+        _, rows = self.execute(CANCELLED_DEADLINE.text[d.vendor], [run_id])
+        return d.instant(rows[0][0]) if rows else None
+
     def checkpoint(self, lease: Lease, owner: str, name: str, data: Any) -> bool:
         """Persist progress under the attempt's token (fenced)."""
         return self._fenced(
@@ -546,6 +552,12 @@ RENEW: Final = Sql(
       AND (deadline IS NULL OR deadline > {now})
     RETURNING lease_expires_at
     """,
+)
+
+#: What a refused renewal asks: was the run cancelled, and to when.
+CANCELLED_DEADLINE: Final = Sql(
+    "runs.cancelled_deadline",
+    "SELECT deadline FROM {run} WHERE id = %s AND reason = 'cancelled'",
 )
 
 

@@ -98,6 +98,7 @@ class Sweeps(Statements):
                 deadline=d.instant(r[7]),
                 past_deadline=bool(r[8]),
                 delivery_task=bool(r[9]),
+                cancelled=bool(r[10]),
             )
             for r in rows
         ]
@@ -241,7 +242,7 @@ LAPSED_LEASES: Final = Sql(
     "sweeps.lapsed_leases",
     """
     SELECT id, task_id, task_name, version, lease_token, owner, lost_leases, deadline,
-        deadline IS NOT NULL AND deadline <= {now}, delivery_task
+        deadline IS NOT NULL AND deadline <= {now}, delivery_task, reason = 'cancelled'
     FROM {run}
     WHERE status = 'RUNNING' AND lease_expires_at <= {now_plus}
     ORDER BY lease_expires_at

@@ -1,8 +1,10 @@
 """``manage.py deadlines explain TASK_ID [--json]`` and ``manage.py deadlines reconcile
-[--json]``: text for a person, JSON for a script, both from the same values; and
-``manage.py deadlines purge`` (:mod:`celery_deadlines.management.purge`). What the
-command was given is repeated in its errors cut (``quoting.shown``), argparse's own
-errors included (:mod:`celery_deadlines.management.parsing`)."""
+[--json]``: text for a person, JSON for a script, both from the same values;
+``manage.py deadlines cancel TASK_ID --reason TEXT`` (the run and everything it
+started: :func:`celery_deadlines.cancel`); and ``manage.py deadlines purge``
+(:mod:`celery_deadlines.management.purge`). What the command was given is repeated
+in its errors cut (``quoting.shown``), argparse's own errors included
+(:mod:`celery_deadlines.management.parsing`)."""
 
 from __future__ import annotations
 
@@ -17,15 +19,22 @@ from ...conf import DATABASE
 from ...errors import ConfigurationError
 from ...explain import explanation_of, render_text, task_ids_named, to_json, typed_id
 from ...explain.text import printable
+from ...ledger.operations import cancel_run
 from ...ledger.reconcile import reconcile_once
 from ...ledger.sql.connection import Store
 from ...rules.quoting import named, shown
 from .. import purge
 from ..parsing import CutEchoes, cut
 
+#: Who a cancel from the command line was made by, unless ``--by`` says.
+CANCELLED_BY = "manage.py deadlines cancel"
+
 
 class Command(BaseCommand):
-    help = "Explain a run from the ledger, reconcile the ledger once, or purge ended runs."
+    help = (
+        "Explain a run from the ledger, reconcile the ledger once, cancel a run with "
+        "everything it started, or purge ended runs."
+    )
 
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
         return cut(super().create_parser(prog_name, subcommand, **kwargs))
@@ -48,12 +57,35 @@ class Command(BaseCommand):
         reconcile_parser.add_argument(
             "--json", action="store_true", help="the ids of each category as JSON"
         )
+        cancel_parser = actions.add_parser(
+            "cancel", help="cancel a run and everything it started (its deadline pulled in)"
+        )
+        cancel_parser.add_argument("task_id", help="the run's task id")
+        cancel_parser.add_argument(
+            "--reason", required=True, help="why: kept in each cancelled run's history"
+        )
+        cancel_parser.add_argument(
+            "--by",
+            default=CANCELLED_BY,
+            help=f"who: kept with the reason (default: {CANCELLED_BY})",
+        )
         purge.add_parser(actions)
 
     def handle(self, *args: Any, **options: Any) -> None:
         options["database"] = self.alias(options["database"])
         if options["action"] == "purge":
             purge.handle(self, Store(options["database"]), options)
+        elif options["action"] == "cancel":
+            store = Store(options["database"])
+            changed = cancel_run(
+                store, options["task_id"], reason=options["reason"], by=options["by"]
+            )
+            self.stdout.write(
+                f"{changed} run(s) cancelled: {printable(options['task_id'])} and what it started"
+                if changed
+                else f"nothing cancelled: {printable(options['task_id'])} had ended, "
+                "with everything it started, or is not in the ledger"
+            )
         elif options["action"] == "explain":
             self.explain(options["task_id"], options["database"], as_json=options["json"])
         else:

@@ -4,7 +4,7 @@ UPDATE celery_deadlines_run SET
             CASE WHEN c.past THEN 'EXPIRED' ELSE 'QUEUED' END,
             CASE WHEN NOT c.past THEN ''
                  WHEN c.performed THEN 'performed_past_deadline'
-                 ELSE (CASE WHEN delivery_task THEN 'delivery_expired' ELSE 'deadline_passed' END) END,
+                 ELSE (CASE WHEN reason = 'cancelled' THEN 'cancelled' WHEN delivery_task THEN 'delivery_expired' ELSE 'deadline_passed' END) END,
             CASE WHEN NOT c.past THEN '' WHEN c.performed THEN %s ELSE %s END,
             CASE WHEN c.past THEN celery_deadlines_run.published_at ELSE clock_timestamp() END
         FROM (SELECT (deadline IS NOT NULL AND deadline <= clock_timestamp()) AS past, EXISTS (SELECT 1 FROM celery_deadlines_effect p WHERE p.run_id = celery_deadlines_run.id AND p.state = 'SUCCEEDED') AS performed) c

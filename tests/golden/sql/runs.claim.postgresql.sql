@@ -10,6 +10,7 @@ WITH claimed AS (
       AND status NOT IN ('SUCCEEDED', 'FAILED', 'EXPIRED')
       AND retries = %(retries)s
       AND NOT (NOT (status = 'RUNNING' AND lease_expires_at > clock_timestamp()) AND EXISTS (SELECT 1 FROM celery_deadlines_effect u WHERE u.run_id = celery_deadlines_run.id AND u.state IN ('DISPATCHED', 'UNKNOWN')))
+      AND reason <> 'cancelled'
       AND (deadline IS NULL OR deadline > clock_timestamp())
       AND (deadline IS NULL OR deadline > (clock_timestamp() + make_interval(secs => %(reserve)s)))
       AND NOT (status = 'RUNNING' AND lease_expires_at > (clock_timestamp() + make_interval(secs => -1.0)))
@@ -39,6 +40,7 @@ refused AS (
             WHEN NOT (status NOT IN ('SUCCEEDED', 'FAILED', 'EXPIRED')) THEN 'terminal'
             WHEN NOT (retries = %(retries)s) THEN 'stale_message'
             WHEN NOT (NOT (NOT (status = 'RUNNING' AND lease_expires_at > clock_timestamp()) AND EXISTS (SELECT 1 FROM celery_deadlines_effect u WHERE u.run_id = celery_deadlines_run.id AND u.state IN ('DISPATCHED', 'UNKNOWN')))) THEN 'unresolved'
+            WHEN NOT (reason <> 'cancelled') THEN 'cancelled'
             WHEN NOT ((deadline IS NULL OR deadline > clock_timestamp())) THEN 'deadline_passed'
             WHEN NOT ((deadline IS NULL OR deadline > (clock_timestamp() + make_interval(secs => %(reserve)s)))) THEN 'deadline'
             WHEN NOT (NOT (status = 'RUNNING' AND lease_expires_at > (clock_timestamp() + make_interval(secs => -1.0)))) THEN 'held'

@@ -6,6 +6,7 @@ SELECT id, strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'), 'claim', 'rejected', stat
         WHEN NOT (status NOT IN ('SUCCEEDED', 'FAILED', 'EXPIRED')) THEN 'terminal'
         WHEN NOT (retries = %(retries)s) THEN 'stale_message'
         WHEN NOT (NOT (NOT (status = 'RUNNING' AND lease_expires_at > strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')) AND EXISTS (SELECT 1 FROM celery_deadlines_effect u WHERE u.run_id = celery_deadlines_run.id AND u.state IN ('DISPATCHED', 'UNKNOWN')))) THEN 'unresolved'
+        WHEN NOT (reason <> 'cancelled') THEN 'cancelled'
         WHEN NOT ((deadline IS NULL OR deadline > strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'))) THEN 'deadline_passed'
         WHEN NOT ((deadline IS NULL OR deadline > strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %(reserve)s))) THEN 'deadline'
         WHEN NOT (NOT (status = 'RUNNING' AND lease_expires_at > strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', '-1.000000 seconds'))) THEN 'held'

@@ -1,11 +1,11 @@
 UPDATE celery_deadlines_run SET status = 'EXPIRED',
-    reason = (CASE WHEN delivery_task THEN 'delivery_expired' ELSE 'deadline_passed' END),
+    reason = (CASE WHEN reason = 'cancelled' THEN 'cancelled' WHEN delivery_task THEN 'delivery_expired' ELSE 'deadline_passed' END),
     detail = CASE WHEN status = 'PAUSED'
                   THEN 'the deadline passed while the run was paused'
                   ELSE 'the deadline passed before any worker claimed the run'
              END,
     version = version + 1, op = 'expire',
-    op_detail = (CASE WHEN delivery_task THEN 'delivery_expired' ELSE 'deadline_passed' END),
+    op_detail = (CASE WHEN reason = 'cancelled' THEN 'cancelled' WHEN delivery_task THEN 'delivery_expired' ELSE 'deadline_passed' END),
     updated_at = clock_timestamp()
 WHERE id IN (
     SELECT id FROM celery_deadlines_run
