@@ -215,7 +215,7 @@ def test_a_row_another_writer_saves_as_a_scheduler_writes_its_own_is_still_a_cha
     # the stamp its own writes moved was taken as read, an operator's row saved between
     # them with it: beat ran it only at its five-minute full sync
     entry = DatabaseDeadlineScheduler.Entry
-    own = entry.from_entry.__func__  # type: ignore[attr-defined]
+    own = entry.from_entry.__func__
 
     def writing_beside_an_admin(cls: Any, name: str, *args: Any, **kwargs: Any) -> Any:
         written = own(cls, name, *args, **kwargs)
