@@ -88,7 +88,9 @@ bench-overload: $(INSTALLED)
 	$(BIN)/python bench/overload.py
 
 ## Every benchmark at a smoke size (seconds each, no figure judged): a change that breaks
-## one is seen when it lands (.ci/run runs it). Needs Redis, PostgreSQL and valgrind.
+## one is seen when it lands (.ci/run runs it). Needs Redis and PostgreSQL; the
+## instruction counts run without valgrind (BENCH_SMOKE=1, bench/callgrind.py).
+bench-smoke: export BENCH_SMOKE = 1
 bench-smoke: $(INSTALLED)
 	$(BIN)/python bench/overload.py --smoke
 	$(BIN)/python bench/overhead.py --tasks 40 --rounds 1 --calls 40

@@ -178,7 +178,8 @@ def run_one(
             break
         time.sleep(0.2)
     if len(got) < len(ids):  # give up: empty the queue and let what is in hand end
-        task.app.connection_for_write().default_channel.client.delete(queue)
+        with task.app.connection_for_write() as connection:
+            connection.default_channel.queue_purge(queue)
         time.sleep(1.0)
     possible = min(len(ids), capacity * duration)
     outcome = Outcome(len(ids), possible, lag=lag)
