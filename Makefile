@@ -94,6 +94,7 @@ bench-smoke: export BENCH_SMOKE = 1
 bench-smoke: $(INSTALLED)
 	$(BIN)/python bench/overload.py --smoke
 	$(BIN)/python bench/overhead.py --tasks 40 --rounds 1 --calls 40
+	$(BIN)/python bench/refusal_cost.py --messages 50 --samples 1
 	$(BIN)/python bench/ledger.py --tasks 20 --rounds 1 --counted 5 --claims 40 \
 	  --claim-rounds 1 --lost-batch 10 --races 1 --scale-small 10000 --scale 10000 \
 	  --samples 2 --page-samples 1
