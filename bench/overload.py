@@ -10,7 +10,9 @@ one loaded at a time):
 * ``plain``: a plain Celery task;
 * ``expires``: the same task published with Celery's ``expires=1``;
 * ``header``: a DeadlineTask (budget 1 s, reserve 60 ms) on the header tier;
-* ``ledger``: the same DeadlineTask recorded by the run ledger on PostgreSQL.
+* ``ledger``: the same DeadlineTask recorded by the run ledger on PostgreSQL;
+* ``admitted`` (Redis only): the header tier's task behind a prototype of a refusal at
+  enqueue, made by the publisher (:class:`Admission`), not by the library.
 
 Every message carries its publish instant; the result backend's ``date_done`` is
 when the worker ended it (a success stored, or a refusal told). A success is on time
@@ -48,7 +50,7 @@ ADMIN_URL = os.environ.get("BENCH_ADMIN_URL", "postgresql://postgres@127.0.0.1:5
 os.environ["BENCH_DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{DATABASE}"
 
 CONCURRENCY = 4
-VARIANTS = ("plain", "expires", "header", "ledger")
+VARIANTS = ("plain", "expires", "header", "ledger", "admitted")
 #: load name -> [(seconds, multiple of the capacity)]: "burst", the burst's; None, the rest
 LOADS: dict[str, list[tuple[str | None, float]]] = {
     "0.5x": [(None, 0.5)],
@@ -72,6 +74,7 @@ class Outcome:
     refused: list[float] = field(default_factory=list)  # wait / budget
     unanswered: int = 0
     lag: float = 0.0  # the publisher's worst lag behind its schedule (s)
+    at_enqueue: int = 0  # of the refused, those refused by the publisher
 
     def row(self) -> str:
         on_time = len(self.on_time) / self.possible if self.possible else 0.0
@@ -121,9 +124,51 @@ def schedule(load: str, duration: float, burst: float, capacity: float) -> list[
     return offsets
 
 
-def publish(task: Any, queue: str, offsets: list[float], options: dict[str, Any]) -> Any:
-    """Publish on schedule; the task ids and their publish instants, the worst lag."""
+class Admission:
+    """A prototype of a refusal at enqueue, in the publisher (not the library): refuse a
+    message when the queue ahead of it, served at the rate the workers were seen to take
+    messages off it, cannot reach it while the reserve is still left:
+    ``depth / rate > budget - reserve``. The depth is the broker's (Redis ``LLEN``,
+    read every 20 ms); the rate, messages taken off the queue over the last second
+    (published minus the depth's growth), the capacity until one is seen."""
+
+    def __init__(self, channel: Any, queue: str, allowed: float, capacity: float) -> None:
+        self.client, self.queue, self.allowed = channel.client, queue, allowed
+        self.rate = capacity
+        self.published = 0
+        self.depth = 0
+        self.read_at = 0.0
+        self.window: list[tuple[float, int, int]] = []  # (instant, published, depth)
+
+    def admits(self) -> bool:
+        now = time.monotonic()
+        if now - self.read_at >= 0.02:
+            self.depth = int(self.client.llen(self.queue))
+            self.read_at = now
+            self.window.append((now, self.published, self.depth))
+            while now - self.window[0][0] > 1.0:
+                self.window.pop(0)
+            then, published, depth = self.window[0]
+            taken = (self.published - published) - (self.depth - depth)
+            if now - then >= 0.5 and self.depth and taken > 0:
+                self.rate = taken / (now - then)  # seen while a queue waited: service
+        if self.depth / self.rate > self.allowed:
+            return False
+        self.published += 1
+        return True
+
+
+def publish(
+    task: Any,
+    queue: str,
+    offsets: list[float],
+    options: dict[str, Any],
+    admission: Admission | None = None,
+) -> Any:
+    """Publish on schedule: the task ids and their publish instants, the refusals at
+    enqueue (the instant each caller was told), the worst lag."""
     sent: dict[str, float] = {}
+    refused: list[tuple[float, float]] = []
     lag = 0.0
     began = time.monotonic()
     for offset in offsets:
@@ -133,9 +178,12 @@ def publish(task: Any, queue: str, offsets: list[float], options: dict[str, Any]
         else:
             lag = max(lag, -wait)
         published = time.time()
+        if admission is not None and not admission.admits():
+            refused.append((published, time.time()))
+            continue
         result = task.apply_async((published,), queue=queue, **options)
         sent[result.id] = published
-    return sent, lag
+    return sent, refused, lag
 
 
 def answers(backend: Any, ids: list[str]) -> dict[str, dict[str, Any]]:
@@ -166,8 +214,17 @@ def run_one(
 
     capacity = CONCURRENCY / WORK
     offsets = schedule(load, duration, burst, capacity)
+    from bench.overloadapp import RESERVE
+
     options = {"expires": BUDGET} if variant == "expires" else {}
-    sent, lag = publish(task, queue, offsets, options)
+    admission = None
+    if variant == "admitted":
+        with task.app.connection_for_write() as connection:
+            channel = connection.default_channel
+            admission = Admission(channel, queue, BUDGET - RESERVE, capacity)
+            sent, at_enqueue, lag = publish(task, queue, offsets, options, admission)
+    else:
+        sent, at_enqueue, lag = publish(task, queue, offsets, options)
     ids = list(sent)
     # drain: until every caller is answered, or as long as the backlog can take
     patience = time.monotonic() + max(5.0, 3 * duration)
@@ -181,8 +238,10 @@ def run_one(
         with task.app.connection_for_write() as connection:
             connection.default_channel.queue_purge(queue)
         time.sleep(1.0)
-    possible = min(len(ids), capacity * duration)
-    outcome = Outcome(len(ids), possible, lag=lag)
+    arrivals = len(ids) + len(at_enqueue)
+    outcome = Outcome(arrivals, min(arrivals, capacity * duration), lag=lag)
+    outcome.refused.extend((told - published) / BUDGET for published, told in at_enqueue)
+    outcome.at_enqueue = len(at_enqueue)
     for task_id, published in sent.items():
         meta = got.get(task_id)
         if meta is None:
@@ -242,7 +301,10 @@ def main() -> None:
             "expires": (overloadapp.plain, queues["app"]),
             "header": (overloadapp.header, queues["app"]),
             "ledger": (overloadledger.ledgered, queues["ledger"]),
+            "admitted": (overloadapp.header, queues["app"]),
         }
+        if not overloadapp.app.conf.broker_url.startswith("redis"):
+            variants = [v for v in variants if v != "admitted"]  # reads the depth by LLEN
         print(
             f"prefork -c {CONCURRENCY}, tasks of {overloadapp.WORK * 1000:.0f} ms "
             f"({CONCURRENCY / overloadapp.WORK:.0f}/s), budget {overloadapp.BUDGET:g} s, "
@@ -257,6 +319,8 @@ def main() -> None:
                 task, queue = tasks[variant]
                 outcome = run_one(variant, task, queue, load, args.duration, args.burst)
                 lag = f"  (publisher lag {outcome.lag:.2f} s)" if outcome.lag > 0.1 else ""
+                if outcome.at_enqueue:
+                    lag += f"  ({outcome.at_enqueue} refused at enqueue)"
                 print(f"{load:6} {variant:8} {outcome.row()}{lag}", flush=True)
     finally:
         for worker in workers:
