@@ -12,7 +12,9 @@ one loaded at a time):
 * ``header``: a DeadlineTask (budget 1 s, reserve 60 ms) on the header tier;
 * ``ledger``: the same DeadlineTask recorded by the run ledger on PostgreSQL;
 * ``admitted`` (Redis only): the header tier's task behind a prototype of a refusal at
-  enqueue, made by the publisher (:class:`Admission`), not by the library.
+  enqueue, made by the publisher (:class:`Admission`), not by the library;
+  ``admitted-pool`` the same with the rate of bodies the pool started (counted by the
+  worker's ``task_prerun`` in Redis) instead of the rate messages left the queue.
 
 Every message carries its publish instant; the result backend's ``date_done`` is
 when the worker ended it (a success stored, or a refusal told). A success is on time
@@ -50,7 +52,7 @@ ADMIN_URL = os.environ.get("BENCH_ADMIN_URL", "postgresql://postgres@127.0.0.1:5
 os.environ["BENCH_DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{DATABASE}"
 
 CONCURRENCY = 4
-VARIANTS = ("plain", "expires", "header", "ledger", "admitted")
+VARIANTS = ("plain", "expires", "header", "ledger", "admitted", "admitted-pool")
 #: load name -> [(seconds, multiple of the capacity)]: "burst", the burst's; None, the rest
 LOADS: dict[str, list[tuple[str | None, float]]] = {
     "0.5x": [(None, 0.5)],
@@ -132,8 +134,13 @@ class Admission:
     read every 20 ms); the rate, messages taken off the queue over the last second
     (published minus the depth's growth), the capacity until one is seen."""
 
-    def __init__(self, channel: Any, queue: str, allowed: float, capacity: float) -> None:
+    def __init__(
+        self, channel: Any, queue: str, allowed: float, capacity: float, started: Any = None
+    ) -> None:
         self.client, self.queue, self.allowed = channel.client, queue, allowed
+        # ``started``: the bodies the pool started so far, read (``admitted-pool``): the
+        # rate is then the pool's, not the queue's (the gate's refusals leave it fast)
+        self.started = started
         self.rate = capacity
         self.published = 0
         self.depth = 0
@@ -145,11 +152,12 @@ class Admission:
         if now - self.read_at >= 0.02:
             self.depth = int(self.client.llen(self.queue))
             self.read_at = now
-            self.window.append((now, self.published, self.depth))
+            count = self.started() if self.started else self.published - self.depth
+            self.window.append((now, count, self.depth))
             while now - self.window[0][0] > 1.0:
                 self.window.pop(0)
-            then, published, depth = self.window[0]
-            taken = (self.published - published) - (self.depth - depth)
+            then, counted, _ = self.window[0]
+            taken = count - counted
             if now - then >= 0.5 and self.depth and taken > 0:
                 self.rate = taken / (now - then)  # seen while a queue waited: service
         if self.depth / self.rate > self.allowed:
@@ -218,10 +226,15 @@ def run_one(
 
     options = {"expires": BUDGET} if variant == "expires" else {}
     admission = None
-    if variant == "admitted":
+    if variant.startswith("admitted"):
+        from bench.overloadapp import STARTED
+
+        client = task.backend.client
+        key = STARTED.format(queue=queue)
+        started = (lambda: int(client.get(key) or 0)) if variant == "admitted-pool" else None
         with task.app.connection_for_write() as connection:
             channel = connection.default_channel
-            admission = Admission(channel, queue, BUDGET - RESERVE, capacity)
+            admission = Admission(channel, queue, BUDGET - RESERVE, capacity, started)
             sent, at_enqueue, lag = publish(task, queue, offsets, options, admission)
     else:
         sent, at_enqueue, lag = publish(task, queue, offsets, options)
@@ -302,9 +315,10 @@ def main() -> None:
             "header": (overloadapp.header, queues["app"]),
             "ledger": (overloadledger.ledgered, queues["ledger"]),
             "admitted": (overloadapp.header, queues["app"]),
+            "admitted-pool": (overloadapp.header, queues["app"]),
         }
         if not overloadapp.app.conf.broker_url.startswith("redis"):
-            variants = [v for v in variants if v != "admitted"]  # reads the depth by LLEN
+            variants = [v for v in variants if not v.startswith("admitted")]  # LLEN
         print(
             f"prefork -c {CONCURRENCY}, tasks of {overloadapp.WORK * 1000:.0f} ms "
             f"({CONCURRENCY / overloadapp.WORK:.0f}/s), budget {overloadapp.BUDGET:g} s, "

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from celery import Celery, Task
+from celery.signals import task_prerun
 
 from celery_deadlines import DeadlineTask
 
@@ -59,3 +60,14 @@ def header(published: float) -> Any:
 @app.task(name="overload.sentinel")
 def sentinel() -> str:
     return "ready"
+
+
+#: bodies started, per queue (the ``admitted-pool`` variant's service rate)
+STARTED = "overload:started:{queue}"
+
+
+@task_prerun.connect(weak=False)
+def count_started(sender: Any = None, **_: Any) -> None:
+    queue = (sender.request.delivery_info or {}).get("routing_key") if sender else None
+    if queue:
+        sender.backend.client.incr(STARTED.format(queue=queue))
