@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: install docs demo test test-unit test-integration fuzz lint dist bench bench-ledger matrix matrix-unit matrix-env matrix-unit-env celery-compat beat-compat celery-integration clean screenshots browser chaos chaos-soak chaos-rabbitmq matrix-configs
+.PHONY: install docs demo test test-unit test-integration fuzz lint dist bench bench-ledger bench-smoke bench-overload matrix matrix-unit matrix-env matrix-unit-env celery-compat beat-compat celery-integration clean screenshots browser chaos chaos-soak chaos-rabbitmq matrix-configs
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -81,6 +81,28 @@ bench: $(INSTALLED)
 ## The run ledger vs django-celery-results, and racing claims (needs Redis and PostgreSQL).
 bench-ledger: $(INSTALLED)
 	$(BIN)/python bench/ledger.py
+
+## On-time work under overload: plain Celery, expires, DeadlineTask on both tiers (Redis,
+## PostgreSQL): open-loop arrivals at 0.5x to 3x a prefork worker's capacity and a burst.
+bench-overload: $(INSTALLED)
+	$(BIN)/python bench/overload.py
+
+## Every benchmark at a smoke size (seconds each, no figure judged): a change that breaks
+## one is seen when it lands (.ci/run runs it). Needs Redis and PostgreSQL; the
+## instruction counts run without valgrind (BENCH_SMOKE=1, bench/callgrind.py).
+bench-smoke: export BENCH_SMOKE = 1
+bench-smoke: $(INSTALLED)
+	$(BIN)/python bench/overload.py --smoke
+	$(BIN)/python bench/overhead.py --tasks 40 --rounds 1 --calls 40
+	$(BIN)/python bench/refusal_cost.py --messages 50 --samples 1
+	$(BIN)/python bench/ledger.py --tasks 20 --rounds 1 --counted 5 --claims 40 \
+	  --claim-rounds 1 --lost-batch 10 --races 1 --scale-small 10000 --scale 10000 \
+	  --samples 2 --page-samples 1
+	$(BIN)/python bench/retention.py --runs 2000 --batches 3 --middle 2
+	$(BIN)/python bench/publish_instructions.py --calls 10
+	$(BIN)/python bench/worker_instructions.py --messages 10
+	$(BIN)/python bench/worker_memory.py --tasks 50 --rounds 1
+	$(BIN)/python bench/worker_main_callgrind.py --tasks 10 --rounds 1
 
 ## Unit and Django tests on another interpreter, the newest Django, the oldest Celery.
 MATRIX_VENV := .venv-$(notdir $(PYTHON))

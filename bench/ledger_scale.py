@@ -23,6 +23,7 @@ execution, the audit trigger), and the plans of the sweeper's statements on the 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import statistics
@@ -252,34 +253,25 @@ def life(ledger: Ledger, backend: Any) -> dict[str, float]:
 
 def server_share(ledger: Ledger) -> None:
     """The claim's and the completion's own time in the server (EXPLAIN ANALYZE, rolled
-    back): the rest of a statement's time is the round trip and the commit's flush."""
+    back): the rest of a statement's time is the round trip and the commit's flush.
+
+    The statements and their parameters are those the store's own ``claim`` and
+    ``finish`` send (captured, not sent), so this cannot drift from the library's."""
     from django.db import connections
 
-    from celery_deadlines.ledger.sql.runs import _claim_sql
+    from celery_deadlines.rules.states import Status
 
-    task_id = ledger.new_run()
-    d = ledger.worker.dialect
-    claim_params: dict[str, Any] = {
-        "task_id": task_id,
-        "retries": 0,
-        "reserve": 0.0,
-        "grace": -1.0,
-        "max_lost": 3,
-        "owner": "bench@host:1",
-        "ttl": 60.0,
-        "op_detail": "retries=0",
-        "alone": False,  # inside the EXPLAIN's transaction
-    }
-    finish = """UPDATE celery_deadlines_run SET status = 'SUCCEEDED', version = version + 1,
-        lease_expires_at = NULL, op = 'succeeded', updated_at = clock_timestamp()
-        WHERE task_id = %(task_id)s"""
     connection = connections[ledger.alias]
-    for name, statement in (("claim", _claim_sql(d).claim), ("completion", finish)):
+    unclaimed = ledger.new_run()
+    claim = sent_by(ledger.worker, lambda: ledger.claim(unclaimed))
+    lease = ledger.claim(ledger.new_run())  # a run claimed, for its completion
+    finish = sent_by(
+        ledger.worker, lambda: ledger.worker.runs.finish(lease, lease_owner(), Status.SUCCEEDED)
+    )
+    for name, (statement, params) in (("claim", claim), ("completion", finish)):
         with connection.cursor() as cursor:
             cursor.execute("BEGIN")
-            if name == "completion":
-                cursor.execute(_claim_sql(d).claim, claim_params)
-            cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS) {statement}", claim_params)
+            cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS) {statement}", params)
             plan = "\n".join(row[0] for row in cursor.fetchall())
             cursor.execute("ROLLBACK")
         planning = _ms(r"Planning Time: ([\d.]+)", plan)
@@ -289,6 +281,21 @@ def server_share(ledger: Ledger) -> None:
             f"  server side of the {name} (unprepared): planning {planning:.3f} ms, execution "
             f"{execution:.3f} ms (of which the audit trigger {trigger:.3f} ms)"
         )
+
+
+def sent_by(store: Any, action: Callable[[], Any]) -> tuple[str, Any]:
+    """The first statement (and its parameters) ``action`` has ``store`` send, captured
+    instead of sent (the action sees no row)."""
+    captured: list[tuple[str, Any]] = []
+
+    def capture(statement: str, params: Any, *, timed: bool = False) -> tuple[int, list[Any]]:
+        captured.append((statement, params))
+        return 0, []
+
+    # a follow-up statement that wanted a row may fail: the first is captured
+    with mock.patch.object(store, "execute", capture), contextlib.suppress(Exception):
+        action()
+    return captured[0]
 
 
 def _ms(pattern: str, text: str) -> float:

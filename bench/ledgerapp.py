@@ -48,8 +48,10 @@ if os.environ.get("BENCH_ROUND_TRIPS"):
 
     @task_postrun.connect(weak=False)
     def _write_tally(**_: object) -> None:
-        with open(_tally, "w") as out:
+        # written whole, then renamed: a reader never finds it empty or half written
+        with open(f"{_tally}.part", "w") as out:
             out.write(str(_trips[0]))
+        os.replace(f"{_tally}.part", _tally)
 
 
 @app.task(base=Task, name="bench.tracked")

@@ -1,0 +1,355 @@
+"""On-time work under overload: open-loop arrivals against a prefork worker.
+
+A ``celery worker`` (prefork, ``-c 4``) runs tasks of 50 ms: 80 tasks/s of capacity.
+Each caller has a budget of 1 s. Arrivals are open loop (published on a schedule,
+whatever the worker does) for ``--duration`` seconds at 0.5x, 1x, 1.5x, 2x and 3x the
+capacity, and in a burst (10x for ``--burst`` seconds, then 0.5x). Each load is run
+for each variant in turn, in the same run (the variants' workers are up together,
+one loaded at a time):
+
+* ``plain``: a plain Celery task;
+* ``expires``: the same task published with Celery's ``expires=1``;
+* ``header``: a DeadlineTask (budget 1 s, reserve 60 ms) on the header tier;
+* ``ledger``: the same DeadlineTask recorded by the run ledger on PostgreSQL;
+* ``admitted`` (Redis only): the header tier's task behind a prototype of a refusal at
+  enqueue, made by the publisher (:class:`Admission`), not by the library;
+  ``admitted-pool`` the same with the rate of bodies the pool started (counted by the
+  worker's ``task_prerun`` in Redis) instead of the rate messages left the queue.
+
+Every message carries its publish instant; the result backend's ``date_done`` is
+when the worker ended it (a success stored, or a refusal told). A success is on time
+when it ended within the budget of its publish, late otherwise. Printed per variant:
+on-time successes over what was possible (the arrivals, at most capacity x duration),
+late successes, the worker-seconds their bodies took, the p50 and p99 latency of the
+on-time successes and the median wait of a refused caller (fractions of the budget),
+and what was still unanswered when the drain gave up.
+
+Usage: python bench/overload.py [--duration 10] [--burst 2] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+PREFIX = os.environ.get("BENCH_QUEUE", f"overload-{uuid.uuid4().hex[:6]}")
+DATABASE = os.environ.setdefault("BENCH_DATABASE_NAME", f"cd_overload_{uuid.uuid4().hex[:6]}")
+ADMIN_URL = os.environ.get("BENCH_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+os.environ["BENCH_DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{DATABASE}"
+
+CONCURRENCY = 4
+VARIANTS = ("plain", "expires", "header", "ledger", "admitted", "admitted-pool")
+#: load name -> [(seconds, multiple of the capacity)]: "burst", the burst's; None, the rest
+LOADS: dict[str, list[tuple[str | None, float]]] = {
+    "0.5x": [(None, 0.5)],
+    "1x": [(None, 1.0)],
+    "1.5x": [(None, 1.5)],
+    "2x": [(None, 2.0)],
+    "3x": [(None, 3.0)],
+    "burst": [("burst", 10.0), (None, 0.5)],
+}
+
+
+@dataclass
+class Outcome:
+    """One variant at one load."""
+
+    arrivals: int
+    possible: float
+    on_time: list[float] = field(default_factory=list)  # latency / budget
+    late: int = 0
+    late_work: float = 0.0  # worker-seconds
+    refused: list[float] = field(default_factory=list)  # wait / budget
+    unanswered: int = 0
+    lag: float = 0.0  # the publisher's worst lag behind its schedule (s)
+    at_enqueue: int = 0  # of the refused, those refused by the publisher
+
+    def row(self) -> str:
+        on_time = len(self.on_time) / self.possible if self.possible else 0.0
+        return (
+            f"{self.arrivals:6d} {on_time:8.3f} {self.late:6d} {self.late_work:7.1f} "
+            f"{_q(self.on_time, 0.5):6} {_q(self.on_time, 0.99):6} {len(self.refused):6d} "
+            f"{_q(self.refused, 0.5):6} {self.unanswered:6d}"
+        )
+
+
+HEADING = (
+    f"{'load':6} {'variant':8} {'arrive':>6} {'on-time':>8} {'late':>6} {'late-ws':>7} "
+    f"{'p50':>6} {'p99':>6} {'refused':>6} {'told':>6} {'unans':>6}"
+)
+
+
+def _q(values: list[float], q: float) -> str:
+    if not values:
+        return "-"
+    ordered = sorted(values)
+    return f"{ordered[min(len(ordered) - 1, int(q * len(ordered)))]:.3f}"
+
+
+def start_worker(app: str, queue: str, log: Path) -> subprocess.Popen[bytes]:
+    command = [
+        sys.executable, "-m", "celery", "-A", app, "worker", "-P", "prefork",
+        "-c", str(CONCURRENCY), "-Q", queue, "-l", "WARNING", "-n", f"{queue}@bench",
+        "--without-gossip", "--without-mingle", "--without-heartbeat",
+    ]  # fmt: skip
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+
+
+def schedule(load: str, duration: float, burst: float, capacity: float) -> list[float]:
+    """The arrivals' offsets from the start (seconds), open loop."""
+    offsets: list[float] = []
+    start = 0.0
+    for seconds, multiple in LOADS[load]:
+        length = burst if seconds == "burst" else duration - start
+        rate = multiple * capacity
+        count = round(length * rate)
+        offsets.extend(start + k / rate for k in range(count))
+        start += length
+    return offsets
+
+
+class Admission:
+    """A prototype of a refusal at enqueue, in the publisher (not the library): refuse a
+    message when the queue ahead of it, served at the rate the workers were seen to take
+    messages off it, cannot reach it while the reserve is still left:
+    ``depth / rate > budget - reserve``. The depth is the broker's (Redis ``LLEN``,
+    read every 20 ms); the rate, messages taken off the queue over the last second
+    (published minus the depth's growth), the capacity until one is seen."""
+
+    def __init__(
+        self, channel: Any, queue: str, allowed: float, capacity: float, started: Any = None
+    ) -> None:
+        self.client, self.queue, self.allowed = channel.client, queue, allowed
+        # ``started``: the bodies the pool started so far, read (``admitted-pool``): the
+        # rate is then the pool's, not the queue's (the gate's refusals leave it fast)
+        self.started = started
+        self.rate = capacity
+        self.published = 0
+        self.depth = 0
+        self.read_at = 0.0
+        self.window: list[tuple[float, int, int]] = []  # (instant, published, depth)
+
+    def admits(self) -> bool:
+        now = time.monotonic()
+        if now - self.read_at >= 0.02:
+            self.depth = int(self.client.llen(self.queue))
+            self.read_at = now
+            count = self.started() if self.started else self.published - self.depth
+            self.window.append((now, count, self.depth))
+            while now - self.window[0][0] > 1.0:
+                self.window.pop(0)
+            then, counted, _ = self.window[0]
+            taken = count - counted
+            if now - then >= 0.5 and self.depth and taken > 0:
+                self.rate = taken / (now - then)  # seen while a queue waited: service
+        if self.depth / self.rate > self.allowed:
+            return False
+        self.published += 1
+        return True
+
+
+def publish(
+    task: Any,
+    queue: str,
+    offsets: list[float],
+    options: dict[str, Any],
+    admission: Admission | None = None,
+) -> Any:
+    """Publish on schedule: the task ids and their publish instants, the refusals at
+    enqueue (the instant each caller was told), the worst lag."""
+    sent: dict[str, float] = {}
+    refused: list[tuple[float, float]] = []
+    lag = 0.0
+    began = time.monotonic()
+    for offset in offsets:
+        wait = began + offset - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        else:
+            lag = max(lag, -wait)
+        published = time.time()
+        if admission is not None and not admission.admits():
+            refused.append((published, time.time()))
+            continue
+        result = task.apply_async((published,), queue=queue, **options)
+        sent[result.id] = published
+    return sent, refused, lag
+
+
+def answers(backend: Any, ids: list[str]) -> dict[str, dict[str, Any]]:
+    """The stored results of ``ids`` (those there are), read from Redis directly."""
+    client = backend.client
+    found: dict[str, dict[str, Any]] = {}
+    for start in range(0, len(ids), 500):
+        chunk = ids[start : start + 500]
+        for task_id, raw in zip(
+            chunk, client.mget([backend.get_key_for_task(t) for t in chunk]), strict=True
+        ):
+            if raw is not None:
+                found[task_id] = json.loads(raw)
+    return found
+
+
+def instant(meta: dict[str, Any]) -> float:
+    done = datetime.fromisoformat(meta["date_done"])
+    if done.tzinfo is None:
+        done = done.replace(tzinfo=UTC)
+    return done.timestamp()
+
+
+def run_one(
+    variant: str, task: Any, queue: str, load: str, duration: float, burst: float
+) -> Outcome:
+    from bench.overloadapp import BUDGET, WORK
+
+    capacity = CONCURRENCY / WORK
+    offsets = schedule(load, duration, burst, capacity)
+    from bench.overloadapp import RESERVE
+
+    options = {"expires": BUDGET} if variant == "expires" else {}
+    admission = None
+    if variant.startswith("admitted"):
+        from bench.overloadapp import STARTED
+
+        client = task.backend.client
+        key = STARTED.format(queue=queue)
+        started = (lambda: int(client.get(key) or 0)) if variant == "admitted-pool" else None
+        with task.app.connection_for_write() as connection:
+            channel = connection.default_channel
+            admission = Admission(channel, queue, BUDGET - RESERVE, capacity, started)
+            sent, at_enqueue, lag = publish(task, queue, offsets, options, admission)
+    else:
+        sent, at_enqueue, lag = publish(task, queue, offsets, options)
+    ids = list(sent)
+    # drain: until every caller is answered, or as long as the backlog can take
+    patience = time.monotonic() + max(5.0, 3 * duration)
+    got: dict[str, dict[str, Any]] = {}
+    while time.monotonic() < patience:
+        got.update(answers(task.backend, [t for t in ids if t not in got]))
+        if len(got) == len(ids):
+            break
+        time.sleep(0.2)
+    if len(got) < len(ids):  # give up: empty the queue and let what is in hand end
+        with task.app.connection_for_write() as connection:
+            connection.default_channel.queue_purge(queue)
+        time.sleep(1.0)
+    arrivals = len(ids) + len(at_enqueue)
+    outcome = Outcome(arrivals, min(arrivals, capacity * duration), lag=lag)
+    outcome.refused.extend((told - published) / BUDGET for published, told in at_enqueue)
+    outcome.at_enqueue = len(at_enqueue)
+    for task_id, published in sent.items():
+        meta = got.get(task_id)
+        if meta is None:
+            outcome.unanswered += 1
+            continue
+        waited = (instant(meta) - published) / BUDGET
+        if meta["status"] == "SUCCESS":
+            if waited <= 1.0:
+                outcome.on_time.append(waited)
+            else:
+                outcome.late += 1
+                outcome.late_work += instant(meta) - meta["result"][1]
+        else:
+            outcome.refused.append(waited)
+    return outcome
+
+
+def migrate() -> None:
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds of arrivals")
+    parser.add_argument("--burst", type=float, default=2.0, help="seconds of the 10x burst")
+    parser.add_argument("--loads", default=",".join(LOADS), help="comma-separated")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated")
+    parser.add_argument("--smoke", action="store_true", help="seconds: 1x and a burst")
+    args = parser.parse_args()
+    if args.smoke:
+        args.duration, args.burst, args.loads = 0.5, 0.1, "1x,burst"
+    loads = args.loads.split(",")
+    variants = args.variants.split(",")
+
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{DATABASE}"')
+    workers: list[subprocess.Popen[bytes]] = []
+    try:
+        from bench import overloadapp, overloadledger
+
+        migrate()
+        queues = {"app": f"{PREFIX}-app", "ledger": f"{PREFIX}-ledger"}
+        workers.append(
+            start_worker("bench.overloadapp", queues["app"], Path(f"/tmp/{PREFIX}-app.log"))
+        )
+        workers.append(
+            start_worker(
+                "bench.overloadledger", queues["ledger"], Path(f"/tmp/{PREFIX}-ledger.log")
+            )
+        )
+        overloadapp.sentinel.apply_async(queue=queues["app"]).get(timeout=60)
+        overloadledger.sentinel.apply_async(queue=queues["ledger"]).get(timeout=60)
+        tasks = {
+            "plain": (overloadapp.plain, queues["app"]),
+            "expires": (overloadapp.plain, queues["app"]),
+            "header": (overloadapp.header, queues["app"]),
+            "ledger": (overloadledger.ledgered, queues["ledger"]),
+            "admitted": (overloadapp.header, queues["app"]),
+            "admitted-pool": (overloadapp.header, queues["app"]),
+        }
+        if not overloadapp.app.conf.broker_url.startswith("redis"):
+            variants = [v for v in variants if not v.startswith("admitted")]  # LLEN
+        print(
+            f"prefork -c {CONCURRENCY}, tasks of {overloadapp.WORK * 1000:.0f} ms "
+            f"({CONCURRENCY / overloadapp.WORK:.0f}/s), budget {overloadapp.BUDGET:g} s, "
+            f"reserve {overloadapp.RESERVE * 1000:.0f} ms; arrivals for {args.duration:g} s "
+            f"(burst: 10x for {args.burst:g} s, then 0.5x); broker "
+            f"{overloadapp.app.conf.broker_url}",
+            flush=True,
+        )
+        print(HEADING, flush=True)
+        for load in loads:
+            for variant in variants:
+                task, queue = tasks[variant]
+                outcome = run_one(variant, task, queue, load, args.duration, args.burst)
+                lag = f"  (publisher lag {outcome.lag:.2f} s)" if outcome.lag > 0.1 else ""
+                if outcome.at_enqueue:
+                    lag += f"  ({outcome.at_enqueue} refused at enqueue)"
+                print(f"{load:6} {variant:8} {outcome.row()}{lag}", flush=True)
+    finally:
+        for worker in workers:
+            os.killpg(worker.pid, signal.SIGTERM)
+        for worker in workers:
+            try:
+                worker.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(worker.pid, signal.SIGKILL)
+        from django.db import connections
+
+        connections.close_all()
+        with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
+
+
+if __name__ == "__main__":
+    main()

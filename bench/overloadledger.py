@@ -1,0 +1,31 @@
+"""The overload benchmark's ledgered DeadlineTask (``bench/overload.py``): the same
+task as :mod:`bench.overloadapp`'s header tier, recorded by the run ledger on the
+PostgreSQL database of ``BENCH_DATABASE_URL`` (``bench/ledger_settings.py``)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.ledger_settings")
+django.setup()
+
+from celery import Celery  # noqa: E402
+
+from bench.overloadapp import BUDGET, RESERVE, body, configure  # noqa: E402
+from celery_deadlines import DeadlineTask  # noqa: E402
+
+app = Celery("overload-ledger")
+configure(app)
+
+
+@app.task(base=DeadlineTask, name="overload.ledgered", budget=BUDGET, reserve=RESERVE)
+def ledgered(published: float) -> Any:
+    return body(published)
+
+
+@app.task(name="overload.ledger_sentinel")
+def sentinel() -> str:
+    return "ready"
