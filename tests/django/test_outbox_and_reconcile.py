@@ -6,6 +6,7 @@ the reconciler publish can be read back; its result backend is in memory too.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -321,31 +322,37 @@ def ship_order() -> None:
     """A task body (never run here)."""
 
 
+QUEUES = ("orders", "urgent", "elsewhere")
+
+
 def test_a_run_republished_by_a_worker_with_another_default_queue_goes_to_its_own_queue(
     store: Store,
 ) -> None:
     from celery_deadlines import DeadlineTask
 
+    # queues of this test's own: kombu's memory transport is one per process, and
+    # another test's messages may wait in an "orders" queue
+    orders, urgent, elsewhere = (f"{name}-{uuid.uuid4().hex[:8]}" for name in QUEUES)
     producer = Celery("producer", broker="memory://", backend="cache+memory://")
     producer.conf.update(
-        task_default_queue="orders", deadlines_ledger=True, deadlines_database=store.using
+        task_default_queue=orders, deadlines_ledger=True, deadlines_database=store.using
     )
     ship = producer.task(base=DeadlineTask, name="shop.ship_routed", shared=False)(ship_order)
     ship.apply_async(task_id="routed-1", budget=600)
-    ship.apply_async(task_id="routed-2", budget=600, queue="urgent")
-    assert [m["headers"]["id"] for m in drain(producer, "orders")] == ["routed-1"]
-    assert [m["headers"]["id"] for m in drain(producer, "urgent")] == ["routed-2"]
+    ship.apply_async(task_id="routed-2", budget=600, queue=urgent)
+    assert [m["headers"]["id"] for m in drain(producer, orders)] == ["routed-1"]
+    assert [m["headers"]["id"] for m in drain(producer, urgent)] == ["routed-2"]
     # the queue is on the run's record too (the admin filters on it)
     runs = Run.objects.using(store.using)
-    assert [runs.get(task_id=t).queue for t in ("routed-1", "routed-2")] == ["orders", "urgent"]
+    assert [runs.get(task_id=t).queue for t in ("routed-1", "routed-2")] == [orders, urgent]
 
     # a worker whose own default queue is another one finds the message lost and
     # publishes it again from the outbox: it goes where the producer sent it
     worker = Celery("worker", broker="memory://", backend="cache+memory://")
-    worker.conf.update(task_default_queue="elsewhere")
+    worker.conf.update(task_default_queue=elsewhere)
     run_id = Run.objects.using(store.using).get(task_id="routed-1").pk
     assert operations.republish(worker, store, run_id)
-    assert drain(worker, "elsewhere") == []
-    assert [m["headers"]["id"] for m in drain(worker, "orders")] == ["routed-1"]
+    assert drain(worker, elsewhere) == []
+    assert [m["headers"]["id"] for m in drain(worker, orders)] == ["routed-1"]
     producer.close()
     worker.close()
