@@ -37,7 +37,16 @@ from celery.utils import uuid
 from . import conf, ledger
 from .clock import get_clock
 from .conf import settings_for
-from .core import claiming, options, propagation, recording, seconds, telemetry, timelimits
+from .core import (
+    claiming,
+    database,
+    options,
+    propagation,
+    recording,
+    seconds,
+    telemetry,
+    timelimits,
+)
 from .core.body import AttemptAPI, Paused, Unresolved, end_unresolved
 from .core.propagation import HANDED, NOTHING_KEPT, STAMPED, attempt_state
 from .core.refusals import report_refusal, report_refused_message, tell_refusal
@@ -533,15 +542,20 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
                 if handed.ended.error is not None:
                     raise handed.ended.error
                 return handed.ended.value
-            return self.run(*args, **kwargs)
-        return self._run_claimed(attempt, args, kwargs)
+            with database.capped(self.app, handed.anchor):
+                return self.run(*args, **kwargs)
+        return self._run_claimed(attempt, args, kwargs, handed.anchor)
 
-    def _run_claimed(self, attempt: Attempt, args: Any, kwargs: Any) -> Any:
-        """The body of a claimed attempt, and its outcome written under its token."""
+    def _run_claimed(
+        self, attempt: Attempt, args: Any, kwargs: Any, anchor: Anchor | None = None
+    ) -> Any:
+        """The body of a claimed attempt, and its outcome written under its token. The
+        body's queries end by the deadline (``anchor``'s: :mod:`.core.database`)."""
         try:
             try:
                 try:
-                    result = self.run(*args, **kwargs)
+                    with database.capped(self.app, anchor):
+                        result = self.run(*args, **kwargs)
                 finally:
                     attempt.stop()  # no renewal may follow the attempt's final write
                 if attempt.unresolved:
