@@ -177,9 +177,12 @@ class _Cap:
         try:
             return execute(sql, params, many, context)
         except Exception as exc:
-            if timeout is not None and _timed_out(exc):
-                if rule.cut_by_cap(timeout, clock.monotonic() - now):
-                    raise self._cut(sql, "statement_timeout, lock_timeout") from exc
+            if (
+                timeout is not None
+                and _timed_out(exc)
+                and rule.cut_by_cap(timeout, clock.monotonic() - now)
+            ):
+                raise self._cut(sql, "statement_timeout, lock_timeout") from exc
             raise
         finally:
             if type(sql) is str and _resets(sql):
@@ -211,10 +214,9 @@ class _Cap:
                     raw.set_progress_handler(None, 0)
             elif self.session is not None or self.local is not None:
                 self._reset()
-        except Exception:  # noqa: BLE001 (a connection that cannot be reset is dropped)
+        except Exception:  # a connection that cannot be reset is dropped
             logger.warning(
-                "database %s: the deadline's timeouts could not be reset; the connection "
-                "is closed",
+                "database %s: the deadline's timeouts could not be reset; the connection is closed",
                 self.alias,
                 exc_info=True,
             )
@@ -261,8 +263,7 @@ def _capped(app: Any, anchor: Anchor) -> Iterator[None]:
     from django.db import connections
 
     caps = [
-        _Cap(alias, connections[alias], anchor)
-        for alias in rule.chosen(setting, list(connections))
+        _Cap(alias, connections[alias], anchor) for alias in rule.chosen(setting, list(connections))
     ]
     for cap in caps:
         cap.connection.execute_wrappers.append(cap)
