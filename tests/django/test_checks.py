@@ -64,6 +64,10 @@ def test_the_demo_settings_pass_the_checks() -> None:
         ("CELERY_DEADLINES_OUTBOUND_RESERVE", -0.5, "must be zero or more seconds"),
         ("CELERY_DEADLINES_OUTBOUND_HEADERS", {"X-Deadline": "iso8601"}, "must be one of"),
         ("CELERY_DEADLINES_OUTBOUND_HEADERS", "grpc-timeout", "must map header names"),
+        # one alias is a list of one: a string would be read as its letters
+        ("CELERY_DEADLINES_DATABASE_CAP", "default", "True, False or a list of database"),
+        ("CELERY_DEADLINES_DATABASE_CAP", 0, "True, False or a list of database"),
+        ("CELERY_DEADLINES_DATABASE_CAP", ["default", None], "None is not an alias"),
     ],
 )
 def test_a_bad_value_is_an_error_that_names_the_setting(
