@@ -100,7 +100,7 @@ def main() -> None:
             calls["reset"] += 1
             reset(cap)
 
-        database._Cap._send, database._Cap._reset = counted_send, counted_reset  # type: ignore[method-assign]
+        database._Cap._send, database._Cap._reset = counted_send, counted_reset  # type: ignore[method-assign,assignment]
         anchor = Anchor.at(
             datetime.now(UTC) + timedelta(seconds=30), clock.now(), clock.monotonic()
         )

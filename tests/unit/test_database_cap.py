@@ -70,7 +70,7 @@ def test_an_error_is_the_caps_only_when_the_statement_ran_as_long_as_its_timeout
 def test_the_setting_is_true_false_or_the_aliases_to_cap() -> None:
     assert rule.parse_cap(True, name="s") is True
     assert rule.parse_cap(False, name="s") is False
-    assert rule.parse_cap(["default", "replica"], name="s") == {"default", "replica"}
+    assert rule.parse_cap(["default", "replica"], name="s") == frozenset({"default", "replica"})
     assert rule.chosen(frozenset({"replica"}), ["default", "replica"]) == ("replica",)
     assert rule.chosen(True, ["default", "replica"]) == ("default", "replica")
     assert rule.chosen(False, ["default"]) == ()
@@ -334,7 +334,8 @@ def test_a_sqlite_statement_past_its_time_is_interrupted_and_raises_query_cut(
 
     def later() -> int:
         clock.advance(1.0)  # each look at the clock finds a second gone
-        return real()
+        stop: int = real()
+        return stop
 
     connection.connection.set_progress_handler(later, database.SQLITE_STEPS)
     with pytest.raises(QueryCut) as cut:
