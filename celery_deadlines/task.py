@@ -37,16 +37,7 @@ from celery.utils import uuid
 from . import conf, ledger
 from .clock import get_clock
 from .conf import settings_for
-from .core import (
-    claiming,
-    database,
-    options,
-    propagation,
-    recording,
-    seconds,
-    telemetry,
-    timelimits,
-)
+from .core import claiming, options, propagation, recording, seconds, telemetry, timelimits
 from .core.body import AttemptAPI, Paused, Unresolved, end_unresolved
 from .core.propagation import HANDED, NOTHING_KEPT, STAMPED, attempt_state
 from .core.refusals import report_refusal, report_refused_message, tell_refusal
@@ -542,7 +533,9 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
                 if handed.ended.error is not None:
                     raise handed.ended.error
                 return handed.ended.value
-            with database.capped(self.app, handed.anchor):
+            from .core.database import capped  # here: see _run_claimed
+
+            with capped(self.app, handed.anchor):
                 return self.run(*args, **kwargs)
         return self._run_claimed(attempt, args, kwargs, handed.anchor)
 
@@ -551,10 +544,14 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
     ) -> Any:
         """The body of a claimed attempt, and its outcome written under its token. The
         body's queries end by the deadline (``anchor``'s: :mod:`.core.database`)."""
+        # imported here, where a body runs with a ledger: a module-level import costs the
+        # header tier's main process 0.9 % of its instructions per message (bench/README.md)
+        from .core.database import capped
+
         try:
             try:
                 try:
-                    with database.capped(self.app, anchor):
+                    with capped(self.app, anchor):
                         result = self.run(*args, **kwargs)
                 finally:
                     attempt.stop()  # no renewal may follow the attempt's final write
