@@ -70,6 +70,8 @@ _TIMEOUT_STATES: Final = frozenset({"57014", "55P03"})
 SQLITE_STEPS: Final = 10_000
 #: psycopg's (2 and 3) transaction status of a connection with no transaction open.
 _IDLE: Final = 0
+#: "No statement may start under it" (nothing sent).
+_NEVER: Final = float("-inf")
 
 
 class _Cap:
@@ -85,8 +87,10 @@ class _Cap:
         "kind",
         "local",
         "local_only",
+        "local_until",
         "raw",
         "session",
+        "session_until",
     )
 
     def __init__(self, alias: str, connection: Any, anchor: Anchor) -> None:
@@ -97,9 +101,11 @@ class _Cap:
         self.kind = connection.vendor
         #: the driver connection the settings were sent on (another one has the defaults)
         self.raw: Any = None
-        #: the timeout (ms) sent for the session, and for the open transaction
+        #: the timeout (ms) sent for the session, and for the open transaction, and the
+        #: latest start each lets end by the deadline (``rule.last_start``)
         self.session: int | None = None
         self.local: int | None = None
+        self.session_until = self.local_until = _NEVER
         #: PgBouncer in transaction mode (Django's advice): the transaction's form only
         self.local_only = bool(connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"))
         #: when the progress handler stops the running statement (SQLite), and whether it did
@@ -155,25 +161,22 @@ class _Cap:
         connection = self.connection
         raw = connection.connection
         if raw is not self.raw:  # a new connection: the server's defaults
+            self._forget()
             self.raw = raw
-            self.session = self.local = None
-        deadline = self.deadline
-        in_transaction = not connection.autocommit
-        if in_transaction and raw.info.transaction_status == _IDLE:
-            self.local = None  # this statement begins a transaction: no SET LOCAL yet
-        timeout = self.local if in_transaction and self.local is not None else self.session
-        if timeout is None or not rule.holds(timeout, now, deadline):
-            timeout = rule.timeout_ms(deadline - now)
-            if timeout is None:
-                raise self._cut(sql, "not sent: the deadline had passed")
-            if in_transaction:
-                self._send(raw, timeout, local=True)
-                self.local = timeout
-            elif self.local_only:
-                timeout = None  # a session's setting would outlive this statement
+        if connection.autocommit:
+            timeout = self.session
+            if now > self.session_until:
+                timeout = self._refresh(sql, raw, now, local=False)
+        else:
+            if raw.info.transaction_status == _IDLE:
+                # this statement begins a transaction: no SET LOCAL of it yet
+                self.local, self.local_until = None, _NEVER
+            if now <= self.local_until:
+                timeout = self.local
+            elif now <= self.session_until:
+                timeout = self.session
             else:
-                self._send(raw, timeout, local=False)
-                self.session = timeout
+                timeout = self._refresh(sql, raw, now, local=True)
         try:
             return execute(sql, params, many, context)
         except Exception as exc:
@@ -185,8 +188,29 @@ class _Cap:
                 raise self._cut(sql, "statement_timeout, lock_timeout") from exc
             raise
         finally:
-            if type(sql) is str and _resets(sql):
-                self.session = self.local = None  # the settings may have changed
+            if type(sql) is str and sql.lstrip()[:3].upper() in _RESETTING and _resets(sql):
+                self._forget()  # the settings may have changed
+
+    def _refresh(self, sql: Any, raw: Any, now: float, *, local: bool) -> int | None:
+        """Send the timeout a statement starting ``now`` is given (``local``: the
+        transaction's); ``None`` when none is sent (a session's behind PgBouncer)."""
+        timeout = rule.timeout_ms(self.deadline - now)
+        if timeout is None:
+            raise self._cut(sql, "not sent: the deadline had passed")
+        if not local and self.local_only:
+            return None  # a session's setting would outlive this statement
+        self._send(raw, timeout, local=local)
+        until = rule.last_start(timeout, self.deadline)
+        if local:
+            self.local, self.local_until = timeout, until
+        else:
+            self.session, self.session_until = timeout, until
+        return timeout
+
+    def _forget(self) -> None:
+        """Nothing sent is known to be in force."""
+        self.session = self.local = None
+        self.session_until = self.local_until = _NEVER
 
     def _send(self, raw: Any, timeout: int, *, local: bool) -> None:
         connection = self.connection
@@ -201,7 +225,7 @@ class _Cap:
         if raw is not None and raw is self.raw:
             with connection.wrap_database_errors, raw.cursor() as cursor:
                 cursor.execute(_RESET)
-        self.session = self.local = None
+        self._forget()
 
     def restore(self) -> None:
         """The connection as it was before the attempt: its settings reset, the progress
@@ -243,15 +267,17 @@ def _timed_out(exc: BaseException) -> bool:
 
 
 #: Statements after which the settings sent may no longer be in force (a rollback to a
-#: savepoint undoes a SET made since; the body's own SET, RESET or DISCARD replaces it).
-_RESETTING: Final = ("ROLLBACK", "RESET", "DISCARD", "SET")
+#: savepoint undoes a SET made since; the body's own SET, RESET or DISCARD replaces it),
+#: by their first three letters (one set lookup a statement)...
+_RESETTING: Final = frozenset({"ROL", "RES", "DIS", "SET"})
 
 
 def _resets(sql: str) -> bool:
-    head = sql[:12].lstrip().upper()
-    if not head.startswith(_RESETTING):
-        return False
-    return not head.startswith("SET") or "TIMEOUT" in sql.upper()
+    """...and in full: a SET of anything but a timeout changes nothing of the cap's."""
+    head = sql.lstrip()[:8].upper()
+    if head.startswith("SET"):
+        return "TIMEOUT" in sql.upper()
+    return head.startswith(("ROLLBACK", "RESET", "DISCARD"))
 
 
 @contextlib.contextmanager

@@ -85,10 +85,17 @@ def timeout_ms(remaining: float) -> int | None:
     return ms if ms >= 1 else None
 
 
+def last_start(timeout: int, deadline: float) -> float:
+    """The latest instant (monotonic seconds) a statement may start under a ``timeout``
+    (milliseconds) sent earlier and still end by ``deadline``: the wrapper keeps it, and
+    compares each statement's start with it (one comparison a statement)."""
+    return deadline - timeout / 1000
+
+
 def holds(timeout: int, now: float, deadline: float) -> bool:
     """Whether a statement starting at ``now`` (monotonic seconds) under a ``timeout``
     (milliseconds) sent earlier ends by ``deadline`` (monotonic seconds)."""
-    return now + timeout / 1000 <= deadline
+    return now <= last_start(timeout, deadline)
 
 
 def cut_by_cap(timeout: int, elapsed: float) -> bool:
