@@ -6,8 +6,9 @@ capped`, entered and left once per body, as ``DeadlineTask.__call__`` does: its 
 sent once, reset at the end) with 30 s left, and without it, alternately (A, B, A, B...)
 so that the machine's load falls on both alike. Per alias: PostgreSQL (``PG_URL``, the
 ``postgres`` database on 127.0.0.1 by default: nothing is written) and SQLite in memory.
-Prints each variant's median time per body and the ratio, and what one capped body
-sends besides its own statements (its settings and their reset).
+Prints each variant's median time per body and the ratio; what the cap costs once per
+body (from bodies of one query, alternated the same way) and then per query; and what one
+capped body sends besides its own statements (its settings and their reset).
 
 Usage: python bench/database_cap.py [--bodies 300]
 """
@@ -47,11 +48,11 @@ def setup() -> None:
     django.setup()
 
 
-def body(alias: str) -> None:
+def body(alias: str, queries: int = QUERIES) -> None:
     from django.db import connections
 
     with connections[alias].cursor() as cursor:
-        for number in range(QUERIES):
+        for number in range(queries):
             cursor.execute("SELECT %s", [number])
             cursor.fetchone()
 
@@ -74,18 +75,20 @@ def main() -> None:
         timings: dict[str, list[float]] = {"without": [], "with": []}
         sent: list[str] = []
         body(alias)  # connect, warm up
+        one: dict[str, list[float]] = {"without": [], "with": []}
         for _ in range(bodies):
             for variant in ("without", "with"):
-                anchor = Anchor.at(
-                    datetime.now(UTC) + timedelta(seconds=30), clock.now(), clock.monotonic()
-                )
-                started = time.perf_counter()
-                if variant == "with":
-                    with database.capped(app, anchor):
-                        body(alias)
-                else:
-                    body(alias)
-                timings[variant].append(time.perf_counter() - started)
+                for queries, times in ((QUERIES, timings), (1, one)):
+                    anchor = Anchor.at(
+                        datetime.now(UTC) + timedelta(seconds=30), clock.now(), clock.monotonic()
+                    )
+                    started = time.perf_counter()
+                    if variant == "with":
+                        with database.capped(app, anchor):
+                            body(alias, queries)
+                    else:
+                        body(alias, queries)
+                    times[variant].append(time.perf_counter() - started)
         # what one capped body sends besides its own statements (counted apart)
         calls = {"set": 0, "reset": 0}
         send, reset = database._Cap._send, database._Cap._reset
@@ -110,12 +113,14 @@ def main() -> None:
         sent.append(f"{calls['set']} setting, {calls['reset']} reset")
         without = statistics.median(timings["without"])
         capped = statistics.median(timings["with"])
+        # a body of one query: what the cap costs once per body (its setting and reset)
+        fixed = statistics.median(one["with"]) - statistics.median(one["without"])
         print(
             f"{connections[alias].vendor:<10} {QUERIES} queries per body, {bodies} bodies each: "
             f"without the cap {without * 1e3:.2f} ms, with it {capped * 1e3:.2f} ms "
-            f"(ratio {capped / without:.3f}; "
-            f"{(capped - without) / QUERIES * 1e6:+.1f} µs a query); "
-            f"statements sent besides the body's: {sent[0]}"
+            f"(ratio {capped / without:.3f}); once per body {fixed * 1e6:+.0f} µs, "
+            f"then {(capped - without - fixed) / (QUERIES - 1) * 1e6:+.1f} µs a query; "
+            f"sent besides the body's statements: {sent[0]}"
         )
 
 
