@@ -236,7 +236,11 @@ class _Cap:
                 raw = connection.connection
                 if raw is not None and raw is self.raw:
                     raw.set_progress_handler(None, 0)
-            elif self.session is not None or self.local is not None:
+            elif self.session is not None:
+                self._reset()
+            elif self.local is not None and not _aborted(connection.connection, self.raw):
+                # only the open transaction's: gone with it, but its statements after the
+                # body's (an eager run in the caller's transaction) must not keep it
                 self._reset()
         except Exception:  # a connection that cannot be reset is dropped
             logger.warning(
@@ -257,6 +261,16 @@ class _Cap:
             clock.get_clock().now().isoformat(),
             rule.cut_detail(sql, self.alias, how),
         )
+
+
+#: psycopg's (2 and 3) transaction status of a transaction a failed statement aborted.
+_INERROR: Final = 3
+
+
+def _aborted(raw: Any, sent_on: Any) -> bool:
+    """Whether the transaction the settings were sent in is aborted (it can only be rolled
+    back, and its SET LOCAL with it) or gone (another connection)."""
+    return raw is None or raw is not sent_on or raw.info.transaction_status == _INERROR
 
 
 def _timed_out(exc: BaseException) -> bool:

@@ -295,6 +295,23 @@ def test_after_the_attempt_the_settings_are_reset_and_a_connection_that_cannot_b
     assert connection.closed
 
 
+def test_a_transactions_setting_in_a_transaction_a_cut_aborted_is_left_to_its_rollback(
+    clock: FakeClock,
+) -> None:
+    """An eager run inside the caller's transaction: a cut statement aborts it, and a
+    RESET would fail (and the connection be closed under the caller): the rollback the
+    caller must make takes the SET LOCAL with it."""
+    connection = Connection()
+    cap = cap_on(connection, clock, budget=30.0)
+    connection.autocommit = False
+    connection.run("UPDATE t SET n = 1")
+    connection.server.status = 3  # INERROR: the transaction is aborted
+    cap.restore()
+    assert connection.server.sets == [True]
+    assert database._RESET not in [sql for sql, _ in connection.server.sent]
+    assert not connection.closed
+
+
 # -- the wrapper on SQLite -----------------------------------------------------------------
 
 
