@@ -70,8 +70,9 @@ _TIMEOUT_STATES: Final = frozenset({"57014", "55P03"})
 SQLITE_STEPS: Final = 10_000
 #: psycopg's (2 and 3) transaction status of a connection with no transaction open.
 _IDLE: Final = 0
-#: "No statement may start under it" (nothing sent).
+#: "No statement may start under it" (nothing sent), and "never cut".
 _NEVER: Final = float("-inf")
+_ALWAYS: Final = float("inf")
 
 
 class _Cap:
@@ -119,6 +120,8 @@ class _Cap:
             if self.session is not None or self.local is not None:
                 self._reset()  # the ledger's statement runs with the session's defaults
             return execute(sql, params, many, context)
+        if type(sql) is str and sql.lstrip()[:3].upper() in _CONTROL:
+            return self._control(execute, sql, params, many, context)
         now = clock.monotonic()
         kind = self.kind
         if kind == "postgresql":
@@ -141,6 +144,20 @@ class _Cap:
             if self.interrupted:
                 raise self._cut(sql, "interrupted") from exc
             raise
+
+    def _control(
+        self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any
+    ) -> Any:
+        """A statement that ends a transaction or a savepoint, or sets the session: run as
+        it is, whatever the time (a body's cleanup after a cut, ``atomic()``'s rollback to
+        its savepoint, must run; nothing is sent before it, in a transaction a cut may
+        have aborted)."""
+        self.cut_at = _ALWAYS  # SQLite's progress handler lets it be
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            if _resets(sql):
+                self._forget()  # the settings sent may no longer be in force
 
     def _progress(self) -> int:
         """SQLite's progress handler: non-zero stops the statement."""
@@ -187,9 +204,6 @@ class _Cap:
             ):
                 raise self._cut(sql, "statement_timeout, lock_timeout") from exc
             raise
-        finally:
-            if type(sql) is str and sql.lstrip()[:3].upper() in _RESETTING and _resets(sql):
-                self._forget()  # the settings may have changed
 
     def _refresh(self, sql: Any, raw: Any, now: float, *, local: bool) -> int | None:
         """Send the timeout a statement starting ``now`` is given (``local``: the
@@ -280,14 +294,17 @@ def _timed_out(exc: BaseException) -> bool:
     return state in _TIMEOUT_STATES
 
 
-#: Statements after which the settings sent may no longer be in force (a rollback to a
-#: savepoint undoes a SET made since; the body's own SET, RESET or DISCARD replaces it),
-#: by their first three letters (one set lookup a statement)...
-_RESETTING: Final = frozenset({"ROL", "RES", "DIS", "SET"})
+#: Statements that end a transaction or a savepoint, or set the session, by their first
+#: three letters (one set lookup a statement): never capped, never refused (_control).
+_CONTROL: Final = frozenset(
+    {"ROL", "COM", "END", "ABO", "BEG", "STA", "SAV", "REL", "RES", "DIS", "SET"}
+)
 
 
 def _resets(sql: str) -> bool:
-    """...and in full: a SET of anything but a timeout changes nothing of the cap's."""
+    """Whether the settings sent may no longer be in force after ``sql`` (a rollback to a
+    savepoint undoes a SET made since; the body's own SET of a timeout, RESET or DISCARD
+    replaces it; a SET of anything else changes nothing of the cap's)."""
     head = sql.lstrip()[:8].upper()
     if head.startswith("SET"):
         return "TIMEOUT" in sql.upper()

@@ -261,6 +261,29 @@ def test_a_statement_with_no_time_left_is_not_sent_and_raises_query_cut(clock: F
     assert connection.server.sent == []
 
 
+def test_a_transactions_end_runs_whatever_the_time_and_nothing_is_sent_before_it(
+    clock: FakeClock,
+) -> None:
+    """A body's cleanup after a cut (``atomic()``'s rollback to its savepoint, in a
+    transaction the cut aborted) must run: a SET before it would fail there."""
+    connection = Connection()
+    cap_on(connection, clock, budget=1.0)
+    connection.autocommit = False
+    connection.run('SAVEPOINT "s1"')
+    connection.run("UPDATE t SET n = 1")
+    clock.advance(5.0)  # the deadline has passed
+    connection.run('ROLLBACK TO SAVEPOINT "s1"')
+    connection.run('RELEASE SAVEPOINT "s1"')
+    sent = [sql for sql, _ in connection.server.sent if not sql.startswith("SELECT set_config")]
+    assert sent == [
+        'SAVEPOINT "s1"',
+        "UPDATE t SET n = 1",
+        'ROLLBACK TO SAVEPOINT "s1"',
+        'RELEASE SAVEPOINT "s1"',
+    ]
+    assert connection.server.sets == [True]  # for the UPDATE alone
+
+
 def test_the_ledgers_own_statements_run_uncut_with_the_sessions_defaults(clock: FakeClock) -> None:
     connection = Connection()
     cap_on(connection, clock, budget=1.0)
