@@ -68,8 +68,10 @@ _RESET: Final = "RESET statement_timeout; RESET lock_timeout"
 _TIMEOUT_STATES: Final = frozenset({"57014", "55P03"})
 #: SQLite's virtual machine instructions between two looks at the clock.
 SQLITE_STEPS: Final = 10_000
-#: psycopg's (2 and 3) transaction status of a connection with no transaction open.
+#: psycopg's (2 and 3) transaction status of a connection with no transaction open, and
+#: of a transaction a failed statement aborted.
 _IDLE: Final = 0
+_INERROR: Final = 3
 #: "No statement may start under it" (nothing sent), and "never cut".
 _NEVER: Final = float("-inf")
 _ALWAYS: Final = float("inf")
@@ -88,9 +90,11 @@ class _Cap:
         "kind",
         "local",
         "local_only",
+        "local_sent",
         "local_until",
         "raw",
         "session",
+        "session_sent",
         "session_until",
     )
 
@@ -107,6 +111,9 @@ class _Cap:
         self.session: int | None = None
         self.local: int | None = None
         self.session_until = self.local_until = _NEVER
+        #: whether a setting was sent on ``raw`` for the session, or for a transaction
+        #: (what ``restore`` resets: what the wrapper forgot may still be in force)
+        self.session_sent = self.local_sent = False
         #: PgBouncer in transaction mode (Django's advice): the transaction's form only
         self.local_only = bool(connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"))
         #: when the progress handler stops the running statement (SQLite), and whether it did
@@ -117,7 +124,7 @@ class _Cap:
         self, execute: Callable[..., Any], sql: Any, params: Any, many: bool, context: Any
     ) -> Any:
         if ledger.own_statements.depth:
-            if self.session is not None or self.local is not None:
+            if self._may_be_in_force():
                 self._reset()  # the ledger's statement runs with the session's defaults
             return execute(sql, params, many, context)
         if type(sql) is str and sql.lstrip()[:3].upper() in _CONTROL:
@@ -180,6 +187,7 @@ class _Cap:
         if raw is not self.raw:  # a new connection: the server's defaults
             self._forget()
             self.raw = raw
+            self.session_sent = self.local_sent = False
         if connection.autocommit:
             timeout = self.session
             if now > self.session_until:
@@ -217,8 +225,10 @@ class _Cap:
         until = rule.last_start(timeout, self.deadline)
         if local:
             self.local, self.local_until = timeout, until
+            self.local_sent = True
         else:
             self.session, self.session_until = timeout, until
+            self.session_sent = True
         return timeout
 
     def _forget(self) -> None:
@@ -240,6 +250,18 @@ class _Cap:
             with connection.wrap_database_errors, raw.cursor() as cursor:
                 cursor.execute(_RESET)
         self._forget()
+        self.session_sent = self.local_sent = False
+
+    def _may_be_in_force(self) -> bool:
+        """Whether a setting sent on this connection may still be in force: the session's,
+        or the transaction's while that transaction is open (an aborted one's goes with
+        its rollback, and a RESET would fail there)."""
+        raw = self.connection.connection
+        if raw is None or raw is not self.raw:
+            return False
+        if self.session_sent:
+            return True
+        return self.local_sent and raw.info.transaction_status not in (_IDLE, _INERROR)
 
     def restore(self) -> None:
         """The connection as it was before the attempt: its settings reset, the progress
@@ -250,11 +272,9 @@ class _Cap:
                 raw = connection.connection
                 if raw is not None and raw is self.raw:
                     raw.set_progress_handler(None, 0)
-            elif self.session is not None:
-                self._reset()
-            elif self.local is not None and not _aborted(connection.connection, self.raw):
-                # only the open transaction's: gone with it, but its statements after the
-                # body's (an eager run in the caller's transaction) must not keep it
+            elif self._may_be_in_force():
+                # a transaction's still open: the caller's statements after the body's (an
+                # eager run in the caller's transaction) must not keep it
                 self._reset()
         except Exception:  # a connection that cannot be reset is dropped
             logger.warning(
@@ -275,16 +295,6 @@ class _Cap:
             clock.get_clock().now().isoformat(),
             rule.cut_detail(sql, self.alias, how),
         )
-
-
-#: psycopg's (2 and 3) transaction status of a transaction a failed statement aborted.
-_INERROR: Final = 3
-
-
-def _aborted(raw: Any, sent_on: Any) -> bool:
-    """Whether the transaction the settings were sent in is aborted (it can only be rolled
-    back, and its SET LOCAL with it) or gone (another connection)."""
-    return raw is None or raw is not sent_on or raw.info.transaction_status == _INERROR
 
 
 def _timed_out(exc: BaseException) -> bool:

@@ -284,6 +284,19 @@ def test_a_transactions_end_runs_whatever_the_time_and_nothing_is_sent_before_it
     assert connection.server.sets == [True]  # for the UPDATE alone
 
 
+def test_a_session_setting_the_wrapper_forgot_is_still_reset_after_the_attempt(
+    clock: FakeClock,
+) -> None:
+    """A body's own ROLLBACK makes the wrapper send its setting again before the next
+    statement; the session's setting sent before it is still reset at the end."""
+    connection = Connection()
+    cap = cap_on(connection, clock, budget=30.0)
+    connection.run("SELECT 1")
+    connection.run("ROLLBACK")
+    cap.restore()
+    assert connection.server.sent[-1] == (database._RESET, None)
+
+
 def test_the_ledgers_own_statements_run_uncut_with_the_sessions_defaults(clock: FakeClock) -> None:
     connection = Connection()
     cap_on(connection, clock, budget=1.0)
