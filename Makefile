@@ -4,13 +4,16 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test test-unit test-integration fuzz lint dist bench bench-ledger matrix matrix-unit matrix-env matrix-unit-env celery-compat beat-compat celery-integration clean screenshots browser chaos chaos-soak chaos-rabbitmq matrix-configs
+.PHONY: install docs demo test test-unit test-integration fuzz lint dist bench bench-ledger matrix matrix-unit matrix-env matrix-unit-env celery-compat beat-compat celery-integration clean screenshots browser chaos chaos-soak chaos-rabbitmq matrix-configs
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $@
+
+## The virtualenv with everything the tests, the linters and the docs need.
+install: $(INSTALLED)
 
 ## Run the shop story on the embedded default (SQLite + filesystem broker) and explain it.
 demo: $(INSTALLED)
@@ -56,6 +59,12 @@ lint: $(INSTALLED)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+## The documentation site in docs/_build/html (Sphinx; open index.html): every warning
+## is an error, a public name without a reference entry too (docs/_ext/public_surface.py).
+docs: $(INSTALLED)
+	rm -rf docs/_build
+	$(BIN)/sphinx-build -b html -W --keep-going -q -j auto docs docs/_build/html
 
 ## The sdist and the wheel in dist/, checked: twine's metadata and README check, then
 ## what each carries (the wheel: the package and LICENSE; the sdist: the tests too).
@@ -128,7 +137,7 @@ matrix-unit: $(MATRIX_VENV)/.matrix-unit
 
 ## The configuration matrix (tests/matrix): one scenario on a real worker in each
 ## configuration projects run, and the pools' enforcement table of
-## docs/failure-semantics.md checked against what each worker did. The Celery 5.7 rows run
+## docs/explanation/pools.md checked against what each worker did. The Celery 5.7 rows run
 ## in .venv, the 5.5 row in .venv-python3.13 (make matrix-env) and the 5.6 row in
 ## .venv-python3.12 (make matrix-unit-env): three sessions side by side, each one process
 ## running its rows side by side (MATRIX_SLOTS at a time, 5 by default); each session's
@@ -157,7 +166,7 @@ matrix-configs: $(INSTALLED)
 	exit $$status
 
 clean:
-	rm -rf $(VENV) .venv-* dist demo_project/var .mypy_cache .ruff_cache .pytest_cache .celery-compat
+	rm -rf $(VENV) .venv-* dist docs/_build demo_project/var .mypy_cache .ruff_cache .pytest_cache .celery-compat
 
 ## The nemesis soak's CI tier (tests/chaos/soak.py): >= 300 runs, >= 100 faults, its own
 ## Redis servers (ports 6390-6399) and database (chaos_ci_*). The last line is the summary.

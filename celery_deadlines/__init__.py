@@ -1,8 +1,8 @@
 """celery-deadlines: one deadline, stamped once, honoured by every hop of a Celery workflow.
 
 What is imported from here is the public surface. Where everything else lives, tier by
-tier, and the life of a message through it: DEVELOPERS.md ("The tiers"), which
-``tests/unit/test_architecture.py`` holds.
+tier, and the life of a message through it: DEVELOPERS.md ("The tiers", which
+``tests/unit/test_architecture.py`` holds, and "The life of a message").
 """
 
 from .core.ingress import ingress_scope
@@ -106,4 +106,5 @@ __all__ = [  # noqa: RUF022 (grouped by role, not sorted)
     "SOURCE_HEADER",
 ]
 
-__version__ = "0.1.0"
+#: The version, written here only (pyproject.toml reads it: [tool.hatch.version]).
+__version__ = "0.2.0"

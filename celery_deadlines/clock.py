@@ -1,6 +1,7 @@
 """The one place that reads the time.
 
-Two readings, two purposes (docs/concepts.md: persist instants, measure durations locally):
+Two readings, two purposes (docs/explanation/clocks-and-gates.md: persist instants, measure
+durations locally):
 
 * ``now()`` is an aware UTC wall-clock instant. It is what goes on the wire and what a
   deadline is compared with when a worker first sees a message.

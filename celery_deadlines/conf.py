@@ -41,6 +41,9 @@ T = TypeVar("T")
 DEFAULT_MAX_BUDGET: Final = timedelta(days=7)
 
 
+__all__ = ["Settings", "settings_for"]
+
+
 @dataclass(frozen=True, slots=True)
 class Setting(Generic[T]):
     """One setting: its Celery name, its default and how a raw value is checked."""
@@ -139,7 +142,8 @@ CONTRACTS: Final = Setting(
     {},
     _contracts,
     "Time contracts, {task name: {budget, delivery_budget, reserve, attempt_timeout, "
-    "lease_ttl, observation_ttl, revalidate_before, on_expiry}}; see docs/howto.md.",
+    "lease_ttl, observation_ttl, revalidate_before, on_expiry}}; see the how-to "
+    "'Declare a time contract'.",
 )
 DEFAULT_DELIVERY_BUDGET: Final = Setting(
     "deadlines_default_delivery_budget",
@@ -566,7 +570,10 @@ def tracked(conf: Mapping[str, Any]) -> Settings:
 
 
 def settings_for(app: Any) -> Settings:
-    """The :class:`Settings` of a Celery app (one instance per app; proxies unwrapped)."""
+    """The :class:`Settings` of a Celery app (one instance per app; proxies unwrapped).
+
+    Reading a setting through it validates it: a bad value raises
+    :class:`~celery_deadlines.ConfigurationError` naming the setting."""
     # an attribute of the app itself: this runs at every publish and claim
     settings: Settings | None = getattr(app, _ATTRIBUTE, None)
     if settings is not None and settings._conf is getattr(app, "_conf", None):

@@ -53,10 +53,15 @@ class DeadlineRefused(DeadlineError):
         detail: str = "",
     ) -> None:
         super().__init__(gate, reason, deadline, clock_reading, detail)
+        #: the gate that refused: ``enqueue``, ``claim``, ``attempt``, ``retry``, ...
         self.gate = gate
+        #: the stable reason code (a :class:`~celery_deadlines.Reason` value)
         self.reason = reason
+        #: the deadline judged, an ISO-8601 UTC instant (``None``: unreadable)
         self.deadline = deadline
+        #: the clock reading the gate judged it at, an ISO-8601 UTC instant
         self.clock_reading = clock_reading
+        #: one sentence saying why, for a person
         self.detail = detail
 
     @property
@@ -143,8 +148,11 @@ class StaleLease(DeadlineError):
 
     def __init__(self, task_id: str, token: int, write: str, why: str = "") -> None:
         super().__init__(task_id, token, write, why)
+        #: the run's task id
         self.task_id = task_id
+        #: the fencing token the refused write named
         self.token = token
+        #: what was refused: ``checkpoint``, ``succeed``, ``retry``, ``dispatch``, ...
         self.write = write
         #: why the write was refused, when it is not the lease (an effect that moved on)
         self.why = why
@@ -166,8 +174,11 @@ class LedgerUnreachable(DeadlineError):
 
     def __init__(self, task_id: str, waited: float, cause: str) -> None:
         super().__init__(task_id, waited, cause)
+        #: the run's task id
         self.task_id = task_id
+        #: how long the claim tried, in seconds
         self.waited = waited
+        #: the database's last error, as text
         self.cause = cause
 
     def __str__(self) -> str:
@@ -192,8 +203,11 @@ class RunFailed(DeadlineError):
 
     def __init__(self, task_id: str, reason: str, detail: str) -> None:
         super().__init__(task_id, reason, detail)
+        #: the run's task id
         self.task_id = task_id
+        #: the reason the ledger recorded
         self.reason = reason
+        #: the error's ``repr``, or what ended the run
         self.detail = detail
 
     def __str__(self) -> str:
@@ -211,8 +225,11 @@ class DispatchRefused(DeadlineError):
 
     def __init__(self, key: str, reason: str, detail: str = "") -> None:
         super().__init__(key, reason, detail)
+        #: the effect's key
         self.key = key
+        #: ``stale_lease``, ``deadline_passed``, ``unresolved`` or ``stale_evidence``
         self.reason = reason
+        #: one sentence saying why, for a person
         self.detail = detail
 
     def __str__(self) -> str:
@@ -232,9 +249,14 @@ class RunConflict(DeadlineError, ValueError):
 
     def __init__(self, task_id: str, task_name: str, status: str, why: str) -> None:
         super().__init__(task_id, task_name, status, why)
+        #: the task id named
         self.task_id = task_id
+        #: the task of the run that already has it
         self.task_name = task_name
+        #: that run's status
         self.status = status
+        #: what differs, in words: the task, the arguments, or a recorded message that
+        #: cannot be compared
         self.why = why
 
     def __str__(self) -> str:
@@ -261,8 +283,11 @@ class PlanRefused(DeadlineError):
 
     def __init__(self, reason: str, detail: str = "", plan_id: str = "") -> None:
         super().__init__(reason, detail, plan_id)
+        #: ``plan_expired`` or ``assumption_changed``
         self.reason = reason
+        #: which, in words a user can read
         self.detail = detail
+        #: the refused plan's id
         self.plan_id = plan_id
 
     def __str__(self) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from celery.signals import before_task_publish
 
 from .contrib import opentelemetry, prometheus, sentry
-from .core import canvas, pools, preflight, telemetry, timelimits
+from .core import canvas, pools, preflight, request, telemetry, timelimits
 from .core.propagation import on_before_task_publish
 
 _DISPATCH_UID = "celery_deadlines.core.propagation.on_before_task_publish"
@@ -15,7 +15,9 @@ _DISPATCH_UID = "celery_deadlines.core.propagation.on_before_task_publish"
 def install() -> None:
     """Connect the ``before_task_publish`` receiver that stamps and propagates deadlines,
     put the workflow gate around ``apply_async`` of Celery's chain, group and chord
-    (:mod:`celery_deadlines.core.canvas`), and connect the worker signals: one event-loop
+    (:mod:`celery_deadlines.core.canvas`), keep a message whose task name no task can
+    have from stopping a worker's consumer (:class:`~celery_deadlines.core.request.Strategies`),
+    and connect the worker signals: one event-loop
     timer for every job's time limits (:mod:`celery_deadlines.core.timelimits`), whether
     a process runs its attempts one at a time (:mod:`celery_deadlines.core.pools`), and
     the check that keeps a worker or beat from starting on a configuration the library's
@@ -33,6 +35,7 @@ def install() -> None:
     """
     before_task_publish.connect(on_before_task_publish, dispatch_uid=_DISPATCH_UID, weak=False)
     canvas.patch()
+    request.guard_consumers()
     timelimits.connect()
     pools.connect()
     preflight.connect()

@@ -52,6 +52,9 @@ ATTRIBUTE: Final = "celery_deadlines_budget"
 REQUEST_ATTRIBUTE: Final = "deadline_decision"
 
 
+__all__ = ["DeadlineMiddleware", "deadline_budget"]
+
+
 def deadline_budget(budget: DurationLike | None) -> Callable[[V], V]:
     """Give a view its request budget (seconds or a timedelta; ``None``: no deadline,
     whatever the settings say). Decorates a function view, sync or async, or a

@@ -47,9 +47,9 @@ class Run(models.Model):
     # runs recorded before the column, or without a message): the admin filters on it.
     queue = models.CharField(max_length=255, null=True, blank=True)
     root_id = models.CharField(max_length=255, blank=True, default="")
-    # A scheduled run's occurrence (docs/concepts.md, schedules): resolved to UTC before
-    # the run existed, stored with the zone and local wall time it came from; its window is
-    # [not_before, deadline). NULL for unscheduled runs (nullable, so that adding the
+    # A scheduled run's occurrence (docs/explanation/time-contracts.md, schedules): resolved to
+    # UTC before the run existed, stored with the zone and local wall time it came from; its
+    # window is [not_before, deadline). NULL for unscheduled runs (nullable, so that adding the
     # columns does not rebuild the table under its audit triggers on SQLite).
     not_before = models.DateTimeField(null=True, blank=True)
     schedule = models.CharField(max_length=255, null=True, blank=True)

@@ -24,6 +24,10 @@ from celery.utils.dispatch import Signal
 
 logger = logging.getLogger("celery_deadlines")
 
+#: A gate refused: the body does not run, or a call is not published or not sent.
+#: ``decision`` says which gate (``decision.gate``), why (``decision.reason``), the
+#: deadline and the clock reading; ``sender`` is the task, or the task's name for
+#: ``send_task``.
 deadline_refused = Signal(
     name="deadline_refused",
     providing_args=["task_id", "task_name", "decision"],

@@ -37,7 +37,7 @@ from celery.utils import uuid
 from . import conf, ledger
 from .clock import get_clock
 from .conf import settings_for
-from .core import claiming, options, propagation, recording, seconds, telemetry, timelimits
+from .core import claiming, options, pools, propagation, recording, seconds, telemetry, timelimits
 from .core.body import AttemptAPI, Paused, Unresolved, end_unresolved
 from .core.propagation import HANDED, NOTHING_KEPT, STAMPED, attempt_state
 from .core.refusals import report_refusal, report_refused_message, tell_refusal
@@ -100,20 +100,31 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
     Task options (``@app.task(base=DeadlineTask, ...)``), each overriding the task's
     time contract (``deadlines_contracts``) and the settings:
 
-    ``budget``           seconds or timedelta from the first publish; ``None``: no deadline
-    ``delivery_budget``  the same for the delivery deadline
-    ``reserve``          least time that must be left for the task to start
-    ``attempt_timeout``  what one attempt may take, reserved by the retry gate
-                         (default: ``time_limit``, then the setting)
-    ``lease_ttl``        how long a claim owns the run before it must be renewed
-                         (Django tier; default: the ``deadlines_lease_ttl`` setting)
-    ``deadline_kind``    ``"execution"`` (default) or ``"delivery"``: a delivery task
-                         (a notification) published from a run is governed by that
-                         run's *delivery* deadline, so it may run after execution
-                         expired, and is refused with ``delivery_expired`` after it
+    ``budget``
+        seconds or a ``timedelta`` from the first publish; ``None``: no deadline
+    ``delivery_budget``
+        the same for the delivery deadline
+    ``reserve``
+        least time that must be left for the task to start
+    ``attempt_timeout``
+        what one attempt may take, reserved by the retry gate (default: ``time_limit``,
+        then the setting)
+    ``lease_ttl``
+        how long a claim owns the run before it must be renewed (Django tier; default:
+        the ``deadlines_lease_ttl`` setting)
+    ``deadline_kind``
+        ``"execution"`` (default) or ``"delivery"``: a delivery task (a notification)
+        published from a run is governed by that run's *delivery* deadline, so it may run
+        after execution expired, and is refused with ``delivery_expired`` after it
+    ``reconcilers``
+        ``{effect name: function}``: who is asked about an effect whose outcome is unknown
 
     Call options (``apply_async(budget=...)``): ``budget`` or ``deadline`` (an aware
-    datetime), ``delivery_budget`` or ``delivery_deadline``.
+    datetime), ``delivery_budget`` or ``delivery_deadline``. Every other option, and
+    every method not listed here, is ``celery.Task``'s, unchanged.
+
+    A bad option raises :class:`~celery_deadlines.InvalidDeadline` when the task is
+    published (and ``manage.py check`` reports it first).
     """
 
     Request = "celery_deadlines.core.request:DeadlineRequest"
@@ -397,7 +408,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         if deadline is None and not with_ledger:
             return state  # nothing to gate, nothing to anchor, no claim
         reserve = times.duration("reserve")
-        # With a clock-skew budget the ledger's clock decides (docs/concepts.md: the
+        # With a clock-skew budget the ledger's clock decides (docs/explanation/run-ledger.md: the
         # clock-skew hold comes before the deadline): the claim measures this clock
         # against it, holds the run if they disagree, and checks the deadline by the
         # database clock.
@@ -563,9 +574,15 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
             except (Retry, StaleLease, Unresolved, Paused):
                 raise  # written by apply_async / by nobody (stale) / as UNKNOWN / PAUSED
             except BaseException as exc:
+                if pools.stopped_by_the_pool(exc):
+                    raise  # the worker writes the run's end at the limit, as prefork's
                 end_after_body(attempt, exc, task=self)
                 raise
         except StaleLease as exc:
+            if self.request.is_eager:
+                refusal = end_eager_overrun(attempt, task=self)
+                if refusal is not None:
+                    raise refusal from exc
             logger.warning("%s[%s]: %s; nothing stored", self.name, self.request.id, exc)
             raise Ignore(str(exc)) from exc
 
@@ -735,6 +752,26 @@ def end_after_body(attempt: Attempt, exc: BaseException, *, task: Any = None) ->
         attempt.end(outcome.status, outcome.reason, outcome.detail, trace)
     elif outcome.status is not None:
         attempt.end(outcome.status, outcome.reason, outcome.detail)
+
+
+def end_eager_overrun(attempt: Attempt, *, task: Any) -> DeadlineRefused | None:
+    """The refusal an eager body that ran past its deadline ends with, its run ended
+    EXPIRED (UNKNOWN when an effect lacks an outcome): its end was refused, and no
+    worker's supervisor or reconciler will end the run, as they end a worker's. ``None``
+    when the deadline has not passed by the ledger's clock (the lease was lost otherwise)
+    or the run is not this attempt's any more: nothing is changed then."""
+    deadline = attempt.lease.deadline
+    now = attempt.database_now()
+    if deadline is None or now < deadline:
+        return None
+    reason = gates.expiry_reason(delivery_task=getattr(task, "deadline_kind", None) == "delivery")
+    detail = "the eager body ran past its deadline"
+    written = attempt.end_overrun(Status.EXPIRED, reason.value, detail)
+    if written != Status.EXPIRED:
+        return None
+    return DeadlineRefused(
+        gates.Gate.ATTEMPT.value, reason.value, deadline.isoformat(), now.isoformat(), detail
+    )
 
 
 def hand_attempts_to_the_body() -> None:

@@ -46,6 +46,8 @@ from .rules.states import (
 from .signals import report_operator_needed
 from .task import hand_attempts_to_the_body
 
+__all__ = ["FakeClock", "FakeLedger", "use_clock", "use_ledger"]
+
 # A test installs this module's ledger (use_ledger) at any time, a worker thread of the
 # test's process may already be running: DeadlineTask's tracers must hand it attempts
 # from the start (a tracer built before would never write a claimed run's outcome).
@@ -53,7 +55,13 @@ hand_attempts_to_the_body()
 
 
 class FakeClock:
-    """A :class:`celery_deadlines.clock.Clock` that only moves when told to."""
+    """A clock that only moves when told to (install it with :func:`use_clock`).
+
+    ``start``: the wall clock's first instant (aware; default 2030-01-01 12:00 UTC, after
+    any real now, so that Celery's own checks never find a fake deadline past);
+    ``monotonic``: the monotonic clock's first reading. Raises ``ValueError`` for a naive
+    ``start``.
+    """
 
     def __init__(self, start: datetime | None = None, monotonic: float = 1_000.0) -> None:
         # A fixed instant after any real "now" this code will meet, so that Celery's own
@@ -65,13 +73,17 @@ class FakeClock:
         self._monotonic = monotonic
 
     def now(self) -> datetime:
+        """The wall clock: an aware UTC datetime."""
         return self._now
 
     def monotonic(self) -> float:
+        """The monotonic clock, in seconds."""
         return self._monotonic
 
     def advance(self, seconds: float = 0.0, **delta: float) -> None:
-        """Let time pass: both clocks move forward together."""
+        """Let time pass: both clocks move forward together, by ``seconds`` plus any
+        ``timedelta`` keywords (``minutes=2``). Raises ``ValueError`` for a step back
+        (use :meth:`jump_wall`)."""
         step = timedelta(seconds=seconds, **delta)
         if step < timedelta(0):
             raise ValueError("time does not pass backwards; use jump_wall()")
@@ -85,7 +97,8 @@ class FakeClock:
 
 @contextmanager
 def use_clock(clock: FakeClock) -> Iterator[FakeClock]:
-    """Install ``clock`` for the duration of the block."""
+    """Make ``clock`` the library's clock for the duration of the block, and yield it;
+    the previous clock is back after it."""
     previous = set_clock(clock)
     try:
         yield clock
@@ -536,6 +549,20 @@ class FakeAttempt:
             "traceback": traceback,
         }
         self._write(status.lower(), write, **changes, lease_expires_at=None)
+
+    def end_overrun(self, status: Any, reason: str, detail: str) -> str | None:
+        """The run of a body past its deadline, ended by its own owner (the database
+        ledger's :meth:`~celery_deadlines.ledger.attempt.Attempt.end_overrun`)."""
+        run = self.ledger.runs.get(self.lease.task_id)
+        if run is None or run.status != "RUNNING" or run.owner != self.owner:
+            return None
+        if self.ledger.unresolved(self.lease.task_id):
+            status, reason = "UNKNOWN", "effect_unresolved"
+        run.status, run.reason, run.detail = str(status), reason, detail
+        run.token += 1
+        run.lease_expires_at = None
+        run.events.append(("end_owned", "applied", detail))
+        return str(status)
 
     def retry(
         self, retries: int, available_at: datetime | None, body: bytes | None, detail: str

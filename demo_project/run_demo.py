@@ -128,7 +128,7 @@ def explain(name: str, task_id: str) -> list[str]:
     if "refusal" in seen:
         refused: DeadlineRefused = seen["refusal"]
         lines = [
-            # the ledger's word for the run (docs/concepts.md: one word per situation)
+            # the ledger's word for the run (docs/explanation/run-ledger.md: one word per situation)
             f"{name:<15} {run_status(task_id)} at the {refused.gate} gate: {refused.reason}",
             f"{'':<15} deadline {clock(refused.deadline)}, clock read "
             f"{clock(refused.clock_reading)}",

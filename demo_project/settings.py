@@ -117,8 +117,9 @@ CELERY_DEADLINES_BUDGETS = {"demo_project.shop.tasks.print_label": 3}
 CELERY_DEADLINES_RECONCILE_INTERVAL = 1
 # Say in each response how much of the request's budget was left (off by default).
 CELERY_DEADLINES_REMAINING_HEADER = "X-Deadline-Remaining-Ms"
-# The address change's time contract (docs/concepts.md): one reviewable block. A resumed plan
-# whose assumptions no longer hold is refused, with the reason, rather than executed.
+# The address change's time contract (docs/explanation/time-contracts.md): one reviewable
+# block. A resumed plan whose assumptions no longer hold is refused, with the reason,
+# rather than executed.
 CELERY_DEADLINES_CONTRACTS = {
     "demo_project.shop.tasks.change_address": {
         "budget": 120,

@@ -1,4 +1,4 @@
-"""Screenshots of the admin for the README and docs/howto.md, from headless Chromium.
+"""Screenshots of the admin for docs/demo.md and docs/howto/admin.md, from headless Chromium.
 
 ``make screenshots`` (it installs Playwright's Python client into the venv; not part of
 the test suite or CI). It needs Debian's Chromium, and downloads no browser:

@@ -52,9 +52,13 @@ logger = logging.getLogger("celery_deadlines")
 API: Final = "opentelemetry.trace"
 
 PREFIX: Final = "celery_deadlines."
+#: the span attribute of the deadline in force (an RFC 3339 instant, UTC)
 DEADLINE: Final = PREFIX + "deadline"
+#: the span attribute saying where that deadline came from (``call``, ``parent``, ...)
 DEADLINE_SOURCE: Final = PREFIX + "deadline_source"
+#: the span attribute of the seconds left when the attempt started
 REMAINING: Final = PREFIX + "remaining_s"
+#: the span attribute of the attempt's fencing token (with the run ledger)
 LEASE_TOKEN: Final = PREFIX + "lease_token"
 #: the event a refusal at any gate is recorded as, and its attributes
 REFUSED: Final = PREFIX + "refused"

@@ -13,26 +13,24 @@ refusals)::
 Every metric is fed by one of the library's signals (:mod:`celery_deadlines.signals`),
 so nothing here is on the path of a decision: a failing exporter never changes one.
 
-==================================================  ==========================================
-``celery_deadlines_refusals_total``                 gate refusals, by ``task``, ``gate``,
-                                                    ``reason`` (``deadline_refused``)
-``celery_deadlines_runs_expired_total``            runs the ledger expired on its own, by
-                                                    ``task``, ``reason`` (``run_expired``)
-``celery_deadlines_dispatch_refusals_total``        side effects the dispatch guard refused,
-                                                    by ``reason``
-``celery_deadlines_fenced_writes_rejected_total``   late writes of stale attempts rejected by
-                                                    fencing, by ``write``
-``celery_deadlines_plan_resumes_total``             plans resumed, by ``verdict`` (continue,
-                                                    revalidate, replan) and ``action``
-``celery_deadlines_queue_wait_seconds``             histogram: claimable to claimed, by
-                                                    ``task``, on the ledger's clock
-``celery_deadlines_runs_held_total``                runs held as CLOCK_UNCERTAIN, by ``task``
-``celery_deadlines_clock_offset_seconds``           the ledger's clock minus this worker's, at
-                                                    the last reading
-``celery_deadlines_clock_uncertainty_seconds``      half the round trip of that reading
-``celery_deadlines_clock_readable``                 1 if the last check read the ledger's
-                                                    clock, 0 if it could not
-==================================================  ==========================================
+* ``celery_deadlines_refusals_total``: gate refusals, by ``task``, ``gate``, ``reason``
+  (``deadline_refused``)
+* ``celery_deadlines_runs_expired_total``: runs the ledger expired on its own, by
+  ``task``, ``reason`` (``run_expired``)
+* ``celery_deadlines_dispatch_refusals_total``: side effects the dispatch guard refused,
+  by ``reason``
+* ``celery_deadlines_fenced_writes_rejected_total``: late writes of stale attempts
+  rejected by fencing, by ``write``
+* ``celery_deadlines_plan_resumes_total``: plans resumed, by ``verdict`` (continue,
+  revalidate, replan) and ``action``
+* ``celery_deadlines_queue_wait_seconds``: histogram: claimable to claimed, by ``task``,
+  on the ledger's clock
+* ``celery_deadlines_runs_held_total``: runs held as CLOCK_UNCERTAIN, by ``task``
+* ``celery_deadlines_clock_offset_seconds``: the ledger's clock minus this worker's, at
+  the last reading
+* ``celery_deadlines_clock_uncertainty_seconds``: half the round trip of that reading
+* ``celery_deadlines_clock_readable``: 1 if the last check read the ledger's clock, 0 if
+  it could not
 
 **A** ``task`` **label is a registered task's name, or** ``(other)``: the name of the
 task that refused (never the message's ``shadow`` name, which its sender chooses), a
@@ -50,7 +48,7 @@ and ``clock_uncertainty_seconds`` only while the last check gave a usable readin
 They are the measuring process's own values (the worker's main process), without a
 ``pid`` label.
 
-docs/howto.md ("Watch it in Prometheus") has the queries. A worker serves the metrics
+docs/howto/prometheus.md ("Watch it in Prometheus") has the queries. A worker serves the metrics
 itself with ``deadlines_metrics_port`` (below), or call :func:`serve`. In a prefork
 worker, pool processes count in their own memory: set ``PROMETHEUS_MULTIPROC_DIR`` (an
 empty directory) before the worker starts, and :func:`serve` exposes
@@ -107,6 +105,8 @@ else:
     INSTALLED = True
 
 logger = logging.getLogger("celery_deadlines")
+
+__all__ = ["OTHER_TASK", "install", "serve"]
 
 #: What to install for the metrics.
 EXTRA = "pip install 'celery-deadlines[prometheus]'"

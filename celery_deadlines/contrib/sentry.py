@@ -9,19 +9,13 @@ its performance views count them as the application's bugs. When Celery reports 
 a failure (``task_failure``, sent inside the task's transaction), the transaction is
 given the status that says what happened instead:
 
-======================================================  ======================
-the refusal                                             the status
-======================================================  ======================
-``DeadlineRefused`` (the retry gate; a child refused    ``deadline_exceeded``
-at enqueue; a call refused at the outbound gate; a
-run's outcome ``DeadlineRefused``)
-... with the reason ``invalid_deadline``                ``invalid_argument``
-``DispatchRefused`` ``deadline_passed``                 ``deadline_exceeded``
-``DispatchRefused`` ``stale_lease`` (another attempt    ``aborted``
-owns the run)
-``DispatchRefused`` ``unresolved``, ``stale_evidence``;  ``failed_precondition``
-``PlanRefused``
-======================================================  ======================
+* ``DeadlineRefused`` (the retry gate; a child refused at enqueue; a call refused at
+  the outbound gate; a run's outcome ``DeadlineRefused``): ``deadline_exceeded``;
+  with the reason ``invalid_deadline``: ``invalid_argument``
+* ``DispatchRefused`` ``deadline_passed``: ``deadline_exceeded``
+* ``DispatchRefused`` ``stale_lease`` (another attempt owns the run): ``aborted``
+* ``DispatchRefused`` ``unresolved``, ``stale_evidence``; ``PlanRefused``:
+  ``failed_precondition``
 
 Only for an exception the task lists in its ``throws`` (a body's own error keeps
 Sentry's ``internal_error`` and its event), and only a status of ``internal_error`` is

@@ -251,7 +251,7 @@ class AttemptAPI:
             source_updated_at=source_updated_at,
         )
 
-    # -- plans (a resumed plan must earn the right to continue: docs/concepts.md) ------------
+    # -- plans (a resumed plan must earn the right to continue: docs/explanation/time-contracts.md)
 
     def save_plan(self, plan: Plan) -> None:
         """Store ``plan`` as the run's active plan, fenced by this attempt's token (the
@@ -329,7 +329,7 @@ class AttemptAPI:
         return attempt
 
 
-#: How a test runs a body with a claimed attempt and no database (docs/howto.md).
+#: How a test runs a body with a claimed attempt and no database (docs/howto/testing.md).
 IN_MEMORY = (
     "or test it against the in-memory ledger (celery_deadlines.testing.use_ledger("
     "FakeLedger()), or pytest_plugins = ['celery_deadlines.pytest_plugin'])"

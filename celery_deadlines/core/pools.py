@@ -4,8 +4,8 @@ A claim's owner is ``host:pid``. In a process that runs one attempt at a time, t
 tells its attempt from any other, and the ledger lets a won claim commit without
 waiting for the disk: a database crash may take it back and the next claim may issue
 its token again, but every later write names the owner with the token
-(docs/concepts.md, "Claim: one compare-and-swap"). A prefork pool process runs one task
-at a time on its main thread (Celery sends it ``worker_process_init``), and so does a
+(docs/explanation/run-ledger.md, "Claim: one compare-and-swap"). A prefork pool process runs
+one task at a time on its main thread (Celery sends it ``worker_process_init``), and so does a
 solo worker; a thread or greenlet pool, and any pool this module does not know, runs
 several attempts under one pid, and its claims wait for the disk.
 
@@ -18,6 +18,7 @@ made in the worker's own process, name its pid (:func:`owner_pid`).
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from typing import Any
 
@@ -53,6 +54,21 @@ def owner_pid(reported: object) -> object:
     ``worker_pid``) names in its owner: this process's own when the pool runs its jobs
     here, else the one reported (a prefork pool process's)."""
     return os.getpid() if _attempts_here else reported
+
+
+def stopped_by_the_pool(exc: BaseException) -> bool:
+    """Whether ``exc``, raised out of a body, is its green pool's hard time limit: gevent's
+    or eventlet's ``Timeout``, which the pool raises in the job where it next yields and
+    reports as the time limit when it reaches the pool. The run's end is the worker's to
+    write then, at the limit, as for a prefork pool process killed at its limit
+    (:mod:`celery_deadlines.core.request`); the attempt writes nothing of its own."""
+    if not _attempts_here:
+        return False
+    for module in ("gevent", "eventlet"):
+        timeout = getattr(sys.modules.get(module), "Timeout", None)
+        if isinstance(timeout, type) and isinstance(exc, timeout):
+            return True
+    return False
 
 
 def mark_attempts_here() -> None:

@@ -288,9 +288,13 @@ def deadline_scope(
 ) -> Iterator[Inherited]:
     """Give everything published inside the block one deadline, computed once, here.
 
-    Nested scopes and a running task can only shorten it. Raises
-    :class:`InvalidDeadline` for a naive datetime or a bad budget, or when both a
-    budget and a deadline are given.
+    ``budget`` (seconds or a ``timedelta``) or ``deadline`` (an aware datetime), and
+    likewise ``delivery_budget`` or ``delivery_deadline``; with neither, the block
+    inherits what is in force (a running task's, an enclosing scope's). Settings are the
+    Celery app's (``app``, or the current one). Nested scopes and a running task can
+    only shorten it. Yields what the block's publishes inherit (its ``deadline``, an
+    aware datetime or ``None``). Raises :class:`InvalidDeadline` for a naive datetime
+    or a bad budget, or when both a budget and a deadline are given.
     """
     settings = settings_for(app or current_app)
     now = get_clock().now()

@@ -10,7 +10,7 @@ and ``deadline_refused`` is sent.
 
 ``execute_using_pool`` reads ``time_limits`` right before ``pool.apply_async``; the
 property below caps them at the budget left at that instant (the attempt gate). Only
-the prefork pool enforces both limits; docs/failure-semantics.md covers the others.
+the prefork pool enforces both limits; docs/explanation/pools.md covers the others.
 
 Before any of it, a message's envelope (:mod:`celery_deadlines.rules.envelope`): the
 fields this package reads of every message are checked when it is handed to the pool,
@@ -596,6 +596,28 @@ class DeadlineRequest(Request):
             self.acknowledge()
         else:
             self.reject(requeue=False)
+
+
+class Strategies(dict[Any, Any]):
+    """A worker consumer's table of task strategies by task name, in which a name no task
+    can have (unhashable: a list or a mapping in a message's ``task`` header) is not
+    found, as an unregistered name is not: Celery's consumer then tells the message's
+    caller ``NotRegistered`` and rejects it. Its lookup, ``strategies[name]``, raised
+    ``TypeError`` on such a name instead, and stopped the worker."""
+
+    def __getitem__(self, name: Any) -> Any:
+        try:
+            return super().__getitem__(name)
+        except TypeError:
+            raise KeyError(name) from None
+
+
+def guard_consumers() -> None:
+    """Give every worker consumer made from now on a :class:`Strategies` table
+    (idempotent)."""
+    from celery.worker.consumer.consumer import Consumer
+
+    Consumer.Strategies = Strategies
 
 
 def strategy(task: Any, app: Any, consumer: Any, **options: Any) -> Callable[..., Any]:

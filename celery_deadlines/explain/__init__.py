@@ -1,4 +1,4 @@
-"""``explain``: the operator checklist of docs/concepts.md, answered for one run.
+"""``explain``: the operator checklist of docs/explanation/run-ledger.md, answered for one run.
 
 Which worker owns this run now? When does that lease expire, in UTC? Which version did
 it claim? What was the last durable checkpoint? Can an old worker still pass the guard?

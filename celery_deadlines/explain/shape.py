@@ -106,7 +106,7 @@ class TimeLimits(TypedDict):
     (``null``: nothing). ``recorded`` false: claimed before the claim recorded them
     (nothing is known of them but the time the deadline left); ``eager``: an eager run,
     under no time limit. Only the prefork and gevent pools enforce them
-    (docs/failure-semantics.md)."""
+    (docs/explanation/pools.md)."""
 
     attempt: int
     at: str
@@ -144,8 +144,7 @@ class Occurrence(TypedDict):
 
 
 class Explanation(TypedDict):
-    """The operator checklist for one run (docs/howto.md, "Answer the operator's
-    questions about a run")."""
+    """The operator checklist for one run (docs/howto/explain.md)."""
 
     task_id: str
     task_name: str

@@ -1,20 +1,10 @@
 """The run ledger: the Django tier's durable record of every DeadlineTask run.
 
 Active when ``"celery_deadlines"`` is in ``INSTALLED_APPS`` (and the app registry is
-ready); task code does not change between the tiers. The pieces:
-
-``api``         the Celery tier's door: plain values in (``rules.records``), plain out
-``operations``  every operation that ends or moves a run (reconciler, admin, beat)
-``attempt``     a claimed attempt's lease, fenced writes and checkpoints (pool process)
-``heartbeat``   lease renewal while a body runs, capped by the deadline
-``outbox``      the run row before its message; publish on commit; republish
-``reconcile``   restart reconciliation and the outbox sweeper (worker main process)
-``clockwatch``  the worker's clock against the database's (the skew budget)
-``worker``      the worker's dedicated connection and its signals
-``patience``    how long a write waits for an unreachable database
-``forks``       no fork while a lock a child would inherit is held
-``retention``   the purge of ended runs
-``sql/``        the statements, by audience, one text per dialect (PostgreSQL, SQLite)
+ready); task code does not change between the tiers. The Celery tier reaches it through
+:mod:`.api` (plain values in and out) and :mod:`.operations`; its modules, and a message's
+path through them, are mapped once, in DEVELOPERS.md ("The tiers", "The life of a
+message").
 """
 
 from __future__ import annotations

@@ -60,6 +60,7 @@ __all__ = [
     "record_eager_run",
     "record_run",
     "refuse_run",
+    "release_connections",
     "store_for",
     "tell_caller_unknown",
 ]
@@ -79,6 +80,13 @@ def store_for(app: Any, *, dedicated: bool = False) -> Store:
     except KeyError:
         store = _stores[key] = Store(key[0], dedicated=dedicated)
         return store
+
+
+def release_connections() -> None:
+    """A job ended in this thread: each store's dedicated connection goes to the next
+    thread that needs one (:meth:`~.sql.connection.Store.release`)."""
+    for store in _stores.values():
+        store.release()
 
 
 def _attempts_store(app: Any) -> Store:
@@ -220,7 +228,7 @@ def record_run(
     (:meth:`~.attempt.Attempt.patiently`); a row whose commit's answer was lost is found
     again, and the sweeper publishes it (nothing is lost, nothing sent twice). Inside
     the caller's ``transaction.atomic()`` the library cannot try again: the error is
-    the caller's (docs/howto.md)."""
+    the caller's (docs/howto/database-outage.md)."""
     accept = outbox.readable_by_workers(app, run.task_name)
     store = store_for(app)
     connection = connections[store.using]

@@ -247,6 +247,18 @@ class Attempt:
             if now_status != Status.RUNNING:
                 return last_op == op
 
+    def end_overrun(self, status: Status, reason: str, detail: str) -> str | None:
+        """End the run of a body that ran past its deadline, whose own end was refused
+        (its lease ended at the deadline), in the process that ran it: an eager run's
+        caller, which no worker supervises and no reconciler may visit. As a worker's main
+        process ends its pool process's attempt
+        (:meth:`~.sql.supervision.Supervision.end_owned`): fenced by this attempt's owner,
+        UNKNOWN when an effect lacks an outcome. The status written, or ``None`` when the
+        run is not this owner's any more."""
+        return self.store.supervision.end_owned(
+            self.lease.task_id, self.owner, status, reason, detail
+        )
+
     def retry(
         self, retries: int, available_at: datetime | None, body: bytes | None, detail: str
     ) -> None:

@@ -1,6 +1,6 @@
 """The worker's clock against the ledger's: measured every reconcile pass, and while it
-is beyond ``deadlines_clock_skew_budget`` the worker takes no new work (docs/concepts.md,
-"The clock-skew budget").
+is beyond ``deadlines_clock_skew_budget`` the worker takes no new work
+(docs/explanation/run-ledger.md, "The clock-skew budget").
 
 Each check reads the database clock between two local wall-clock readings (a
 :class:`~celery_deadlines.rules.skew.ClockReading`). When the error bound leaves the budget,

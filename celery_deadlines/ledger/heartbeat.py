@@ -3,10 +3,10 @@
 An attempt's lease is renewed a third of the way into each TTL, by the database clock
 (``store.renew``), never past the run's deadline, and not at all once the deadline has
 passed: a run that needs more time has to be a new decision, not an old authority
-silently extended (docs/concepts.md, "Leases, renewal and the deadline"). A renewal that affects no
-row means the lease is gone; the attempt is marked lost and its next write raises
-:class:`StaleLease` at once. Timing uses the monotonic clock only: a wall-clock jump
-neither hurries nor delays it.
+silently extended (docs/explanation/run-ledger.md, "Leases, renewal and the deadline"). A
+renewal that affects no row means the lease is gone; the attempt is marked lost and its
+next write raises :class:`StaleLease` at once. Timing uses the monotonic clock only: a
+wall-clock jump neither hurries nor delays it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Restart reconciliation and the outbox sweeper (docs/concepts.md, "Restart reconciliation").
+"""Restart reconciliation and the outbox sweeper (docs/explanation/run-ledger.md, "Restart
+reconciliation").
 
 On worker start and every ``deadlines_reconcile_interval``, each worker's main process:
 

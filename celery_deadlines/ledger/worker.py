@@ -11,14 +11,14 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from celery.signals import task_revoked, worker_ready, worker_shutdown
+from celery.signals import task_postrun, task_revoked, worker_ready, worker_shutdown
 
 from .. import conf
 from ..conf import settings_for
 from ..rules.contracts import is_deadline_task
 from ..rules.outcomes import ended_by_celery
 from . import telling
-from .api import store_for
+from .api import release_connections, store_for
 from .clockwatch import ClockWatch
 from .reconcile import Reconciler, running
 
@@ -33,6 +33,13 @@ def connect() -> None:
     worker_ready.connect(_start, dispatch_uid="celery_deadlines.ledger.start", weak=False)
     worker_shutdown.connect(_stop, dispatch_uid="celery_deadlines.ledger.stop", weak=False)
     task_revoked.connect(_revoked, dispatch_uid="celery_deadlines.ledger.revoked", weak=False)
+    task_postrun.connect(_job_ended, dispatch_uid="celery_deadlines.ledger.job_ended", weak=False)
+
+
+def _job_ended(**_: Any) -> None:
+    """A job ended in this thread: its dedicated connections go to the next job's thread
+    (:meth:`~.sql.connection.Store.release`; on a green pool, the next job's greenlet)."""
+    release_connections()
 
 
 def _start(sender: Any = None, **_: Any) -> None:

@@ -1,4 +1,4 @@
-"""One word per situation (docs/concepts.md, "Statuses and reasons").
+"""One word per situation (docs/explanation/run-ledger.md, "Statuses and reasons").
 
 A run whose deadline passed before any worker claimed it was ``expired_before_claim``
 when the sweeper found it and ``deadline_passed`` when a worker's claim gate did; it is

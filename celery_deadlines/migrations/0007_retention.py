@@ -1,4 +1,4 @@
-"""Retention (docs/howto.md, "Keep the ledger bounded").
+"""Retention (docs/howto/retention.md).
 
 * ``Effect.asked_at``: when an attempt last found the key recorded (its outcome
   replayed, or its intent found again). The purge keeps an effect, and its run, while

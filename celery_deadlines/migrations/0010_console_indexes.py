@@ -1,4 +1,4 @@
-"""The operator's console at a million runs (docs/howto.md, "Find a run in the admin"):
+"""The operator's console at a million runs (docs/howto/admin.md):
 every list page, filter, search and date drill-down reaches the rows through an index.
 
 * ``cdl_run_created_idx`` (``created_at``): the list's order (newest first), the date

@@ -50,7 +50,7 @@ T = TypeVar("T")
 #: A setting's parsed value, or :data:`UNKNOWN`.
 Known: TypeAlias = T | Unknown
 
-#: The options a DeadlineTask reads from its class (docs/settings.md, "Task options").
+#: The options a DeadlineTask reads from its class (docs/reference/settings.md, "Task options").
 TASK_OPTIONS: Final = (
     "budget",
     "delivery_budget",

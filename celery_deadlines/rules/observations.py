@@ -1,6 +1,6 @@
 """Observations: a fact, where it came from, when it was seen, and until when it may be
 trusted, so that freshness is checked by code at the side-effect boundary
-(docs/concepts.md, "Observations and action classes").
+(docs/explanation/time-contracts.md, "Observations and action classes").
 
 An :class:`Observation` is an envelope (value, source, observed_at, expires_at,
 evidence_id, and the lease token of the attempt that made it). Its timestamps are set

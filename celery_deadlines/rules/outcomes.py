@@ -25,14 +25,24 @@ from .states import Status
 
 
 class Found(NamedTuple):
-    """A reconciler's answer: the effect did happen; ``result`` is replayed to the task."""
+    """A reconciler's answer: the effect did happen.
+
+    ``result``: what the provider returned (JSON-serialisable), replayed to the task as
+    the effect's result; ``evidence``: what shows it (a provider's reference, a
+    lookup's answer), kept with the effect and shown by ``explain`` and the admin.
+    """
 
     result: Any = None
     evidence: Any = None
 
 
 class NotFound(NamedTuple):
-    """A reconciler's answer: the effect did not happen; it is safe to dispatch again."""
+    """A reconciler's answer: the effect did not happen; it is safe to dispatch again.
+
+    ``evidence``: what shows it (JSON-serialisable), kept with the effect. Answer it
+    only when the provider will refuse the asked ``fence`` from now on (see
+    :class:`PendingEffect`).
+    """
 
     evidence: Any = None
 
@@ -46,6 +56,12 @@ class PendingEffect(NamedTuple):
     ``fence`` to the provider's lookup so that it refuses that fence from then on, and
     ``NotFound`` is certain (a provider that only refuses fences *lower* than one it has
     seen still takes a call delayed past a lookup that found nothing).
+
+    ``key``, ``name`` and ``fingerprint`` are the effect's (``self.effect(name,
+    key=..., fingerprint=...)``), ``token`` the lease token of the attempt that
+    dispatched it, ``task_id`` its run's. The reconciler returns :class:`Found` or
+    :class:`NotFound`; any other answer, or an exception, leaves the effect UNKNOWN for
+    the next pass or an operator.
     """
 
     key: str
@@ -278,7 +294,8 @@ class Settle(enum.Enum):
 def settle_lapsed(
     *, unresolved_effect: bool, past_deadline: bool, lost_leases: int, max_lost: int
 ) -> Settle:
-    """The order in which a lapsed run is settled (docs/concepts.md, reconciliation)."""
+    """The order in which a lapsed run is settled (docs/explanation/run-ledger.md,
+    reconciliation)."""
     if unresolved_effect:
         return Settle.UNKNOWN
     if past_deadline:

@@ -1,4 +1,5 @@
-"""Plans that must earn the right to continue when a run resumes (docs/concepts.md).
+"""Plans that must earn the right to continue when a run resumes
+(docs/explanation/time-contracts.md).
 
 A :class:`Plan` is what a run decided to do (its steps), the typed assumptions that
 decision rested on, when it was made and until when it may be followed. It is kept with
@@ -29,7 +30,13 @@ from .budgets import parse_instant
 
 @dataclass(frozen=True, slots=True)
 class Assumption:
-    """``key`` must (still) be ``expected``, or one of ``expected`` when ``one_of``."""
+    """``key`` must (still) be ``expected``, or one of ``expected`` when ``one_of``.
+
+    ``key`` names a fact the body reads again when it resumes (the ``current`` mapping
+    given to ``self.resume_plan(current)``); ``expected`` is JSON-serialisable (with
+    ``one_of``: a collection of values, never a string). Raises ``ValueError`` for a
+    ``one_of`` given a string.
+    """
 
     key: str
     expected: Any
@@ -44,6 +51,7 @@ class Assumption:
             object.__setattr__(self, "expected", _frozen(self.expected))
 
     def holds(self, found: Any) -> bool:
+        """Whether ``found``, the fact read now, is what the plan assumed."""
         found = _frozen(found)
         if self.one_of:
             return bool(found in self.expected)
@@ -52,7 +60,16 @@ class Assumption:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """Steps decided at ``created_at`` from ``assumptions``, valid until ``valid_until``."""
+    """Steps decided at ``created_at`` from ``assumptions``, valid until ``valid_until``.
+
+    ``steps``: what the run will do, each a JSON-serialisable mapping; ``assumptions``:
+    the assumptions (:class:`Assumption`) it was decided on; ``created_at`` and ``valid_until``:
+    aware datetimes, read from ``self.ledger_now()`` so that the resume gate judges them
+    by the ledger's clock; ``plan_id``: the name it is stored and shown under. Stored
+    with ``self.save_plan(plan)``. Raises ``ValueError`` when ``valid_until`` is not
+    after ``created_at``, and :class:`~celery_deadlines.InvalidDeadline` for a naive
+    datetime.
+    """
 
     steps: tuple[Mapping[str, Any], ...]
     assumptions: tuple[Assumption, ...]
@@ -166,5 +183,6 @@ def resume(plan: Plan, now: datetime, current: Mapping[str, Any]) -> Verdict:
 
 
 def steps_of(verdict: Verdict) -> Sequence[Mapping[str, Any]]:
-    """The steps a verdict allows to execute: the plan's if it continues, else none."""
+    """The steps ``verdict`` (what ``self.resume_plan()`` returned) allows to execute:
+    the plan's if it may continue, else an empty sequence."""
     return verdict.plan.steps if verdict.may_execute else ()

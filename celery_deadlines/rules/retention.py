@@ -3,7 +3,7 @@
 The ledger purges a run only when it ended (SUCCEEDED, FAILED or EXPIRED) longer ago
 than the retention, by the database clock, and only with all of its effects: a run is
 kept whole while one of its effects could still be asked for (the SQL is
-:mod:`celery_deadlines.ledger.sql.retention`; the rule is drawn in docs/concepts.md,
+:mod:`celery_deadlines.ledger.sql.retention`; the rule is drawn in docs/explanation/run-ledger.md,
 "Retention"). What is decided here, without a clock or a database:
 
 * the retention setting (``deadlines_retention``: ``None`` or ``0`` turns the workers'

@@ -1,4 +1,5 @@
-"""Schedules in a time zone, resolved to UTC occurrences before any run exists (docs/concepts.md).
+"""Schedules in a time zone, resolved to UTC occurrences before any run exists
+(docs/explanation/time-contracts.md).
 
 "Every weekday at 09:00 Europe/Berlin" is a rule about local wall-clock time. Before a
 run is created, each occurrence is resolved to one aware UTC instant and stored with

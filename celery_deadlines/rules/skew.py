@@ -1,4 +1,4 @@
-"""The clock-skew budget and the clock-skew gate (pure rules; docs/concepts.md).
+"""The clock-skew budget and the clock-skew gate (pure rules; docs/explanation/run-ledger.md).
 
 A worker's wall clock is trusted only as far as it agrees with the authority clock
 (the ledger's database). A :class:`ClockReading` is one measurement: the authority's

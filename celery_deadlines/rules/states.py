@@ -3,7 +3,7 @@ and the sets the rules and the ledger's SQL are written with. Pure: no Django, n
 
 The ledger's tables take their ``choices`` from here (:mod:`celery_deadlines.models`), and
 its statements their status lists (:mod:`celery_deadlines.ledger.sql.predicates`), so a
-set is written once. The states are drawn in docs/concepts.md.
+set is written once. The states are drawn in docs/explanation/run-ledger.md.
 """
 
 from __future__ import annotations

@@ -853,7 +853,7 @@ class Soak:
         """The runs of ``unexplained`` that ended FAILED with the database connection's
         error *while the nemesis had the database cut, or crashed and restarting*: the
         library's writes wait a cut out and the workload's orders retry their own
-        (docs/howto.md, "Ride out a database outage"), so each is a bug. Named with the
+        (docs/howto/database-outage.md), so each is a bug. Named with the
         fault as evidence; it stays a violation."""
         outages = []
         for fault in self.schedule:

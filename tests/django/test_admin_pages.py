@@ -109,7 +109,7 @@ def test_every_run_page_renders_in_every_state_with_and_without_effects_plans_an
         assert ("Workflow (1 child run(s))" in text) == full
         assert ('<details class="cdl module" open>\n  <summary>Plans' in text) == full
         assert '<div class="readonly">[42]</div>' in text  # args, decoded from the message
-        # the operator checklist, answered on the page (docs/howto.md, the operator's
+        # the operator checklist, answered on the page (docs/howto/explain.md, the operator's
         # questions): owner and lease, claimed version, checkpoint, next side effect,
         # and whether an old worker can still write
         for question in ("owner now", "claimed version", "last checkpoint",

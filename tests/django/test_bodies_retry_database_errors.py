@@ -1,9 +1,9 @@
 """A body whose own database work meets a cut retries through the retry gate, and its
 completed effects are replayed, not performed again (issue 31, item 2).
 
-The recipe of docs/howto.md ("Ride out a database outage"): Celery's ``autoretry_for``
-with Django's connection errors. The library's own writes wait out a cut themselves;
-a write inside the body's own ``transaction.atomic()`` cannot be tried again by the
+The recipe of docs/howto/database-outage.md ("Ride out a database outage"): Celery's
+``autoretry_for`` with Django's connection errors. The library's own writes wait out a cut
+themselves; a write inside the body's own ``transaction.atomic()`` cannot be tried again by the
 library, so the body is: its next attempt replays the payment from the effect ledger
 and publishes the notice again (the outbox finds the row if its commit had landed).
 Run by Celery's own tracer on SQLite and PostgreSQL.
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "post
 QUEUE = "db-retries"
 CUT = "consuming input failed: server closed the connection unexpectedly"
 
-#: the recipe's options (docs/howto.md)
+#: the recipe's options (docs/howto/database-outage.md)
 RIDES_OUT_A_CUT: dict[str, Any] = {
     "autoretry_for": (OperationalError, InterfaceError),
     "retry_backoff": True,

@@ -311,13 +311,9 @@ def hints_of_every_check() -> dict[str, str]:
 def test_every_check_hint_names_a_section_of_the_docs_not_a_repository_path() -> None:
     import re
 
-    from tests.support.processes import REPO
+    from tests.support.doc_pages import pages_by_title
 
-    pages = {}
-    for doc in (REPO / "docs").glob("*.md"):
-        text = doc.read_text()
-        title = text.splitlines()[0].removeprefix("# ")
-        pages[title] = text
+    pages = pages_by_title()
     hints = hints_of_every_check()
     ids = {key.split(":")[0] for key in hints}
     every = ["E001", "E002", "E003", "E004", "E005", "E010"]

@@ -232,12 +232,9 @@ def test_without_the_projects_celery_app_the_tasks_cannot_be_checked() -> None:
 
 
 def test_every_declaration_hint_names_a_section_of_the_docs() -> None:
-    from tests.support.processes import REPO
+    from tests.support.doc_pages import pages_by_title
 
-    pages = {}
-    for doc in (REPO / "docs").glob("*.md"):
-        text = doc.read_text()
-        pages[text.splitlines()[0].removeprefix("# ")] = text
+    pages = pages_by_title()
     # each mistake: its task options, and its settings (from the task's name)
     mistakes: list[tuple[dict[str, Any], Callable[[str], dict[str, Any]]]] = [
         ({"budget": -3}, lambda name: {}),

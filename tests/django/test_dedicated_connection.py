@@ -47,6 +47,7 @@ class Trace:
     def __init__(self, store: Store) -> None:
         store.database_now()  # connected
         local = store._threads.local
+        assert local is not None
         assert local.direct
         assert local.connection is not None
         self._pgconn = local.connection.connection.pgconn
@@ -333,3 +334,55 @@ def test_a_workers_claim_commits_when_the_alias_manages_transactions_by_hand(
     with connections[alias].cursor() as cursor:
         cursor.execute("SELECT status FROM celery_deadlines_run WHERE task_id = %s", ["run-1"])
         assert cursor.fetchone() == ("RUNNING",)
+
+
+def backend_pid_in_a_thread(store: Store, *, release: bool) -> int:
+    """The server pid of the connection a new thread's statement runs on; the thread then
+    hands its connection on, as a worker's job does when it ends (``release``), or
+    closes it, as a thread that stops does."""
+    import threading
+
+    found: list[int] = []
+
+    def job() -> None:
+        [(pid,)] = store.execute("SELECT pg_backend_pid()", [])[1]
+        found.append(pid)
+        if release:
+            store.release()
+        else:
+            store.close()
+
+    thread = threading.Thread(target=job)
+    thread.start()
+    thread.join()
+    return found[0]
+
+
+def test_a_thread_whose_job_ended_hands_its_connection_to_the_next_thread(
+    alias: str, dedicated: Store
+) -> None:
+    # a green pool runs each job in a greenlet of its own: each opened a connection
+    first = backend_pid_in_a_thread(dedicated, release=True)
+    assert backend_pid_in_a_thread(dedicated, release=True) == first
+    closed = backend_pid_in_a_thread(dedicated, release=False)
+    assert closed == first  # taken, and this time closed
+    assert backend_pid_in_a_thread(dedicated, release=True) != first
+
+
+def test_a_connection_inside_a_transaction_is_not_handed_on(alias: str, dedicated: Store) -> None:
+    with dedicated.transaction():
+        [(pid,)] = dedicated.execute("SELECT pg_backend_pid()", [])[1]
+        dedicated.release()
+        [(same,)] = dedicated.execute("SELECT pg_backend_pid()", [])[1]
+    assert same == pid
+    assert backend_pid_in_a_thread(dedicated, release=True) != pid  # still this thread's
+
+
+def test_closing_a_store_closes_the_connections_threads_handed_on(
+    alias: str, dedicated: Store
+) -> None:
+    pid = backend_pid_in_a_thread(dedicated, release=True)
+    dedicated.close()
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid])
+        assert cursor.fetchone() == (0,)

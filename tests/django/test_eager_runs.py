@@ -123,7 +123,8 @@ def test_a_view_that_delays_an_eager_task_gets_its_result_and_the_run_is_recorde
     assert f"order-{order}:charge" in text
     # the eager run's own connection was closed when it ended
     eager = api._eager_stores.get(alias)
-    assert eager is None or eager._threads.local.connection is None
+    local = eager._threads.local if eager is not None else None
+    assert local is None or local.connection is None
 
 
 def test_a_second_call_with_the_same_task_id_replays_the_run_and_performs_nothing(
@@ -196,7 +197,7 @@ def test_a_view_that_fails_after_an_eager_charge_keeps_it_on_record_on_postgresq
         assert run_of(alias, task_id).events.filter(kind="claim").count() == 2
     else:
         # SQLite: one writer at a time, the run's statements joined the request's
-        # transaction, and went with it (docs/howto.md says so)
+        # transaction, and went with it (docs/howto/eager.md says so)
         assert provider_calls() == [f"charge {order} 12"] * 2
         assert run_of(alias, task_id).events.filter(kind="claim").count() == 1
     assert run_of(alias, task_id).status == "SUCCEEDED"
@@ -280,6 +281,31 @@ def test_an_eager_run_past_its_deadline_is_refused_with_deadline_refused_and_exp
     assert provider_calls() == []
     run = run_of(alias, task_id)
     assert (run.status, run.reason, run.attempt) == ("EXPIRED", "deadline_passed", 0)
+
+
+@pytest.mark.parametrize("propagates", [False, True], ids=["stored", "propagated"])
+def test_an_eager_body_that_runs_past_its_deadline_ends_its_run_expired_and_is_refused(
+    site: dict[str, Any], propagates: bool
+) -> None:
+    # no worker supervises an eager body and no reconciler will visit its run: the
+    # caller's own process ends it, and the caller is told as a worker's caller is
+    alias, order, task_id = site["alias"], new_id("o"), new_id("overdue")
+    eager_site.app.conf.task_eager_propagates = propagates
+    if propagates:
+        with pytest.raises(DeadlineRefused) as raised:
+            eager_site.overdue.apply_async((order,), task_id=task_id)
+        refusal = raised.value
+    else:
+        result = eager_site.overdue.apply_async((order,), task_id=task_id)
+        assert result.state == "FAILURE"
+        refusal = result.result
+    assert isinstance(refusal, DeadlineRefused)
+    assert (refusal.gate, refusal.reason) == ("attempt", "deadline_passed")
+    run = run_of(alias, task_id)
+    assert (run.status, run.reason, run.attempt) == ("EXPIRED", "deadline_passed", 1)
+    assert run.deadline is not None
+    assert run.updated_at >= run.deadline
+    assert "the eager body ran past its deadline" in explain(alias, task_id)
 
 
 def test_children_published_from_an_eager_body_are_runs_of_their_own_under_its_deadline(
@@ -370,7 +396,7 @@ def test_an_eager_body_that_outlives_its_lease_keeps_it_on_postgresql_only(
         assert provider_calls() == [f"charge {order} 0"]
     else:
         # SQLite inside the request's transaction: the lease is not renewed, and the
-        # guard refuses a body past it (docs/howto.md): nothing charged, nothing stored
+        # guard refuses a body past it (docs/howto/eager.md): nothing charged, nothing stored
         assert (answer["state"], answer["receipt"]) == ("IGNORED", None)
         assert run.status == "RUNNING"  # its lease lapsed; committed with the request
         rejected = set(run.events.filter(outcome="rejected").values_list("kind", flat=True))

@@ -184,9 +184,10 @@ def test_explain_columns_stay_aligned_with_long_event_names(alias: str, order: S
 
 
 def test_the_howto_names_every_key_of_explain_json() -> None:
-    howto = (Path(__file__).parents[2] / "docs" / "howto.md").read_text()
-    section = howto.split("## Answer the operator's questions about a run")[1].split("\n## ")[0]
-    table = [line for line in section.splitlines() if line.startswith("| `")]
+    page = Path(__file__).parents[2] / "docs" / "howto" / "explain.md"
+    howto = page.read_text()
+    assert howto.startswith("# Answer the operator's questions about a run\n")
+    table = [line for line in howto.split("\n## ")[0].splitlines() if line.startswith("| `")]
     named = set(re.findall(r"`([a-z_]+)`", "\n".join(row.split(" | ")[0] for row in table)))
     assert named == set(Explanation.__required_keys__)
 

@@ -80,9 +80,17 @@ def test_a_warning_stops_nothing(project: Celery) -> None:
         assert preflight.errors_of(project) == []
 
 
-def test_a_value_set_on_the_celery_app_itself_stops_its_worker_unless_silenced() -> None:
+def test_a_value_set_on_the_celery_app_itself_stops_its_worker_unless_silenced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """An app given its settings in code (``app.conf.update``), not by Django's."""
+    from celery import _state
+
     app = Celery("own", broker="memory://", set_as_current=False)
+    # finalized without the session's shared tasks (every task another test declared
+    # without shared=False joins each new app): this app's own checks only
+    monkeypatch.setattr(_state, "_on_app_finalizers", set())
+    app.finalize()
     app.conf.deadlines_lease_ttl = "30s"
     [error] = preflight.errors_of(app)
     assert error.id == "celery_deadlines.E001"

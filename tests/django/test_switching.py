@@ -1,5 +1,5 @@
 """What changes for a project that switches its tasks to DeadlineTask, held as
-docs/switching.md says it (the pytest recipe: tests/integration/test_users_test_suites.py).
+docs/howto/switching.md says it (the pytest recipe: tests/integration/test_users_test_suites.py).
 
 Under ``ATOMIC_REQUESTS`` every view is one transaction: with the run ledger on, a task
 it publishes is written in that transaction and sent when it commits, after the view

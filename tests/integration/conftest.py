@@ -376,10 +376,11 @@ class LedgerWorkers:
         concurrency: int = 1,
         *,
         worker_args: tuple[str, ...] = (),
+        pool: str = "prefork",
         **env: str,
     ) -> WorkerProcess:
         """One worker, ready (``worker_args``: more arguments of ``celery worker``)."""
-        return self.spawn(transport, concurrency, worker_args, **env).wait_ready()
+        return self.spawn(transport, concurrency, worker_args, pool=pool, **env).wait_ready()
 
     def together(
         self, count: int, transport: Transport, concurrency: int = 1, **env: str
@@ -389,13 +390,20 @@ class LedgerWorkers:
         return [worker.wait_ready() for worker in workers]
 
     def spawn(
-        self, transport: Transport, concurrency: int, worker_args: tuple[str, ...], **env: str
+        self,
+        transport: Transport,
+        concurrency: int,
+        worker_args: tuple[str, ...],
+        *,
+        pool: str = "prefork",
+        **env: str,
     ) -> WorkerProcess:
         worker = WorkerProcess(
             transport,
             self.queue,
             self.tmp_path / f"ledger-worker-{len(self.started)}.log",
             concurrency=concurrency,
+            pool=pool,
             app_module=self.app_module,
             node=f"{self.queue}-{len(self.started)}",
             extra_env={

@@ -163,7 +163,7 @@ def assert_each_second_once(runs: list[Run], sink: Path, window: timedelta) -> N
     (a missed one, or one expired waiting) ran. An occurrence published with the last
     moments of its window left may be claimed (the reserve is 0) and cut at its deadline
     by the capped hard time limit: EXPIRED ``deadline_passed``, its body run at most once
-    (docs/failure-semantics.md, "the attempt runs past the deadline")."""
+    (docs/explanation/failure-semantics.md, "the attempt runs past the deadline")."""
     instants = [occurrence_of(run) for run in runs]
     first = instants[0]
     assert instants == [first + SECOND * k for k in range(len(runs))]  # none lost

@@ -204,3 +204,28 @@ def test_with_the_ledger_a_malformed_message_ends_only_the_run_its_id_and_retrie
     assert worker.process.poll() is None
     assert worker.process.pid == main
     assert pool_of(worker) == pool
+
+
+@pytest.mark.parametrize("name", [["t.probe"], {"t": "probe"}], ids=["list", "dict"])
+def test_a_task_name_no_task_can_have_is_an_unknown_task_and_the_worker_keeps_consuming(
+    shared: Shared, name: Any
+) -> None:
+    # Celery's consumer looks the name up in its table of strategies: an unhashable one
+    # raised TypeError there, and the worker stopped on it
+    from celery.exceptions import NotRegistered
+
+    from tests.support.workerapp import probe
+
+    worker = shared.worker
+    assert worker.process is not None
+    main = worker.process.pid
+    pool = wait_for(lambda: len(pool_of(worker)) == 2 and pool_of(worker), timeout=20)
+    with client_for(shared.transport, shared.queue) as app:
+        task_id = publish_raw(app, shared.queue, "t.probe", {"task": name}, BODY, False)
+        with pytest.raises(NotRegistered):
+            app.AsyncResult(task_id).get(timeout=20)  # as Celery tells an unknown task
+        good = probe.apply_async(("good",), budget=30)
+        assert good.get(timeout=20)["label"] == "good"
+    assert worker.process.poll() is None
+    assert worker.process.pid == main
+    assert pool_of(worker) == pool

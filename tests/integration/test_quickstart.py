@@ -1,5 +1,6 @@
 """docs/quickstart.md, followed as a newcomer follows it: from an empty directory to a
-first run the ledger explains.
+first run the ledger explains, in a virtualenv of its own where the package is installed
+from a checkout, as the page's first step says (this checkout: the reader's).
 
 The page is read, not copied: each ```python block is written to the file the sentence
 before it names (a settings block "at the end of" a file is appended to it), or typed
@@ -29,13 +30,14 @@ PAGE = Path(__file__).resolve().parents[2] / "docs" / "quickstart.md"
 BLOCK = re.compile(r"^```(?P<lang>\w+)\n(?P<code>.*?)^```", re.M | re.S)
 #: Lines of the page's shell blocks a test does not run, and why.
 NOT_RUN = {
-    "python3 -m venv": "the test runs in the suite's own virtualenv",
-    "pip install": "the package and django-celery-results are installed in it already",
     "createsuperuser": "interactive; the admin's pages are rendered by tests/django",
     "runserver": "serves until stopped; the admin's pages are rendered by tests/django",
 }
-#: How long one step may take on a busy machine (a migrate, a worker's start).
-STEP_TIMEOUT = 120
+#: How long one step may take on a busy machine (a migrate, a worker's start, the
+#: install: about 15 s on an idle one).
+STEP_TIMEOUT = 180
+#: The checkout the page's first step installs from (``export CELERY_DEADLINES=...``).
+CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,14 @@ class Project:
         for line in step.code.splitlines():
             if not line.strip() or any(skipped in line for skipped in NOT_RUN):
                 continue
-            if re.search(r"\bcelery\b.* worker\b", line):
+            exported = re.match(r"export (\w+)=", line)
+            if exported:  # the reader names their sdist or checkout: this one
+                self.env[exported[1]] = str(CHECKOUT)
+            elif ". .venv/bin/activate" in line:
+                self.run(line)  # makes the virtualenv; what activating it does, for the rest
+                self.env["VIRTUAL_ENV"] = str(self.root / ".venv")
+                self.env["PATH"] = f"{self.root / '.venv' / 'bin'}{os.pathsep}{self.env['PATH']}"
+            elif re.search(r"\bcelery\b.* worker\b", line):
                 self.start_worker(line)
             elif "<id>" in line:
                 ids = re.findall(r"^([0-9a-f-]{36}) ", self.shell_output, re.M)
@@ -136,7 +145,12 @@ def followed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Project]:
         # the suite's own Django settings and Celery knobs are not the newcomer's
         if name != "DJANGO_SETTINGS_MODULE" and not name.startswith(("CELERY", "TEST_"))
     }
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env.pop("VIRTUAL_ENV", None)  # the suite's: the page makes the reader's own
+    env["PATH"] = os.pathsep.join(
+        folder
+        for folder in env.get("PATH", "").split(os.pathsep)
+        if Path(folder) != Path(sys.executable).parent
+    )
     project = Project(tmp_path_factory.mktemp("quickstart"), env)
     try:
         for step in steps():

@@ -189,23 +189,4 @@ def amqp_url() -> str:
 #: matrix-configs`` leaves them out and names them in its summary (``MATRIX_AWAITING=run``
 #: runs them). Empty this list as the fixes merge: a check left here is a promise not
 #: tested. Keys: (row name, or "*" for every row; the test's name).
-AWAITING_FIXES: dict[tuple[str, str], str] = {
-    # Celery 5.7 binds CELERY_TASK_TIME_LIMIT onto the task class: limits-in-settings
-    # passes there (the task's own limits); the worker's --time-limit and 5.5/5.6's
-    # settings are the pool's defaults, which request.py's time_limits replaces
-    **{
-        (row, "test_the_projects_own_time_limits_are_kept_under_a_longer_deadline"): (
-            "request.py's time_limits replaces the pool's default limits (the worker's "
-            "--time-limit, and on Celery 5.5 and 5.6 the app's settings) with the deadline's "
-            "cap instead of capping them"
-        )
-        for row in ("limits-on-command-line", "celery-5.5", "celery-5.6")
-    },
-    ("*", "test_celerys_own_max_retries_ends_the_retries_before_the_deadline"): (
-        "DeadlineTask.max_retries is None under a deadline: Celery's default of 3 is ignored"
-    ),
-    ("eager", "test_an_eager_run_past_its_deadline_ends_expired_and_its_caller_is_told"): (
-        "an eager body past its deadline: its end is refused and nothing ends the run (no "
-        "sweeper without a worker): it stays RUNNING and its caller gets IGNORED"
-    ),
-}
+AWAITING_FIXES: dict[tuple[str, str], str] = {}

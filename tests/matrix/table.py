@@ -1,4 +1,4 @@
-"""The enforcement table of docs/failure-semantics.md ("Every pool and configuration:
+"""The enforcement table of docs/explanation/pools.md ("Every pool and configuration:
 what each enforces"), read as the matrix checks it: one row per pool or configuration,
 each cell's first word its claim."""
 
@@ -10,8 +10,8 @@ from typing import Final
 
 from tests.support.processes import REPO
 
-DOC: Final = REPO / "docs" / "failure-semantics.md"
-HEADING: Final = "## Every pool and configuration: what each enforces"
+DOC: Final = REPO / "docs" / "explanation" / "pools.md"
+HEADING: Final = "# Every pool and configuration: what each enforces"
 
 #: The columns, in order, by the name the checks use.
 COLUMNS: Final = (

@@ -17,7 +17,7 @@ the soak's tasks added. ``c.order`` is published by the soak's producer processe
 * ``expire``: dawdles past its deadline before paying: the deadline's cap must end it,
   and the provider must never see the call.
 
-Every order rides out a database cut as docs/howto.md says ("Ride out a database
+Every order rides out a database cut as docs/howto/database-outage.md says ("Ride out a database
 outage"): the library's own writes wait it out, and the body's own transaction (the
 notice's outbox row) is retried through the retry gate (``autoretry_for`` Django's
 connection errors), so its next attempt replays the payment from the effect ledger.

@@ -154,6 +154,21 @@ def overlong(self: DeadlineTask, order: str) -> str:
     return f"charge-receipt-{order}"
 
 
+#: The overdue task's budget (seconds), and how long its body works on past it.
+OVERDUE_BUDGET, OVERDUE_PAST = 1.0, 0.3
+
+
+@app.task(base=DeadlineTask, bind=True, name="eager.overdue", budget=OVERDUE_BUDGET, shared=False)
+def overdue(self: DeadlineTask, order: str) -> str:
+    """Works on past its deadline (nothing stops an eager body), then returns: until
+    ``remaining()`` reaches 0, or as long as the budget again (no deadline reached it)."""
+    until = time.monotonic() + 2 * OVERDUE_BUDGET
+    while self.remaining() > 0 and time.monotonic() < until:
+        time.sleep(0.05)
+    time.sleep(OVERDUE_PAST)
+    return f"late-{order}"
+
+
 @app.task(base=DeadlineTask, bind=True, name="eager.broken", budget=60, shared=False)
 def broken(self: DeadlineTask, order: str) -> None:
     raise ValueError(f"no price for {order}")

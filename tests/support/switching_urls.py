@@ -1,5 +1,5 @@
 """Views of a project that switched its tasks to DeadlineTask, under ``ATOMIC_REQUESTS``
-(docs/switching.md): each publishes a task with the run ledger on and answers whether
+(docs/howto/switching.md): each publishes a task with the run ledger on and answers whether
 its message had left by the time the view returned (``SENT``: the ids published, filled
 by the test)."""
 

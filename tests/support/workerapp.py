@@ -236,5 +236,5 @@ def docs_charge(self: DeadlineTask, order_id: int) -> dict[str, Any]:
 
 @app.task(base=DeadlineTask, bind=True, name="docs.ship", budget=30)
 def docs_ship(self: DeadlineTask, order_id: int) -> dict[str, Any]:
-    """The shop's ``ship``, as docs/howto.md defines it ("Give a task a deadline")."""
+    """The shop's ``ship``, as docs/howto/give-a-task-a-deadline.md defines it."""
     return {"shipped": order_id, **_seen(self)}

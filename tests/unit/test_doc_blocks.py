@@ -43,7 +43,12 @@ from celery_deadlines.checks import closest_setting
 from celery_deadlines.conf import SETTINGS, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = ROOT / "docs"
+#: The README and every page of the site (docs/, its built copy in docs/_build aside)
+PAGES = [
+    ROOT / "README.md",
+    *sorted(p for p in DOCS.rglob("*.md") if "_build" not in p.relative_to(DOCS).parts),
+]
 FENCE = re.compile(
     r"^(?:<!-- fragment: (?P<why>[^>]+) -->\n)?```python\n(?P<code>.*?)^```", re.M | re.S
 )
@@ -103,13 +108,18 @@ class Block:
         return f"{self.page}:{self.line}"
 
 
+def page_name(page: Path) -> str:
+    """``README.md``, or a page's path in the site (``howto/testing.md``)."""
+    return page.name if page.parent == ROOT else str(page.relative_to(DOCS))
+
+
 def blocks() -> list[Block]:
     found = []
     for page in PAGES:
         text = page.read_text()
         for match in FENCE.finditer(text):
             line = text.count("\n", 0, match.start("code"))
-            found.append(Block(page.name, line, match["code"], match["why"]))
+            found.append(Block(page_name(page), line, match["code"], match["why"]))
     return found
 
 
@@ -279,7 +289,7 @@ def shell_commands(program: str) -> list[tuple[str, list[str]]]:
                 command = re.split(r"\s#|\||&&", line.removeprefix("$ "))
                 words = shlex.split(command[0] if program in command[0] else "")
                 if program in words:
-                    found.append((page.name, words[words.index(program) + 1 :]))
+                    found.append((page_name(page), words[words.index(program) + 1 :]))
     return found
 
 

@@ -1,5 +1,5 @@
 """A deadline header the caller writes itself, ``apply_async(headers={"x_deadline": ...})``:
-the call's own deadline, as ``deadline=`` is (docs/howto.md, "Give a task a deadline").
+the call's own deadline, as ``deadline=`` is (docs/howto/give-a-task-a-deadline.md).
 
 It is not refused as forged: it says nothing ``deadline=`` cannot say, and a worker
 reads whatever header a message carries, however it was published. Outside any scope it

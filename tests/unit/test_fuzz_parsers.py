@@ -356,7 +356,7 @@ def test_every_setting_is_its_value_or_a_configuration_error_naming_it(
 # -- the messages a worker's main process takes ---------------------------------------------
 
 #: What a DeadlineTask's message may be refused with in the worker's main process
-#: (docs/concepts.md, the claim gate); any other outcome is Celery's own.
+#: (docs/explanation/clocks-and-gates.md, the claim gate); any other outcome is Celery's own.
 MAIN_PROCESS_REFUSALS: Final = frozenset(
     {"invalid_message", "invalid_deadline", "deadline_passed", "insufficient_budget"}
 )

@@ -117,3 +117,27 @@ def test_a_crash_point_without_a_plan_does_no_work(
     assert _crashpoints._plan_file is None
     _crashpoints.hit(point, "run-1")
     _crashpoints.hit("not.a.point", "run-1")  # not even the name is checked
+
+
+def test_the_version_is_written_once_and_the_changelog_dates_its_section() -> None:
+    import celery_deadlines
+
+    version = celery_deadlines.__version__
+    assert "version" not in PROJECT
+    assert PROJECT["dynamic"] == ["version"]
+    assert PYPROJECT["tool"]["hatch"]["version"] == {"path": "celery_deadlines/__init__.py"}
+    changelog = (REPO / "CHANGELOG.md").read_text()
+    assert re.search(rf"^## \[{re.escape(version)}\] - \d{{4}}-\d{{2}}-\d{{2}}$", changelog, re.M)
+    # a changelog of releases: every version's section says what was added, changed,
+    # fixed and what an upgrading project must do under those four headings only
+    headings = set(re.findall(r"^### (.+)$", changelog, re.M))
+    assert headings <= {"Added", "Changed", "Fixed", "Upgrading", "Removed", "Deprecated"}
+
+
+def test_the_install_steps_name_this_versions_sdist() -> None:
+    import celery_deadlines
+
+    sdist = f"celery_deadlines-{celery_deadlines.__version__}.tar.gz"
+    for page in (REPO / "README.md", REPO / "docs" / "quickstart.md"):
+        named = set(re.findall(r"celery_deadlines-[\w.]+\.tar\.gz", page.read_text()))
+        assert named == {sdist}, page.name

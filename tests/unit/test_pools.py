@@ -1,5 +1,6 @@
 """Whether a process runs its attempts one at a time: what lets a won claim commit
-without waiting for the disk (celery_deadlines.core.pools, docs/concepts.md "Claim")."""
+without waiting for the disk (celery_deadlines.core.pools, docs/explanation/run-ledger.md,
+"Claim")."""
 
 from __future__ import annotations
 

@@ -136,7 +136,7 @@ def test_an_attempt_refused_at_its_gate_is_an_event_on_the_task_span(
     clock.advance(11)
     assert execute_next(traced, QUEUE)[0] == "IGNORED"
     run = span_named(spans, "run/traced.work")
-    assert run.status.status_code is trace.StatusCode.UNSET  # as docs/howto.md says
+    assert run.status.status_code is trace.StatusCode.UNSET  # as docs/howto/tracing.md says
     event = refusal_event(run)
     assert (event["celery_deadlines.gate"], event["celery_deadlines.reason"]) == (
         "attempt",

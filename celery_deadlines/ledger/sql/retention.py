@@ -1,7 +1,7 @@
 """The purge of ended runs: the workers' periodic pass and ``manage.py deadlines purge``.
 
 A run goes, with its events, effects and plans, only when all of these hold (the rule
-is drawn in docs/concepts.md, "Retention"):
+is drawn in docs/explanation/run-ledger.md, "Retention"):
 
 1. it ended: SUCCEEDED, FAILED or EXPIRED (never QUEUED, RETRYING, RUNNING, UNKNOWN,
    PAUSED or CLOCK_UNCERTAIN);

@@ -1,5 +1,5 @@
 """The run row's statements for the producer and the attempt, each one conditional
-statement on the database clock (the rules are in docs/concepts.md, "make ownership a
+statement on the database clock (the rules are in docs/explanation/run-ledger.md, "make ownership a
 compare-and-swap"):
 
 * **enqueue**: the outbox row, before the message is published;

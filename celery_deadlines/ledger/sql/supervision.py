@@ -26,7 +26,7 @@ class Supervision(Statements):
         that attempt; the token is bumped, which fences the killed process for good. If
         the attempt had dispatched an effect without recording its outcome, the run
         ends UNKNOWN instead (a deadline during a provider call is an outcome to
-        reconcile, not to guess: docs/failure-semantics.md), and those effects are
+        reconcile, not to guess: docs/explanation/ledger-failures.md), and those effects are
         marked UNKNOWN in the same transaction. Returns the status written, or ``None``
         if the attempt was not this owner's any more.
         """

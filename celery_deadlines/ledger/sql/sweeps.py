@@ -78,7 +78,7 @@ class Sweeps(Statements):
 
     def lapsed_leases(self, limit: int = 100) -> list[LapsedLease]:
         """Runs whose lease expired by the database clock (the first two steps of restart
-        reconciliation, docs/concepts.md).
+        reconciliation, docs/explanation/run-ledger.md).
 
         Only leases lapsed for :data:`SUPERVISOR_GRACE` already: a pool process killed by
         its hard time limit at the deadline (where its lease also ends) is settled by its
