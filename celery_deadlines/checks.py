@@ -25,6 +25,7 @@ from django.core import checks
 from .conf import (
     CONTRACTS,
     DATABASE,
+    DATABASE_CAP,
     LEASE_TTL,
     MAX_BUDGET,
     REMAINING_HEADER,
@@ -371,6 +372,52 @@ def check_ledger_database(
                 id="celery_deadlines.E004",
             )
         )
+    return messages
+
+
+#: Databases whose running statements the cap cannot end (a statement is only not started
+#: once the deadline has passed): core/database.py caps PostgreSQL and SQLite.
+_UNCAPPED_VENDORS = ("mysql", "oracle")
+
+
+@checks.register(checks.Tags.database)
+def check_database_cap(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """W011: ``CELERY_DEADLINES_DATABASE_CAP`` names an alias ``DATABASES`` does not have.
+    W012: it names one whose running queries the cap cannot end (MySQL, MariaDB, Oracle).
+    Only a list is looked at (``True`` caps what can be capped); a bad value is E001."""
+    from django.db import connections
+
+    try:
+        setting = from_django().get(DATABASE_CAP)
+    except ConfigurationError:
+        return []
+    if isinstance(setting, bool):
+        return []
+    messages: list[checks.CheckMessage] = []
+    hint = docs(SETTINGS_REFERENCE, f"{PREFIX}DATABASE_CAP")
+    for alias in sorted(setting):
+        if alias not in connections.settings:
+            messages.append(
+                checks.Warning(
+                    f"{PREFIX}DATABASE_CAP names {shown(alias)}, which is not in DATABASES: "
+                    "nothing is capped for it.",
+                    hint="Name the aliases whose queries a task's deadline should end. " + hint,
+                    id="celery_deadlines.W011",
+                )
+            )
+        elif connections[alias].vendor in _UNCAPPED_VENDORS:
+            messages.append(
+                checks.Warning(
+                    f"{PREFIX}DATABASE_CAP names {shown(alias)}, a "
+                    f"{connections[alias].vendor} database: a query started before the "
+                    "deadline runs to its end (only one started after it is refused).",
+                    hint="Bound its queries with the server's own timeout "
+                    "(max_execution_time, max_statement_time). " + hint,
+                    id="celery_deadlines.W012",
+                )
+            )
     return messages
 
 

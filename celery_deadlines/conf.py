@@ -21,6 +21,7 @@ from typing import Any, Final, Generic, TypeVar
 from .errors import ConfigurationError, InvalidDeadline
 from .rules.budgets import parse_budget, parse_duration
 from .rules.contracts import TimeContract, parse_contracts
+from .rules.database import parse_cap
 from .rules.incoming import (
     Network,
     RequestBudgets,
@@ -303,6 +304,21 @@ OUTBOUND_RESERVE: Final = Setting(
 )
 
 
+# -- the body's database queries (core/database.py) -------------------------------------------
+def _database_cap(value: object, name: str, settings: Settings) -> bool | frozenset[str]:
+    return parse_cap(value, name=name)
+
+
+DATABASE_CAP: Final = Setting(
+    "deadlines_database_cap",
+    True,
+    _database_cap,
+    "A DeadlineTask body's queries end by the run's deadline (PostgreSQL: "
+    "statement_timeout and lock_timeout from the time left; SQLite: the query is "
+    "interrupted); False: not capped; a list of database aliases: those only.",
+)
+
+
 # -- the run ledger (Django tier) ------------------------------------------------------------
 def _flag(value: object, name: str, settings: Settings) -> bool:
     if not isinstance(value, bool):
@@ -387,6 +403,7 @@ SETTINGS: Final[tuple[Setting[Any], ...]] = (
     REMAINING_HEADER,
     OUTBOUND_HEADERS,
     OUTBOUND_RESERVE,
+    DATABASE_CAP,
     LEDGER,
     LEASE_TTL,
     RECONCILE_INTERVAL,

@@ -4,7 +4,8 @@
 
     DeadlineError                      root: catch this to catch everything below
     ├── DeadlineRefused                a gate refused to start (or restart) work
-    │   └── WorkflowRefused            a chain, group or chord cannot fit its deadline
+    │   ├── WorkflowRefused            a chain, group or chord cannot fit its deadline
+    │   └── QueryCut                   a body's database query was cut by the deadline
     ├── InvalidDeadline (ValueError)   a caller passed a deadline or budget that cannot work
     ├── ReservedHeader (ValueError)    a caller's header would replace a field of Celery's message
     ├── ConfigurationError             a setting has a bad value; the message names the setting
@@ -106,6 +107,17 @@ class WorkflowRefused(DeadlineRefused):
     its deadline. Nothing of it was published. ``reason`` is ``workflow_cannot_fit`` and
     ``detail`` has the arithmetic, with the steps that declare no attempt timeout (they
     count as zero)."""
+
+
+class QueryCut(DeadlineRefused):
+    """A query of the task body was cut by the run's deadline (gate ``database``, reason
+    ``deadline_passed``): the database's ``statement_timeout`` or ``lock_timeout`` the
+    library set from the time left ended it, SQLite's query was interrupted, or the
+    statement was not sent at all because the deadline had passed. The driver's error,
+    when there was one, is its ``__cause__``; ``detail`` names the statement (its first
+    characters) and the alias. A body may catch it and go on (record, clean up,
+    return); uncaught, the run ends EXPIRED ``deadline_passed``. Inside
+    ``transaction.atomic()`` the transaction is rolled back, as with any error."""
 
 
 class InvalidDeadline(DeadlineError, ValueError):

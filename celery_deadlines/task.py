@@ -552,15 +552,26 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
                 if handed.ended.error is not None:
                     raise handed.ended.error
                 return handed.ended.value
-            return self.run(*args, **kwargs)
-        return self._run_claimed(attempt, args, kwargs)
+            from .core.database import capped  # here: see _run_claimed
 
-    def _run_claimed(self, attempt: Attempt, args: Any, kwargs: Any) -> Any:
-        """The body of a claimed attempt, and its outcome written under its token."""
+            with capped(self.app, handed.anchor):
+                return self.run(*args, **kwargs)
+        return self._run_claimed(attempt, args, kwargs, handed.anchor)
+
+    def _run_claimed(
+        self, attempt: Attempt, args: Any, kwargs: Any, anchor: Anchor | None = None
+    ) -> Any:
+        """The body of a claimed attempt, and its outcome written under its token. The
+        body's queries end by the deadline (``anchor``'s: :mod:`.core.database`)."""
+        # imported here, where a body runs with a ledger: a module-level import costs the
+        # header tier's main process 0.9 % of its instructions per message (bench/README.md)
+        from .core.database import capped
+
         try:
             try:
                 try:
-                    result = self.run(*args, **kwargs)
+                    with capped(self.app, anchor):
+                        result = self.run(*args, **kwargs)
                 finally:
                     attempt.stop()  # no renewal may follow the attempt's final write
                 if attempt.unresolved:

@@ -9,6 +9,7 @@ message").
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
@@ -110,6 +111,19 @@ class LedgerAPI(Protocol):
         self, app: Any, task_id: str, hostname: str | None, pid: object, detail: str
     ) -> bool: ...
 
+
+class _OwnStatements(threading.local):
+    """How deep this thread is in the ledger's own statements on the application's
+    connection (the producer's store: an outbox row joins the body's transaction). The
+    database cap (:mod:`celery_deadlines.core.database`) lets them run uncut: the
+    ledger's statements are its own, never the body's."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+
+
+#: read by the database cap, raised by :meth:`celery_deadlines.ledger.sql.connection.Store.execute`
+own_statements = _OwnStatements()
 
 _active: bool | None = None
 #: Django's app registry, once imported (``None`` before the first question)

@@ -49,6 +49,8 @@ class Gate(enum.StrEnum):
     RETRY = "retry"
     #: a call to another service, before any byte of it is sent (rules/outgoing.py)
     OUTBOUND = "outbound"
+    #: a query of the task body, cut by the deadline (rules/database.py)
+    DATABASE = "database"
     #: not a rule: a person ended the run (the admin's *expire now*)
     OPERATOR = "operator"
     #: not a rule: a run that waited for an effect's outcome was released once it was

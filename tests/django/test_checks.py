@@ -64,6 +64,10 @@ def test_the_demo_settings_pass_the_checks() -> None:
         ("CELERY_DEADLINES_OUTBOUND_RESERVE", -0.5, "must be zero or more seconds"),
         ("CELERY_DEADLINES_OUTBOUND_HEADERS", {"X-Deadline": "iso8601"}, "must be one of"),
         ("CELERY_DEADLINES_OUTBOUND_HEADERS", "grpc-timeout", "must map header names"),
+        # one alias is a list of one: a string would be read as its letters
+        ("CELERY_DEADLINES_DATABASE_CAP", "default", "True, False or a list of database"),
+        ("CELERY_DEADLINES_DATABASE_CAP", 0, "True, False or a list of database"),
+        ("CELERY_DEADLINES_DATABASE_CAP", ["default", None], "None is not an alias"),
     ],
 )
 def test_a_bad_value_is_an_error_that_names_the_setting(
@@ -343,3 +347,17 @@ def test_the_closest_setting_is_the_one_a_typo_most_likely_meant(
     from celery_deadlines.checks import closest_setting
 
     assert closest_setting(typo) == meant
+
+
+def test_a_database_cap_naming_an_alias_databases_does_not_have_is_a_warning() -> None:
+    from django.core import checks as django_checks
+
+    from celery_deadlines.checks import check_database_cap
+
+    with override_settings(CELERY_DEADLINES_DATABASE_CAP=["default", "replica"]):
+        found = check_database_cap()
+    assert [message.id for message in found] == ["celery_deadlines.W011"]
+    assert "'replica', which is not in DATABASES" in found[0].msg
+    assert found[0].level == django_checks.WARNING
+    with override_settings(CELERY_DEADLINES_DATABASE_CAP=True):
+        assert check_database_cap() == []

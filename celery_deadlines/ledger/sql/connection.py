@@ -29,6 +29,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.utils import load_backend
 
 from ... import clock
+from .. import own_statements
 from .console import Console
 from .dialect import Dialect, dialect_for
 from .effects import Effects
@@ -266,8 +267,17 @@ class Store:
         connection leaves autocommit for it (and is closed if it cannot roll back: the
         next statement reconnects, in autocommit)."""
         if not self.dedicated:
-            with transaction.atomic(using=self.using):
-                yield
+            own = own_statements  # its savepoints are the ledger's own statements too
+            own.depth += 1
+            try:
+                with transaction.atomic(using=self.using):
+                    own.depth -= 1
+                    try:
+                        yield
+                    finally:
+                        own.depth += 1
+            finally:
+                own.depth -= 1
             return
         local = self._threads.local or self._take()
         connection = self._connection(local)
@@ -298,6 +308,26 @@ class Store:
         connection = self._connection(local)
         if local.direct:
             return self._execute_direct(local, connection, sql, params, timed)
+        if not self.dedicated:
+            # the application's connection: the database cap lets the ledger's own
+            # statements run uncut (never the body's, whatever time it has left)
+            own = own_statements
+            own.depth += 1
+            try:
+                return self._execute_wrapped(local, connection, sql, params, timed)
+            finally:
+                own.depth -= 1
+        return self._execute_wrapped(local, connection, sql, params, timed)
+
+    def _execute_wrapped(
+        self,
+        local: _Local,
+        connection: BaseDatabaseWrapper,
+        sql: str,
+        params: Any,
+        timed: bool,
+    ) -> tuple[int, list[tuple[Any, ...]]]:
+        """:meth:`execute` through Django's cursor (its execute wrappers and query log)."""
         with connection.cursor() as cursor:
             if not timed:
                 cursor.execute(sql, params)
