@@ -1,5 +1,5 @@
 """Cancel a run with everything it started (``celery_deadlines.cancel``): the ledger's
-deadline pulled in, for the run and every descendant it recorded (issue 48).
+deadline pulled in, for the run and every descendant it recorded.
 
 A cancel is a deadline, not a message to a worker: it is one write to the ledger, read
 by whoever acts on a run next (the claim refuses it ``cancelled``, a renewal past it

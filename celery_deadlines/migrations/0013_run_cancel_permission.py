@@ -1,4 +1,4 @@
-"""The permission of the admin's "Cancel with everything it started" (issue 48): a cancel
+"""The permission of the admin's "Cancel with everything it started": a cancel
 reaches every run a run started, so it is an operator's right of its own, beside expiring
 and requeueing one run. Options only: no table changes."""
 
