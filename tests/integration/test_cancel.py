@@ -54,7 +54,10 @@ def test_a_cancelled_tree_ends_every_queued_run_revoked_and_the_running_one_sees
     )
 
     cancelled_at = time.time()
-    changed = celery_deadlines.cancel(root.id, reason="customer abandoned the checkout")
+    # the client's app names the ledger's database (the process's current app may not)
+    changed = celery_deadlines.cancel(
+        root.id, reason="customer abandoned the checkout", app=tasks.app
+    )
     assert changed == MEMBERS + 1  # the watcher and the group; the root had ended
 
     # the running body sees remaining() reach 0 within a renewal (a lease, and slack)
@@ -98,4 +101,4 @@ def test_a_cancelled_tree_ends_every_queued_run_revoked_and_the_running_one_sees
     assert (watched.status, watched.reason) == (Status.EXPIRED, "cancelled")
     with pytest.raises(TaskRevokedError):
         tasks.app.AsyncResult(watcher_id).get(timeout=30)
-    assert celery_deadlines.cancel(root.id, reason="again") == 0
+    assert celery_deadlines.cancel(root.id, reason="again", app=tasks.app) == 0
