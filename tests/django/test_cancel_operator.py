@@ -79,9 +79,15 @@ def test_the_admins_cancel_pulls_in_the_tree_and_leaves_a_log_entry(client: Clie
 def test_the_public_cancel_returns_0_for_a_finished_run_and_refuses_a_naive_instant() -> None:
     from datetime import datetime
 
+    from celery import Celery
+
+    # an app of the test's own, on this database (the process's current app is whichever
+    # another test made current)
+    app = Celery("canceller", broker="memory://", set_as_current=False)
+    app.conf.deadlines_database = "default"
     tree(Store("default"))
     Run.objects.filter(task_id="pay").update(status=Status.SUCCEEDED)
-    assert celery_deadlines.cancel("pay", reason="late") == 0
+    assert celery_deadlines.cancel("pay", reason="late", app=app) == 0
     with pytest.raises(ValueError, match="naive"):
-        celery_deadlines.cancel("checkout", at=datetime(2026, 1, 1))
-    assert celery_deadlines.cancel("checkout", reason="abandoned") == 4
+        celery_deadlines.cancel("checkout", at=datetime(2026, 1, 1), app=app)
+    assert celery_deadlines.cancel("checkout", reason="abandoned", app=app) == 4
