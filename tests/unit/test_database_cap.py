@@ -377,10 +377,19 @@ SLOW = (
 )
 
 
-def test_a_sqlite_statement_past_its_time_is_interrupted_and_raises_query_cut(
-    clock: FakeClock,
-) -> None:
+@pytest.fixture
+def sqlite() -> Iterator[SQLite]:
+    """A real SQLite connection behind the wrapper's parts, closed after the test (an
+    unclosed one is a ResourceWarning on Python 3.13, wherever it is collected)."""
     connection = SQLite()
+    yield connection
+    connection.connection.close()
+
+
+def test_a_sqlite_statement_past_its_time_is_interrupted_and_raises_query_cut(
+    clock: FakeClock, sqlite: SQLite
+) -> None:
+    connection = sqlite
     cap = cap_on(connection, clock, budget=3.0)  # type: ignore[arg-type]
     assert connection.run("SELECT 1") == [(1,)]
     real = cap._progress
