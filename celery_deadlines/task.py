@@ -55,7 +55,7 @@ from .ledger._crashpoints import hit
 from .rules import gates, outcomes, stamping, wire
 from .rules.budgets import UNSET, Anchor
 from .rules.quoting import shown
-from .rules.records import ENDED_IT, Expired
+from .rules.records import ENDED_IT, EndedRun
 from .rules.states import Status
 
 if TYPE_CHECKING:
@@ -795,7 +795,7 @@ def end_eager_overrun(attempt: Attempt, *, task: Any) -> DeadlineRefused | None:
     written = attempt.end_overrun(Status.EXPIRED, reason.value, detail)
     if written != Status.EXPIRED:
         return None
-    ended = Expired(attempt.lease.task_id, task.name, written, reason.value, deadline, detail)
+    ended = EndedRun(attempt.lease.task_id, task.name, written, reason.value, deadline, detail)
     return ended.refusal(gates.Gate.ATTEMPT.value, now, detail)
 
 

@@ -386,7 +386,7 @@ class FakeLedger:
         run = self.runs.get(task_id)
         if run is None or run.status not in TERMINAL:
             return None
-        return self._api.Expired(
+        return self._api.EndedRun(
             task_id=task_id,
             task_name=run.task_name,
             status=run.status,

@@ -8,7 +8,7 @@ from typing import Final
 from ...rules.gates import Reason
 from .dialect import Dialect
 from .predicates import HAS_UNRESOLVED, REQUEUEABLE_SQL, RUN, TERMINAL_SQL
-from .rows import Expired
+from .rows import EndedRun
 from .statements import Sql, Statements
 
 
@@ -28,7 +28,7 @@ class OperatorActions(Statements):
         )
         return count
 
-    def expire_now(self, run_id: int, operator: str) -> Expired | None:
+    def expire_now(self, run_id: int, operator: str) -> EndedRun | None:
         """End an unfinished run at once; its holder, if any, is fenced (token + 1).
         Returns the run as it ended, or ``None`` if it had ended already, or if one of
         its effects has no recorded outcome: it is resolved first (an EXPIRED run's
@@ -48,7 +48,7 @@ class OperatorActions(Statements):
         if not rows:
             return None
         task_id, task_name, deadline = rows[0]
-        return Expired(
+        return EndedRun(
             task_id=task_id,
             task_name=task_name,
             status="EXPIRED",

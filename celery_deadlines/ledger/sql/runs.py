@@ -34,7 +34,7 @@ from .predicates import CLAIM_CHECKS
 from .rows import (
     ENDED_IT,
     ClaimRefused,
-    Expired,
+    EndedRun,
     KeptResult,
     Lease,
     NewRun,
@@ -350,7 +350,7 @@ class Runs(Statements):
         status, token, owner, op = rows[0]
         return str(status), int(token), str(owner), str(op)
 
-    def ended(self, task_id: str) -> Expired | None:
+    def ended(self, task_id: str) -> EndedRun | None:
         """How the run of ``task_id`` ended (status, reason, detail, deadline, and when,
         by the database clock), or ``None`` if it has not ended or is not recorded: what
         a later delivery of its message tells a caller the ended attempt never told."""
@@ -361,7 +361,7 @@ class Runs(Statements):
         kept = None
         if body is not None and content_type is not None:
             kept = KeptResult(bytes(body), str(content_type), str(encoding or ""))
-        return Expired(
+        return EndedRun(
             task_id=task_id,
             task_name=str(name),
             status=str(status),

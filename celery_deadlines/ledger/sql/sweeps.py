@@ -11,7 +11,7 @@ from typing import Any, Final
 
 from ...rules.states import Status
 from .predicates import RUN, SUPERVISOR_GRACE
-from .rows import Expired, LapsedLease, NewRun, Recorded, Unclaimed, as_bytes
+from .rows import EndedRun, LapsedLease, NewRun, Recorded, Unclaimed, as_bytes
 from .statements import Sql, Statements
 
 
@@ -40,7 +40,7 @@ class Sweeps(Statements):
 
     # -- reconciliation ----------------------------------------------------------------------
 
-    def expire_unclaimed(self, limit: int = 500) -> list[Expired]:
+    def expire_unclaimed(self, limit: int = 500) -> list[EndedRun]:
         """End runs whose deadline passed while they waited: before any worker claimed
         them, or while they were paused. The reason is the one a worker's gate gives for
         the same deadline (``deadline_passed``; ``delivery_expired`` for a delivery
@@ -50,7 +50,7 @@ class Sweeps(Statements):
 
     def ended_by_the_ledger(
         self, since: datetime, until: datetime, limit: int = 100
-    ) -> list[Expired]:
+    ) -> list[EndedRun]:
         """Runs the sweeper or the reconciler ended FAILED or EXPIRED in ``(since,
         until]`` (by the database clock), oldest first: whose caller a reconciler that
         died between its commit and telling it left waiting
@@ -60,12 +60,12 @@ class Sweeps(Statements):
         _, rows = self.execute(ENDED_BY_THE_LEDGER.text[d.vendor], params)
         return self._ended(rows)
 
-    def _ended(self, rows: list[tuple[Any, ...]]) -> list[Expired]:
-        """:class:`Expired` from rows of ``task_id, task_name, status, reason, deadline,
+    def _ended(self, rows: list[tuple[Any, ...]]) -> list[EndedRun]:
+        """:class:`EndedRun` from rows of ``task_id, task_name, status, reason, deadline,
         detail``."""
         instant = self.dialect.instant
         return [
-            Expired(
+            EndedRun(
                 task_id=r[0],
                 task_name=r[1],
                 status=r[2],
