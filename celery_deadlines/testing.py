@@ -436,7 +436,8 @@ class FakeLedger:
         reserve: timedelta,
         max_lost: int,
     ) -> str | None:
-        """The claim's condition, in the database ledger's order (``CLAIM_CHECKS``)."""
+        """The claim's condition, in the database ledger's order (the ``claim`` statement's
+        ``WHERE``, ``ledger/sql/runs.sql``)."""
         live = run.status == "RUNNING" and (run.lease_expires_at or now) > now
         # a lapsed lease is taken over only after the grace: its supervisor ends it first
         held = run.status == "RUNNING" and (
