@@ -7,6 +7,8 @@ smallest value, then the smallest above it, and so on), so listing twenty task n
 costs twenty probes whether the ledger holds ten thousand runs or ten million
 (migration 0010 made the indexes; ``tests/django/test_console_plans.py`` holds the
 plans). Read-only: the console writes only through :mod:`..operations`.
+
+Each statement's text is in ``console.sql``, under its name.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ INTENT_RECORDED (or NOT_DISPATCHED) -> DISPATCHED only if the caller's run is RU
 under the caller's token, its lease is alive and its deadline has not passed. Zero rows:
 the call must not be made. Every change of an effect appends a RunEvent through the
 audit trigger (kind ``effect_<state>``).
+
+Each statement's text is in ``effects.sql``, under its name.
 """
 
 from __future__ import annotations

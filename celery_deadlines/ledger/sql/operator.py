@@ -1,4 +1,7 @@
-"""The operator's actions on a run (the admin): each one compare-and-swap."""
+"""The operator's actions on a run (the admin): each one compare-and-swap.
+
+Each statement's text is in ``operator.sql``, under its name.
+"""
 
 from __future__ import annotations
 

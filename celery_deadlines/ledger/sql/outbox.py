@@ -1,5 +1,7 @@
 """The producer's statements: the outbox row before the message, and what is known of a
 run id before it is published (a reused id is never silently another run).
+
+Each statement's text is in ``outbox.sql``, under its name.
 """
 
 from __future__ import annotations

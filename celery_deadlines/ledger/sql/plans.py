@@ -4,6 +4,8 @@ Every write is fenced like the run's own (the attempt's token, a live lease, by 
 database clock), so a stale attempt can neither store a plan nor retire one. A run has
 at most one ACTIVE plan (a partial unique index); storing a new one supersedes it, and
 a plan that fails its resume gate is INVALIDATED with the reason: both stay as history.
+
+Each statement's text is in ``plans.sql``, under its name.
 """
 
 from __future__ import annotations

@@ -22,6 +22,8 @@ the work): an operator's requeue of an old FAILED run or a duplicate asking for 
 waits for the batch, and a key asked for between the selection and the lock keeps its
 run. SQLite serialises writers: the batch takes the write lock with its first statement,
 so nothing changes between the selection and the deletes.
+
+Each statement's text is in ``retention.sql``, under its name.
 """
 
 from __future__ import annotations

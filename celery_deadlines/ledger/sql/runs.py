@@ -171,7 +171,8 @@ class Runs(Statements):
     # -- fenced writes ---------------------------------------------------------------------
 
     def _fenced(self, sql: Sql, params: list[Any], lease: Lease, kind: str, owner: str) -> bool:
-        """Run a fenced write (:func:`_fenced_write`): its own parameters, then the fence's."""
+        """Run a fenced write (``runs.sql``, "checkpoint"): its own parameters, then the
+        fence's."""
         count, _ = self.execute(
             sql.text[self.dialect.vendor], [*params, lease.run_id, lease.token, lease.owner]
         )

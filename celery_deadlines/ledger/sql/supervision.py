@@ -3,6 +3,8 @@
 It supervises the pool process that holds a lease, so it may end that attempt when the
 process's hard time limit fires, or let the lease lapse at once when the process is lost
 (the reconciler then settles the run without waiting for the TTL).
+
+Each statement's text is in ``supervision.sql``, under its name.
 """
 
 from __future__ import annotations

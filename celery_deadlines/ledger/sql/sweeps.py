@@ -2,6 +2,8 @@
 occurrences. Each is a compare-and-swap on the state it was decided from (the version
 read, the status), so any number of workers may sweep at once: one wins each run, the
 others change nothing.
+
+Each statement's text is in ``sweeps.sql``, under its name.
 """
 
 from __future__ import annotations
