@@ -19,7 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from celery_deadlines.ledger.sql import connection  # noqa: F401 (imports every group)
+from celery_deadlines.ledger.sql import (
+    connection,  # noqa: F401 (imports every group)
+    statements,
+)
 from celery_deadlines.ledger.sql.dialect import POSTGRESQL
 from celery_deadlines.ledger.sql.statements import STATEMENTS, one_line, render
 from celery_deadlines.rules.records import ClaimRefused
@@ -176,3 +179,31 @@ def test_every_fenced_write_is_fenced_by_the_run_the_token_the_owner_and_a_live_
     }
     assert len(fences) == 2 * len(FENCED_WRITES)
     assert set(map(tuple, fences.values())) == {tuple(fence)}
+
+
+def test_a_groups_file_is_read_as_named_statements_whose_own_line_comments_are_not_sent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(statements, "STATEMENTS", {})
+    source = (
+        "-- what the file holds\n\n"
+        "-- one --\n-- what it does\nSELECT id\n  -- the rule a line keeps\n  FROM t\n\n"
+        "-- two (sqlite) --\nSELECT {now}\n"
+    )
+
+    found = statements.parse("example", source)
+
+    assert {name: sql.name for name, sql in found.items()} == {
+        "one": "example.one",
+        "two": "example.two",
+    }
+    assert found["one"].layout == dict.fromkeys(("postgresql", "sqlite"), "SELECT id\n  FROM t")
+    assert found["two"].text == {"sqlite": "SELECT strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"}
+
+
+def test_a_statement_written_twice_for_a_dialect_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(statements, "STATEMENTS", {})
+    with pytest.raises(ValueError, match=r"example.one: written twice"):
+        statements.parse("example", "-- one --\nSELECT 1\n\n-- one (sqlite) --\nSELECT 2\n")
