@@ -12,6 +12,7 @@ gets reads the server's defaults whatever the first ended with.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from io import StringIO
 from pathlib import Path
@@ -22,7 +23,7 @@ import pytest
 from django.core.management import call_command
 
 from celery_deadlines import QueryCut
-from celery_deadlines.models import Status
+from celery_deadlines.models import Effect, Run, Status
 from celery_deadlines.rules.database import HEADROOM_FRACTION
 from tests.integration.conftest import LEDGER_DB, ended, ledger_database_url
 from tests.support.processes import Transport, wait_for
@@ -42,13 +43,18 @@ WAIT = 30.0
 def workers(ledger_worker: Any, tmp_path: Path) -> Any:
     ledger_worker.app_module = "tests.support.databaseapp"
 
-    def start(transport: Transport, pool: str = "prefork") -> Any:
+    def start(transport: Transport, pool: str = "prefork", *, pooled: bool = False) -> Any:
+        if pooled:  # Django's pool: each task gives its connection back when it ends
+            settings, reuse = {"DJANGO_SETTINGS_MODULE": "tests.support.database_pool_settings"}, {}
+        else:  # one connection kept open between tasks (CELERY_DB_REUSE_MAX)
+            settings = {"DJANGO_SETTINGS_MODULE": "tests.support.database_settings"}
+            reuse = {"TEST_DB_REUSE_MAX": "100"}
         return ledger_worker(
             transport,
             pool=pool,
-            DJANGO_SETTINGS_MODULE="tests.support.database_settings",
             TEST_SQLITE_PATH=str(tmp_path / "local.sqlite3"),
-            TEST_DB_REUSE_MAX="100",
+            **settings,
+            **reuse,
         )
 
     return start
@@ -113,14 +119,17 @@ def server_defaults() -> dict[str, str]:
     return {"statement_timeout": statement[0], "lock_timeout": lock[0]}
 
 
-@pytest.mark.parametrize("pool", ["prefork", "threads"])
+@pytest.mark.parametrize(
+    ("pool", "pooled"), [("prefork", False), ("threads", False), ("threads", True), ("solo", True)]
+)
 def test_the_next_task_on_the_same_connection_reads_the_servers_defaults_however_the_first_ended(
-    redis_broker: Transport, tasks: Any, workers: Any, pool: str
+    redis_broker: Transport, tasks: Any, workers: Any, pool: str, pooled: bool
 ) -> None:
     """A success, a cut query and the body's own error, each followed on the same
-    backend (one pool process or thread, ``CONN_MAX_AGE``) by a task without a
-    deadline that reads the timeouts."""
-    workers(redis_broker, pool)
+    backend (one pool process or thread; a connection kept open, or given back to
+    Django's pool of one connection and borrowed again) by a task without a deadline
+    that reads the timeouts."""
+    workers(redis_broker, pool, pooled=pooled)
     defaults = server_defaults()
     firsts: dict[str, tuple[Any, tuple[Any, ...], float]] = {
         "success": (tasks.quick, (3,), 30),
@@ -169,3 +178,60 @@ def test_an_uncaught_cut_ends_the_run_expired_deadline_passed_and_explain_names_
     assert (run.status, run.reason) == (Status.EXPIRED, "deadline_passed")
     assert "pg_sleep(10)" in run.detail, run.detail
     assert "the query 'SELECT pg_sleep(10)' on database 'default' was cut" in explain(result.id)
+
+
+def test_a_write_cut_inside_an_effect_leaves_it_unknown_and_the_run_waits_for_its_reconciler(
+    redis_broker: Transport, tasks: Any, workers: Any, held_row: int
+) -> None:
+    """A cut is an error like any other inside ``self.effect``: the write may have been
+    part of a call that happened, so the effect is UNKNOWN and the run waits for the
+    reconciler (docs/howto/effects.md)."""
+    workers(redis_broker)
+    key = f"cut-{uuid.uuid4().hex[:8]}"
+    result = tasks.effect_write.apply_async((key, held_row), budget=BUDGET)
+
+    def unknown() -> Run | None:  # not terminal: it waits
+        return Run.objects.using(LEDGER_DB).filter(task_id=result.id, status="UNKNOWN").first()
+
+    run = wait_for(unknown, WAIT)
+    assert (run.status, run.reason) == (Status.UNKNOWN, "effect_unresolved"), run.detail
+    assert "QueryCut" in run.detail, run.detail
+    effect = Effect.objects.using(LEDGER_DB).get(key=key)
+    assert effect.state == "UNKNOWN"
+    assert effect.error.startswith("QueryCut("), effect.error
+    assert "UPDATE cd_cap_probe" in effect.error, effect.error
+    assert run.deadline is not None
+    assert effect.updated_at <= run.deadline  # recorded before the deadline, not after
+
+
+def test_a_write_cut_inside_an_effect_that_declares_it_not_sent_is_not_dispatched(
+    redis_broker: Transport, tasks: Any, workers: Any, held_row: int
+) -> None:
+    """Declared in ``not_sent`` (the effect's writes are one transaction the cut rolls
+    back), the effect is NOT_DISPATCHED, safe to try again, and the run ends as any
+    uncaught cut does: EXPIRED deadline_passed."""
+    workers(redis_broker)
+    key = f"cut-{uuid.uuid4().hex[:8]}"
+    result = tasks.effect_write.apply_async((key, held_row, True), budget=BUDGET)
+    with pytest.raises(QueryCut):
+        result.get(timeout=WAIT)
+    run = wait_for(lambda: ended(result.id), WAIT)
+    assert (run.status, run.reason) == (Status.EXPIRED, "deadline_passed"), run.detail
+    effect = Effect.objects.using(LEDGER_DB).get(key=key)
+    assert effect.state == "NOT_DISPATCHED"
+    assert effect.error.startswith("QueryCut("), effect.error
+
+
+def test_a_pooled_connection_the_body_gives_back_itself_is_never_lent_with_its_timeouts(
+    redis_broker: Transport, tasks: Any, workers: Any
+) -> None:
+    """The body closes its connection after a statement the cap set the session's
+    timeouts for: Django's pool takes it back as it is. The next borrower (a task
+    without a deadline, on the threads pool where Django's pool outlives a task) reads
+    the server's defaults: the connection given back was closed, not lent again."""
+    workers(redis_broker, "threads", pooled=True)
+    defaults = server_defaults()
+    first = tasks.gives_back.apply_async(budget=30).get(timeout=WAIT)
+    after = tasks.settings.delay().get(timeout=WAIT)
+    assert {key: after[key] for key in defaults} == defaults, after
+    assert after["backend"] != first["backend"]
