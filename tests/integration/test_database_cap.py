@@ -23,7 +23,7 @@ import pytest
 from django.core.management import call_command
 
 from celery_deadlines import QueryCut
-from celery_deadlines.models import Effect, Run, Status
+from celery_deadlines.models import Effect, Run, RunEvent, Status
 from celery_deadlines.rules.database import HEADROOM_FRACTION
 from tests.integration.conftest import LEDGER_DB, ended, ledger_database_url
 from tests.support.processes import Transport, wait_for
@@ -43,7 +43,9 @@ WAIT = 30.0
 def workers(ledger_worker: Any, tmp_path: Path) -> Any:
     ledger_worker.app_module = "tests.support.databaseapp"
 
-    def start(transport: Transport, pool: str = "prefork", *, pooled: bool = False) -> Any:
+    def start(
+        transport: Transport, pool: str = "prefork", *, pooled: bool = False, **env: str
+    ) -> Any:
         if pooled:  # Django's pool: each task gives its connection back when it ends
             settings, reuse = {"DJANGO_SETTINGS_MODULE": "tests.support.database_pool_settings"}, {}
         else:  # one connection kept open between tasks (CELERY_DB_REUSE_MAX)
@@ -55,6 +57,7 @@ def workers(ledger_worker: Any, tmp_path: Path) -> Any:
             TEST_SQLITE_PATH=str(tmp_path / "local.sqlite3"),
             **settings,
             **reuse,
+            **env,
         )
 
     return start
@@ -75,13 +78,16 @@ def came_back_by_the_deadline(seen: dict[str, Any]) -> None:
     assert 0 <= seen["left_after"] <= seen["left_at_start"] * HEADROOM_FRACTION + 0.002, seen
 
 
-# eventlet is not here: psycopg blocks every green thread while a query runs (see
-# docs/explanation/pools.md)
-@pytest.mark.parametrize("pool", ["prefork", "threads", "solo", "gevent"])
+@pytest.mark.parametrize("pool", ["prefork", "threads", "solo", "gevent", "eventlet"])
 def test_a_query_longer_than_the_budget_comes_back_to_the_body_cut_by_the_deadline(
     redis_broker: Transport, tasks: Any, workers: Any, pool: str
 ) -> None:
-    workers(redis_broker, pool)
+    """Under eventlet psycopg blocks every green thread while the query runs, the
+    lease's renewals too: with the test app's lease of 2 s the lease lapses before the
+    cut (docs/explanation/pools.md); with the default lease, longer than the budget,
+    the lease ends at the deadline and the cut body's result is stored."""
+    env = {"TEST_LEASE_TTL": "30"} if pool == "eventlet" else {}
+    workers(redis_broker, pool, **env)
     seen = tasks.slow.apply_async(budget=BUDGET).get(timeout=WAIT)
     came_back_by_the_deadline(seen)
     assert "the query 'SELECT pg_sleep(10)' on database 'default'" in seen["cut"], seen
@@ -235,3 +241,20 @@ def test_a_pooled_connection_the_body_gives_back_itself_is_never_lent_with_its_t
     after = tasks.settings.delay().get(timeout=WAIT)
     assert {key: after[key] for key in defaults} == defaults, after
     assert after["backend"] != first["backend"]
+
+
+def test_under_eventlet_a_query_longer_than_the_lease_lapses_it_and_the_bodys_end_is_refused(
+    redis_broker: Transport, tasks: Any, workers: Any
+) -> None:
+    """What the pools page says of eventlet: while psycopg blocks the worker no renewal
+    runs, so a query longer than the lease (the test app's 2 s; the query is cut a tenth
+    of a 6 s budget before its deadline) lapses it: the attempt's end is refused, and
+    the run is taken over (or, past its deadline, expired) like any lapsed one."""
+    workers(redis_broker, "eventlet")
+    result = tasks.slow.apply_async(budget=2 * BUDGET)
+    result.get(timeout=WAIT, propagate=False)
+    run = wait_for(lambda: ended(result.id), WAIT)
+    events = list(RunEvent.objects.using(LEDGER_DB).filter(run=run))
+    refused = [e for e in events if e.outcome == "rejected" and e.lease_token == 1]
+    assert refused, [(str(e), e.reason, e.detail) for e in events]
+    assert run.lease_token > 1 or run.status == Status.EXPIRED, (str(run), events)
