@@ -258,3 +258,19 @@ def test_under_eventlet_a_query_longer_than_the_lease_lapses_it_and_the_bodys_en
     refused = [e for e in events if e.outcome == "rejected" and e.lease_token == 1]
     assert refused, [(str(e), e.reason, e.detail) for e in events]
     assert run.lease_token > 1 or run.status == Status.EXPIRED, (str(run), events)
+
+
+def test_a_body_the_hard_time_limit_ends_leaves_its_pooled_connection_with_the_defaults(
+    redis_broker: Transport, tasks: Any, workers: Any
+) -> None:
+    """gevent stops the body at the deadline's hard limit where it waits (prefork's
+    kills the process, and its connections with it): the cap's reset still runs before
+    the connection goes back to Django's pool, and the next borrower reads the defaults."""
+    workers(redis_broker, "gevent", pooled=True)
+    defaults = server_defaults()
+    first = tasks.settings.delay().get(timeout=WAIT)
+    outcome = tasks.stuck.apply_async(budget=BUDGET).get(timeout=WAIT, propagate=False)
+    assert type(outcome).__name__ == "TimeLimitExceeded", outcome
+    after = tasks.settings.delay().get(timeout=WAIT)
+    assert after["backend"] == first["backend"]  # the pool's one connection, lent again
+    assert {key: after[key] for key in defaults} == defaults, after
