@@ -193,10 +193,18 @@ def terminable(
 
 def learnt(state: Any, deadline: datetime, monotonic: float) -> None:
     """A lease renewal found the attempt's run cancelled (the heartbeat's thread): its
-    deadline is pulled in (:func:`~.propagation.pull_in`), and a body whose task
-    declares ``cancel_terminates`` is terminated."""
-    from .propagation import pull_in
+    deadline is pulled in (:func:`~.propagation.pull_in`), its body's queries follow it
+    (:func:`~.database.pull_in`), and a body whose task declares ``cancel_terminates``
+    is terminated."""
+    from .propagation import pull_in, pulled_in
 
+    was = state.anchor
+    pulled = None if was is None else pulled_in(was, deadline, monotonic)
+    if pulled is not None:
+        from .database import pull_in as queries_follow  # where a ledger's body runs
+
+        # first: once remaining() reads 0, no query the body sends is given the old time
+        queries_follow(was, pulled)
     pull_in(state, deadline, monotonic)
     attempt = state.attempt
     termination = attempt.termination if attempt is not None else None

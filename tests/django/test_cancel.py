@@ -222,3 +222,27 @@ def test_explain_says_when_who_why_and_what_was_running_at_the_cancel(store: Sto
     never = explanation_of("other-checkout", using=store.using)
     assert never is not None
     assert never["cancelled"] is None
+
+
+@pytest.mark.parametrize("alias", ["default", "postgres"])
+def test_a_bodys_queries_are_cut_once_a_cancel_pulls_its_deadline_in(alias: str) -> None:
+    from datetime import timedelta
+
+    from celery import Celery
+
+    from celery_deadlines import QueryCut
+    from celery_deadlines.clock import get_clock
+    from celery_deadlines.core import database
+    from celery_deadlines.rules.budgets import Anchor
+
+    app = Celery("cancelled-body", set_as_current=False)
+    app.conf.deadlines_database_cap = [alias]
+    clock = get_clock()
+    now, started = clock.now(), clock.monotonic()
+    anchor = Anchor.at(now + timedelta(seconds=600), now, started)
+    with database.capped(app, anchor), connections[alias].cursor() as cursor:
+        cursor.execute("SELECT 1")  # ten minutes left: in time
+        # the renewal learnt the cancel: the deadline is the cancel's instant
+        database.pull_in(anchor, Anchor.at(now, now, started))
+        with pytest.raises(QueryCut, match="the deadline had passed"):
+            cursor.execute("SELECT 2")

@@ -162,12 +162,13 @@ def test_a_cancelled_checkout_tree_ends_every_descendant_within_a_renewal_and_a_
         assert changed == 1 + 1 + MEMBERS
         cancel = RunEvent.objects.using(LEDGER_DB).get(run__task_id=watcher_id, kind="cancel")
 
-        # the long-running body saw remaining() reach 0, was refused its provider call
-        # and its child
+        # the long-running body saw remaining() reach 0, had its query cut, was refused
+        # its provider call and its child
         wait_for(lambda: "child-refused" in kinds(sink, "shop-watch"), 30)
         assert kinds(sink, "shop-watch") == [
             "start",
             "remaining-zero",
+            "query-cut",
             "pay-refused:DispatchRefused",
             "child-refused",
         ]
@@ -189,7 +190,7 @@ def test_a_cancelled_checkout_tree_ends_every_descendant_within_a_renewal_and_a_
     # the provider was called once, by the root, before the cancel: no effect after it
     assert tasks.app.AsyncResult(chain_ids[1]).state == "PENDING"
     assert not Run.objects.using(LEDGER_DB).filter(task_id=chain_ids[1]).exists()
-    assert [line["key"] for line in lines(sink)] == ["shop-watch"] * 4
+    assert [line["key"] for line in lines(sink)] == ["shop-watch"] * 5
     assert [(c["key"], c["t"] < cancelled_at) for c in provider_calls(calls)] == [
         ("shop-reserve", True)
     ]
@@ -199,14 +200,18 @@ def test_a_cancelled_checkout_tree_ends_every_descendant_within_a_renewal_and_a_
     assert (finished.status, finished.reason) == (Status.SUCCEEDED, "")
 
 
-@pytest.mark.parametrize("pool", ["prefork", "threads"])
+@pytest.mark.parametrize(
+    ("pool", "acks_late"),
+    [("prefork", False), ("threads", False), ("solo", False), ("prefork", True)],
+)
 def test_a_cancel_terminates_the_body_of_a_task_that_declares_it_and_revokes_its_queue(
     redis_broker: Transport, ledger_client: Any, ledger_worker: Any, sink: Path, provider: Any,
-    pool: str,
+    pool: str, acks_late: bool,
 ) -> None:  # fmt: skip
     """``cancel_terminates = True``: a body that never looks at ``remaining()`` stops at
     the renewal that learns of the cancel; the runs queued behind it are refused at their
-    claims (the sweeper is off) and announced revoked."""
+    claims (the sweeper is off) and announced revoked. Late-acked, nothing is redelivered:
+    the terminated body's message is acknowledged as a refused one is."""
     url, _ = provider
     tasks = ledger_client(redis_broker)
     ledger_worker(
@@ -217,6 +222,7 @@ def test_a_cancel_terminates_the_body_of_a_task_that_declares_it_and_revokes_its
         TEST_LEASE_TTL=str(LEASE),
         TEST_RECONCILE_INTERVAL="600",
         TEST_SINK_URL=url,
+        TEST_ACKS_LATE="1" if acks_late else "0",
     )
     with task_events(tasks.app) as events:
         root = tasks.busy_tree.apply_async(("busy", 3), budget=120)

@@ -443,16 +443,25 @@ def provider_step(self: DeadlineTask, key: str) -> Any:
 @app.task(base=DeadlineTask, bind=True, name="l.watch_and_pay")
 def watch_and_pay(self: DeadlineTask, key: str, seconds: float = 30.0) -> str:
     """Loop on ``remaining()`` until it reaches 0 (a sink line ``remaining-zero``) or
-    ``seconds`` pass (``gave-up``); then try a provider call (``paid``, or the name of
+    ``seconds`` pass (``gave-up``); then query the database (``query-cut`` when the
+    cap cuts it, ``query-ran`` when not), try a provider call (``paid``, or the name of
     the error that refused it) and publish a child (``child-refused`` when the enqueue
     gate refuses it, ``child-published`` when not)."""
-    from celery_deadlines import DeadlineRefused, DispatchRefused, StaleLease
+    from django.db import connection
+
+    from celery_deadlines import DeadlineRefused, DispatchRefused, QueryCut, StaleLease
 
     sink("start", key, self)
     until = time.monotonic() + seconds
     while self.remaining() > 0 and time.monotonic() < until:
         time.sleep(0.02)
     sink("remaining-zero" if self.remaining() <= 0 else "gave-up", key, self)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        sink("query-ran", key, self)
+    except QueryCut:
+        sink("query-cut", key, self)
     try:
         _pay_once(self, "pay", f"{key}-after")
         sink("paid", key, self)
