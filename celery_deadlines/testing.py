@@ -483,6 +483,7 @@ class FakeAttempt:
         #: as the ledger's attempt: told a cancel's deadline (nothing cancels in memory)
         self.pulled_in: Any = None
         self.cancelled = False
+        self.termination: Any = None
 
     @property
     def last_checkpoint(self) -> tuple[str, Any] | None:

@@ -314,6 +314,19 @@ class _Cap:
                 connection.close()
         self.raw = None
 
+    def pull_in(self, anchor: Anchor) -> None:
+        """A cancel pulled the attempt's deadline in to ``anchor``'s (told from the
+        heartbeat's thread): the timeouts sent no longer hold, the next statement is
+        given what the new deadline leaves (nothing: cut before it is sent), and SQLite's
+        running one is stopped at it. A PostgreSQL statement already running keeps the
+        timeout it was sent with."""
+        deadline = anchor.deadline_monotonic()
+        if deadline >= self.deadline:
+            return  # a cancel never lengthens a deadline
+        self.anchor, self.deadline = anchor, deadline
+        self.session_until = self.local_until = _NEVER
+        self.cut_at = min(self.cut_at, deadline)
+
     def _cut(self, sql: Any, how: str) -> QueryCut:
         anchor = self.anchor
         return QueryCut(
@@ -362,9 +375,11 @@ def _capped(app: Any, anchor: Anchor) -> Iterator[None]:
     ]
     for cap in caps:
         cap.connection.execute_wrappers.append(cap)
+    _caps_of[id(anchor)] = caps
     try:
         yield
     finally:
+        _caps_of.pop(id(anchor), None)
         for cap in caps:
             wrappers = cap.connection.execute_wrappers
             if cap in wrappers:
@@ -373,6 +388,17 @@ def _capped(app: Any, anchor: Anchor) -> Iterator[None]:
 
 
 _NOTHING: Final = contextlib.nullcontext()
+
+#: The caps of each body running now, by its attempt's anchor (its id): what a cancel
+#: learnt at a renewal pulls in (:func:`pull_in`).
+_caps_of: dict[int, list[_Cap]] = {}
+
+
+def pull_in(was: Anchor, anchor: Anchor) -> None:
+    """The attempt anchored by ``was`` had its deadline pulled in to ``anchor``'s (a
+    cancel, learnt at a lease renewal): its body's queries are cut by the new one."""
+    for cap in _caps_of.get(id(was), ()):
+        cap.pull_in(anchor)
 
 
 def capped(app: Any, anchor: Anchor | None) -> contextlib.AbstractContextManager[None]:

@@ -18,7 +18,7 @@ from ..errors import PerformedPastDeadline, RunFailed
 from ..rules import outcomes
 from ..rules.gates import Gate
 from ..rules.states import Status
-from ..signals import report_operator_needed, run_expired
+from ..signals import report_operator_needed, run_cancelled, run_expired
 from . import celery_report, outbox
 from .sql.connection import Store
 from .sql.effects import Pending, Released
@@ -184,9 +184,10 @@ def cancel_run(
     Queued runs are refused at their claim (or ended by the sweeper) ``cancelled`` and
     their callers told ``REVOKED``; a running attempt learns it at its next renewal.
     Returns how many runs it changed: 0 for a run that had ended (or is not recorded)."""
-    detail = f"cancelled by {by}: {reason}" if reason else f"cancelled by {by}"
+    detail = outcomes.cancel_detail(by, reason)
     count = store.operator.cancel(task_id, detail, at)
     logger.warning("run %s cancelled with %d run(s) of its tree: %s", task_id, count, detail)
+    run_cancelled.send(sender=store, task_id=task_id, runs=count, by=by, reason=reason)
     return count
 
 
