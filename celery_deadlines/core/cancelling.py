@@ -152,19 +152,38 @@ class Termination:
             self._running = True
 
     def body_ended(self) -> None:
-        """The body returned or raised: a termination not raised yet never will be."""
+        """The body returned or raised (the body's thread): a termination not raised yet
+        never will be."""
         with self._lock:
             self._running = False
-            if self._sent:
-                _raise_in(self._thread, None)  # one still pending is withdrawn
+            sent = self._sent
+        if sent:
+            _withdraw_pending()
 
 
-def _raise_in(thread: int, exc: type[BaseException] | None) -> None:
-    """Raise ``exc`` in ``thread`` where it next runs Python code (``None``: withdraw one
-    not raised yet): CPython's ``PyThreadState_SetAsyncExc``."""
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(
-        ctypes.c_ulong(thread), ctypes.py_object(exc) if exc is not None else None
-    )
+class _Withdrawn(BaseException):
+    """Takes the place of a termination not raised yet, and is caught where it is."""
+
+
+def _raise_in(thread: int, exc: type[BaseException]) -> None:
+    """Raise ``exc`` in ``thread`` where it next runs Python code: CPython's
+    ``PyThreadState_SetAsyncExc``."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), ctypes.py_object(exc))
+
+
+def _withdraw_pending() -> None:
+    """Withdraw a termination still pending in this thread by raising a marker in its
+    place and catching it here. Never by ``PyThreadState_SetAsyncExc(thread, NULL)``:
+    before Python 3.13 that leaves the interpreter's eval breaker signalled with nothing
+    to raise, and every thread of the process then takes the interpreter's slow path at
+    every check, for good (a traced loop no longer ends)."""
+    try:
+        _raise_in(threading.get_ident(), _Withdrawn)
+        for _ in range(1_000):  # raised at the next check: the call's return, or the loop's
+            pass
+    except _Withdrawn:
+        return
+    raise RuntimeError("a withdrawn termination was not raised in its own thread")
 
 
 def termination_for(task: Any, request: Any) -> Termination | None:

@@ -5,9 +5,12 @@ the ledger, Celery's revoke."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -120,3 +123,48 @@ def test_without_the_ledger_a_cancel_is_celerys_revoke_of_the_one_message(
     with pytest.raises(ConfigurationError, match="needs the run ledger"):
         cancel("checkout-1", at=datetime.now(UTC), app=app)
     assert len(revoked) == 1
+
+
+#: A process that terminates one body, then counts the lines of a traced loop (as a
+#: coverage tool or a debugger would trace them) on its main thread.
+AFTER_A_TERMINATION = """
+import sys, threading
+from tests.unit.test_cancelling import body_in_a_thread, busy
+
+thread, notes, _, (termination,) = body_in_a_thread(busy)
+termination.cancel_learnt()
+thread.join(10)
+assert notes == ["terminated", "after the body"], notes
+lines = 0
+
+def counting(frame, event, arg):
+    global lines
+    lines += 1
+    return counting
+
+def loop():
+    total = 0
+    for number in range(100_000):
+        total += number
+    return total
+
+sys.settrace(counting)
+loop()
+sys.settrace(None)
+print("traced", lines)
+"""
+
+
+def test_a_terminated_body_leaves_the_processs_other_threads_running_as_before() -> None:
+    # a withdrawn asynchronous exception left CPython < 3.13 signalled for good: every
+    # thread then took the interpreter's slow path at every check, and a traced loop
+    # of a moment ran for minutes
+    done = subprocess.run(
+        [sys.executable, "-c", AFTER_A_TERMINATION],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("traced"), done.stdout
