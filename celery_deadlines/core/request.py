@@ -36,7 +36,7 @@ from celery.worker.state import task_ready
 from celery.worker.strategy import default as celery_strategy
 from kombu.exceptions import ContentDisallowed, DecodeError
 
-from .. import ledger
+from .. import clock, ledger
 from ..clock import get_clock
 from ..conf import settings_for
 from ..errors import DeadlineRefused
@@ -45,9 +45,9 @@ from ..rules.envelope import LONGEST_ID, MOST_RETRIES, is_duration
 from ..rules.quoting import shown
 from ..rules.records import ENDED_IT, Refusal
 from ..rules.states import UNKNOWN_EVENT, Status
-from . import options, pools, recording, seconds
+from . import options, pools, recording
 from .body import AttemptAPI, Unresolved
-from .claiming import answer_a_waiting_caller, caller_of
+from .claiming import answer_a_waiting_caller, result_policy
 from .refusals import announce_expiry, report_refused_message
 from .timelimits import HANDED, WORKER_LIMITS
 
@@ -99,6 +99,20 @@ def _with_default(function: Callable[..., None], name: str, value: Any) -> Calla
     return copy
 
 
+def clearly_in_time(task: Any, deadline: float) -> bool:
+    """The claim gate's shortcut: whether ``task``'s message with the deadline header
+    ``deadline`` (epoch seconds) is clearly in time by this worker's clock (within the
+    horizon, and before the last instant the gate admits, each by more than
+    :data:`~celery_deadlines.core.options.EDGE`). ``False``: judge it in full
+    (:meth:`DeadlineRequest._claim_refusal`), which decides the same for every message
+    this admits (tests/unit/test_fast_paths.py holds the two equal)."""
+    limits = options.in_seconds(task, settings_for(task.app))
+    if not limits.local:
+        return False  # a clock-skew budget: the ledger's clock decides
+    ahead = deadline - clock.epoch()  # NaN or infinity: not clearly anything, judged in full
+    return limits.low < ahead < limits.high
+
+
 class DeadlineRequest(Request):
     """A worker request that refuses to start work its deadline no longer allows."""
 
@@ -119,12 +133,6 @@ class DeadlineRequest(Request):
     #: whether the hard time limit handed to the pool is the deadline's cap (shorter than
     #: the task's own, or the task has none): then a kill by it is the deadline's
     _capped_by_deadline: bool = False
-    #: the claim gate's reading (the deadline's frame) when it last admitted the message,
-    #: until the time-limit cap that Celery reads next takes it
-    _admitted_at: datetime | None = None
-    #: the same, in epoch seconds, when it was admitted in seconds, with the deadline
-    _admitted_seconds: float | None = None
-    _deadline_seconds: float = 0.0
     #: whether ``expires`` is only the cap the run's deadline put there, once decided
     _expires_is_cap: bool | None = None
     #: the clock watch the hand-off judges by (the app's, looked up once), once looked up
@@ -172,21 +180,14 @@ class DeadlineRequest(Request):
             return True
         # no deadline header: nothing to judge (a delivery deadline alone is the delivery
         # gates'), no clock read. One as this package writes it (epoch seconds), clearly
-        # in time, is admitted in seconds (seconds.admitted_at), the reading kept for the
-        # time-limit cap Celery reads next; any other is judged in full. Inline, not
-        # calls: this runs for every message
+        # in time, is admitted in seconds (clearly_in_time); any other is judged in full.
+        # Inline, not calls: this runs for every message
         raw = self._request_dict.get(wire.DEADLINE_HEADER)
         if raw is not None:
             task = self._task  # Celery's property is a call more
-            now = (
-                seconds.admitted_at(task, raw)
-                if type(raw) is float and isinstance(task, AttemptAPI)
-                else None
-            )
-            if now is not None:
-                self._deadline_seconds = raw
-                self._admitted_seconds = now
-            else:
+            if not (
+                type(raw) is float and isinstance(task, AttemptAPI) and clearly_in_time(task, raw)
+            ):
                 refusal = self._claim_refusal()
                 if refusal is not None:
                     self._refuse(refusal)
@@ -240,13 +241,12 @@ class DeadlineRequest(Request):
         reads this once, right before it hands the job to the pool."""
         hard, soft = self._raw_time_limits
         worker = getattr(self._app, WORKER_LIMITS, None)
-        admitted = self._admitted_seconds
+        raw = self._request_dict.get(wire.DEADLINE_HEADER)
         remaining: float | None
-        if admitted is not None:
-            # Celery reads this right after the claim gate admitted the message: the cap
-            # is measured from the gate's own reading, microseconds old, not a second one
-            self._admitted_seconds = None
-            remaining = self._deadline_seconds - admitted
+        if type(raw) is float and self._judged_locally():
+            # a header as this package writes it, judged by this worker's clock: the
+            # seconds it leaves, read now (no datetime built: this runs for every message)
+            remaining = raw - clock.epoch()
         elif not stamping.carries_deadlines(self._request_dict):
             # nothing to cap by (no clock read: this runs for every message)
             self._request_dict[HANDED] = (None, None, worker)  # no cap
@@ -279,21 +279,23 @@ class DeadlineRequest(Request):
             raise ValueError(f"timelimit {shown(value)} is not a pair of durations")
         self._raw_time_limits = (hard, soft)
 
+    def _judged_locally(self) -> bool:
+        """Whether this message's deadline is judged by this worker's clock (no clock-skew
+        budget: with one, the ledger's clock decides, as the clock watch estimates it)."""
+        task = self._task
+        return (
+            isinstance(task, AttemptAPI) and options.in_seconds(task, settings_for(task.app)).local
+        )
+
     def _remaining(self) -> float | None:
-        """The seconds the message's deadline leaves, by the claim gate's reading when it
-        admitted it in full, else by a new one; ``None`` when it carries no deadline or
-        no clock can judge it (the ledger's clock in doubt)."""
-        now = self._admitted_at
-        if now is not None:
-            self._admitted_at = None  # as above, the gate's own reading
-            deadline = self._carried(now).deadline
-        else:
-            local = get_clock().now()
-            deadline = self._carried(local).deadline
-            if deadline is None:
-                return None
-            now = self._judging_now(local, self._watch())
-        if deadline is None or now is None:
+        """The seconds the message's deadline leaves now; ``None`` when it carries no
+        deadline or no clock can judge it (the ledger's clock in doubt)."""
+        local = get_clock().now()
+        deadline = self._carried(local).deadline
+        if deadline is None:
+            return None
+        now = self._judging_now(local, self._watch())
+        if now is None:
             return None
         return (deadline - now).total_seconds()
 
@@ -364,7 +366,6 @@ class DeadlineRequest(Request):
         except Exception as exc:  # noqa: BLE001 - a bad message or setting must never crash the consumer
             return gates.invalid(gates.Gate.CLAIM, local, f"cannot judge the deadline: {exc}")
         if judging <= latest:
-            self._admitted_at = judging  # the time-limit cap, read next, measures from it
             return None
         return gates.admit(gates.Gate.CLAIM, deadline, judging, self._reserve or gates.ZERO)
 
@@ -568,7 +569,7 @@ class DeadlineRequest(Request):
                 return False  # (another task's run under this id is not this message's)
             stored = task.backend.get_task_meta(self.id, cache=False).get("status")
             if stored != "SUCCESS":
-                if ended.result is None or caller_of(task).ignores_result:
+                if ended.result is None or result_policy(task).ignores_result:
                     return False
                 value = ledger.api_for(task.app).read_result(task.app, ended.result)
                 task.backend.mark_as_done(self.id, value, request=self._context)
@@ -751,7 +752,7 @@ def _ended_in_ledger(
         # whoever ended it may have died (or lost the result to a broker restart)
         # before the caller was told; a caller still waiting is told (``source``: where
         # the message's deadline came from, which decides how)
-        answer_a_waiting_caller(caller_of(task), task_id, decision.clock_reading, source=source)
+        answer_a_waiting_caller(result_policy(task), task_id, decision.clock_reading, source=source)
     return ended_it
 
 
