@@ -27,8 +27,6 @@ from contextlib import suppress
 from datetime import datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from billiard.einfo import ExceptionWithTraceback  # type: ignore[attr-defined]
-from billiard.exceptions import TimeLimitExceeded, WorkerLostError
 from celery.exceptions import InvalidTaskError
 from celery.utils.time import maybe_iso8601
 from celery.worker.request import Request
@@ -44,9 +42,9 @@ from ..rules import envelope, gates, outcomes, stamping, wire
 from ..rules.envelope import LONGEST_ID, MOST_RETRIES, is_duration
 from ..rules.quoting import shown
 from ..rules.records import ENDED_IT, Refusal
-from ..rules.states import UNKNOWN_EVENT, Status
-from . import options, pools, recording
-from .body import AttemptAPI, Unresolved
+from ..rules.states import Status
+from . import options, recording, supervision
+from .body import AttemptAPI
 from .claiming import answer_a_waiting_caller, result_policy
 from .refusals import announce_expiry, report_refused_message
 from .timelimits import HANDED, WORKER_LIMITS
@@ -129,7 +127,7 @@ class DeadlineRequest(Request):
     _latest_start: datetime | None = None
     _raw_time_limits: tuple[float | None, float | None] = (None, None)
     #: what the ledger wrote after a hard time limit (a status, or None), once decided
-    _time_limit_written: str | object | None = _UNDECIDED
+    _time_limit_written: str | object | None = supervision.UNDECIDED
     #: whether the hard time limit handed to the pool is the deadline's cap (shorter than
     #: the task's own, or the task has none): then a kill by it is the deadline's
     _capped_by_deadline: bool = False
@@ -439,166 +437,15 @@ class DeadlineRequest(Request):
     # -- the ledger, told by the supervisor about its pool processes -------------------
 
     def on_timeout(self, soft: bool, timeout: float) -> None:
-        if soft or self._time_limit_outcome(timeout) != Status.UNKNOWN:
+        if soft or supervision.time_limit_outcome(self, timeout) != Status.UNKNOWN:
             super().on_timeout(soft, timeout)  # stores TimeLimitExceeded for the caller
-        # else: an effect's outcome is unknown, and the caller was told so (below)
+        # else: an effect's outcome is unknown, and the caller was told so (supervision)
 
     def on_failure(
         self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
     ) -> None:
-        exc = getattr(exc_info, "exception", None)
-        if isinstance(exc, ExceptionWithTraceback):  # as Celery unwraps it
-            exc = exc.exc
-        # billiard reports a hard time limit here first, then calls on_timeout
-        if isinstance(exc, TimeLimitExceeded) and exc.args:
-            if self._time_limit_outcome(exc.args[0]) == Status.UNKNOWN:
-                return
-        elif isinstance(exc, WorkerLostError) and self._lost_to_the_ledger(exc):
-            return
-        elif isinstance(exc, Unresolved):
-            # Celery only acknowledges an Ignore: Flower would show STARTED for ever
-            self.send_event(UNKNOWN_EVENT, effects=exc.keys, detail=str(exc.args[0]))
-        super().on_failure(exc_info, send_failed_event, return_ok)
-
-    def _with_ledger(self) -> bool:
-        return isinstance(self.task, AttemptAPI) and ledger.enabled_for(self.task.app)
-
-    def _time_limit_outcome(self, timeout: float) -> str | None:
-        """The run's end after a hard time limit, written once in the ledger (whichever of
-        Celery's two hooks comes first): EXPIRED when the limit was the deadline's cap
-        (the attempt gate), FAILED ``time_limit`` when it was the task's own, UNKNOWN
-        when an effect's outcome is unknown. UNKNOWN is what the caller is told then, and
-        nothing else: Celery's ``TimeLimitExceeded`` would be a failure a waiting
-        ``get()`` raises for a run whose outcome is not known yet."""
-        if self._time_limit_written is not _UNDECIDED:
-            return self._time_limit_written  # type: ignore[return-value]
-        written: str | None = None
-        self._time_limit_written = written
-        if not self._with_ledger():
-            return None
-        # judged by the ledger's clock when a skew budget is set: a wall clock stepped
-        # back must not make the deadline's cap the task's own time limit
-        local = get_clock().now()
-        deadline = self._carried(local).deadline
-        now = self._judging_now(local) or local
-        if self._capped_by_deadline and deadline is not None:
-            # the limit that fired was the deadline's cap: a clock read a little early
-            # (or stepped back) does not make it the task's own (a run killed at its
-            # deadline is EXPIRED, never FAILED time_limit)
-            now = max(now, deadline)
-        status, reason = outcomes.after_time_limit(
-            deadline,
-            now,
-            delivery_task=getattr(self.task, "deadline_kind", None) == "delivery",
-        )
-        detail = f"hard time limit ({timeout} s) exceeded"
-        api = ledger.api_for(self.task.app)
-        try:
-            written = api.end_owned(
-                self.task.app,
-                task_id=self.id,
-                hostname=self.hostname,
-                pid=pools.owner_pid(self.worker_pid),  # the owner its claim named
-                status=status,
-                reason=reason,
-                detail=detail,
-            )
-        except Exception:  # the reconciler settles the lapsed lease instead
-            logger.exception("recording the time limit of %s in the ledger failed", self.id)
-        self._time_limit_written = written
-        if written == Status.UNKNOWN:
-            # a WARNING: the ERROR that pages a person comes from tell_caller_unknown,
-            # only when no reconciler of the task can settle the effect
-            logger.warning(
-                "Hard time limit (%s s) exceeded for %s[%s]: an effect's outcome is "
-                "unknown; the run ledger reconciles it",
-                timeout,
-                self.name,
-                self.id,
-            )
-            task_ready(self)
-            try:
-                api.tell_caller_unknown(self.task.app, self.id, detail, self.name)
-            except Exception:
-                logger.exception("storing the UNKNOWN state of %s failed", self.id)
-            # as Celery handles a timed-out message (the setting is not in the stubs)
-            self._end_message(requeue=not getattr(self.task, "acks_on_timeout", True))
-        return written
-
-    def _lost_to_the_ledger(self, exc: BaseException) -> bool:
-        """A lost pool process held the run's lease: the reconciler settles the run
-        (queued again, UNKNOWN, EXPIRED, or FAILED after too many lost leases) and tells
-        the caller. ``True`` then: Celery would store ``WorkerLostError`` now, a failure
-        a waiting ``get()`` raises for a run that may still succeed; nothing is stored,
-        and the message is handled as Celery handles it."""
-        if not self._with_ledger():
-            return False
-        try:
-            settled_by_ledger = ledger.api_for(self.task.app).lapse_owned(
-                self.task.app, self.id, self.hostname, pools.owner_pid(self.worker_pid), repr(exc)
-            )
-        except Exception:  # the lease lapses on its own; the reconciler settles it
-            logger.exception("recording the loss of %s in the ledger failed", self.id)
-            return False
-        if not settled_by_ledger:
-            return self._lost_after_its_success(exc)
-        task_ready(self)
-        logger.warning(
-            "%s[%s]: pool process lost (%r); the run ledger settles the run",
-            self.name,
-            self.id,
-            exc,
-        )
-        # as Celery handles a lost worker's message (the claim takes one delivery)
-        self._end_message(
-            requeue=bool(self.task.reject_on_worker_lost),
-            ack=getattr(self.task, "acks_on_failure", True),  # not in the stubs
-        )
-        return True
-
-    def _lost_after_its_success(self, exc: BaseException) -> bool:
-        """The pool process died after the ledger recorded SUCCEEDED: Celery would store
-        ``WorkerLostError`` over a success (over a ``SUCCESS`` already stored, too). The
-        result already stored stays; else the return value the completion kept is
-        stored. ``False`` (Celery's own handling) when the run did not succeed, or no
-        value was kept and none stored."""
-        task = self.task
-        try:
-            ended = ledger.api_for(task.app).ended_run(task.app, self.id)
-            if ended is None or ended.status != Status.SUCCEEDED or ended.task_name != task.name:
-                return False  # (another task's run under this id is not this message's)
-            stored = task.backend.get_task_meta(self.id, cache=False).get("status")
-            if stored != "SUCCESS":
-                if ended.result is None or result_policy(task).ignores_result:
-                    return False
-                value = ledger.api_for(task.app).read_result(task.app, ended.result)
-                task.backend.mark_as_done(self.id, value, request=self._context)
-        except Exception:  # Celery's own handling: the ledger still says SUCCEEDED
-            logger.exception("telling the success of %s after its pool process died", self.id)
-            return False
-        task_ready(self)
-        logger.warning(
-            "%s[%s]: pool process lost (%r) after the run SUCCEEDED; its result is %s",
-            self.name,
-            self.id,
-            exc,
-            "the one already stored" if stored == "SUCCESS" else "the value the ledger kept",
-        )
-        self._end_message(requeue=False)  # done: never delivered again
-        return True
-
-    def _end_message(self, *, requeue: bool, ack: bool = True) -> None:
-        """A late-acked message whose run the ledger settles: requeued, acknowledged or
-        rejected, as Celery's own ``on_failure``/``on_timeout`` would (an early-acked
-        one is gone already)."""
-        if not self.task.acks_late:
-            return
-        if requeue:
-            self.reject(requeue=True)
-        elif ack:
-            self.acknowledge()
-        else:
-            self.reject(requeue=False)
+        if not supervision.failed(self, exc_info):
+            super().on_failure(exc_info, send_failed_event, return_ok)
 
 
 class Strategies(dict[Any, Any]):
