@@ -16,7 +16,7 @@ Here the hooks gather the inputs (settings, headers, the clock), ask the pure ru
 With the Django app installed the run ledger is the admission gate too: ``apply_async``
 records the run before publishing, ``before_start`` claims it (a lost claim, a duplicate
 delivery, runs nothing: ``Ignore``), and ``__call__`` (which only a process where a ledger
-can be on has: :func:`hand_attempts_to_the_body`) writes the outcome under the claim's
+can be on has: :func:`graft_call_onto_deadline_task`) writes the outcome under the claim's
 fencing token. A stale attempt's refused write (:class:`StaleLease`) also
 becomes ``Ignore``: it must not store a result over the current owner's.
 """
@@ -39,7 +39,7 @@ from .install import install
 from .rules import gates, wire
 from .rules.budgets import UNSET
 
-#: Whether :class:`DeadlineTask` has its ``__call__`` (:func:`hand_attempts_to_the_body`),
+#: Whether :class:`DeadlineTask` has its ``__call__`` (:func:`graft_call_onto_deadline_task`),
 #: and ``before_start`` hands each attempt to it.
 _attempts_handed = False
 
@@ -172,7 +172,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
         """The attempt gate (and, with the ledger, the claim), which Celery's tracer runs
         right before it calls the task for the body. In a process where a ledger can be
-        on (:func:`hand_attempts_to_the_body`), what it keeps is handed to that call
+        on (:func:`graft_call_onto_deadline_task`), what it keeps is handed to that call
         (:data:`propagation.HANDED`); in any other, no ledger is asked, and a message
         with no header of its own is read no further."""
         request = propagation.pushed_request(self)
@@ -192,10 +192,15 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
 
     # -- the body, and its outcome written under the claim's token ------------------------
 
+    # ``__call__`` is this method, set on the class by :func:`graft_call_onto_deadline_task`
+    # where a ledger can be on, and only there: Celery's tracer calls a task's
+    # ``__call__`` instead of its ``run`` whenever its class defines one, and defined
+    # here it cost the header tier's pool process 4,100 instructions a message (+1.8 %:
+    # bench/worker_instructions.py --side child, 2026-12-05), with nothing for it to do.
     def _call_body(self, *args: Any, **kwargs: Any) -> Any:
-        """The task's ``__call__`` where a ledger can be on (:func:`hand_attempts_to_the_body`):
-        the body of the attempt :meth:`before_start` handed over, and its outcome written
-        under the claim's token; a direct call (no attempt handed over) as Celery's."""
+        """The task's ``__call__`` where a ledger can be on: the body of the attempt
+        :meth:`before_start` handed over, and its outcome written under the claim's
+        token; a direct call (no attempt handed over) as Celery's."""
         handed = HANDED.state
         if handed is None:
             # a direct call (from a body, or outside a worker): Celery's, as celery.Task
@@ -270,7 +275,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
             raising.pop()
 
 
-def hand_attempts_to_the_body() -> None:
+def graft_call_onto_deadline_task() -> None:
     """Give :class:`DeadlineTask` its ``__call__`` (once): every tracer Celery builds
     from then on calls the task for the body, right after ``before_start``, which hands
     it the attempt (the ledger's claim), and the body's outcome is written under the
@@ -307,11 +312,9 @@ def hand_attempts_to_the_body() -> None:
             "before the worker starts; Celery's Django fixup does, when "
             "DJANGO_SETTINGS_MODULE is set before the Celery app is made."
         )
-    # an attribute of the class, not a method in its body: Celery's tracer calls a
-    # task's __call__ whenever its class defines one, at about 3,000 instructions a
-    # message, and without a ledger there is nothing for it to do
+    # set here, not defined in the class's body: see DeadlineTask._call_body
     type.__setattr__(DeadlineTask, "__call__", DeadlineTask._call_body)
     _attempts_handed = True
 
 
-__all__ = ["DeadlineTask", "hand_attempts_to_the_body"]
+__all__ = ["DeadlineTask", "graft_call_onto_deadline_task"]

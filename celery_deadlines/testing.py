@@ -15,7 +15,7 @@ tests/django/test_ledger_contract.py holds the fake to the SQLite and PostgreSQL
 :mod:`celery_deadlines.pytest_plugin` installs a fresh one for every test of a suite.
 
 Importing this module gives ``DeadlineTask`` the ``__call__`` a ledger writes outcomes
-through (:func:`celery_deadlines.task.hand_attempts_to_the_body`): import it (or load
+through (:func:`celery_deadlines.task.graft_call_onto_deadline_task`): import it (or load
 the pytest plugin) before a test's worker starts, or the import raises
 :class:`~celery_deadlines.errors.ConfigurationError`.
 """
@@ -44,14 +44,14 @@ from .rules.states import (
     EffectState,
 )
 from .signals import report_operator_needed
-from .task import hand_attempts_to_the_body
+from .task import graft_call_onto_deadline_task
 
 __all__ = ["FakeClock", "FakeLedger", "use_clock", "use_ledger"]
 
 # A test installs this module's ledger (use_ledger) at any time, a worker thread of the
 # test's process may already be running: DeadlineTask's tracers must hand it attempts
 # from the start (a tracer built before would never write a claimed run's outcome).
-hand_attempts_to_the_body()
+graft_call_onto_deadline_task()
 
 
 class FakeClock:
