@@ -128,6 +128,9 @@ class DeadlineRequest(Request):
     _raw_time_limits: tuple[float | None, float | None] = (None, None)
     #: what the ledger wrote after a hard time limit (a status, or None), once decided
     _time_limit_written: str | object | None = supervision.UNDECIDED
+    #: whether the claim gate admitted the message in epoch seconds, by this worker's
+    #: clock (:func:`clearly_in_time`): the time-limit cap then measures in them too
+    _in_seconds: bool = False
     #: whether the hard time limit handed to the pool is the deadline's cap (shorter than
     #: the task's own, or the task has none): then a kill by it is the deadline's
     _capped_by_deadline: bool = False
@@ -183,9 +186,11 @@ class DeadlineRequest(Request):
         raw = self._request_dict.get(wire.DEADLINE_HEADER)
         if raw is not None:
             task = self._task  # Celery's property is a call more
-            if not (
-                type(raw) is float and isinstance(task, AttemptAPI) and clearly_in_time(task, raw)
-            ):
+            if type(raw) is float and isinstance(task, AttemptAPI) and clearly_in_time(task, raw):
+                # which rule judged it (not a reading): the time-limit cap Celery reads
+                # next measures in epoch seconds too, from a reading of its own
+                self._in_seconds = True
+            else:
                 refusal = self._claim_refusal()
                 if refusal is not None:
                     self._refuse(refusal)
@@ -239,12 +244,11 @@ class DeadlineRequest(Request):
         reads this once, right before it hands the job to the pool."""
         hard, soft = self._raw_time_limits
         worker = getattr(self._app, WORKER_LIMITS, None)
-        raw = self._request_dict.get(wire.DEADLINE_HEADER)
         remaining: float | None
-        if type(raw) is float and self._judged_locally():
-            # a header as this package writes it, judged by this worker's clock: the
-            # seconds it leaves, read now (no datetime built: this runs for every message)
-            remaining = raw - clock.epoch()
+        if self._in_seconds:
+            # admitted in epoch seconds by this worker's clock: the seconds its header
+            # leaves, read now (no datetime built: this runs for every message)
+            remaining = self._request_dict[wire.DEADLINE_HEADER] - clock.epoch()
         elif not stamping.carries_deadlines(self._request_dict):
             # nothing to cap by (no clock read: this runs for every message)
             self._request_dict[HANDED] = (None, None, worker)  # no cap
@@ -276,14 +280,6 @@ class DeadlineRequest(Request):
         if (hard is not None or soft is not None) and not (is_duration(hard) and is_duration(soft)):
             raise ValueError(f"timelimit {shown(value)} is not a pair of durations")
         self._raw_time_limits = (hard, soft)
-
-    def _judged_locally(self) -> bool:
-        """Whether this message's deadline is judged by this worker's clock (no clock-skew
-        budget: with one, the ledger's clock decides, as the clock watch estimates it)."""
-        task = self._task
-        return (
-            isinstance(task, AttemptAPI) and options.in_seconds(task, settings_for(task.app)).local
-        )
 
     def _remaining(self) -> float | None:
         """The seconds the message's deadline leaves now; ``None`` when it carries no

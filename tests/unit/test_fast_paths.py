@@ -69,17 +69,14 @@ def an_app(start: datetime) -> Iterator[Celery]:
 
 @contextmanager
 def full_rule_only() -> Iterator[None]:
-    """The claim gate's path in seconds switched off, and the time-limit cap's after it:
-    every message to the full rule."""
+    """The claim gate's path in seconds switched off, and so the time-limit cap's after
+    it: every message to the full rule."""
     clearly_in_time = requests.clearly_in_time
-    judged_locally = requests.DeadlineRequest._judged_locally
     requests.clearly_in_time = lambda task, deadline: False
-    requests.DeadlineRequest._judged_locally = lambda self: False
     try:
         yield
     finally:
         requests.clearly_in_time = clearly_in_time
-        requests.DeadlineRequest._judged_locally = judged_locally
 
 
 def _claimed(app: Celery, task: Any, deadline: float) -> tuple[bool, Any]:
