@@ -387,7 +387,7 @@ class FakeLedger:
         run = self.runs.get(task_id)
         if run is None or run.status not in TERMINAL:
             return None
-        return self._api.Expired(
+        return self._api.EndedRun(
             task_id=task_id,
             task_name=run.task_name,
             status=run.status,
@@ -437,7 +437,8 @@ class FakeLedger:
         reserve: timedelta,
         max_lost: int,
     ) -> str | None:
-        """The claim's condition, in the database ledger's order (``CLAIM_CHECKS``)."""
+        """The claim's condition, in the database ledger's order (the ``claim`` statement's
+        ``WHERE``, ``ledger/sql/runs.sql``)."""
         live = run.status == "RUNNING" and (run.lease_expires_at or now) > now
         # a lapsed lease is taken over only after the grace: its supervisor ends it first
         held = run.status == "RUNNING" and (

@@ -21,7 +21,7 @@ from ..errors import DeadlineRefused, StaleLease
 from ..ledger._crashpoints import hit
 from ..rules import gates, outcomes
 from ..rules.budgets import Anchor
-from ..rules.records import Expired
+from ..rules.records import EndedRun
 from ..rules.states import Status
 from . import claiming, pools
 from .body import Paused, Unresolved, end_unresolved
@@ -166,5 +166,5 @@ def end_eager_overrun(attempt: Attempt, *, task: Any) -> DeadlineRefused | None:
     written = attempt.end_overrun(Status.EXPIRED, reason.value, detail)
     if written != Status.EXPIRED:
         return None
-    ended = Expired(attempt.lease.task_id, task.name, written, reason.value, deadline, detail)
+    ended = EndedRun(attempt.lease.task_id, task.name, written, reason.value, deadline, detail)
     return ended.refusal(gates.Gate.ATTEMPT.value, now, detail)

@@ -15,7 +15,7 @@ deadline, the caller is told what Celery tells of a message whose ``expires`` pa
 ``expired=True``), so that an ``except TaskRevokedError`` written for Celery keeps
 catching it. The rule is :func:`~celery_deadlines.rules.outcomes.told_as_celery_expiry`;
 the ledger keeps the refusal's own reason either way, and tells the runs it ends itself
-the same way (:mod:`celery_deadlines.ledger.telling`).
+the same way (:mod:`celery_deadlines.ledger.celery_report`).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from ..errors import LedgerUnreachable
 from ..rules.limits import AttemptLimits, claim_detail
 from ..rules.records import (
     ClaimRefused,
-    Expired,
+    EndedRun,
     Held,
     KeptResult,
     Lease,
@@ -48,8 +48,8 @@ from .sql.rows import ExistingRun
 __all__ = [
     "Attempt",
     "ClaimRefused",
+    "EndedRun",
     "ExistingRun",
-    "Expired",
     "Held",
     "Lease",
     "NewRun",
@@ -442,7 +442,7 @@ def end_owned(
     )
 
 
-def ended_run(app: Any, task_id: str) -> Expired | None:
+def ended_run(app: Any, task_id: str) -> EndedRun | None:
     """How the run of ``task_id`` ended (its status, reason, detail and deadline), or
     ``None`` if it has not ended or is not recorded."""
     return _attempts_store(app).runs.ended(task_id)
