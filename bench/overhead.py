@@ -111,7 +111,7 @@ def library_publish_cost(calls: int) -> float:
     from celery import Celery
 
     from celery_deadlines import DeadlineTask
-    from celery_deadlines.core.propagation import on_before_task_publish
+    from celery_deadlines.core.publishing import on_before_task_publish
 
     app = Celery("bench-library", broker="memory://", set_as_current=False)
 

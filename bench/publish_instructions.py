@@ -32,7 +32,10 @@ sys.path.insert(0, sys.argv[1])
 import celery.app.task
 from celery import Celery
 from celery_deadlines import DeadlineTask
-from celery_deadlines.core.propagation import on_before_task_publish
+try:
+    from celery_deadlines.core.publishing import on_before_task_publish
+except ImportError:  # a tree from before issue 46 (--against) keeps it in core.propagation
+    from celery_deadlines.core.propagation import on_before_task_publish
 
 app = Celery("bench-instructions", broker="memory://", set_as_current=False)
 

@@ -18,11 +18,11 @@ class CeleryDeadlinesConfig(AppConfig):
         from .core import preflight  # checks: registers the system checks
         from .install import install
         from .ledger import worker
-        from .task import hand_attempts_to_the_body
+        from .task import graft_call_onto_deadline_task
 
         install()
         preflight.use_system_checks(checks.errors)  # a worker or beat starts on none
-        hand_attempts_to_the_body()
+        graft_call_onto_deadline_task()
         worker.connect()
         setting_changed.connect(_reload_settings, dispatch_uid="celery_deadlines.reload")
 

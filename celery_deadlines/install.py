@@ -7,9 +7,9 @@ from celery.signals import before_task_publish
 
 from .contrib import opentelemetry, prometheus, sentry
 from .core import canvas, pools, preflight, request, telemetry, timelimits
-from .core.propagation import on_before_task_publish
+from .core.publishing import on_before_task_publish
 
-_DISPATCH_UID = "celery_deadlines.core.propagation.on_before_task_publish"
+_DISPATCH_UID = "celery_deadlines.core.publishing.on_before_task_publish"
 
 
 def install() -> None:

@@ -16,105 +16,35 @@ Here the hooks gather the inputs (settings, headers, the clock), ask the pure ru
 With the Django app installed the run ledger is the admission gate too: ``apply_async``
 records the run before publishing, ``before_start`` claims it (a lost claim, a duplicate
 delivery, runs nothing: ``Ignore``), and ``__call__`` (which only a process where a ledger
-can be on has: :func:`hand_attempts_to_the_body`) writes the outcome under the claim's
+can be on has: :func:`graft_call_onto_deadline_task`) writes the outcome under the claim's
 fencing token. A stale attempt's refused write (:class:`StaleLease`) also
 becomes ``Ignore``: it must not store a result over the current owner's.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
-from collections.abc import Mapping, MutableMapping
 from datetime import datetime, timedelta
-from functools import partial
-from traceback import format_exception
-from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
+from typing import Any, ClassVar
 
 from celery import Task
-from celery.exceptions import Ignore, Reject, Retry
-from celery.utils import uuid
+from celery.exceptions import Retry
 
-from . import conf, ledger
-from .clock import get_clock
+from . import ledger
 from .conf import settings_for
-from .core import (
-    cancelling,
-    claiming,
-    options,
-    pools,
-    propagation,
-    recording,
-    seconds,
-    telemetry,
-    timelimits,
-)
-from .core.body import AttemptAPI, Paused, Unresolved, end_unresolved
-from .core.propagation import HANDED, NOTHING_KEPT, STAMPED, attempt_state
-from .core.refusals import (
-    ToldRevoked,
-    report_refusal,
-    report_refused_message,
-    tell_refusal,
-    told_revoked_or_ignored,
-)
-from .errors import (
-    ConfigurationError,
-    DeadlineRefused,
-    DispatchRefused,
-    PlanRefused,
-    ReservedHeader,
-    StaleLease,
-)
+from .core import finishing, options, propagation, publishing, retrying, starting, timelimits
+from .core.body import AttemptAPI, end_unresolved
+from .core.propagation import HANDED, NOTHING_KEPT, attempt_state
+from .errors import ConfigurationError, DeadlineRefused, DispatchRefused, PlanRefused
 from .install import install
-from .ledger._crashpoints import hit
-from .rules import gates, outcomes, stamping, wire
-from .rules.budgets import UNSET, Anchor
-from .rules.quoting import shown
-from .rules.records import ENDED_IT, EndedRun
-from .rules.states import Status
+from .rules import gates, wire
+from .rules.budgets import UNSET
 
-if TYPE_CHECKING:
-    from .ledger.attempt import Attempt
-
-logger = logging.getLogger("celery_deadlines")
-
-#: Whether :class:`DeadlineTask` has its ``__call__`` (:func:`hand_attempts_to_the_body`),
+#: Whether :class:`DeadlineTask` has its ``__call__`` (:func:`graft_call_onto_deadline_task`),
 #: and ``before_start`` hands each attempt to it.
 _attempts_handed = False
 
 #: The refusals a run may end with (see ``DeadlineTask.throws``).
 EXPECTED: tuple[type[Exception], ...] = (DeadlineRefused, PlanRefused, DispatchRefused)
-
-
-class _EagerRuns(threading.local):
-    """The eager runs (``apply()``) this thread is in, innermost last: whether each
-    raises its body's error to its caller (``throw``, by default the app's
-    ``task_eager_propagates``), as Celery's tracer then does with a retry too."""
-
-    def __init__(self) -> None:
-        self.raising: list[bool] = []
-
-
-_eager_runs = _EagerRuns()
-
-
-class _EndedCancelled(ToldRevoked):
-    """A cancelled run's attempt, ended ``cancelled`` and its caller told ``REVOKED``:
-    Celery's tracer stores nothing more (an ``Ignore``), the worker's main process
-    announces it (``task-revoked``)."""
-
-
-class _Told(propagation.AttemptState):
-    """An eager call of a run that had ended (:class:`claiming.Ended`), handed to the
-    task's call instead of an attempt: the call tells the run's outcome, the body is
-    not run."""
-
-    __slots__ = ("ended",)
-
-    def __init__(self, ended: claiming.Ended) -> None:
-        super().__init__(stamping.NOTHING)
-        self.ended = ended
 
 
 class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
@@ -233,420 +163,59 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         ...) and :class:`ConfigurationError` for a bad setting. Either way nothing is
         published.
         """
-        given = call.get("headers")
-        if given:
-            refuse_reserved_headers(self.name, given)
-        with_ledger = self._with_ledger()
-        if not with_ledger:
-            stamped = seconds.stamp_own_budget(self, call, task_id)
-            if stamped is not None:
-                return self._send(
-                    stamped, args, kwargs, task_id, producer, link, link_error, shadow, call
-                )
-        stamp, starts_at = self._stamp(call, task_id, with_ledger)
-        if not with_ledger:
-            stamped = stamp is not None
-            return self._send(
-                stamped, args, kwargs, task_id, producer, link, link_error, shadow, call
-            )
-        assert stamp is not None  # the ledger records every run it publishes
-        task_id = task_id or uuid()
-
-        def send() -> Any:
-            return self._send(True, args, kwargs, task_id, producer, link, link_error, shadow, call)
-
-        links = {"link": link, "link_error": link_error, "shadow": shadow}
-        return recording.publish(
+        return publishing.publish(
             self,
+            super().apply_async,
             args,
             kwargs,
-            task_id=task_id,
-            call=call,
-            links=links,
-            stamp=stamp,
-            available_at=starts_at,
-            send=send,
+            task_id,
+            producer,
+            link,
+            link_error,
+            shadow,
+            call,
         )
-
-    def _stamp(
-        self, call: dict[str, Any], task_id: str | None, with_ledger: bool
-    ) -> tuple[stamping.Stamp | None, datetime | None]:
-        """Stamp the publish's headers into ``call`` (taking this package's options out
-        of it) and return the stamp and when the message may first start; ``None`` for
-        the stamp when there is no deadline anywhere and no ledger (the message is
-        Celery's own, and no clock is read). Raises the enqueue gate's refusal."""
-        settings = settings_for(self.app)
-        times = options.times(self, settings)  # the task's durations, worked out once
-        # inline, not a call, on this path of every publish: the same steps as
-        # canvas.publish_stamp(), which the workflow gate uses; tests/unit/test_canvas.py
-        # holds the two equal
-        parent = propagation.inherited()
-        if parent is stamping.NOTHING and not with_ledger and times.name_nothing(call):
-            return None, None
-        now = get_clock().now()
-        given = call.get("headers")
-        headers = dict(given) if given else {}
-        if self.deadline_kind == "delivery" and parent is not stamping.NOTHING:
-            # a notification lives by the delivery deadline, never by the execution one
-            parent = parent._replace(deadline=parent.delivery)
-        if parent.unreadable is not None:
-            detail = "the parent task's deadline is unreadable"
-            self._refuse_enqueue(gates.invalid(gates.Gate.ENQUEUE, now, detail), task_id, None)
-        own = options.own_deadlines(self, call, headers, now, times)
-        if own is stamping.NO_OWN and parent is stamping.NOTHING and not with_ledger:
-            # call options that name no instant (``budget=None``) on a task with no
-            # budget, outside any task or scope: nothing to stamp or gate, as above
-            return None, None
-        # the caller's ``expires``, else the task's (an explicit None clears it, as Celery's
-        # own merge of the task's options does)
-        expires = call.get("expires", self.expires)
-        stamp = stamping.stamp_for(own, parent, now=now, expires=expires, task_id=task_id)
-        governed = stamp.governed
-        if governed.clamped_from is not None and own.source == "call":
-            propagation.log_clamp(self.name, task_id, governed)
-        starts_at = options.start_of(call, now)
-        if governed.deadline is not None:
-            reserve = times.duration("reserve")
-            start = now if starts_at is None or starts_at < now else starts_at
-            if start > gates.latest_start(governed.deadline, reserve):
-                decision = gates.admit(
-                    gates.Gate.ENQUEUE, governed.deadline, now, reserve, starts_at=starts_at
-                )
-                self._refuse_enqueue(decision, task_id, reserve)
-        stamp = stamping.for_deadline_task(stamp, expires=expires, starts_at=starts_at)
-        stamping.write(headers, stamp)
-        if headers:
-            call["headers"] = headers
-        return stamp, starts_at
-
-    def _send(
-        self,
-        stamped: bool,
-        args: Any,
-        kwargs: Any,
-        task_id: str | None,
-        producer: Any,
-        link: Any,
-        link_error: Any,
-        shadow: str | None,
-        call: dict[str, Any],
-    ) -> Any:
-        """Celery's own publish of the message as :meth:`_stamp` left it: the one way
-        into Celery. A ``stamped`` message is published under :data:`propagation.STAMPED`,
-        so the publish hook does not stamp it again (its id, Celery's to make otherwise,
-        is made here); an unstamped one is judged by the hook like any message."""
-        if not stamped:
-            return super().apply_async(
-                args, kwargs, task_id, producer, link, link_error, shadow, **call
-            )
-        task_id = task_id or uuid()
-        token = STAMPED.set(task_id)
-        try:
-            return super().apply_async(
-                args, kwargs, task_id, producer, link, link_error, shadow, **call
-            )
-        finally:
-            STAMPED.reset(token)
-
-    def _refuse_enqueue(
-        self, decision: gates.Decision, task_id: str | None, reserve: timedelta | None
-    ) -> NoReturn:
-        """Refuse the publish (``reserve``: the task's, given with a refusal for the
-        deadline: see :func:`recording.record_refusal`)."""
-        decision = self._kind_of(decision)
-        report_refusal(self, task_id, self.name, decision)
-        refusal = decision.refusal()
-        if self._with_ledger():
-            # the refused run is on record too (under a fresh id if the caller gave none)
-            recording.record_refusal(
-                self.app,
-                decision,
-                task_name=self.name,
-                task_id=task_id or uuid(),
-                retries=0,
-                reserve=reserve,
-                dedicated=False,
-            )
-        raise refusal
 
     # -- attempt gate (runs in the pool process, right before the body) ------------------
 
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
         """The attempt gate (and, with the ledger, the claim), which Celery's tracer runs
         right before it calls the task for the body. In a process where a ledger can be
-        on (:func:`hand_attempts_to_the_body`), what it keeps is handed to that call
+        on (:func:`graft_call_onto_deadline_task`), what it keeps is handed to that call
         (:data:`propagation.HANDED`); in any other, no ledger is asked, and a message
         with no header of its own is read no further."""
         request = propagation.pushed_request(self)
         if _attempts_handed:
-            HANDED.state = self._start(request, self._with_ledger()) or NOTHING_KEPT
+            HANDED.state = starting.start(self, request, self._with_ledger()) or NOTHING_KEPT
             return
         headers = request.headers
         if headers is None:
             return  # no header of the caller's: no deadline
-        if type(headers) is dict:  # as :meth:`_start` without the ledger, inline: every message
+        if type(headers) is dict:  # as starting.start without the ledger, inline: every message
             raw = headers.get(wire.DEADLINE_HEADER)
             if type(raw) is float:
-                if seconds.start(self, request, headers, raw) is None:
-                    self._start_in_full(request, headers, False)  # not clearly in time
+                if starting.start_in_seconds(self, request, headers, raw) is None:
+                    starting.start_in_full(self, request, headers, False)  # not clearly in time
                 return
-        self._start(request, False)
-
-    def _start(self, request: Any, with_ledger: bool) -> propagation.AttemptState | None:
-        """Anchor the attempt's budget on the monotonic clock, or refuse to start it (and,
-        ``with_ledger``, claim the run); ``None`` when there is nothing to keep: no
-        deadline, no ledger (what the body's children inherit is then nothing, and
-        nothing is read but the headers: this runs for every message).
-
-        A deadline header as this package writes it (epoch seconds), clearly in time,
-        with no ledger and no tracing to tell, is admitted in epoch seconds; every other
-        case, the edges included, by :meth:`_start_in_full`."""
-        headers = request.headers
-        if type(headers) is not dict:  # as Celery makes them (checked first: ABCs are slow)
-            headers = propagation.headers_of(request)  # whatever the caller gave Celery
-        raw = headers.get(wire.DEADLINE_HEADER)
-        if not with_ledger:
-            if raw is None and wire.DELIVERY_DEADLINE_HEADER not in headers:
-                return None  # nothing to gate, nothing to anchor, no claim, no clock read
-            if type(raw) is float:
-                state = seconds.start(self, request, headers, raw)
-                if state is not None:
-                    return state
-        return self._start_in_full(request, headers, with_ledger)
-
-    def _start_in_full(
-        self, request: Any, headers: MutableMapping[str, Any], with_ledger: bool
-    ) -> propagation.AttemptState:
-        """:meth:`_start` with datetimes, the ledger's claim and tracing."""
-        task_id = request.id
-        carries = stamping.carries_deadlines(headers)
-        if not carries and not with_ledger:
-            # the state alone (what the body's children inherit, and its origin)
-            return propagation.begin(request, stamping.carried_nothing(headers, task_id))
-        clock = get_clock()
-        now = clock.now()
-        # read together: the budget is anchored at this instant, whatever the claim takes
-        started = clock.monotonic()
-        settings = settings_for(self.app)
-        times = options.times(self, settings)
-        carried = stamping.read_headers(
-            headers, now, times.horizon if carries else gates.ZERO, task_id
-        )
-        state = propagation.begin(request, carried)
-        if carried.unreadable is not None:
-            detail = f"unreadable deadline header {shown(carried.unreadable)}"
-            self._refuse_attempt(gates.invalid(gates.Gate.ATTEMPT, now, detail), task_id, None)
-        deadline = carried.deadline
-        if deadline is None and not with_ledger:
-            return state  # nothing to gate, nothing to anchor, no claim
-        reserve = times.duration("reserve")
-        # With a clock-skew budget the ledger's clock decides (docs/explanation/run-ledger.md: the
-        # clock-skew hold comes before the deadline): the claim measures this clock
-        # against it, holds the run if they disagree, and checks the deadline by the
-        # database clock.
-        skew_budget = settings.get(conf.CLOCK_SKEW_BUDGET) if with_ledger else None
-        if (
-            deadline is not None
-            and skew_budget is None
-            and now > gates.latest_start(deadline, reserve)
-        ):
-            self._refuse_attempt(
-                gates.admit(gates.Gate.ATTEMPT, deadline, now, reserve), task_id, reserve
-            )
-        if with_ledger:
-            hit("claim.before", task_id)
-            attempt = claiming.claim(
-                claiming.Claim(
-                    caller=claiming.caller_of(self),
-                    sender=self,
-                    task_id=task_id,
-                    request=request,
-                    deadline=deadline,
-                    lease=self.lease_duration(),
-                    reserve=reserve,
-                    serializer=self.serializer,
-                    requeue=bool(self.acks_late and not request.is_eager),
-                )
-            )
-            if isinstance(attempt, claiming.NOT_RUN):
-                if isinstance(attempt, claiming.Ended):
-                    return _Told(attempt)
-                self._end_unclaimed(attempt, task_id, reserve)
-            hit("claim.after", task_id)
-            state.attempt = attempt
-            if attempt.lease.deadline is not None and (
-                deadline is None or attempt.lease.deadline < deadline
-            ):
-                # the ledger's deadline is the authority; a header can only shorten it
-                deadline = attempt.lease.deadline
-                state.carried = carried._replace(deadline=deadline)
-            if skew_budget is not None and attempt.reading is not None:
-                now = attempt.reading.corrected(now)  # remaining time by the ledger's clock
-            attempt.start()
-        if deadline is not None:
-            state.anchor = Anchor.at(deadline, now, started)
-            if state.attempt is not None:
-                state.attempt.deadline_at = state.anchor.deadline_monotonic()
-                # a cancel learnt at a renewal pulls the attempt's deadline in (and
-                # terminates the body of a task that declares cancel_terminates)
-                state.attempt.termination = cancelling.termination_for(self, request)
-                state.attempt.pulled_in = partial(cancelling.learnt, state)
-        telemetry.annotate_attempt(
-            deadline=deadline,
-            now=now,
-            headers=headers,
-            lease_token=state.attempt.lease.token if state.attempt is not None else None,
-        )
-        return state
-
-    def _end_unclaimed(
-        self,
-        not_run: claiming.Refused | claiming.NotRun | claiming.Unreachable,
-        task_id: str,
-        reserve: timedelta,
-    ) -> NoReturn:
-        """End a delivery the claim did not run, as its outcome says, in Celery's terms."""
-        if isinstance(not_run, claiming.Refused):
-            self._refuse_attempt(not_run.decision, task_id, reserve)
-        if isinstance(not_run, claiming.Unreachable):
-            if not_run.requeue:
-                raise Reject(str(not_run.error), requeue=True) from not_run.error
-            raise not_run.error
-        raise Ignore(not_run.why)
-
-    def _refuse_attempt(
-        self, decision: gates.Decision, task_id: str, reserve: timedelta | None
-    ) -> NoReturn:
-        """Refuse to run this delivery: record it, store the typed refusal as the task's
-        failure, or Celery's own expiry (:mod:`celery_deadlines.core.refusals`), unless another
-        attempt's result stands, and end it with ``Ignore`` (``reserve``: the task's,
-        given with a refusal for the deadline). An eager run's caller waits in this very
-        call: the refusal is raised, and Celery raises it to the caller or keeps it in
-        the ``EagerResult`` as any eager failure."""
-        decision = self._kind_of(decision)
-        refusal = decision.refusal()
-        request = self.request
-        eager = bool(request.is_eager)
-        outcome = ENDED_IT  # without the ledger every refusal ends its run
-        if self._with_ledger():
-            try:
-                outcome = recording.record_refusal(
-                    self.app,
-                    decision,
-                    task_name=self.name,
-                    task_id=task_id,
-                    retries=int(request.retries or 0),
-                    reserve=reserve,
-                )
-            except Exception:
-                report_refusal(self, task_id, self.name, decision)
-                raise
-        # recorded first: a late delivery of a run that had ended is not its refusal again
-        report_refused_message(self, self.app, task_id, self.name, decision, outcome)
-        if not outcome:
-            # already ended, or another attempt owns the run: its result stands
-            if eager:
-                raise refusal
-            raise Ignore(str(refusal))
-        if eager:
-            raise refusal
-        source = stamping.header_source(propagation.headers_of(request))
-        tell_refusal(
-            self.backend,
-            task_id,
-            refusal,
-            source=source,
-            request=request,
-            store_result=claiming.caller_of(self).stores_errors,
-        )
-        raise told_revoked_or_ignored(refusal, source)
+        starting.start(self, request, False)
 
     # -- the body, and its outcome written under the claim's token ------------------------
 
+    # ``__call__`` is this method, set on the class by :func:`graft_call_onto_deadline_task`
+    # where a ledger can be on, and only there: Celery's tracer calls a task's
+    # ``__call__`` instead of its ``run`` whenever its class defines one, and defined
+    # here it cost the header tier's pool process 4,100 instructions a message (+1.8 %:
+    # bench/worker_instructions.py --side child, 2026-12-05), with nothing for it to do.
     def _call_body(self, *args: Any, **kwargs: Any) -> Any:
-        """The task's ``__call__`` where a ledger can be on (:func:`hand_attempts_to_the_body`):
-        the body of the attempt :meth:`before_start` handed over, and its outcome written
-        under the claim's token; a direct call (no attempt handed over) as Celery's."""
+        """The task's ``__call__`` where a ledger can be on: the body of the attempt
+        :meth:`before_start` handed over, and its outcome written under the claim's
+        token; a direct call (no attempt handed over) as Celery's."""
         handed = HANDED.state
         if handed is None:
             # a direct call (from a body, or outside a worker): Celery's, as celery.Task
             return super().__call__(*args, **kwargs)
         HANDED.state = None  # taken: a call from the body is a direct one
-        # Called by Celery's tracer right after before_start, which already pushed the
-        # request and the task: the body runs on that request, as Celery runs a
-        # celery.Task's (never push twice).
-        attempt = handed.attempt
-        if attempt is None:
-            if type(handed) is _Told:  # an eager call of a run that had ended
-                if handed.ended.error is not None:
-                    raise handed.ended.error
-                return handed.ended.value
-            from .core.database import capped  # here: see _run_claimed
-
-            with capped(self.app, handed.anchor):
-                return self.run(*args, **kwargs)
-        return self._run_claimed(attempt, args, kwargs, handed.anchor)
-
-    def _run_claimed(
-        self, attempt: Attempt, args: Any, kwargs: Any, anchor: Anchor | None = None
-    ) -> Any:
-        """The body of a claimed attempt, and its outcome written under its token. The
-        body's queries end by the deadline (``anchor``'s: :mod:`.core.database`)."""
-        # imported here, where a body runs with a ledger: a module-level import costs the
-        # header tier's main process 0.9 % of its instructions per message (bench/README.md)
-        from .core.database import capped
-
-        try:
-            try:
-                try:
-                    with capped(self.app, anchor):
-                        result = cancelling.terminable(
-                            attempt.termination, self.run, *args, **kwargs
-                        )
-                finally:
-                    attempt.stop()  # no renewal may follow the attempt's final write
-                if attempt.unresolved:
-                    end_unresolved(attempt, task=self)
-                if attempt.cancelled:
-                    self._end_cancelled(attempt)
-                attempt.succeed(self._result_to_keep(result))
-                hit("run.completed", self.request.id)
-                return result
-            except (Retry, StaleLease, Unresolved, Paused, _EndedCancelled):
-                raise  # written by apply_async / by nobody (stale) / as UNKNOWN / PAUSED
-            except BaseException as exc:
-                if pools.stopped_by_the_pool(exc):
-                    raise  # the worker writes the run's end at the limit, as prefork's
-                if attempt.cancelled and not attempt.unresolved:
-                    terminated = isinstance(exc, cancelling.TerminatedByCancel)
-                    self._end_cancelled(attempt, terminated=terminated)
-                end_after_body(attempt, exc, task=self)
-                raise
-        except StaleLease as exc:
-            if self.request.is_eager:
-                refusal = end_eager_overrun(attempt, task=self)
-                if refusal is not None:
-                    raise refusal from exc
-            logger.warning("%s[%s]: %s; nothing stored", self.name, self.request.id, exc)
-            raise Ignore(str(exc)) from exc
-
-    def _end_cancelled(self, attempt: Attempt, *, terminated: bool = False) -> NoReturn:
-        """The end of a body whose run was cancelled while it ran (its renewal found the
-        deadline pulled in): ``EXPIRED`` ``cancelled`` whatever the body returned or
-        raised, and its caller told Celery's revoke (``REVOKED``), as every run of the
-        cancelled tree is. A lease lapsed meanwhile raises :class:`StaleLease`: the
-        reconciler ends the run ``cancelled`` then. ``terminated``: the cancel terminated
-        the body (its task's ``cancel_terminates``)."""
-        detail = "cancelled while it ran: its deadline was pulled in" + (
-            "; its body was terminated" if terminated else ""
-        )
-        attempt.end(Status.EXPIRED, gates.Reason.CANCELLED.value, detail)
-        cancelling.announce_ended(self, self.request.id, detail)
-        if claiming.caller_of(self).stores_errors:
-            self.backend.mark_as_revoked(
-                self.request.id, outcomes.CELERY_REVOKED, request=self.request
-            )
-        raise _EndedCancelled(outcomes.CELERY_REVOKED, detail, terminated)
+        return finishing.run_body(self, handed, args, kwargs)
 
     # -- retry gate ------------------------------------------------------------------------
 
@@ -675,74 +244,20 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         if attempt is not None and attempt.unresolved:
             end_unresolved(attempt, exc, task=self)  # never retry blindly after an ambiguous call
         anchor = state.anchor if state is not None else None
-        if anchor is not None and not self._retries_exhausted(max_retries):
-            self._admit_retry(anchor, eta, countdown, exc)
+        if anchor is not None and not retrying.retries_exhausted(self, max_retries):
+            retrying.admit_retry(self, anchor, eta, countdown, exc)
         if state is None:
             return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **call)
         state.retrying = True  # the publish Celery makes next is this attempt's retry
         try:
             retried = super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **call)
         except Retry as raised:
-            self._hand_to_eager_retry(state.attempt, raised, raised=True)
+            retrying.hand_to_eager_retry(self, state.attempt, raised, raised=True)
             raise
         finally:
             state.retrying = False
-        self._hand_to_eager_retry(state.attempt, retried, raised=False)
+        retrying.hand_to_eager_retry(self, state.attempt, retried, raised=False)
         return retried
-
-    def _hand_to_eager_retry(self, attempt: Attempt | None, retry: object, *, raised: bool) -> None:
-        """An eager retry (``apply()`` runs it in place) is handed the run
-        (:func:`recording.hand_to_eager_retry`), unless Celery raises it to the caller
-        instead and runs none (``raised`` by an eager run that propagates its errors:
-        ``task_eager_propagates``): the attempt then ends with it, as with any error
-        its caller is given."""
-        if (
-            raised
-            and attempt is not None
-            and isinstance(retry, Retry)
-            and getattr(retry, "is_eager", False)
-            and _eager_runs.raising
-            and _eager_runs.raising[-1]
-        ):
-            end_after_body(attempt, retry, task=self)
-            return
-        recording.hand_to_eager_retry(self, attempt, retry)
-
-    def _admit_retry(
-        self, anchor: Anchor, eta: datetime | None, countdown: float | None, exc: Exception | None
-    ) -> None:
-        clock = get_clock()
-        now = clock.now()
-        wait = gates.retry_wait(eta, countdown, self.default_retry_delay, now)
-        decision = gates.allow_retry(
-            anchor.deadline,
-            now,
-            remaining=anchor.remaining(clock.monotonic()),
-            countdown=wait,
-            attempt_timeout=self._attempt_duration(),
-            skew_allowance=settings_for(self.app).get(conf.CLOCK_SKEW_ALLOWANCE),
-            reserve=self._reserve_duration(),
-        )
-        if decision.allowed:
-            return
-        if exc is not None:
-            decision = decision._replace(detail=f"{decision.detail}; last error {shown(exc, 500)}")
-        report_refusal(self, self.request.id, self.name, decision)
-        raise decision.refusal() from exc
-
-    def _retries_exhausted(self, max_retries: int | None) -> bool:
-        limit = self.max_retries if max_retries is None else max_retries
-        return limit is not None and self.request.retries + 1 > limit
-
-    # -- helpers -------------------------------------------------------------------------
-
-    def _result_to_keep(self, result: Any) -> Any:
-        """The return value the ledger keeps with the run's end, so a redelivery after
-        a worker died before Celery stored it tells the caller: nothing when Celery
-        would store nothing (``ignore_result``)."""
-        if self.ignore_result:
-            return None
-        return ledger.api_for(self.app).keep_result(self.app, result)
 
     def _with_ledger(self) -> bool:
         """Is this run recorded in the ledger? The Django app is on (or a test installed
@@ -760,7 +275,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         if not ledger.enabled_for(self.app):
             return super().apply(args, kwargs, *more, **options)
         throw = options.get("throw", more[4] if len(more) > 4 else None)
-        raising = _eager_runs.raising
+        raising = retrying.EAGER_RUNS.raising
         raising.append(bool(self.app.conf.task_eager_propagates if throw is None else throw))
         try:
             with ledger.api_for(self.app).eager_run(self.app):
@@ -769,73 +284,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
             raising.pop()
 
 
-def refuse_reserved_headers(task_name: str, headers: Any) -> None:
-    """Raise :class:`ReservedHeader` if a publish's ``headers`` name a field of Celery's own
-    message (:func:`~celery_deadlines.rules.stamping.reserved_headers`): Celery would let
-    the header replace it (the message's id, its task). Nothing has been recorded or
-    published yet."""
-    reserved = stamping.reserved_headers(headers if isinstance(headers, Mapping) else dict(headers))
-    if reserved:
-        uses = "; ".join(f"{key}: {stamping.PROTOCOL_HEADERS[key]}" for key in reserved)
-        raise ReservedHeader(
-            f"{task_name}: apply_async(headers=...) sets {', '.join(reserved)}, which "
-            "Celery's own message fields are: a header of that name would replace the "
-            "field (another run's id, another task). Set them with their own options "
-            f"({uses}); nothing was published"
-        )
-
-
-def end_after_body(attempt: Attempt, exc: BaseException, *, task: Any = None) -> None:
-    """Write the run's outcome for a body that raised ``exc``, as Celery reads ``exc``
-    (the caller re-raises it). With an effect dispatched and no outcome known, whatever
-    was raised, the run ends UNKNOWN and :class:`~celery_deadlines.core.body.Unresolved` is
-    raised instead: never FAILED, never released to run again. A run that fails after
-    effects were performed names them in its record and in ``exc``'s notes."""
-    if attempt.unresolved:
-        end_unresolved(attempt, exc, task=task)
-    celery: outcomes.CeleryEnd = None
-    if isinstance(exc, Ignore):
-        celery = "ignore"
-    elif isinstance(exc, Reject):
-        celery = "requeue" if getattr(exc, "requeue", False) else "reject"
-    outcome = outcomes.after_body(
-        exc, celery=celery, unresolved_keys=attempt.unresolved, performed=attempt.performed
-    )
-    note = outcomes.note_for(outcome, attempt.performed)
-    if note is not None:
-        # the caller's error says it too: its traceback (any result serializer) and
-        # the exception's notes (a pickling backend, an eager run, Sentry)
-        exc.add_note(note)
-    if outcome.released:
-        attempt.release(outcome.detail)
-    elif outcome.status == Status.FAILED:
-        # the run's page and explain show what Celery's result would (bounded)
-        trace = outcomes.bounded_traceback("".join(format_exception(exc)))
-        attempt.end(outcome.status, outcome.reason, outcome.detail, trace)
-    elif outcome.status is not None:
-        attempt.end(outcome.status, outcome.reason, outcome.detail)
-
-
-def end_eager_overrun(attempt: Attempt, *, task: Any) -> DeadlineRefused | None:
-    """The refusal an eager body that ran past its deadline ends with, its run ended
-    EXPIRED (UNKNOWN when an effect lacks an outcome): its end was refused, and no
-    worker's supervisor or reconciler will end the run, as they end a worker's. ``None``
-    when the deadline has not passed by the ledger's clock (the lease was lost otherwise)
-    or the run is not this attempt's any more: nothing is changed then."""
-    deadline = attempt.lease.deadline
-    now = attempt.database_now()
-    if deadline is None or now < deadline:
-        return None
-    reason = gates.expiry_reason(delivery_task=getattr(task, "deadline_kind", None) == "delivery")
-    detail = "the eager body ran past its deadline"
-    written = attempt.end_overrun(Status.EXPIRED, reason.value, detail)
-    if written != Status.EXPIRED:
-        return None
-    ended = EndedRun(attempt.lease.task_id, task.name, written, reason.value, deadline, detail)
-    return ended.refusal(gates.Gate.ATTEMPT.value, now, detail)
-
-
-def hand_attempts_to_the_body() -> None:
+def graft_call_onto_deadline_task() -> None:
     """Give :class:`DeadlineTask` its ``__call__`` (once): every tracer Celery builds
     from then on calls the task for the body, right after ``before_start``, which hands
     it the attempt (the ledger's claim), and the body's outcome is written under the
@@ -872,11 +321,9 @@ def hand_attempts_to_the_body() -> None:
             "before the worker starts; Celery's Django fixup does, when "
             "DJANGO_SETTINGS_MODULE is set before the Celery app is made."
         )
-    # an attribute of the class, not a method in its body: Celery's tracer calls a
-    # task's __call__ whenever its class defines one, at about 3,000 instructions a
-    # message, and without a ledger there is nothing for it to do
+    # set here, not defined in the class's body: see DeadlineTask._call_body
     type.__setattr__(DeadlineTask, "__call__", DeadlineTask._call_body)
     _attempts_handed = True
 
 
-__all__ = ["DeadlineTask", "end_after_body", "hand_attempts_to_the_body"]
+__all__ = ["DeadlineTask", "graft_call_onto_deadline_task"]

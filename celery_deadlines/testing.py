@@ -15,7 +15,7 @@ tests/django/test_ledger_contract.py holds the fake to the SQLite and PostgreSQL
 :mod:`celery_deadlines.pytest_plugin` installs a fresh one for every test of a suite.
 
 Importing this module gives ``DeadlineTask`` the ``__call__`` a ledger writes outcomes
-through (:func:`celery_deadlines.task.hand_attempts_to_the_body`): import it (or load
+through (:func:`celery_deadlines.task.graft_call_onto_deadline_task`): import it (or load
 the pytest plugin) before a test's worker starts, or the import raises
 :class:`~celery_deadlines.errors.ConfigurationError`.
 """
@@ -33,7 +33,7 @@ from .clock import get_clock, set_clock
 from .conf import settings_for
 from .rules.limits import claim_detail
 from .rules.outcomes import needing_an_operator, unknown_meta
-from .rules.records import ENDED_IT, ClaimRefused, Lease, Refusal
+from .rules.records import ENDED_IT, ClaimRefused, Lease, Recorded, Refusal
 from .rules.states import (
     CALLER_UNKNOWN,
     CLAIMABLE,
@@ -44,14 +44,14 @@ from .rules.states import (
     EffectState,
 )
 from .signals import report_operator_needed
-from .task import hand_attempts_to_the_body
+from .task import graft_call_onto_deadline_task
 
 __all__ = ["FakeClock", "FakeLedger", "use_clock", "use_ledger"]
 
 # A test installs this module's ledger (use_ledger) at any time, a worker thread of the
 # test's process may already be running: DeadlineTask's tracers must hand it attempts
 # from the start (a tracer built before would never write a claimed run's outcome).
-hand_attempts_to_the_body()
+graft_call_onto_deadline_task()
 
 
 class FakeClock:
@@ -218,28 +218,31 @@ class FakeLedger:
     ) -> tuple[bytes, str, str]:
         return self._api.encode_message(serializer, args, kwargs, options)
 
-    def record_run(
-        self, app: Any, run: Any, send: Callable[[], Any], *, publisher: Any = None
-    ) -> Any:
+    def record_run(self, app: Any, run: Any, *, publisher: Any = None) -> Recorded:
         known = self.runs.get(run.task_id)
         if known is not None:  # a reused id: the same run again, or a conflict
             self._check_repeat(app, run, known)
-            return None
+            return Recorded.ALREADY
         recorded = self._record(run.task_id, run.task_name, run.deadline, run.retries)
         if run.message_body is not None:
             recorded.message = (run.message_body, run.content_type, run.content_encoding)
-        return send()
+        return Recorded.NOW  # in memory there is no transaction to wait for
+
+    def publish_failed(self, app: Any, task_id: str, error: BaseException) -> None:
+        pass  # the run stays as it was recorded: no sweeper publishes it again in memory
+
+    def send_at_commit(self, app: Any, send: Callable[[], None]) -> None:
+        send()  # never asked: record_run never answers AT_COMMIT
 
     def eager_run(self, app: Any) -> AbstractContextManager[None]:
         return nullcontext()  # no connection to choose in memory
 
-    def record_eager_run(self, app: Any, run: Any, send: Callable[[], Any]) -> Any:
+    def record_eager_run(self, app: Any, run: Any) -> None:
         known = self.runs.get(run.task_id)
         if known is None:
-            self.record_run(app, run, lambda: None)
+            self.record_run(app, run)
         else:  # the same run again (its claim decides), or a conflict
             self._check_repeat(app, run, known)
-        return send()
 
     def _check_repeat(self, app: Any, run: Any, known: FakeRun) -> None:
         existing = self._api.ExistingRun(
@@ -260,10 +263,8 @@ class FakeLedger:
         retries: int,
         available_at: datetime | None,
         message_body: bytes,
-        send: Callable[[], Any],
-    ) -> Any:
+    ) -> None:
         attempt.retry(retries, available_at, message_body, f"retries={retries}")
-        return send()
 
     def claim_run(
         self,

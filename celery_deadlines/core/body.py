@@ -29,7 +29,7 @@ from ..rules.plans import Plan, Verdict
 from ..rules.plans import resume as resume_plan
 from ..rules.states import CALLER_UNKNOWN, Status
 from ..signals import plan_resumed, report_operator_needed
-from .claiming import caller_of
+from .claiming import result_policy
 from .propagation import attempt_state
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ def end_unresolved(
     outcome = outcomes.unresolved(attempt.unresolved, exc)
     attempt.end(Status.UNKNOWN, outcome.reason, outcome.detail)
     logger.warning("run %s: %s; reconcile before retrying", attempt.lease.task_id, outcome.detail)
-    if task is not None and caller_of(task).stores_errors:
+    if task is not None and result_policy(task).stores_errors:
         meta = outcomes.unknown_meta(attempt.unresolved, repr(exc) if exc else outcome.detail)
         task.backend.store_result(attempt.lease.task_id, meta, CALLER_UNKNOWN, request=task.request)
     if task is not None:

@@ -6,7 +6,7 @@ steps, each step's durations come from :mod:`celery_deadlines.core.options` (the
 ``attempt_timeout`` or ``time_limit``, its ``reserve``, the contracts and settings, as
 the retry and enqueue gates read them; a signature's ``time_limit`` can only shorten the
 attempt, its ``countdown``/``eta`` delays the step), and the governing deadline is the
-one the first step would be published with (:func:`publish_stamp`: the call
+one the first step would be published with (:func:`publishing.stamp`: the call
 options, a ``deadline_scope``, the running task's deadline, the task's budget).
 
 Where it acts. A group publishes its members one by one and a chord its header's (and,
@@ -101,7 +101,7 @@ from ..clock import get_clock
 from ..conf import settings_for
 from ..rules import stamping, workflows
 from ..rules.budgets import capped_seconds
-from . import options
+from . import options, publishing
 from .propagation import current_task, inherited
 from .refusals import report_refusal
 
@@ -278,38 +278,37 @@ def _leading(given: Mapping[str, Any] | None) -> dict[str, Any]:
 def _governing(
     task: Any, given: dict[str, Any], now: datetime, settings: conf.Settings
 ) -> datetime | None:
-    """The deadline the first step would be published with (``None``: no deadline, or
-    its parent's is unreadable: the step's own enqueue gate refuses that)."""
-    call = dict(given)  # publish_stamp takes its options out of the call
-    if options.is_deadline_task(task):
-        stamp = publish_stamp(task, call, now, settings)
-        return None if stamp is None else stamp.governed.deadline
-    # a plain first step: what the publish hook would stamp on it
+    """The deadline the first step would be published with, by the rule every publish is
+    stamped by (:func:`publishing.stamp`): a DeadlineTask's as its ``apply_async`` would
+    stamp it, a plain step's as the publish hook would (``None``: no deadline, or its
+    parent's is unreadable: the step's own enqueue gate refuses that). Logs nothing."""
+    call = dict(given)  # the stamp takes this package's options out of the call
     headers = dict(call.get("headers") or {})
-    own = stamping.own_deadlines(call, headers, now, settings.max_budget)
-    parent = inherited()
-    stamp = stamping.stamp_for(own, parent, now=now, expires=call.get("expires"), task_id=None)
-    return stamp.governed.deadline
-
-
-def publish_stamp(
-    task: Any, call: dict[str, Any], now: datetime, settings: conf.Settings
-) -> stamping.Stamp | None:
-    """The deadlines a publish of the DeadlineTask ``task`` with the call options
-    ``call`` would carry (its own, combined with what it inherits), or ``None`` when the
-    parent's deadline is unreadable (``apply_async`` refuses that). Takes this package's
-    options out of ``call``; logs nothing. The same steps as ``DeadlineTask.apply_async``,
-    which keeps them inline for speed (tests/unit/test_canvas.py holds the two equal)."""
-    parent = inherited()
-    if task.deadline_kind == "delivery":
-        parent = parent._replace(deadline=parent.delivery)
-    if parent.unreadable is not None:
-        return None
-    given = call.get("headers")
-    headers = dict(given) if given else {}
-    own = options.own_deadlines(task, call, headers, now, options.times(task, settings))
-    expires = call.get("expires", task.expires)
-    return stamping.stamp_for(own, parent, now=now, expires=expires, task_id=None)
+    if options.is_deadline_task(task):
+        parent = publishing.inherited_by(task)
+        if parent.unreadable is not None:
+            return None
+        stamp = publishing.stamp(
+            task,
+            call,
+            headers,
+            now=now,
+            parent=parent,
+            task_id=None,
+            times=options.times(task, settings),
+        )
+    else:
+        stamp = publishing.stamp(
+            None,
+            call,
+            headers,
+            now=now,
+            parent=inherited(),
+            task_id=None,
+            horizon=settings.max_budget,
+            expires=call.get("expires"),
+        )
+    return None if stamp is None else stamp.governed.deadline
 
 
 @contextmanager

@@ -51,8 +51,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("celery_deadlines")
 
 
-class Caller(NamedTuple):
-    """The caller's result: where it is stored, and what Celery stores of this delivery."""
+class ResultPolicy(NamedTuple):
+    """Celery's result-storing policy for one delivery: where the caller's result is
+    stored, and what Celery stores of it (its errors, its return value)."""
 
     app: Any
     backend: Any
@@ -64,14 +65,14 @@ class Caller(NamedTuple):
     ignores_result: bool
 
 
-def caller_of(task: Any) -> Caller:
-    """The caller's result of the delivery ``task`` runs on (its current request), as
-    Celery's tracer decides: the request's ``ignore_result``, else the task's."""
+def result_policy(task: Any) -> ResultPolicy:
+    """The result-storing policy of the delivery ``task`` runs on (its current request),
+    as Celery's tracer decides: the request's ``ignore_result``, else the task's."""
     ignore_result = task.request.ignore_result
     if ignore_result is None:
         ignore_result = task.ignore_result
     ignores = bool(ignore_result)
-    return Caller(
+    return ResultPolicy(
         app=task.app,
         backend=task.backend,
         task_name=task.name,
@@ -83,7 +84,7 @@ def caller_of(task: Any) -> Caller:
 class Claim(NamedTuple):
     """What the claim of one delivery needs, as values."""
 
-    caller: Caller
+    policy: ResultPolicy
     #: the sender of the signals the claim sends (the task)
     sender: Any
     task_id: str
@@ -138,7 +139,7 @@ NOT_RUN = (Refused, NotRun, Unreachable, Ended)
 
 def claim(delivery: Claim) -> Attempt | Refused | NotRun | Unreachable | Ended:
     """Claim the run in the ledger: the attempt, or how this delivery ends unrun."""
-    caller = delivery.caller
+    caller = delivery.policy
     app = caller.app
     request = delivery.request
     task_id = delivery.task_id
@@ -227,9 +228,9 @@ def _foreign(delivery: Claim, refused: ClaimRefused) -> NotRun:
     nothing is stored for the caller: the id's result is the other run's, and storing a
     failure there would tell that run's caller an outcome it never had."""
     decision = gates.task_mismatch(
-        delivery.caller.task_name, refused.database_now or get_clock().now(), delivery.deadline
+        delivery.policy.task_name, refused.database_now or get_clock().now(), delivery.deadline
     )
-    report_refusal(delivery.sender, delivery.task_id, delivery.caller.task_name, decision)
+    report_refusal(delivery.sender, delivery.task_id, delivery.policy.task_name, decision)
     return NotRun(f"claim refused: {decision.reason}")
 
 
@@ -241,7 +242,7 @@ def _hand_back(delivery: Claim, unreachable: LedgerUnreachable) -> Unreachable:
     if delivery.requeue:
         logger.warning(
             "%s[%s]: %s; the message goes back to the broker",
-            delivery.caller.task_name,
+            delivery.policy.task_name,
             unreachable.task_id,
             unreachable,
         )
@@ -260,7 +261,7 @@ _GRACE_LOOKS = math.ceil(OUTCOME_GRACE / OUTCOME_POLL)
 
 
 def answer_a_waiting_caller(
-    caller: Caller,
+    caller: ResultPolicy,
     task_id: str,
     now: datetime,
     *,
@@ -324,7 +325,7 @@ def answer_a_waiting_caller(
         )
 
 
-def _tell_an_eager_caller(caller: Caller, task_id: str, now: datetime) -> Ended | None:
+def _tell_an_eager_caller(caller: ResultPolicy, task_id: str, now: datetime) -> Ended | None:
     """An eager call of a run that has ended (a page reloaded with the same task id,
     another process's call): the outcome the ledger recorded, as the first call's caller
     was told it (``None``: the run is gone, purged meanwhile). A success is its kept
@@ -363,7 +364,7 @@ def _tell_an_eager_caller(caller: Caller, task_id: str, now: datetime) -> Ended 
         return Ended(None, None)
 
 
-def _tell_a_success(caller: Caller, task_id: str, ended: EndedRun, told: str | None) -> None:
+def _tell_a_success(caller: ResultPolicy, task_id: str, ended: EndedRun, told: str | None) -> None:
     """A SUCCEEDED run whose caller has no result: store the return value its completion
     kept (:mod:`celery_deadlines.ledger.results`), or say why none can be told."""
     why = "the ledger kept no return value (an ignore_result task, or one over the limit)"
@@ -393,13 +394,13 @@ def _tell_a_success(caller: Caller, task_id: str, ended: EndedRun, told: str | N
     )
 
 
-def _caller_state(caller: Caller, task_id: str) -> str | None:
+def _caller_state(caller: ResultPolicy, task_id: str) -> str | None:
     """The state of the caller's result, as stored now."""
     state: str | None = caller.backend.get_task_meta(task_id, cache=False).get("status")
     return state
 
 
-def _told_within_grace(caller: Caller, task_id: str, ended: EndedRun, now: datetime) -> bool:
+def _told_within_grace(caller: ResultPolicy, task_id: str, ended: EndedRun, now: datetime) -> bool:
     """Whether the caller is told before :data:`OUTCOME_GRACE` has passed since the run
     ended (``now`` and ``ended.ended_at``: the database clock), looking every
     :data:`OUTCOME_POLL` (a bounded number of looks: no clock is read in between, and
@@ -436,7 +437,7 @@ def _lost_too_many_leases(delivery: Claim) -> NotRun:
     the caller as Celery's ``WorkerLostError``, when this delivery's refusal ended it)."""
     from billiard.exceptions import WorkerLostError
 
-    caller = delivery.caller
+    caller = delivery.policy
     task_id = delivery.task_id
     detail = "the run lost its lease too many times (deadlines_max_lost_leases)"
     if ledger.api_for(caller.app).refuse_run(
@@ -462,7 +463,7 @@ def _lost_too_many_leases(delivery: Claim) -> NotRun:
 def _hold(delivery: Claim, held: Held) -> NotRun:
     """This worker's clock is beyond the skew budget: the run was given back as
     CLOCK_UNCERTAIN (not failed, not expired) for a worker whose clock agrees."""
-    task_name = delivery.caller.task_name
+    task_name = delivery.policy.task_name
     logger.warning(
         "%s[%s]: not started, held as CLOCK_UNCERTAIN: %s%s",
         task_name,

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from celery.utils.time import maybe_make_aware
 
@@ -29,6 +29,7 @@ from .. import conf
 from ..errors import InvalidDeadline
 from ..rules import stamping, wire
 from ..rules.budgets import UNSET, Source, capped_seconds, parse_budget, parse_duration
+from ..rules.gates import TICK
 from ..rules.limits import TASK_LIMITS, own_limit
 
 Parse = Callable[[object, str, "conf.Settings"], "timedelta | None"]
@@ -250,6 +251,93 @@ def times(task: Any, settings: conf.Settings) -> Times:
     fresh = Times(task, settings, stamp, attributes)
     setattr(task, _TIMES, fresh)
     return fresh
+
+
+# -- the same, in the wire's unit: what the shortcuts of the gates compare -------------
+#
+# A deadline header as this package writes it is a float of epoch seconds, and so is the
+# clock's own reading (celery_deadlines.clock.epoch): comparing the two is the inherent
+# cost of a gate, and building the datetimes the full rule compares costs more than the
+# rest of it. Each shortcut (the claim gate's, in core/request.py; the attempt gate's, in
+# core/starting.py; the stamp's, in core/publishing.py) sits beside the rule it
+# shortcuts and decides only what that rule would; tests/unit/test_fast_paths.py holds
+# each to it.
+
+#: How clearly in time (seconds) a deadline header must be for a gate to admit it in
+#: epoch seconds (:class:`InSeconds`): a float cannot tell apart two instants a
+#: microsecond apart so far from 1970, and a message this close to its last start, or to
+#: the horizon, is judged with datetimes.
+EDGE: Final = 0.001
+
+
+class InSeconds(NamedTuple):
+    """What a worker's gates compare a deadline header with, in the wire's unit (epoch
+    seconds), worked out once per task and settings (:func:`limits_of`): a message
+    whose deadline is more than ``low`` and less than ``high`` seconds ahead is clearly
+    in time (its last start, the deadline less the reserve, is more than :data:`EDGE`
+    ahead, and it is within the horizon by more than that); any other is judged with
+    datetimes, by the full rule."""
+
+    #: the task's reserve (at least :data:`~celery_deadlines.rules.gates.TICK`) + EDGE
+    low: float
+    #: ``deadlines_max_budget`` - EDGE
+    high: float
+    #: ``deadlines_max_budget``, what a header's deadline is read against
+    horizon: timedelta
+    #: whether deadlines are judged by the worker's own clock (no clock-skew budget:
+    #: with one, the ledger's clock decides, as the clock watch estimates it)
+    local: bool
+    #: the task's budget in seconds, ``None`` for none, and where it is said, when a
+    #: publish that names nothing of its own may be stamped with it in epoch seconds
+    #: (it is longer than the reserve by more than EDGE, and there is no delivery
+    #: budget): else ``None``, and such a publish is stamped by the full rule
+    budget: float | None
+    budget_source: Source | None
+    #: whether the task says no budget and no delivery budget anywhere: a publish that
+    #: names nothing of its own and inherits nothing is Celery's own message
+    names_nothing: bool
+
+
+#: The task attribute a task's :class:`InSeconds` is kept in, with what it came from.
+_IN_SECONDS: Final = "_celery_deadlines_in_seconds"
+
+
+def in_seconds(task: Any, settings: conf.Settings) -> InSeconds:
+    """``task``'s :class:`InSeconds` under ``settings``: kept on the task, as its
+    :class:`Times` is, while the settings' stamp and the
+    task's ``budget``, ``delivery_budget`` and ``reserve`` attributes are what they
+    were."""
+    kept: tuple[conf.Settings, object, tuple[object, ...], InSeconds] | None = getattr(
+        task, _IN_SECONDS, None
+    )
+    stamp = settings.stamp()
+    if kept is not None and kept[0] is settings and kept[1] == stamp:
+        attributes = kept[2]
+        if (
+            attributes[0] is getattr(task, "budget", UNSET)
+            and attributes[1] is getattr(task, "delivery_budget", UNSET)
+            and attributes[2] is getattr(task, "reserve", UNSET)
+        ):
+            return kept[3]
+    resolved = times(task, settings)
+    horizon = resolved.horizon
+    reserve = max(resolved.duration("reserve"), TICK).total_seconds()
+    source, budget = resolved.resolve("budget")
+    delivery = resolved.resolve("delivery_budget")[1]
+    stamps_in_seconds = (
+        budget is not None and delivery is None and budget.total_seconds() > reserve + EDGE
+    )
+    found = InSeconds(
+        reserve + EDGE,
+        horizon.total_seconds() - EDGE,
+        horizon,
+        settings.get(conf.CLOCK_SKEW_BUDGET) is None,
+        budget.total_seconds() if stamps_in_seconds else None,
+        source if stamps_in_seconds else None,
+        budget is None and delivery is None,
+    )
+    setattr(task, _IN_SECONDS, (settings, stamp, resolved.attributes, found))
+    return found
 
 
 def own_deadlines(

@@ -1,21 +1,15 @@
-"""How a deadline reaches every message: inheritance, scopes and the publish hook.
+"""How a deadline reaches every message: inheritance, scopes, and the attempt's state.
 
 A message published while a task runs inherits that task's deadlines (retries
 included: the retried message is published from inside the attempt). A
 :func:`deadline_scope` gives code outside a worker the same thing, so a group or chord
-started from a web view shares *one* deadline computed once. The ``before_task_publish``
-receiver stamps messages that did not go through :meth:`DeadlineTask.apply_async`
-(plain tasks sent from a deadline task, ``app.send_task`` by name, Celery's own
-``chord_unlock``...) and sets Celery's ``expires`` header to the governing deadline.
-
-Receivers of ``before_task_publish`` cannot refuse a publish (Celery logs and swallows
-their exceptions), so the enqueue gate lives in :meth:`DeadlineTask.apply_async`; a
-message stamped here is gated when a worker claims it.
+started from a web view shares *one* deadline computed once. What a publish inherits is
+:func:`inherited`; the stamp made of it is :mod:`celery_deadlines.core.publishing`'s. The
+attempt running in this process keeps its state on its request (:class:`AttemptState`).
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
@@ -30,26 +24,18 @@ from celery.utils.threads import Local as _Local
 
 from ..clock import get_clock
 from ..conf import settings_for
-from ..errors import InvalidDeadline
 from ..rules import wire
-from ..rules.budgets import Anchor, DurationLike, Governed, govern
+from ..rules.budgets import Anchor, DurationLike, govern
 from ..rules.stamping import (
-    CALL_OPTIONS,
     NOTHING,
     Inherited,
-    delivery_deadline,
     earlier,
-    own_deadlines,
     own_instant,
     read_headers,
-    stamp_for,
-    write,
 )
 
 if TYPE_CHECKING:
     from ..ledger.attempt import Attempt
-
-logger = logging.getLogger("celery_deadlines")
 
 
 class AttemptState:
@@ -401,99 +387,3 @@ def _parent() -> Inherited:
     if wire.DEADLINE_HEADER not in headers and wire.DELIVERY_DEADLINE_HEADER not in headers:
         return NOTHING
     return read_headers(headers, get_clock().now(), settings_for(task.app).max_budget, request.id)
-
-
-#: The id of the message :meth:`DeadlineTask.apply_async` is publishing in this context,
-#: stamped and clamped already: the one message the publish hook leaves as it is. A
-#: header cannot say "stamped" (whoever publishes writes the headers); only this can.
-#: Set around Celery's publish of that message and reset after it (``set``/``reset``,
-#: not a context manager: every publish of a DeadlineTask does it).
-STAMPED: Final[ContextVar[str | None]] = ContextVar("celery_deadlines_stamped", default=None)
-
-
-def on_before_task_publish(
-    sender: str | None = None,
-    headers: dict[str, Any] | None = None,
-    properties: dict[str, Any] | None = None,
-    **_: Any,
-) -> None:
-    """``before_task_publish`` receiver: inherit, stamp, and set ``expires``.
-
-    Every message is clamped to the deadline it inherits, whatever deadline headers its
-    publisher wrote (``send_task(headers={"x_deadline": ...})`` cannot outlive its parent);
-    an inherited deadline that cannot be read is passed on as it is, so the worker refuses
-    the child. Only the message :meth:`DeadlineTask.apply_async` is publishing right now
-    (:func:`stamped`) is left as it is: it was clamped there.
-    """
-    if headers is None:
-        return
-    here = STAMPED.get()
-    if here is not None and here == headers.get("id"):
-        return
-    call = properties if properties is not None else {}
-    parent = inherited()
-    explicit = headers.get(wire.DEADLINE_HEADER)
-    if (
-        CALL_OPTIONS.isdisjoint(call)
-        and explicit is None
-        and parent.deadline is None
-        and (parent.unreadable is None)
-    ):
-        if parent.delivery is not None:
-            headers[wire.DELIVERY_DEADLINE_HEADER] = wire.encode(
-                earlier_delivery(headers, parent.delivery)
-            )
-        return
-    task_id = headers.get("id")
-    if parent.unreadable is not None:
-        # whatever the child names, it cannot escape a deadline nobody can read
-        headers[wire.DEADLINE_HEADER] = parent.unreadable
-        headers.pop(wire.SOURCE_HEADER, None)
-        return
-    now = get_clock().now()
-    horizon = settings_for(current_app).max_budget
-    try:
-        own = own_deadlines(call, headers, now, horizon)
-    except InvalidDeadline as exc:
-        # A receiver cannot raise to the caller: keep the bad value so the worker
-        # refuses the message with invalid_deadline and the caller's result says so.
-        logger.error("%s[%s]: unusable deadline at publish: %s", sender, task_id, exc)
-        headers[wire.DEADLINE_HEADER] = explicit if explicit is not None else str(exc)
-        headers.pop(wire.SOURCE_HEADER, None)
-        return
-    if own.delivery is None:
-        own = own._replace(delivery=delivery_deadline(headers, now, horizon))
-    stamp = stamp_for(own, parent, now=now, expires=headers.get("expires"), task_id=task_id)
-    if stamp.governed.clamped_from is not None:
-        log_clamp(sender, task_id, stamp.governed)
-    write(headers, stamp)
-
-
-def earlier_delivery(headers: Mapping[str, Any], inherited: datetime) -> datetime:
-    """The delivery deadline a message keeps: the one its header names if that is
-    readable and no later than ``inherited``, else ``inherited`` (a header can only
-    shorten it)."""
-    raw = headers.get(wire.DELIVERY_DEADLINE_HEADER)
-    if raw is None:
-        return inherited
-    try:  # no horizon past the inherited instant: a later one is refused
-        return wire.decode(raw, now=inherited, horizon=_NO_LATER)
-    except InvalidDeadline:
-        return inherited
-
-
-_NO_LATER: Final = timedelta(0)
-
-
-def log_clamp(sender: object, task_id: object, governed: Governed) -> None:
-    """Make a clamp visible: an explicit deadline later than the inherited one was cut."""
-    assert governed.clamped_from is not None
-    assert governed.deadline is not None
-    logger.info(
-        "%s[%s]: deadline %s clamped to the inherited %s (%s)",
-        sender,
-        task_id,
-        governed.clamped_from.isoformat(),
-        governed.deadline.isoformat(),
-        governed.source,
-    )

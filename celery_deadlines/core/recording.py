@@ -1,8 +1,9 @@
 """What the ledger records of a Celery message: the run's outbox row, in Celery's terms.
 
-:meth:`DeadlineTask.apply_async` hands its publish here once the ledger is on: a new
-run is recorded before its message is sent (:func:`publish`), and the attempt running
-in this process hands its run to its own retry message instead. A message that reaches
+:mod:`celery_deadlines.core.publishing` builds a new run's row here once the ledger is
+on (:func:`message_of`, :func:`new_run`), recorded before its message is sent, or finds
+the attempt running in this process that hands its run to its own retry message instead
+(:func:`retrying`). A message that reaches
 a worker without a row (sent by name, or before the app was installed) gets one rebuilt
 from the request (:func:`run_of_request`). A gate's refusal (enqueue, claim gate,
 attempt) is recorded by :func:`record_refusal`. The ledger is imported lazily: the
@@ -12,7 +13,6 @@ plain Celery tier never imports Django.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +20,7 @@ from celery._state import get_current_worker_task
 from celery.exceptions import Retry
 
 from .. import ledger
+from ..ledger._crashpoints import hit
 from ..rules import envelope, gates, wire
 from ..rules.records import NewRun, Refusal
 from ..rules.stamping import Stamp
@@ -32,27 +33,13 @@ if TYPE_CHECKING:
 logger = logging.getLogger("celery_deadlines")
 
 
-def publish(
-    task: Task[Any, Any],
-    args: Any,
-    kwargs: Any,
-    *,
-    task_id: str,
-    call: dict[str, Any],
-    links: dict[str, Any],
-    stamp: Stamp,
-    available_at: datetime | None,
-    send: Callable[[], Any],
-) -> Any:
-    """Record the run (or hand the running attempt's run to its retry), then ``send()``.
-
-    ``call``: the publish's options as Celery will see them; ``links``: ``link``,
-    ``link_error`` and ``shadow``, kept with the message so that a republish is the
-    same message. Returns what ``send()`` returned, or the run's ``AsyncResult`` when
-    the publish waits for the caller's transaction to commit.
-    """
-    api = ledger.api_for(task.app)
-
+def message_of(
+    task: Task[Any, Any], args: Any, kwargs: Any, call: dict[str, Any], links: dict[str, Any]
+) -> tuple[bytes, str, str, object]:
+    """The message the outbox keeps of a publish (body, content type, encoding) and the
+    queue it goes to. ``call``: the publish's options as Celery will see them;
+    ``links``: ``link``, ``link_error`` and ``shadow``, kept with the message so that a
+    republish is the same message."""
     kept = {**task._get_exec_options(), **call, **links}  # type: ignore[attr-defined]
     if not (kept.get("queue") or kept.get("routing_key") or kept.get("exchange")):
         # Record the queue Celery routes it to here: a republish by another process
@@ -60,27 +47,57 @@ def publish(
         queue = task.app.amqp.router.route({}, task.name, args, kwargs).get("queue")
         if queue is not None:
             kept["queue"] = getattr(queue, "name", queue)
-    body, content_type, encoding = api.encode_message(task.serializer, args, kwargs, kept)
-    retries = int(call.get("retries") or 0)
+    body, content_type, encoding = ledger.api_for(task.app).encode_message(
+        task.serializer, args, kwargs, kept
+    )
+    return body, content_type, encoding, kept.get("queue")
+
+
+def retrying(task: Task[Any, Any], task_id: str) -> Any:
+    """The attempt running in this process whose retry ``task_id``'s publish is (its run
+    is handed to the retry message instead of a new run recorded), else ``None``."""
     state = attempt_state(task)
     retry_of = state.attempt if state is not None and state.retrying else None
     if retry_of is not None and retry_of.lease.task_id == task_id:
-        return api.hand_to_retry(
-            retry_of, retries=retries, available_at=available_at, message_body=body, send=send
-        )
+        return retry_of
+    return None
+
+
+def publishing_attempt() -> Any:
+    """The ledger's attempt whose body publishes now (its row rides out a database cut
+    as the body's other writes do), else ``None``."""
     parent = get_current_worker_task()
     running = attempt_state(parent) if parent is not None else None
+    return running.attempt if running is not None else None
+
+
+def new_run(
+    task: Task[Any, Any],
+    task_id: str,
+    call: dict[str, Any],
+    stamp: Stamp,
+    available_at: datetime | None,
+    *,
+    retries: int,
+    message: tuple[bytes, str, str],
+    queue: object,
+) -> NewRun:
+    """The row of a new run, as a plain value: its deadlines (``stamp``), its place in
+    the workflow (the running task's, or the call's ``parent_id`` and ``root_id``), its
+    message (:func:`message_of`) and occurrence."""
+    parent = get_current_worker_task()
     parent_id = call.get("parent_id") or (parent.request.id if parent else None)
     root_id = call.get("root_id") or (
         (parent.request.root_id or parent.request.id) if parent else None
     )
-    run = NewRun(
+    body, content_type, encoding = message
+    return NewRun(
         task_id=task_id,
         task_name=task.name,
         deadline=stamp.governed.deadline,
         delivery_deadline=stamp.delivery,
         delivery_task=getattr(task, "deadline_kind", None) == "delivery",
-        queue=_queue_name(kept.get("queue")),
+        queue=_queue_name(queue),
         root_id=root_id or task_id,
         parent_id=parent_id or "",
         retries=retries,
@@ -90,11 +107,6 @@ def publish(
         content_encoding=encoding,
         **wire.decode_occurrence((call.get("headers") or {}).get(wire.OCCURRENCE_HEADER)),
     )
-    if task.app.conf.task_always_eager:  # send() runs it here: Celery's apply()
-        return api.record_eager_run(task.app, run, send)
-    publisher = running.attempt if running is not None else None
-    sent = api.record_run(task.app, run, send, publisher=publisher)
-    return sent if sent is not None else task.AsyncResult(task_id)
 
 
 def hand_to_eager_retry(task: Task[Any, Any], attempt: Any, retry: object) -> None:
@@ -109,12 +121,9 @@ def hand_to_eager_retry(task: Task[Any, Any], attempt: Any, retry: object) -> No
     api = ledger.api_for(task.app)
     body, _, _ = api.encode_message(task.serializer, sig.args, sig.kwargs, {})
     api.hand_to_retry(
-        attempt,
-        retries=task.request.retries + 1,
-        available_at=None,
-        message_body=body,
-        send=lambda: None,
+        attempt, retries=task.request.retries + 1, available_at=None, message_body=body
     )
+    hit("retry.published", attempt.lease.task_id)  # nothing to send: apply() runs it
 
 
 def run_of_request(

@@ -27,8 +27,6 @@ from contextlib import suppress
 from datetime import datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from billiard.einfo import ExceptionWithTraceback  # type: ignore[attr-defined]
-from billiard.exceptions import TimeLimitExceeded, WorkerLostError
 from celery.exceptions import InvalidTaskError
 from celery.utils.time import maybe_iso8601
 from celery.worker.request import Request
@@ -36,7 +34,7 @@ from celery.worker.state import task_ready
 from celery.worker.strategy import default as celery_strategy
 from kombu.exceptions import ContentDisallowed, DecodeError
 
-from .. import ledger
+from .. import clock, ledger
 from ..clock import get_clock
 from ..conf import settings_for
 from ..errors import DeadlineRefused
@@ -44,11 +42,11 @@ from ..rules import envelope, gates, outcomes, stamping, wire
 from ..rules.envelope import LONGEST_ID, MOST_RETRIES, is_duration
 from ..rules.quoting import shown
 from ..rules.records import ENDED_IT, Refusal
-from ..rules.states import UNKNOWN_EVENT, Status
-from . import options, pools, recording, seconds
-from .body import AttemptAPI, Unresolved
-from .claiming import answer_a_waiting_caller, caller_of
-from .refusals import ToldRevoked, announce_expiry, announce_told_revoked, report_refused_message
+from ..rules.states import Status
+from . import options, recording, supervision
+from .body import AttemptAPI
+from .claiming import answer_a_waiting_caller, result_policy
+from .refusals import announce_expiry, report_refused_message
 from .timelimits import HANDED, WORKER_LIMITS
 
 logger = logging.getLogger("celery_deadlines")
@@ -99,6 +97,20 @@ def _with_default(function: Callable[..., None], name: str, value: Any) -> Calla
     return copy
 
 
+def clearly_in_time(task: Any, deadline: float) -> bool:
+    """The claim gate's shortcut: whether ``task``'s message with the deadline header
+    ``deadline`` (epoch seconds) is clearly in time by this worker's clock (within the
+    horizon, and before the last instant the gate admits, each by more than
+    :data:`~celery_deadlines.core.options.EDGE`). ``False``: judge it in full
+    (:meth:`DeadlineRequest._claim_refusal`), which decides the same for every message
+    this admits (tests/unit/test_fast_paths.py holds the two equal)."""
+    limits = options.in_seconds(task, settings_for(task.app))
+    if not limits.local:
+        return False  # a clock-skew budget: the ledger's clock decides
+    ahead = deadline - clock.epoch()  # NaN or infinity: not clearly anything, judged in full
+    return limits.low < ahead < limits.high
+
+
 class DeadlineRequest(Request):
     """A worker request that refuses to start work its deadline no longer allows."""
 
@@ -115,16 +127,13 @@ class DeadlineRequest(Request):
     _latest_start: datetime | None = None
     _raw_time_limits: tuple[float | None, float | None] = (None, None)
     #: what the ledger wrote after a hard time limit (a status, or None), once decided
-    _time_limit_written: str | object | None = _UNDECIDED
+    _time_limit_written: str | object | None = supervision.UNDECIDED
+    #: whether the claim gate admitted the message in epoch seconds, by this worker's
+    #: clock (:func:`clearly_in_time`): the time-limit cap then measures in them too
+    _in_seconds: bool = False
     #: whether the hard time limit handed to the pool is the deadline's cap (shorter than
     #: the task's own, or the task has none): then a kill by it is the deadline's
     _capped_by_deadline: bool = False
-    #: the claim gate's reading (the deadline's frame) when it last admitted the message,
-    #: until the time-limit cap that Celery reads next takes it
-    _admitted_at: datetime | None = None
-    #: the same, in epoch seconds, when it was admitted in seconds, with the deadline
-    _admitted_seconds: float | None = None
-    _deadline_seconds: float = 0.0
     #: whether ``expires`` is only the cap the run's deadline put there, once decided
     _expires_is_cap: bool | None = None
     #: the clock watch the hand-off judges by (the app's, looked up once), once looked up
@@ -172,20 +181,15 @@ class DeadlineRequest(Request):
             return True
         # no deadline header: nothing to judge (a delivery deadline alone is the delivery
         # gates'), no clock read. One as this package writes it (epoch seconds), clearly
-        # in time, is admitted in seconds (seconds.admitted_at), the reading kept for the
-        # time-limit cap Celery reads next; any other is judged in full. Inline, not
-        # calls: this runs for every message
+        # in time, is admitted in seconds (clearly_in_time); any other is judged in full.
+        # Inline, not calls: this runs for every message
         raw = self._request_dict.get(wire.DEADLINE_HEADER)
         if raw is not None:
             task = self._task  # Celery's property is a call more
-            now = (
-                seconds.admitted_at(task, raw)
-                if type(raw) is float and isinstance(task, AttemptAPI)
-                else None
-            )
-            if now is not None:
-                self._deadline_seconds = raw
-                self._admitted_seconds = now
+            if type(raw) is float and isinstance(task, AttemptAPI) and clearly_in_time(task, raw):
+                # which rule judged it (not a reading): the time-limit cap Celery reads
+                # next measures in epoch seconds too, from a reading of its own
+                self._in_seconds = True
             else:
                 refusal = self._claim_refusal()
                 if refusal is not None:
@@ -240,13 +244,11 @@ class DeadlineRequest(Request):
         reads this once, right before it hands the job to the pool."""
         hard, soft = self._raw_time_limits
         worker = getattr(self._app, WORKER_LIMITS, None)
-        admitted = self._admitted_seconds
         remaining: float | None
-        if admitted is not None:
-            # Celery reads this right after the claim gate admitted the message: the cap
-            # is measured from the gate's own reading, microseconds old, not a second one
-            self._admitted_seconds = None
-            remaining = self._deadline_seconds - admitted
+        if self._in_seconds:
+            # admitted in epoch seconds by this worker's clock: the seconds its header
+            # leaves, read now (no datetime built: this runs for every message)
+            remaining = self._request_dict[wire.DEADLINE_HEADER] - clock.epoch()
         elif not stamping.carries_deadlines(self._request_dict):
             # nothing to cap by (no clock read: this runs for every message)
             self._request_dict[HANDED] = (None, None, worker)  # no cap
@@ -280,20 +282,14 @@ class DeadlineRequest(Request):
         self._raw_time_limits = (hard, soft)
 
     def _remaining(self) -> float | None:
-        """The seconds the message's deadline leaves, by the claim gate's reading when it
-        admitted it in full, else by a new one; ``None`` when it carries no deadline or
-        no clock can judge it (the ledger's clock in doubt)."""
-        now = self._admitted_at
-        if now is not None:
-            self._admitted_at = None  # as above, the gate's own reading
-            deadline = self._carried(now).deadline
-        else:
-            local = get_clock().now()
-            deadline = self._carried(local).deadline
-            if deadline is None:
-                return None
-            now = self._judging_now(local, self._watch())
-        if deadline is None or now is None:
+        """The seconds the message's deadline leaves now; ``None`` when it carries no
+        deadline or no clock can judge it (the ledger's clock in doubt)."""
+        local = get_clock().now()
+        deadline = self._carried(local).deadline
+        if deadline is None:
+            return None
+        now = self._judging_now(local, self._watch())
+        if now is None:
             return None
         return (deadline - now).total_seconds()
 
@@ -364,7 +360,6 @@ class DeadlineRequest(Request):
         except Exception as exc:  # noqa: BLE001 - a bad message or setting must never crash the consumer
             return gates.invalid(gates.Gate.CLAIM, local, f"cannot judge the deadline: {exc}")
         if judging <= latest:
-            self._admitted_at = judging  # the time-limit cap, read next, measures from it
             return None
         return gates.admit(gates.Gate.CLAIM, deadline, judging, self._reserve or gates.ZERO)
 
@@ -438,168 +433,15 @@ class DeadlineRequest(Request):
     # -- the ledger, told by the supervisor about its pool processes -------------------
 
     def on_timeout(self, soft: bool, timeout: float) -> None:
-        if soft or self._time_limit_outcome(timeout) != Status.UNKNOWN:
+        if soft or supervision.time_limit_outcome(self, timeout) != Status.UNKNOWN:
             super().on_timeout(soft, timeout)  # stores TimeLimitExceeded for the caller
-        # else: an effect's outcome is unknown, and the caller was told so (below)
+        # else: an effect's outcome is unknown, and the caller was told so (supervision)
 
     def on_failure(
         self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
     ) -> None:
-        exc = getattr(exc_info, "exception", None)
-        if isinstance(exc, ExceptionWithTraceback):  # as Celery unwraps it
-            exc = exc.exc
-        # billiard reports a hard time limit here first, then calls on_timeout
-        if isinstance(exc, TimeLimitExceeded) and exc.args:
-            if self._time_limit_outcome(exc.args[0]) == Status.UNKNOWN:
-                return
-        elif isinstance(exc, WorkerLostError) and self._lost_to_the_ledger(exc):
-            return
-        elif isinstance(exc, Unresolved):
-            # Celery only acknowledges an Ignore: Flower would show STARTED for ever
-            self.send_event(UNKNOWN_EVENT, effects=exc.keys, detail=str(exc.args[0]))
-        elif isinstance(exc, ToldRevoked):
-            announce_told_revoked(self, exc)  # Celery only acknowledges an Ignore
-        super().on_failure(exc_info, send_failed_event, return_ok)
-
-    def _with_ledger(self) -> bool:
-        return isinstance(self.task, AttemptAPI) and ledger.enabled_for(self.task.app)
-
-    def _time_limit_outcome(self, timeout: float) -> str | None:
-        """The run's end after a hard time limit, written once in the ledger (whichever of
-        Celery's two hooks comes first): EXPIRED when the limit was the deadline's cap
-        (the attempt gate), FAILED ``time_limit`` when it was the task's own, UNKNOWN
-        when an effect's outcome is unknown. UNKNOWN is what the caller is told then, and
-        nothing else: Celery's ``TimeLimitExceeded`` would be a failure a waiting
-        ``get()`` raises for a run whose outcome is not known yet."""
-        if self._time_limit_written is not _UNDECIDED:
-            return self._time_limit_written  # type: ignore[return-value]
-        written: str | None = None
-        self._time_limit_written = written
-        if not self._with_ledger():
-            return None
-        # judged by the ledger's clock when a skew budget is set: a wall clock stepped
-        # back must not make the deadline's cap the task's own time limit
-        local = get_clock().now()
-        deadline = self._carried(local).deadline
-        now = self._judging_now(local) or local
-        if self._capped_by_deadline and deadline is not None:
-            # the limit that fired was the deadline's cap: a clock read a little early
-            # (or stepped back) does not make it the task's own (a run killed at its
-            # deadline is EXPIRED, never FAILED time_limit)
-            now = max(now, deadline)
-        status, reason = outcomes.after_time_limit(
-            deadline,
-            now,
-            delivery_task=getattr(self.task, "deadline_kind", None) == "delivery",
-        )
-        detail = f"hard time limit ({timeout} s) exceeded"
-        api = ledger.api_for(self.task.app)
-        try:
-            written = api.end_owned(
-                self.task.app,
-                task_id=self.id,
-                hostname=self.hostname,
-                pid=pools.owner_pid(self.worker_pid),  # the owner its claim named
-                status=status,
-                reason=reason,
-                detail=detail,
-            )
-        except Exception:  # the reconciler settles the lapsed lease instead
-            logger.exception("recording the time limit of %s in the ledger failed", self.id)
-        self._time_limit_written = written
-        if written == Status.UNKNOWN:
-            # a WARNING: the ERROR that pages a person comes from tell_caller_unknown,
-            # only when no reconciler of the task can settle the effect
-            logger.warning(
-                "Hard time limit (%s s) exceeded for %s[%s]: an effect's outcome is "
-                "unknown; the run ledger reconciles it",
-                timeout,
-                self.name,
-                self.id,
-            )
-            task_ready(self)
-            try:
-                api.tell_caller_unknown(self.task.app, self.id, detail, self.name)
-            except Exception:
-                logger.exception("storing the UNKNOWN state of %s failed", self.id)
-            # as Celery handles a timed-out message (the setting is not in the stubs)
-            self._end_message(requeue=not getattr(self.task, "acks_on_timeout", True))
-        return written
-
-    def _lost_to_the_ledger(self, exc: BaseException) -> bool:
-        """A lost pool process held the run's lease: the reconciler settles the run
-        (queued again, UNKNOWN, EXPIRED, or FAILED after too many lost leases) and tells
-        the caller. ``True`` then: Celery would store ``WorkerLostError`` now, a failure
-        a waiting ``get()`` raises for a run that may still succeed; nothing is stored,
-        and the message is handled as Celery handles it."""
-        if not self._with_ledger():
-            return False
-        try:
-            settled_by_ledger = ledger.api_for(self.task.app).lapse_owned(
-                self.task.app, self.id, self.hostname, pools.owner_pid(self.worker_pid), repr(exc)
-            )
-        except Exception:  # the lease lapses on its own; the reconciler settles it
-            logger.exception("recording the loss of %s in the ledger failed", self.id)
-            return False
-        if not settled_by_ledger:
-            return self._lost_after_its_success(exc)
-        task_ready(self)
-        logger.warning(
-            "%s[%s]: pool process lost (%r); the run ledger settles the run",
-            self.name,
-            self.id,
-            exc,
-        )
-        # as Celery handles a lost worker's message (the claim takes one delivery)
-        self._end_message(
-            requeue=bool(self.task.reject_on_worker_lost),
-            ack=getattr(self.task, "acks_on_failure", True),  # not in the stubs
-        )
-        return True
-
-    def _lost_after_its_success(self, exc: BaseException) -> bool:
-        """The pool process died after the ledger recorded SUCCEEDED: Celery would store
-        ``WorkerLostError`` over a success (over a ``SUCCESS`` already stored, too). The
-        result already stored stays; else the return value the completion kept is
-        stored. ``False`` (Celery's own handling) when the run did not succeed, or no
-        value was kept and none stored."""
-        task = self.task
-        try:
-            ended = ledger.api_for(task.app).ended_run(task.app, self.id)
-            if ended is None or ended.status != Status.SUCCEEDED or ended.task_name != task.name:
-                return False  # (another task's run under this id is not this message's)
-            stored = task.backend.get_task_meta(self.id, cache=False).get("status")
-            if stored != "SUCCESS":
-                if ended.result is None or caller_of(task).ignores_result:
-                    return False
-                value = ledger.api_for(task.app).read_result(task.app, ended.result)
-                task.backend.mark_as_done(self.id, value, request=self._context)
-        except Exception:  # Celery's own handling: the ledger still says SUCCEEDED
-            logger.exception("telling the success of %s after its pool process died", self.id)
-            return False
-        task_ready(self)
-        logger.warning(
-            "%s[%s]: pool process lost (%r) after the run SUCCEEDED; its result is %s",
-            self.name,
-            self.id,
-            exc,
-            "the one already stored" if stored == "SUCCESS" else "the value the ledger kept",
-        )
-        self._end_message(requeue=False)  # done: never delivered again
-        return True
-
-    def _end_message(self, *, requeue: bool, ack: bool = True) -> None:
-        """A late-acked message whose run the ledger settles: requeued, acknowledged or
-        rejected, as Celery's own ``on_failure``/``on_timeout`` would (an early-acked
-        one is gone already)."""
-        if not self.task.acks_late:
-            return
-        if requeue:
-            self.reject(requeue=True)
-        elif ack:
-            self.acknowledge()
-        else:
-            self.reject(requeue=False)
+        if not supervision.failed(self, exc_info):
+            super().on_failure(exc_info, send_failed_event, return_ok)
 
 
 class Strategies(dict[Any, Any]):
@@ -753,7 +595,7 @@ def _ended_in_ledger(
         # whoever ended it may have died (or lost the result to a broker restart)
         # before the caller was told; a caller still waiting is told (``source``: where
         # the message's deadline came from, which decides how)
-        answer_a_waiting_caller(caller_of(task), task_id, decision.clock_reading, source=source)
+        answer_a_waiting_caller(result_policy(task), task_id, decision.clock_reading, source=source)
     return ended_it
 
 

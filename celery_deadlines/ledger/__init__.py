@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from ..rules.records import Held as _Held
     from ..rules.records import KeptResult as _KeptResult
     from ..rules.records import NewRun as _NewRun
+    from ..rules.records import Recorded as _Recorded
     from ..rules.records import Refusal as _Refusal
     from ..rules.states import Status
     from .attempt import Attempt
@@ -36,23 +37,19 @@ class LedgerAPI(Protocol):
         self, serializer: str, args: Any, kwargs: Any, options: dict[str, Any]
     ) -> tuple[bytes, str, str]: ...
 
-    def record_run(
-        self, app: Any, run: _NewRun, send: Callable[[], Any], *, publisher: Any = None
-    ) -> Any: ...
+    def record_run(self, app: Any, run: _NewRun, *, publisher: Any = None) -> _Recorded: ...
+
+    def publish_failed(self, app: Any, task_id: str, error: BaseException) -> None: ...
+
+    def send_at_commit(self, app: Any, send: Callable[[], None]) -> None: ...
 
     def eager_run(self, app: Any) -> AbstractContextManager[None]: ...
 
-    def record_eager_run(self, app: Any, run: _NewRun, send: Callable[[], Any]) -> Any: ...
+    def record_eager_run(self, app: Any, run: _NewRun) -> None: ...
 
     def hand_to_retry(
-        self,
-        attempt: Any,
-        *,
-        retries: int,
-        available_at: datetime | None,
-        message_body: bytes,
-        send: Callable[[], Any],
-    ) -> Any: ...
+        self, attempt: Any, *, retries: int, available_at: datetime | None, message_body: bytes
+    ) -> None: ...
 
     def claim_run(
         self,

@@ -21,7 +21,16 @@ from .. import clock, conf
 from ..conf import Settings, settings_for
 from ..errors import LedgerUnreachable
 from ..rules.limits import AttemptLimits, claim_detail
-from ..rules.records import ClaimRefused, EndedRun, Held, KeptResult, Lease, NewRun, Refusal
+from ..rules.records import (
+    ClaimRefused,
+    EndedRun,
+    Held,
+    KeptResult,
+    Lease,
+    NewRun,
+    Recorded,
+    Refusal,
+)
 from ..rules.skew import ClockReading, Readiness, describe, gate
 from ..rules.states import Status
 from . import operations, outbox
@@ -44,6 +53,7 @@ __all__ = [
     "Held",
     "Lease",
     "NewRun",
+    "Recorded",
     "check_repeat",
     "claim_run",
     "describe",
@@ -55,12 +65,14 @@ __all__ = [
     "keep_result",
     "lapse_owned",
     "measure",
+    "publish_failed",
     "read_result",
     "readable_by_workers",
     "record_eager_run",
     "record_run",
     "refuse_run",
     "release_connections",
+    "send_at_commit",
     "store_for",
     "tell_caller_unknown",
 ]
@@ -160,19 +172,18 @@ def eager_run(app: Any) -> Iterator[None]:
             store.close()
 
 
-def record_eager_run(app: Any, run: NewRun, send: Callable[[], Any]) -> Any:
-    """Record an eager run, then ``send()`` it: Celery's ``apply()``, which runs it here
-    and now, whatever the caller's transaction (:func:`store_of_an_eager_run`). A run id
-    the ledger already has is checked as a repeat (:func:`check_repeat`: another task or
-    other arguments raise :class:`~celery_deadlines.errors.RunConflict`) and the same
-    run is sent again: its claim decides (a run that ended tells this caller its
-    outcome, one that another process runs is not run twice)."""
-    with eager_run(app):
-        store = _eager.stores[-1]
-        if not store.outbox.enqueue(run):
-            accept = readable_by_workers(app, run.task_name)
-            check_repeat(store.outbox.existing(run.task_id), run, accept=accept)
-        return send()
+def record_eager_run(app: Any, run: NewRun) -> None:
+    """Record an eager run, inside :func:`eager_run`, which the caller then sends:
+    Celery's ``apply()``, which runs it here and now, whatever the caller's transaction
+    (:func:`store_of_an_eager_run`). A run id the ledger already has is checked as a
+    repeat (:func:`check_repeat`: another task or other arguments raise
+    :class:`~celery_deadlines.errors.RunConflict`) and the same run is sent again: its
+    claim decides (a run that ended tells this caller its outcome, one that another
+    process runs is not run twice)."""
+    store = _eager.stores[-1]
+    if not store.outbox.enqueue(run):
+        accept = readable_by_workers(app, run.task_name)
+        check_repeat(store.outbox.existing(run.task_id), run, accept=accept)
 
 
 class _Claiming(NamedTuple):
@@ -215,13 +226,12 @@ def _claiming(app: Any) -> _Claiming:
     return fresh
 
 
-def record_run(
-    app: Any, run: NewRun, send: Callable[[], Any], *, publisher: Attempt | None = None
-) -> Any:
-    """Record a new run, then ``send()`` its message (see :mod:`.outbox`); returns what
-    ``send()`` returned, or ``None`` when the publish waits for the transaction's commit
-    or the run already exists with the same task and arguments (nothing is sent; another
-    task or other arguments raise :class:`~celery_deadlines.errors.RunConflict`).
+def record_run(app: Any, run: NewRun, *, publisher: Attempt | None = None) -> Recorded:
+    """Record a new run, and say when the caller sends its message (see :mod:`.outbox`):
+    now, at the caller's commit (:func:`send_at_commit`), or not at all, when the run
+    already exists with the same task and arguments (another task or other arguments
+    raise :class:`~celery_deadlines.errors.RunConflict`). A send now that raises is
+    told to :func:`publish_failed`.
 
     ``publisher``: the attempt whose body publishes the run. Outside the caller's own
     transaction its row rides out a database cut as the body's other writes do
@@ -233,33 +243,37 @@ def record_run(
     store = store_for(app)
     connection = connections[store.using]
     if publisher is None or connection.in_atomic_block:
-        return outbox.record(store, run, send, accept=accept)
+        return outbox.record(store, run, accept=accept)
 
-    def record() -> Any:
+    def record() -> Recorded:
         # Django's connection is unusable after a lost one until it is closed: outside
         # a transaction, closing it is safe (the next statement connects again)
         connection.close_if_unusable_or_obsolete()
-        return outbox.record(store, run, send, accept=accept)
+        return outbox.record(store, run, accept=accept)
 
     return publisher.patiently(f"the outbox row of {run.task_name}[{run.task_id}]", record)
 
 
+def publish_failed(app: Any, task_id: str, error: BaseException) -> None:
+    """The message of a run :func:`record_run` recorded to send now could not be sent
+    (``error``): the run ends ``publish_failed``, and the caller is given ``error``."""
+    outbox.publish_failed(store_for(app), task_id, error)
+
+
+def send_at_commit(app: Any, send: Callable[[], None]) -> None:
+    """Send a run :func:`record_run` recorded in the caller's transaction when that
+    commits (``send`` runs then, or never, on a rollback)."""
+    outbox.at_commit(store_for(app), send)
+
+
 def hand_to_retry(
-    attempt: Attempt,
-    *,
-    retries: int,
-    available_at: datetime | None,
-    message_body: bytes,
-    send: Callable[[], Any],
-) -> Any:
-    """The attempt running in this process hands its run to its retry message: a
-    fenced write (raises :class:`StaleLease` if the attempt lost its lease: nothing is
-    published), then ``send()``."""
+    attempt: Attempt, *, retries: int, available_at: datetime | None, message_body: bytes
+) -> None:
+    """The attempt running in this process hands its run to its retry message, which the
+    caller sends next: a fenced write (raises :class:`StaleLease` if the attempt lost
+    its lease: nothing is to be published)."""
     attempt.retry(retries, available_at, message_body, f"retries={retries}")
     hit("retry.reserved", attempt.lease.task_id)
-    sent = send()
-    hit("retry.published", attempt.lease.task_id)
-    return sent
 
 
 def claim_run(

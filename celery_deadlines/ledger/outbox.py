@@ -1,13 +1,14 @@
 """The outbox: a run's row exists before its message, and can be published again.
 
 ``DeadlineTask.apply_async`` records the run (status QUEUED) and the message it is
-about to publish, then publishes it: at once outside a transaction, or when the
-caller's transaction commits (``transaction.on_commit``), so a rolled-back request
-never starts work and a committed one never loses it. A publish that fails after the
-commit leaves the run QUEUED; the reconciler's sweeper publishes it again once
-``deadlines_republish_after`` has passed, and expires it (``deadline_passed``) if
-its deadline passes first. A duplicate message is harmless: claiming is a
-compare-and-swap.
+about to publish (:func:`record`), then publishes it: at once outside a transaction, or
+when the caller's transaction commits (``transaction.on_commit``: :func:`at_commit`),
+so a rolled-back request never starts work and a committed one never loses it: the
+outbox says which (:class:`~celery_deadlines.rules.records.Recorded`), the Celery tier
+sends. A publish that fails after the commit leaves the run QUEUED; the reconciler's
+sweeper publishes it again once ``deadlines_republish_after`` has passed, and expires
+it (``deadline_passed``) if its deadline passes first. A duplicate message is
+harmless: claiming is a compare-and-swap.
 
 The message is kept encoded with the task's own serializer, so whatever Celery could
 publish the outbox can publish again. A stored row is read as if an attacker wrote it:
@@ -30,7 +31,7 @@ from kombu import serialization
 from kombu.serialization import dumps, loads, prepare_accept_content
 
 from ..errors import RunConflict
-from ._crashpoints import hit
+from ..rules.records import Recorded
 from .sql.connection import Store
 from .sql.rows import ExistingRun, NewRun, Unclaimed
 
@@ -182,21 +183,15 @@ def check_repeat(existing: ExistingRun | None, run: NewRun, *, accept: Collectio
         raise RunConflict(run.task_id, existing.task_name, existing.status, why)
 
 
-def record(
-    store: Store, run: NewRun, publish: Callable[[], Any], *, accept: Collection[str]
-) -> Any:
-    """Record ``run``, then ``publish`` (now, or when the caller's transaction commits).
-
-    Outside a transaction a failed publish ends the run with reason ``publish_failed``
-    and the error reaches the caller, who knows nothing was sent. Inside one, the
-    publish happens after the commit, when the caller can no longer be told: a failure
-    is logged and the sweeper publishes the run again. A run id the ledger already has
-    is checked by :func:`check_repeat` (its recorded message decoded only with ``accept``)
-    and nothing is published (``None``), unless its
-    run ended ``publish_failed``: the caller was told and tries again, and the run is
-    recorded and published again.
+def record(store: Store, run: NewRun, *, accept: Collection[str]) -> Recorded:
+    """Record ``run``, and say when its message is sent (:class:`Recorded`): now, outside
+    a transaction; when the caller's transaction commits, inside one (a rolled-back
+    request never starts work, a committed one never loses it). A run id the ledger
+    already has is checked by :func:`check_repeat` (its recorded message decoded only
+    with ``accept``) and nothing is sent (``ALREADY``), unless its run ended
+    ``publish_failed``: the caller was told and tries again, and the run is recorded
+    and sent again.
     """
-    connection = connections[store.using]
     if not store.outbox.enqueue(run):
         existing = store.outbox.existing(run.task_id)
         check_repeat(existing, run, accept=accept)
@@ -210,31 +205,22 @@ def record(
                 run.task_id,
                 existing.status if existing is not None else "purged",
             )
-            return None  # the same run published again: its result, nothing sent twice
-    if not connection.in_atomic_block:
-        hit("outbox.recorded", run.task_id)
-        try:
-            sent = publish()
-        except Exception as exc:
-            store.outbox.publish_failed(run.task_id, f"publish raised {exc!r}")
-            raise
-        hit("outbox.published", run.task_id)
-        return sent
+            return Recorded.ALREADY  # the same run published again: nothing sent twice
+    if connections[store.using].in_atomic_block:
+        return Recorded.AT_COMMIT
+    return Recorded.NOW
 
-    def publish_after_commit() -> None:
-        hit("outbox.recorded", run.task_id)
-        try:
-            publish()
-            hit("outbox.published", run.task_id)
-        except Exception:
-            logger.exception(
-                "publishing %s[%s] after commit failed; the outbox sweeper will publish it again",
-                run.task_name,
-                run.task_id,
-            )
 
-    transaction.on_commit(publish_after_commit, using=store.using)
-    return None
+def publish_failed(store: Store, task_id: str, error: BaseException) -> None:
+    """The send of a run recorded outside a transaction raised ``error``: the run ends
+    ``publish_failed`` (the caller, told by the error, knows nothing was sent)."""
+    store.outbox.publish_failed(task_id, f"publish raised {error!r}")
+
+
+def at_commit(store: Store, send: Callable[[], None]) -> None:
+    """Send a run recorded in the caller's transaction once that commits (Django's
+    ``on_commit``: the one hook that runs at a commit takes a function)."""
+    transaction.on_commit(send, using=store.using)
 
 
 def republish(app: Celery, message: Unclaimed) -> None:

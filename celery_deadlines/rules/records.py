@@ -1,6 +1,7 @@
 """What the ledger and the Celery tier hand each other: plain, frozen values.
 
-The Celery tier builds a :class:`NewRun` when it publishes and reads a :class:`Lease`,
+The Celery tier builds a :class:`NewRun` when it publishes (the ledger answers when to
+send its message: :class:`Recorded`) and reads a :class:`Lease`,
 a :class:`ClaimRefused` or a :class:`Held` back from a claim, and an :class:`EndedRun`
 from a run that ended; the ledger's statements take and return them. Nothing here runs
 a statement or reads the clock.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from enum import Enum
 from typing import Any, ClassVar, Final
 
 from ..errors import DeadlineRefused
@@ -46,6 +48,21 @@ class NewRun:
     delivery_task: bool = False
     #: the queue the message was routed to (``None``: not known)
     queue: str | None = None
+
+
+class Recorded(Enum):
+    """What the ledger did with a new run's row, and so when the Celery tier sends the
+    run's message (the ledger never sends it: a message is the Celery tier's)."""
+
+    #: recorded outside a transaction: send it now (a send that raises is told to the
+    #: ledger, which ends the run ``publish_failed``: the caller knows nothing was sent)
+    NOW = "now"
+    #: recorded in the caller's transaction: send it when that commits (never on a
+    #: rollback; a send that fails then is the outbox sweeper's to publish again)
+    AT_COMMIT = "at_commit"
+    #: the same run (task and arguments) was recorded under this id before: nothing is
+    #: sent, the caller reads the run's result
+    ALREADY = "already"
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from django.test.utils import CaptureQueriesContext
 
 from celery_deadlines import DeadlineTask
 from celery_deadlines.core.effects import EffectScope, Found, NotFound, PendingEffect
+from celery_deadlines.core.finishing import end_after_body
 from celery_deadlines.errors import DispatchRefused, EffectConflict, StaleLease
 from celery_deadlines.ledger import outbox
 from celery_deadlines.ledger.attempt import Attempt
@@ -27,7 +28,6 @@ from celery_deadlines.ledger.sql.connection import Store
 from celery_deadlines.ledger.sql.rows import ClaimRefused, Lease, NewRun
 from celery_deadlines.models import Effect, EffectState, Run, RunEvent, Status
 from celery_deadlines.rules.observations import ActionClass, Observation
-from celery_deadlines.task import end_after_body
 from celery_deadlines.testing import FakeClock, use_clock
 from tests.conftest import service_unavailable
 from tests.django.conftest import DATABASES

@@ -19,7 +19,7 @@ import pytest
 from celery import Celery
 
 from celery_deadlines.errors import DispatchRefused, EffectConflict, RunConflict, StaleLease
-from celery_deadlines.rules.records import ClaimRefused, NewRun, Refusal
+from celery_deadlines.rules.records import ClaimRefused, NewRun, Recorded, Refusal
 from celery_deadlines.rules.states import Status
 from celery_deadlines.testing import FakeClock, use_clock
 from tests.conftest import service_unavailable
@@ -73,7 +73,7 @@ def refused(outcome: Any) -> ClaimRefused:
 def test_a_recorded_run_is_claimed_by_one_worker_with_the_first_fencing_token(
     ledger: ContractLedger,
 ) -> None:
-    assert ledger.record("r1") == "sent"
+    assert ledger.record("r1") is Recorded.NOW
     attempt = won(ledger.claim("r1", "w1"))
     assert (attempt.lease.token, attempt.lease.attempt) == (1, 1)
     loss = refused(ledger.claim("r1", "w2"))
@@ -87,20 +87,18 @@ def test_a_recorded_run_is_claimed_by_one_worker_with_the_first_fencing_token(
 def test_an_eager_run_is_sent_at_once_and_again_under_its_id_unless_its_arguments_differ(
     ledger: ContractLedger,
 ) -> None:
-    sent: list[str] = []
-
-    def run_it() -> str:  # an eager run's send: Celery's apply(), whose claim decides
-        sent.append("ran")
-        return "ran"
-
+    # an eager run is recorded inside its eager_run, then sent by the caller (Celery's
+    # apply(), whose claim decides): the same run again is no conflict
     run = NewRun(task_id="r1", task_name=TASK, message_body=MESSAGE)
-    assert ledger.api.record_eager_run(ledger.app, run, run_it) == "ran"
+    with ledger.api.eager_run(ledger.app):
+        ledger.api.record_eager_run(ledger.app, run)
     assert ledger.status("r1") == "QUEUED"
-    assert ledger.api.record_eager_run(ledger.app, run, run_it) == "ran"
+    with ledger.api.eager_run(ledger.app):
+        ledger.api.record_eager_run(ledger.app, run)
+    assert ledger.status("r1") == "QUEUED"
     other = replace(run, message_body=b'{"args": [43], "kwargs": {}, "options": {}}')
-    with pytest.raises(RunConflict, match="now with args"):
-        ledger.api.record_eager_run(ledger.app, other, run_it)
-    assert sent == ["ran", "ran"]
+    with pytest.raises(RunConflict, match="now with args"), ledger.api.eager_run(ledger.app):
+        ledger.api.record_eager_run(ledger.app, other)
 
 
 def test_a_message_for_another_task_neither_claims_nor_ends_the_run_its_own_task_claims(
@@ -369,10 +367,8 @@ def test_a_run_that_ended_refuses_every_later_claim_and_refusal(ledger: Contract
 def test_a_retry_hands_the_run_to_the_next_retry_number_alone(ledger: ContractLedger) -> None:
     ledger.record("r1")
     attempt = won(ledger.claim("r1"))
-    sent = ledger.api.hand_to_retry(
-        attempt, retries=1, available_at=None, message_body=b"{}", send=lambda: "sent"
-    )
-    assert (sent, ledger.status("r1")) == ("sent", "RETRYING")
+    ledger.api.hand_to_retry(attempt, retries=1, available_at=None, message_body=b"{}")
+    assert ledger.status("r1") == "RETRYING"
     assert refused(ledger.claim("r1", retries=0)).why == ClaimRefused.STALE_MESSAGE
     assert won(ledger.claim("r1", retries=1)).lease.token == 2
 

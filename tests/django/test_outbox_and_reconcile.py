@@ -21,6 +21,7 @@ from celery_deadlines.ledger.reconcile import Report, _settle, reconcile_once
 from celery_deadlines.ledger.sql.connection import Store
 from celery_deadlines.ledger.sql.rows import Lease, NewRun
 from celery_deadlines.models import Effect, Run, Status
+from celery_deadlines.rules.records import Recorded
 from tests.conftest import service_unavailable
 from tests.django.conftest import DATABASES
 from tests.support.memory_queue import drain
@@ -122,16 +123,10 @@ def test_the_recorded_message_decodes_to_what_was_published() -> None:
     }
 
 
-def test_a_publish_that_fails_outside_a_transaction_ends_the_run_and_reaches_the_caller(
-    store: Store,
-) -> None:
+def test_a_publish_that_fails_outside_a_transaction_ends_the_run(store: Store) -> None:
     run = undated_run("p-1")
-
-    def broken() -> None:
-        raise ConnectionError("broker down")
-
-    with pytest.raises(ConnectionError):
-        outbox.record(store, run, broken, accept=JSON)
+    assert outbox.record(store, run, accept=JSON) is Recorded.NOW  # the caller sends now
+    outbox.publish_failed(store, "p-1", ConnectionError("broker down"))  # and it raised
     assert status(store, "p-1") == (Status.FAILED, "publish_failed")
 
 
@@ -141,37 +136,84 @@ def test_a_caller_that_tries_again_after_a_failed_publish_publishes_the_run(
     # Regression, nemesis soak (RabbitMQ seed 7): the second try returned as if sent,
     # and the run stayed FAILED publish_failed, never published.
     run = undated_run("p-3")
-    sent: list[str] = []
-
-    def broken() -> None:
-        raise ConnectionError("broker down")
-
-    with pytest.raises(ConnectionError):
-        outbox.record(store, run, broken, accept=JSON)
-    outbox.record(store, run, lambda: sent.append("publish"), accept=JSON)
-    assert sent == ["publish"]
+    assert outbox.record(store, run, accept=JSON) is Recorded.NOW
+    outbox.publish_failed(store, "p-3", ConnectionError("broker down"))
+    assert outbox.record(store, run, accept=JSON) is Recorded.NOW  # sent again
     assert status(store, "p-3") == (Status.QUEUED, "")
-    outbox.record(
-        store, run, lambda: sent.append("again"), accept=JSON
-    )  # now the same run: not sent
-    assert sent == ["publish"]
+    # now the same run: not sent
+    assert outbox.record(store, run, accept=JSON) is Recorded.ALREADY
 
 
-def test_a_publish_that_fails_after_commit_leaves_the_run_queued_for_the_sweeper(
-    store: Store,
-) -> None:
+def test_a_run_recorded_in_a_transaction_is_sent_when_it_commits(store: Store) -> None:
     run = undated_run("p-2")
     calls: list[str] = []
-
-    def broken() -> None:
-        calls.append("publish")
-        raise ConnectionError("broker down")
-
     with transaction.atomic(using=store.using):
-        assert outbox.record(store, run, broken, accept=JSON) is None
+        assert outbox.record(store, run, accept=JSON) is Recorded.AT_COMMIT
+        outbox.at_commit(store, lambda: calls.append("publish"))
         assert calls == []  # not before the commit
     assert calls == ["publish"]
     assert status(store, "p-2") == (Status.QUEUED, "")
+
+
+def test_a_run_recorded_in_a_transaction_that_rolls_back_is_never_sent(store: Store) -> None:
+    calls: list[str] = []
+    recorded: list[Recorded] = []
+
+    def request() -> None:  # the caller's request, which fails after the publish
+        with transaction.atomic(using=store.using):
+            recorded.append(outbox.record(store, undated_run("p-4"), accept=JSON))
+            outbox.at_commit(store, lambda: calls.append("publish"))
+            raise RuntimeError("the caller's request failed")
+
+    with pytest.raises(RuntimeError):
+        request()
+    assert recorded == [Recorded.AT_COMMIT]
+    assert calls == []
+
+
+def _broken_broker(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Celery's own publish raises (the broker is down); the tries are listed."""
+    from celery import Task
+
+    tries: list[str] = []
+
+    def broken(self: Any, *args: Any, **kwargs: Any) -> None:
+        tries.append(str(kwargs.get("task_id") or args[2]))
+        raise ConnectionError("broker down")
+
+    monkeypatch.setattr(Task, "apply_async", broken)
+    return tries
+
+
+def _producer(store: Store) -> Any:
+    from celery_deadlines import DeadlineTask
+
+    producer = Celery("producer", broker="memory://", backend="cache+memory://")
+    producer.conf.update(deadlines_ledger=True, deadlines_database=store.using)
+    return producer.task(base=DeadlineTask, name="shop.ship_broken", shared=False)(ship_order)
+
+
+def test_a_task_whose_publish_fails_outside_a_transaction_tells_its_caller_and_ends_the_run(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ship = _producer(store)
+    tries = _broken_broker(monkeypatch)
+    with pytest.raises(ConnectionError):
+        ship.apply_async(task_id="broken-1", budget=600)
+    assert tries == ["broken-1"]
+    assert status(store, "broken-1") == (Status.FAILED, "publish_failed")
+
+
+def test_a_task_whose_publish_fails_after_commit_leaves_the_run_queued_for_the_sweeper(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ship = _producer(store)
+    tries = _broken_broker(monkeypatch)
+    with transaction.atomic(using=store.using):
+        ship.apply_async(task_id="broken-2", budget=600)
+        assert tries == []  # not before the commit
+    assert tries == ["broken-2"]  # tried at the commit; its failure logged, not raised
+    assert status(store, "broken-2") == (Status.QUEUED, "")
 
 
 def test_reconcile_requeues_a_lapsed_run_and_publishes_its_recorded_message_again(

@@ -55,7 +55,8 @@ class ContractLedger:
     # -- the Celery tier's calls ---------------------------------------------------------
 
     def record(self, task_id: str, *, deadline_in: float | None = None, retries: int = 0) -> Any:
-        """Record a run (``deadline_in`` seconds from now) and "publish" it."""
+        """Record a run (``deadline_in`` seconds from now): when its message is to be sent
+        (:class:`~celery_deadlines.rules.records.Recorded`)."""
         deadline = None if deadline_in is None else self.now() + timedelta(seconds=deadline_in)
         run = NewRun(
             task_id=task_id,
@@ -64,7 +65,7 @@ class ContractLedger:
             retries=retries,
             message_body=MESSAGE,
         )
-        return self.api.record_run(self.app, run, lambda: "sent")
+        return self.api.record_run(self.app, run)
 
     def claim(
         self,

@@ -1,6 +1,6 @@
 """DeadlineTask's ``__call__`` exists only where a ledger can be on (the Django app ready,
 or :mod:`celery_deadlines.testing` imported): elsewhere Celery's tracer calls the task's
-``run`` itself, as for a ``celery.Task`` (celery_deadlines.task.hand_attempts_to_the_body).
+``run`` itself, as for a ``celery.Task`` (celery_deadlines.task.graft_call_onto_deadline_task).
 
 Each case runs in a fresh interpreter: this suite's own process imported the testing
 module long ago."""

@@ -345,11 +345,14 @@ def test_the_workflow_gates_deadline_is_the_one_apply_async_stamps(
     scope: float | None,
     parent: float | None,
 ) -> None:
-    # publish_stamp repeats apply_async's inline steps (kept inline for speed): held equal
+    # the gate and apply_async ask the same rule (publishing.stamp): what the gate judges
+    # by is what the message carries
     from contextlib import nullcontext
 
     from celery_deadlines import DELIVERY_DEADLINE_HEADER
     from celery_deadlines.conf import settings_for
+    from celery_deadlines.core import publishing
+    from celery_deadlines.core.options import times
 
     task = make(app, "wf.same", **options)
     parent_task = make(app, "wf.parent")
@@ -360,7 +363,17 @@ def test_the_workflow_gates_deadline_is_the_one_apply_async_stamps(
         _task_stack.push(parent_task)
     try:
         with deadline_scope(budget=scope) if scope is not None else nullcontext():
-            stamp = gate.publish_stamp(task, dict(call), clock.now(), settings_for(app))
+            registered = app.tasks[task.name]  # as the gate finds it (not a proxy)
+            governing = gate._governing(registered, dict(call), clock.now(), settings_for(app))
+            stamp = publishing.stamp(
+                task,
+                dict(call),
+                dict(call.get("headers") or {}),
+                now=clock.now(),
+                parent=publishing.inherited_by(task),
+                task_id=None,
+                times=times(task, settings_for(app)),
+            )
             task.apply_async(**call)
     finally:
         if parent is not None:
@@ -369,6 +382,7 @@ def test_the_workflow_gates_deadline_is_the_one_apply_async_stamps(
     headers = published[-1]
     assert stamp is not None
     deadline = stamp.governed.deadline
+    assert governing == deadline
     assert headers.get(DEADLINE_HEADER) == (encode(deadline) if deadline else None)
     assert headers.get(SOURCE_HEADER) == (stamp.governed.source if deadline else None)
     delivery = stamp.delivery

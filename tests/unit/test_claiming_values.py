@@ -44,8 +44,8 @@ def app(ledger: FakeLedger, clock: FakeClock) -> Iterator[Celery]:
     app.close()
 
 
-def caller(app: Celery, *, stores_errors: bool = True) -> claiming.Caller:
-    return claiming.Caller(
+def caller(app: Celery, *, stores_errors: bool = True) -> claiming.ResultPolicy:
+    return claiming.ResultPolicy(
         app=app,
         backend=app.backend,
         task_name="values.work",
@@ -65,7 +65,7 @@ def delivery(
     """A claim of a message published by name (its run is recorded from the request)."""
     request = Context(id=task_id, retries=0, hostname=hostname, args=[], kwargs={})
     return claiming.Claim(
-        caller=caller(app),
+        policy=caller(app),
         sender=None,
         task_id=task_id,
         request=request,
@@ -154,7 +154,7 @@ def test_the_caller_of_a_delivery_is_stored_to_by_celerys_rule(
 
     rule.push_request(id="v8", ignore_result=request_ignores)  # the delivery's request
     try:
-        told = claiming.caller_of(rule)
+        told = claiming.result_policy(rule)
     finally:
         rule.pop_request()
     assert (told.task_name, told.stores_errors, told.ignores_result) == (

@@ -1,10 +1,11 @@
-"""The gates in epoch seconds (``celery_deadlines.core.seconds``: the path of every message
-of a worker without a ledger) decide exactly what the full rule, with datetimes,
-decides: the publish's headers, the claim gate's admission and time-limit cap, and the
-attempt gate's deadline and anchor. Each property draws deadlines around the edges the
-fast paths hand back to the full rule (the reserve, the horizon, the microsecond a float
-cannot tell apart), so a fast path that admits what the full rule refuses, or the other
-way round, fails here.
+"""The gates' shortcuts in epoch seconds (the path of every message of a worker without a
+ledger: ``core/publishing.stamp_own_budget``, ``core/request.clearly_in_time`` and the
+time-limit cap after it, ``core/starting.start_in_seconds``) decide exactly what the
+full rule, with datetimes, decides: the publish's headers, the claim gate's admission
+and time-limit cap, and the attempt gate's deadline and anchor. Each property draws
+deadlines around the edges the fast paths hand back to the full rule (the reserve, the
+horizon, the microsecond a float cannot tell apart), so a fast path that admits what the
+full rule refuses, or the other way round, fails here.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from hypothesis import strategies as st
 from celery_deadlines import DEADLINE_HEADER, DeadlineRefused
 from celery_deadlines import clock as installed
 from celery_deadlines.contrib import opentelemetry as tracing
-from celery_deadlines.core import seconds
+from celery_deadlines.core import publishing, starting
+from celery_deadlines.core import request as requests
 from celery_deadlines.rules import wire
 from celery_deadlines.testing import FakeClock, use_clock
 from tests.support.unit_tasks import claim, make_task
@@ -67,13 +69,14 @@ def an_app(start: datetime) -> Iterator[Celery]:
 
 @contextmanager
 def full_rule_only() -> Iterator[None]:
-    """The claim gate's path in seconds switched off: every message to the full rule."""
-    admitted_at = seconds.admitted_at
-    seconds.admitted_at = lambda task, deadline: None
+    """The claim gate's path in seconds switched off, and so the time-limit cap's after
+    it: every message to the full rule."""
+    clearly_in_time = requests.clearly_in_time
+    requests.clearly_in_time = lambda task, deadline: False
     try:
         yield
     finally:
-        seconds.admitted_at = admitted_at
+        requests.clearly_in_time = clearly_in_time
 
 
 def _claimed(app: Celery, task: Any, deadline: float) -> tuple[bool, Any]:
@@ -105,7 +108,9 @@ def _attempt(task: Any, headers: dict[str, Any], in_full: bool) -> tuple[Any, ..
     request = task.request
     try:
         state = (
-            task._start_in_full(request, headers, False) if in_full else task._start(request, False)
+            starting.start_in_full(task, request, headers, False)
+            if in_full
+            else starting.start(task, request, False)
         )
     except (Ignore, Reject) as refused:  # the refusal stored, Celery told at the edge
         return ("refused", str(refused))
@@ -172,10 +177,10 @@ def test_a_publish_stamped_in_seconds_carries_the_headers_the_full_rule_writes(
             return {} if given_headers is None else {"headers": dict(given_headers)}
 
         fast_call = call()
-        fast = seconds.stamp_own_budget(task, fast_call, task_id)
+        fast = publishing.stamp_own_budget(task, fast_call, task_id)
         full_call = call()
         try:
-            stamp, _ = task._stamp(full_call, task_id, False)
+            stamp, _ = publishing.stamp_message(task, full_call, task_id, False)
         except DeadlineRefused:
             assert fast is None  # the full rule refuses: the fast path never decided
             return
@@ -204,7 +209,9 @@ def test_a_clearly_in_time_header_is_admitted_in_seconds_without_a_datetime(
     task = make_task(horizon_app, reserve=1, time_limit=60)
     revoked, limits = _claimed(horizon_app, task, clock.now().timestamp() + 20)
     assert (revoked, limits) == (False, pytest.approx((20.0, None)))
-    state = task._start(_pushed(task, {DEADLINE_HEADER: clock.now().timestamp() + 20}), False)
+    state = starting.start(
+        task, _pushed(task, {DEADLINE_HEADER: clock.now().timestamp() + 20}), False
+    )
     assert state is not None
     assert state.headers is not None  # admitted in seconds: kept as it came
     assert state.attempt is None
@@ -215,7 +222,7 @@ def test_a_publish_of_a_task_without_budget_outside_any_task_is_celerys_own(
     horizon_app: Celery, clock: FakeClock
 ) -> None:
     call: dict[str, Any] = {"headers": {"x-trace": "1"}}
-    assert seconds.stamp_own_budget(make_task(horizon_app), call, "c-1") is False
+    assert publishing.stamp_own_budget(make_task(horizon_app), call, "c-1") is False
     assert call == {"headers": {"x-trace": "1"}}
 
 
@@ -236,7 +243,7 @@ def test_a_publish_that_names_a_time_of_its_own_is_stamped_by_the_full_rule(
 ) -> None:
     task = make_task(horizon_app, budget=30)
     before = dict(call)
-    assert seconds.stamp_own_budget(task, call, "c-1") is None
+    assert publishing.stamp_own_budget(task, call, "c-1") is None
     assert call == before  # nothing written: the full rule starts from what was given
 
 

@@ -85,13 +85,13 @@ def test_the_claim_tells_the_ledger_whether_its_owner_runs_one_attempt_at_a_time
     monkeypatch.setattr(ledger, "claim_run", recorded)
 
     def claim(task_id: str) -> None:
-        caller = claiming.Caller(
+        caller = claiming.ResultPolicy(
             app=app, backend=app.backend, task_name="pools.work", stores_errors=True,
             ignores_result=False,
         )  # fmt: skip
         claiming.claim(
             claiming.Claim(
-                caller=caller, sender=None, task_id=task_id,
+                policy=caller, sender=None, task_id=task_id,
                 request=Context(id=task_id, retries=0, hostname="w1@test", args=[], kwargs={}),
                 deadline=clock.now() + timedelta(minutes=1), lease=timedelta(seconds=30),
                 reserve=timedelta(seconds=1), serializer="json", requeue=True,

@@ -13,6 +13,7 @@ from celery import Celery
 from celery.contrib.testing.mocks import TaskMessage
 
 from celery_deadlines import DEADLINE_HEADER, SOURCE_HEADER
+from celery_deadlines.core import supervision
 from celery_deadlines.core.request import DeadlineRequest
 from celery_deadlines.rules.gates import Decision
 from celery_deadlines.rules.wire import encode
@@ -121,7 +122,6 @@ def test_the_deadlines_cap_is_judged_by_the_ledgers_clock_not_a_wall_clock_stepp
     # Regression, nemesis soak seed 6161: the pool process killed at the deadline's cap
     # on a worker whose wall clock had been stepped back 10.8 s ended FAILED time_limit.
     from celery_deadlines import ledger
-    from celery_deadlines.core.request import DeadlineRequest
 
     deadline = clock.now() + timedelta(seconds=3)
     watch = Mock(budget=timedelta(seconds=1))
@@ -131,10 +131,10 @@ def test_the_deadlines_cap_is_judged_by_the_ledgers_clock_not_a_wall_clock_stepp
     api = Mock()
     api.end_owned.side_effect = lambda app, **kw: written.append((kw["status"], kw["reason"]))
     monkeypatch.setattr(ledger, "api_for", lambda app: api)
-    monkeypatch.setattr(DeadlineRequest, "_with_ledger", lambda self: True)
+    monkeypatch.setattr(supervision, "_with_ledger", lambda request: True)
     request, _ = claim(app, make_task(app), {DEADLINE_HEADER: encode(deadline)})
     clock.jump_wall(-10.8)  # the worker's wall clock, stepped back
-    request._time_limit_outcome(2.9)
+    supervision.time_limit_outcome(request, 2.9)
     assert written == [("EXPIRED", "deadline_passed")]
 
 
@@ -146,22 +146,21 @@ def test_a_kill_by_the_deadlines_cap_expires_the_run_whatever_the_clock_reads_th
     # instant before the deadline (its estimate of the ledger's clock not yet corrected
     # after a step). The limit handed to the pool says whose it was.
     from celery_deadlines import ledger
-    from celery_deadlines.core.request import DeadlineRequest
 
     deadline = clock.now() + timedelta(seconds=3)
     written: list[tuple[str, str]] = []
     api = Mock()
     api.end_owned.side_effect = lambda app, **kw: written.append((kw["status"], kw["reason"]))
     monkeypatch.setattr(ledger, "api_for", lambda app: api)
-    monkeypatch.setattr(DeadlineRequest, "_with_ledger", lambda self: True)
+    monkeypatch.setattr(supervision, "_with_ledger", lambda request: True)
     capped, _ = claim(app, make_task(app), {DEADLINE_HEADER: encode(deadline)})
     assert capped.time_limits[0] == pytest.approx(3)  # handed to the pool: the cap
     clock.jump_wall(-5)  # the kill, judged by a clock that reads 5 s early
-    capped._time_limit_outcome(3.0)
+    supervision.time_limit_outcome(capped, 3.0)
     limited = make_task(app, name="unit.limited", time_limit=1)
     own, _ = claim(app, limited, {DEADLINE_HEADER: encode(deadline)})
     assert own.time_limits[0] == 1  # the task's own limit, shorter than the deadline's
-    own._time_limit_outcome(1.0)
+    supervision.time_limit_outcome(own, 1.0)
     assert written == [("EXPIRED", "deadline_passed"), ("FAILED", "time_limit")]
 
 
@@ -197,19 +196,20 @@ def test_a_default_that_a_function_does_not_have_is_passed_by_a_wrapper() -> Non
     assert calls == [{"maybe_iso8601": "fast"}]
 
 
-def test_the_cap_handed_to_the_pool_is_measured_from_the_claim_gates_own_reading(
+def test_the_cap_handed_to_the_pool_is_measured_when_celery_reads_it(
     app: Celery, clock: FakeClock
 ) -> None:
-    # Celery reads time_limits right after revoked() admitted the message: one reading
-    # serves both, and only that hand-off (a later read measures again)
+    # each hook reads the clock itself: the claim gate's reading is not handed to the
+    # cap Celery reads next (that depended on Celery calling them in that order)
     request, _ = claim(
         app, make_task(app), {DEADLINE_HEADER: encode(clock.now() + timedelta(seconds=20))}
     )
     clock.advance(5)
     assert request.revoked() is False  # the hand-off: 15 s left
     clock.advance(0.5)
-    assert request.time_limits[0] == pytest.approx(15.0)
     assert request.time_limits[0] == pytest.approx(14.5)
+    clock.advance(0.5)
+    assert request.time_limits[0] == pytest.approx(14.0)
 
 
 # -- a deadline that was Celery's own ``expires``: told as Celery tells its expiry ------
