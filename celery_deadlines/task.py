@@ -38,7 +38,17 @@ from celery.utils import uuid
 from . import conf, ledger
 from .clock import get_clock
 from .conf import settings_for
-from .core import claiming, options, pools, propagation, recording, seconds, telemetry, timelimits
+from .core import (
+    backlog,
+    claiming,
+    options,
+    pools,
+    propagation,
+    recording,
+    seconds,
+    telemetry,
+    timelimits,
+)
 from .core.body import AttemptAPI, Paused, Unresolved, end_unresolved
 from .core.propagation import HANDED, NOTHING_KEPT, STAMPED, attempt_state
 from .core.refusals import report_refusal, report_refused_message, tell_refusal
@@ -211,15 +221,16 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         if given:
             refuse_reserved_headers(self.name, given)
         with_ledger = self._with_ledger()
-        if not with_ledger:
-            stamped = seconds.stamp_own_budget(self, call, task_id)
-            if stamped is not None:
-                return self._send(
-                    stamped, args, kwargs, task_id, producer, link, link_error, shadow, call
-                )
-        stamp, starts_at = self._stamp(call, task_id, with_ledger)
-        if not with_ledger:
+        stamped = None if with_ledger else seconds.stamp_own_budget(self, call, task_id)
+        stamp = starts_at = None
+        if stamped is None:
+            stamp, starts_at = self._stamp(call, task_id, with_ledger)
             stamped = stamp is not None
+        if stamped:  # the enqueue gate's second rule: the queue ahead (rules/backlog.py)
+            refused = backlog.admit(self, call)
+            if refused is not None:
+                self._refuse_enqueue(refused, task_id, None)
+        if not with_ledger:
             return self._send(
                 stamped, args, kwargs, task_id, producer, link, link_error, shadow, call
             )
