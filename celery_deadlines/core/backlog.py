@@ -34,6 +34,9 @@ logger = logging.getLogger(__name__)
 
 #: How often (seconds) a process reads a queue it publishes to, at most.
 INTERVAL: Final = 0.05
+#: How long (seconds) a queue this module does not read is left before it is asked
+#: again (an app may be configured again: its broker, its transport options).
+UNREAD: Final = 5.0
 #: The samples kept per queue (more than WINDOW / INTERVAL).
 KEPT: Final = 40
 #: The app attribute each app's watches are kept in.
@@ -79,7 +82,9 @@ class _Watch:
                 raise _NotJudged  # a message with a priority waits where it is not seen
         # a reading never fails a publish: what it cannot read, it does not judge by
         except Exception as exc:  # noqa: BLE001
-            if not isinstance(exc, _NotJudged):
+            if isinstance(exc, _NotJudged):
+                self.read_at = now + UNREAD  # not a queue this module reads: asked again later
+            else:
                 logger.debug("queue %s not read: %r", self.queue, exc)
             self.samples.clear()
             self.marker = None
