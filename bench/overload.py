@@ -233,10 +233,10 @@ def main() -> None:
     parser.add_argument("--burst", type=float, default=2.0, help="seconds of the 10x burst")
     parser.add_argument("--loads", default=",".join(LOADS), help="comma-separated")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated")
-    parser.add_argument("--smoke", action="store_true", help="seconds: 1x and a burst")
+    parser.add_argument("--smoke", action="store_true", help="seconds: a short burst")
     args = parser.parse_args()
     if args.smoke:
-        args.duration, args.burst, args.loads = 0.5, 0.1, "1x,burst"
+        args.duration, args.burst, args.loads = 0.4, 0.1, "burst"
     loads = args.loads.split(",")
     variants = args.variants.split(",")
 
