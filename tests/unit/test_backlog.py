@@ -4,12 +4,17 @@ queue show, and which publishes it refuses, with the arithmetic."""
 from __future__ import annotations
 
 import re
+import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+import pytest
+from celery import Celery
 from hypothesis import given
 from hypothesis import strategies as st
 
-from celery_deadlines import Gate, Reason
+from celery_deadlines import DEADLINE_HEADER, Gate, Reason, clock
+from celery_deadlines.core import backlog
 from celery_deadlines.rules.backlog import (
     OVERLOAD,
     SHED,
@@ -19,6 +24,7 @@ from celery_deadlines.rules.backlog import (
     admit,
     estimate,
 )
+from tests.support.unit_tasks import make_task
 
 NOW = datetime(2026, 12, 5, 8, 0, tzinfo=UTC)
 BUDGET = timedelta(seconds=1)
@@ -168,3 +174,47 @@ def test_whatever_a_queue_reads_the_estimate_is_finite_or_none(readings: list) -
         assert backlog.depth > 0
         assert backlog.span > 0
         assert backlog.wait >= 0
+
+
+# -- the reading (core/backlog.py): what it never does to a publish ----------------------
+
+
+def deadline_task(app: Celery) -> Any:
+    return make_task(app, "unit.backlog", budget=1, reserve=0.06)
+
+
+def stamped(queue: str = "q", **options: Any) -> dict[str, Any]:
+    return {"queue": queue, "headers": {DEADLINE_HEADER: time.time() + 1.0}, **options}
+
+
+def test_a_reading_that_fails_never_fails_the_publish_nor_refuses_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    app = Celery("backlog-broken", broker="memory://", set_as_current=False)
+    task = deadline_task(app)
+
+    def unreachable(*_: Any, **__: Any) -> Any:
+        raise ConnectionError("broker down")
+
+    monkeypatch.setattr(app, "producer_or_acquire", unreachable)
+    assert backlog.admit(task, stamped()) is None
+    watch = app._celery_deadlines_backlog["q"]
+    assert (watch.samples, watch.judged) == ([], None)
+
+
+def test_a_transport_it_does_not_read_is_asked_again_only_after_a_while() -> None:
+    app = Celery("backlog-memory", broker="memory://", set_as_current=False)
+    task = deadline_task(app)
+    assert backlog.admit(task, stamped()) is None
+    watch = app._celery_deadlines_backlog["q"]
+    assert watch.read_at - clock.monotonic() > backlog.UNREAD - 1
+
+
+def test_a_publish_that_starts_later_or_goes_where_it_cannot_tell_is_not_judged() -> None:
+    app = Celery("backlog-later", broker="memory://", set_as_current=False)
+    task = deadline_task(app)
+    assert backlog.admit(task, stamped(countdown=5)) is None
+    assert backlog.admit(task, stamped(eta=datetime.now(UTC))) is None
+    app.conf.task_routes = {"unit.*": {"queue": "elsewhere"}}
+    assert backlog.admit(task, {"headers": {DEADLINE_HEADER: time.time() + 1}}) is None
+    assert getattr(app, "_celery_deadlines_backlog", {}) == {}
