@@ -24,7 +24,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+# Both tests read one followed quick start (a fresh venv and a worker): one xdist worker
+# runs them, so it is followed once.
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("quickstart")]
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "quickstart.md"
 BLOCK = re.compile(r"^```(?P<lang>\w+)\n(?P<code>.*?)^```", re.M | re.S)
