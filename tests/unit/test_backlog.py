@@ -163,7 +163,9 @@ def test_a_publish_is_refused_only_past_its_last_start_or_past_a_share_under_ove
         max_size=50,
     )
 )
-def test_whatever_a_queue_reads_the_estimate_is_finite_or_none(readings: list) -> None:
+def test_whatever_a_queue_reads_the_estimate_is_finite_or_none(
+    readings: list[tuple[float, int, int | None, int | None]],
+) -> None:
     at, samples = 0.0, []
     for step, depth, taken, pushed in readings:
         at += step
@@ -198,7 +200,7 @@ def test_a_reading_that_fails_never_fails_the_publish_nor_refuses_it(
 
     monkeypatch.setattr(app, "producer_or_acquire", unreachable)
     assert backlog.admit(task, stamped()) is None
-    watch = app._celery_deadlines_backlog["q"]
+    watch = vars(app)["_celery_deadlines_backlog"]["q"]
     assert (watch.samples, watch.judged) == ([], None)
 
 
@@ -206,7 +208,7 @@ def test_a_transport_it_does_not_read_is_asked_again_only_after_a_while() -> Non
     app = Celery("backlog-memory", broker="memory://", set_as_current=False)
     task = deadline_task(app)
     assert backlog.admit(task, stamped()) is None
-    watch = app._celery_deadlines_backlog["q"]
+    watch = vars(app)["_celery_deadlines_backlog"]["q"]
     assert watch.read_at - clock.monotonic() > backlog.UNREAD - 1
 
 
