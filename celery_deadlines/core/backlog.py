@@ -39,8 +39,9 @@ INTERVAL: Final = 0.05
 UNREAD: Final = 5.0
 #: The samples kept per queue (more than WINDOW / INTERVAL).
 KEPT: Final = 40
-#: The app attribute each app's watches are kept in.
+#: The app attributes each app's watches, and its tasks' own queues, are kept in.
 _WATCHES: Final = "_celery_deadlines_backlog"
+_DEFAULTS: Final = "_celery_deadlines_backlog_queues"
 
 
 class _Watch:
@@ -117,14 +118,31 @@ def _other_steps(channel: Any, queue: str) -> list[str] | None:
     return [q_for(queue, step) for step in steps if step]
 
 
-def _queue_of(task: Any, call: dict[str, Any]) -> str | None:
+def _queue_of(task: Any, call: dict[str, Any], now: float) -> str | None:
     """The queue a publish goes to, when the call or the task names it (or the app
-    routes nothing): ``None``, not judged."""
+    routes nothing): ``None``, not judged. A task's own (the call names none) is worked
+    out from the app's configuration at most every :data:`INTERVAL`, as the queue is
+    read: reading Celery's configuration costs a publish more than the rest of this."""
     queue = call.get("queue")
     if queue is None:
-        if call.get("routing_key") or call.get("exchange") or task.app.conf.task_routes:
+        if call.get("routing_key") or call.get("exchange"):
             return None
-        queue = getattr(task, "queue", None) or task.app.conf.task_default_queue
+        defaults: dict[str, tuple[float, str | None]] | None = getattr(task.app, _DEFAULTS, None)
+        if defaults is None:
+            defaults = {}
+            setattr(task.app, _DEFAULTS, defaults)
+        kept = defaults.get(task.name)
+        if kept is not None and now - kept[0] < INTERVAL:
+            return kept[1]
+        config = task.app.conf
+        queue = (
+            None
+            if config.task_routes
+            else (getattr(task, "queue", None) or config.task_default_queue)
+        )
+        name = queue if queue is None or type(queue) is str else getattr(queue, "name", None)
+        defaults[task.name] = (now, name)
+        return name
     return queue if type(queue) is str else getattr(queue, "name", None)
 
 
@@ -134,7 +152,8 @@ def admit(task: Any, call: dict[str, Any]) -> Decision | None:
     :func:`celery_deadlines.rules.backlog.admit`; ``None``: admitted, or not judged."""
     if call.get("eta") is not None or call.get("countdown") is not None:
         return None  # it waits for its start elsewhere: the claim gate judges it then
-    queue = _queue_of(task, call)
+    now = clock.monotonic()
+    queue = _queue_of(task, call, now)
     if queue is None:
         return None
     app = task.app
@@ -149,7 +168,6 @@ def admit(task: Any, call: dict[str, Any]) -> Decision | None:
     if watch is None:
         watch = watches.setdefault(queue, _Watch(queue))
     watch.tried += 1
-    now = clock.monotonic()
     if now - watch.read_at >= INTERVAL and watch.lock.acquire(blocking=False):
         try:
             watch.read(app, now)
