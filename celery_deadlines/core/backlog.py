@@ -12,8 +12,9 @@ process's own publishes. The publishes between two readings are judged by the la
 
 Only Redis is read (a broker without ``LPOS``, with a ``global_keyprefix``, or a
 queue whose priority steps hold messages is not judged), and only a publish that
-starts now (no ``eta`` or ``countdown``) to a queue named by the call, or by the
-task's route when the app routes nothing by arguments. Everything else, a failed
+starts now (no ``eta`` or ``countdown``), is no member of a group or chord (refusing
+one member would leave the others published), to a queue named by the call, or by
+the task's own when the app has no ``task_routes``. Everything else, a failed
 reading included, is admitted: the claim gate judges it as before.
 """
 
@@ -152,6 +153,8 @@ def admit(task: Any, call: dict[str, Any]) -> Decision | None:
     :func:`celery_deadlines.rules.backlog.admit`; ``None``: admitted, or not judged."""
     if call.get("eta") is not None or call.get("countdown") is not None:
         return None  # it waits for its start elsewhere: the claim gate judges it then
+    if call.get("group_id") or call.get("chord"):
+        return None  # a member of a group or chord: refusing it would publish the rest
     now = clock.monotonic()
     queue = _queue_of(task, call, now)
     if queue is None:

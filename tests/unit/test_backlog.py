@@ -212,11 +212,13 @@ def test_a_transport_it_does_not_read_is_asked_again_only_after_a_while() -> Non
     assert watch.read_at - clock.monotonic() > backlog.UNREAD - 1
 
 
-def test_a_publish_that_starts_later_or_goes_where_it_cannot_tell_is_not_judged() -> None:
+def test_a_publish_that_starts_later_is_one_of_many_or_goes_by_routes_is_not_judged() -> None:
     app = Celery("backlog-later", broker="memory://", set_as_current=False)
     task = deadline_task(app)
     assert backlog.admit(task, stamped(countdown=5)) is None
     assert backlog.admit(task, stamped(eta=datetime.now(UTC))) is None
+    assert backlog.admit(task, stamped(group_id="g-1")) is None  # the rest would be published
+    assert backlog.admit(task, stamped(chord={"task": "unit.body"})) is None
     app.conf.task_routes = {"unit.*": {"queue": "elsewhere"}}
     assert backlog.admit(task, {"headers": {DEADLINE_HEADER: time.time() + 1}}) is None
     assert getattr(app, "_celery_deadlines_backlog", {}) == {}
