@@ -160,9 +160,6 @@ def admit(task: Any, call: dict[str, Any]) -> Decision | None:
     if queue is None:
         return None
     app = task.app
-    settings = settings_for(app)
-    if not settings.get(conf.BACKLOG_REFUSAL):
-        return None
     watches: dict[str, _Watch] | None = getattr(app, _WATCHES, None)
     if watches is None:
         watches = {}
@@ -171,7 +168,14 @@ def admit(task: Any, call: dict[str, Any]) -> Decision | None:
     if watch is None:
         watch = watches.setdefault(queue, _Watch(queue))
     watch.tried += 1
-    if now - watch.read_at >= INTERVAL and watch.lock.acquire(blocking=False):
+    due = now - watch.read_at >= INTERVAL
+    if not due and watch.judged is None:
+        return None  # the last reading showed nothing to judge by: most publishes end here
+    settings = settings_for(app)
+    if not settings.get(conf.BACKLOG_REFUSAL):
+        watch.read_at, watch.judged = now, None  # asked again at the next reading's time
+        return None
+    if due and watch.lock.acquire(blocking=False):
         try:
             watch.read(app, now)
         finally:
