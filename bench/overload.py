@@ -82,6 +82,7 @@ class Outcome:
     unanswered: int = 0
     lag: float = 0.0  # the publisher's worst lag behind its schedule (s)
     at_enqueue: int = 0  # of the refused, those refused by the publisher
+    shed: int = 0  # of those, the ones refused for overload (a tenth of the budget)
 
     def row(self) -> str:
         on_time = len(self.on_time) / self.possible if self.possible else 0.0
@@ -135,7 +136,7 @@ def publish(task: Any, queue: str, offsets: list[float], options: dict[str, Any]
     """Publish on schedule: the task ids and their publish instants, the refusals at
     enqueue (the instant each caller was told), the worst lag."""
     sent: dict[str, float] = {}
-    refused: list[tuple[float, float]] = []
+    refused: list[tuple[float, float, bool]] = []
     lag = 0.0
     began = time.monotonic()
     for offset in offsets:
@@ -147,8 +148,9 @@ def publish(task: Any, queue: str, offsets: list[float], options: dict[str, Any]
         published = time.time()
         try:
             result = task.apply_async((published,), queue=queue, **options)
-        except DeadlineRefused:
-            refused.append((published, time.time()))
+        except DeadlineRefused as refusal:
+            # the rule's second part (under overload) says what was offered
+            refused.append((published, time.time(), "were offered" in refusal.detail))
             continue
         sent[result.id] = published
     return sent, refused, lag
@@ -200,8 +202,9 @@ def run_one(
         time.sleep(1.0)
     arrivals = len(ids) + len(at_enqueue)
     outcome = Outcome(arrivals, min(arrivals, capacity * duration), lag=lag)
-    outcome.refused.extend((told - published) / BUDGET for published, told in at_enqueue)
+    outcome.refused.extend((told - published) / BUDGET for published, told, _ in at_enqueue)
     outcome.at_enqueue = len(at_enqueue)
+    outcome.shed = sum(shed for _, _, shed in at_enqueue)
     for task_id, published in sent.items():
         meta = got.get(task_id)
         if meta is None:
@@ -281,7 +284,10 @@ def main() -> None:
                 outcome = run_one(variant, task, queue, load, args.duration, args.burst)
                 lag = f"  (publisher lag {outcome.lag:.2f} s)" if outcome.lag > 0.1 else ""
                 if outcome.at_enqueue:
-                    lag += f"  ({outcome.at_enqueue} refused at enqueue)"
+                    lag += (
+                        f"  ({outcome.at_enqueue} refused at enqueue, {outcome.shed} of them "
+                        "under overload)"
+                    )
                 print(f"{load:6} {variant:10} {outcome.row()}{lag}", flush=True)
     finally:
         for worker in workers:
