@@ -13,7 +13,11 @@ from pathlib import Path, PurePosixPath
 
 PACKAGE = "celery_deadlines"
 #: What the package needs at run time besides its modules.
-PACKAGE_DATA = (f"{PACKAGE}/py.typed", f"{PACKAGE}/migrations/0001_initial.py")
+PACKAGE_DATA = (
+    f"{PACKAGE}/py.typed",
+    f"{PACKAGE}/migrations/0001_initial.py",
+    f"{PACKAGE}/ledger/sql/runs.sql",  # the statements, read at import
+)
 #: What the tests import or read, and what makes the sdist a source release.
 SDIST_MUST_HAVE = (
     "PKG-INFO",

@@ -128,17 +128,16 @@ def show_plans(store: Any, before: Any, batch_size: int, after: Any = None) -> N
     from django.db import transaction
 
     retention = store.retention
-    select = retention.select_sql(lock=True, after=after is not None)
+    select = retention.select_sql(after=after is not None)
     params = {"cutoff": before, "limit": batch_size, "after": after}
     with transaction.atomic():  # executes, and locks: rolled back
         rows = sql("EXPLAIN (ANALYZE, BUFFERS) " + select, params)
-        plain = retention.select_sql(lock=False, after=after is not None)
-        ids = [row[0] for row in sql(plain, params)]
+        ids = [row[0] for row in sql(select, params)]  # its own locks: not skipped
         transaction.set_rollback(True)
     print("  select (EXPLAIN ANALYZE, BUFFERS):")
     print("\n".join(f"    {row[0]}" for row in rows))
-    for what, statement in retention.delete_sql(ids):
-        plan = [shorten(row[0].strip()) for row in sql("EXPLAIN " + statement)]
+    for what, statement in retention.deletes():
+        plan = [shorten(row[0].strip()) for row in sql("EXPLAIN " + statement, {"ids": ids})]
         print(f"  delete {what} (EXPLAIN): " + " / ".join(plan[:4]))
 
 

@@ -52,6 +52,7 @@ from .core.preflight import (
 )
 from .core.preflight import closest_setting as closest_setting  # where the tests look for it
 from .errors import ConfigurationError
+from .rules import database as database_cap
 from .rules.contracts import is_deadline_task, review
 from .rules.declarations import Configured, Problem
 from .rules.declarations import review as review_declarations
@@ -378,6 +379,10 @@ def check_ledger_database(
 #: Databases whose running statements the cap cannot end (a statement is only not started
 #: once the deadline has passed): core/database.py caps PostgreSQL and SQLite.
 _UNCAPPED_VENDORS = ("mysql", "oracle")
+#: PgBouncer's default port: the one sign of it in an alias's settings.
+_PGBOUNCER_PORT = "6432"
+#: The how-to's section on connection pools and PgBouncer.
+_POOLS = docs("End a task's database queries by its deadline", "Behind a connection pool")
 
 
 @checks.register(checks.Tags.database)
@@ -386,18 +391,19 @@ def check_database_cap(
 ) -> list[checks.CheckMessage]:
     """W011: ``CELERY_DEADLINES_DATABASE_CAP`` names an alias ``DATABASES`` does not have.
     W012: it names one whose running queries the cap cannot end (MySQL, MariaDB, Oracle).
-    Only a list is looked at (``True`` caps what can be capped); a bad value is E001."""
+    W013: a capped PostgreSQL alias on PgBouncer's port without
+    ``DISABLE_SERVER_SIDE_CURSORS``: in transaction mode the session's setting would
+    reach other clients. A list is checked for W011 and W012 (``True`` caps what can be
+    capped); a bad value is E001."""
     from django.db import connections
 
     try:
         setting = from_django().get(DATABASE_CAP)
     except ConfigurationError:
         return []
-    if isinstance(setting, bool):
-        return []
     messages: list[checks.CheckMessage] = []
     hint = docs(SETTINGS_REFERENCE, f"{PREFIX}DATABASE_CAP")
-    for alias in sorted(setting):
+    for alias in [] if isinstance(setting, bool) else sorted(setting):
         if alias not in connections.settings:
             messages.append(
                 checks.Warning(
@@ -416,6 +422,25 @@ def check_database_cap(
                     hint="Bound its queries with the server's own timeout "
                     "(max_execution_time, max_statement_time). " + hint,
                     id="celery_deadlines.W012",
+                )
+            )
+    for alias in database_cap.chosen(setting, sorted(connections.settings)):
+        found = connections.settings[alias]
+        if (
+            connections[alias].vendor == "postgresql"
+            and str(found.get("PORT") or "") == _PGBOUNCER_PORT
+            and not found.get("DISABLE_SERVER_SIDE_CURSORS")
+        ):
+            messages.append(
+                checks.Warning(
+                    f"Database {shown(alias)} connects to port {_PGBOUNCER_PORT}, PgBouncer's: "
+                    "if PgBouncer pools it by transaction, the timeouts a task's deadline "
+                    "sets for the session reach the other clients of its server connection.",
+                    hint="Set DISABLE_SERVER_SIDE_CURSORS on the alias, as Django asks of "
+                    "PgBouncer's transaction mode: the deadline then sets only a "
+                    "transaction's timeouts there. In session mode, or if this is not "
+                    "PgBouncer, silence celery_deadlines.W013. " + _POOLS,
+                    id="celery_deadlines.W013",
                 )
             )
     return messages

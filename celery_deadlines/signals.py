@@ -47,10 +47,16 @@ run_held = Signal(name="run_held", providing_args=["task_id", "task_name", "read
 #: The ledger ended a run as EXPIRED on its own, not at a gate: the sweeper (a run never
 #: claimed in time, or paused past its deadline: ``deadline_passed``, or ``delivery_expired``
 #: for a delivery task's run, the reasons a gate gives for the same deadline), the
-#: reconciler, or beat (``missed_occurrence``). Gate refusals are ``deadline_refused``.
+#: reconciler, or beat (``missed_occurrence``); or a running attempt whose run was
+#: cancelled, when its body ends (``cancelled``). Gate refusals are ``deadline_refused``.
 run_expired = Signal(
     name="run_expired", providing_args=["task_id", "task_name", "reason", "detail"]
 )
+#: A run was cancelled with everything it started (``celery_deadlines.cancel``, ``manage.py
+#: deadlines cancel``, the admin), in the process that cancelled: ``runs`` is how many
+#: unended runs of its tree it changed (0: it had ended), ``by`` who cancelled and
+#: ``reason`` why. Each of those runs ends ``cancelled`` later, where it is found.
+run_cancelled = Signal(name="run_cancelled", providing_args=["task_id", "runs", "by", "reason"])
 #: A run was claimed: ``queue_wait`` (a timedelta, by the ledger's clock) is how long it
 #: waited for a worker since it became claimable.
 run_claimed = Signal(name="run_claimed", providing_args=["task_id", "task_name", "queue_wait"])

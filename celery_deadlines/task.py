@@ -40,6 +40,7 @@ from .clock import get_clock
 from .conf import settings_for
 from .core import (
     backlog,
+    cancelling,
     claiming,
     options,
     pools,
@@ -51,7 +52,13 @@ from .core import (
 )
 from .core.body import AttemptAPI, Paused, Unresolved, end_unresolved
 from .core.propagation import HANDED, NOTHING_KEPT, STAMPED, attempt_state
-from .core.refusals import report_refusal, report_refused_message, tell_refusal
+from .core.refusals import (
+    ToldRevoked,
+    report_refusal,
+    report_refused_message,
+    tell_refusal,
+    told_revoked_or_ignored,
+)
 from .errors import (
     ConfigurationError,
     DeadlineRefused,
@@ -65,7 +72,7 @@ from .ledger._crashpoints import hit
 from .rules import gates, outcomes, stamping, wire
 from .rules.budgets import UNSET, Anchor
 from .rules.quoting import shown
-from .rules.records import ENDED_IT, Expired
+from .rules.records import ENDED_IT, EndedRun
 from .rules.states import Status
 
 if TYPE_CHECKING:
@@ -93,9 +100,10 @@ class _EagerRuns(threading.local):
 _eager_runs = _EagerRuns()
 
 
-class _EndedCancelled(Ignore):
+class _EndedCancelled(ToldRevoked):
     """A cancelled run's attempt, ended ``cancelled`` and its caller told ``REVOKED``:
-    Celery's tracer stores nothing more (an ``Ignore``)."""
+    Celery's tracer stores nothing more (an ``Ignore``), the worker's main process
+    announces it (``task-revoked``)."""
 
 
 class _Told(propagation.AttemptState):
@@ -134,6 +142,12 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         after execution expired, and is refused with ``delivery_expired`` after it
     ``reconcilers``
         ``{effect name: function}``: who is asked about an effect whose outcome is unknown
+    ``cancel_terminates``
+        ``True``: a cancel (``celery_deadlines.cancel``) terminates the body when its
+        attempt learns it, at its next lease renewal (Celery's ``terminate``), never in
+        the middle of an effect's dispatch; on the prefork, threads and solo pools
+        (docs/howto/cancel.md). ``False`` (default): the body stops when it looks at
+        ``remaining()``
 
     Call options (``apply_async(budget=...)``): ``budget`` or ``deadline`` (an aware
     datetime), ``delivery_budget`` or ``delivery_deadline``. Every other option, and
@@ -156,6 +170,9 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
     deadline_kind: ClassVar[str] = "execution"
     #: ``{effect name: reconciler}``, as a task option (or register with ``@task.reconciler``)
     reconcilers: ClassVar[dict[str, Any]] = {}
+    #: a cancel terminates the body at once, when its attempt learns it (never in the
+    #: middle of an effect's dispatch): ``core.cancelling.TerminatedByCancel``
+    cancel_terminates: ClassVar[bool] = False
 
     #: Exceptions a refusal ends a run with: expected outcomes, logged once by this library
     #: at WARNING with their reason, not as Celery's ERROR with a traceback. A task's own
@@ -472,8 +489,10 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
             state.anchor = Anchor.at(deadline, now, started)
             if state.attempt is not None:
                 state.attempt.deadline_at = state.anchor.deadline_monotonic()
-                # a cancel learnt at a renewal pulls the attempt's deadline in
-                state.attempt.pulled_in = partial(propagation.pull_in, state)
+                # a cancel learnt at a renewal pulls the attempt's deadline in (and
+                # terminates the body of a task that declares cancel_terminates)
+                state.attempt.termination = cancelling.termination_for(self, request)
+                state.attempt.pulled_in = partial(cancelling.learnt, state)
         telemetry.annotate_attempt(
             deadline=deadline,
             now=now,
@@ -533,15 +552,16 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
             raise Ignore(str(refusal))
         if eager:
             raise refusal
+        source = stamping.header_source(propagation.headers_of(request))
         tell_refusal(
             self.backend,
             task_id,
             refusal,
-            source=stamping.header_source(propagation.headers_of(request)),
+            source=source,
             request=request,
             store_result=claiming.caller_of(self).stores_errors,
         )
-        raise Ignore(str(refusal))
+        raise told_revoked_or_ignored(refusal, source)
 
     # -- the body, and its outcome written under the claim's token ------------------------
 
@@ -582,7 +602,9 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
             try:
                 try:
                     with capped(self.app, anchor):
-                        result = self.run(*args, **kwargs)
+                        result = cancelling.terminable(
+                            attempt.termination, self.run, *args, **kwargs
+                        )
                 finally:
                     attempt.stop()  # no renewal may follow the attempt's final write
                 if attempt.unresolved:
@@ -598,7 +620,8 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
                 if pools.stopped_by_the_pool(exc):
                     raise  # the worker writes the run's end at the limit, as prefork's
                 if attempt.cancelled and not attempt.unresolved:
-                    self._end_cancelled(attempt)
+                    terminated = isinstance(exc, cancelling.TerminatedByCancel)
+                    self._end_cancelled(attempt, terminated=terminated)
                 end_after_body(attempt, exc, task=self)
                 raise
         except StaleLease as exc:
@@ -609,19 +632,23 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
             logger.warning("%s[%s]: %s; nothing stored", self.name, self.request.id, exc)
             raise Ignore(str(exc)) from exc
 
-    def _end_cancelled(self, attempt: Attempt) -> NoReturn:
+    def _end_cancelled(self, attempt: Attempt, *, terminated: bool = False) -> NoReturn:
         """The end of a body whose run was cancelled while it ran (its renewal found the
         deadline pulled in): ``EXPIRED`` ``cancelled`` whatever the body returned or
         raised, and its caller told Celery's revoke (``REVOKED``), as every run of the
         cancelled tree is. A lease lapsed meanwhile raises :class:`StaleLease`: the
-        reconciler ends the run ``cancelled`` then."""
-        detail = "cancelled while it ran: its deadline was pulled in"
+        reconciler ends the run ``cancelled`` then. ``terminated``: the cancel terminated
+        the body (its task's ``cancel_terminates``)."""
+        detail = "cancelled while it ran: its deadline was pulled in" + (
+            "; its body was terminated" if terminated else ""
+        )
         attempt.end(Status.EXPIRED, gates.Reason.CANCELLED.value, detail)
+        cancelling.announce_ended(self, self.request.id, detail)
         if claiming.caller_of(self).stores_errors:
             self.backend.mark_as_revoked(
                 self.request.id, outcomes.CELERY_REVOKED, request=self.request
             )
-        raise _EndedCancelled(detail)
+        raise _EndedCancelled(outcomes.CELERY_REVOKED, detail, terminated)
 
     # -- retry gate ------------------------------------------------------------------------
 
@@ -806,7 +833,7 @@ def end_eager_overrun(attempt: Attempt, *, task: Any) -> DeadlineRefused | None:
     written = attempt.end_overrun(Status.EXPIRED, reason.value, detail)
     if written != Status.EXPIRED:
         return None
-    ended = Expired(attempt.lease.task_id, task.name, written, reason.value, deadline, detail)
+    ended = EndedRun(attempt.lease.task_id, task.name, written, reason.value, deadline, detail)
     return ended.refusal(gates.Gate.ATTEMPT.value, now, detail)
 
 

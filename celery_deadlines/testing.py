@@ -386,7 +386,7 @@ class FakeLedger:
         run = self.runs.get(task_id)
         if run is None or run.status not in TERMINAL:
             return None
-        return self._api.Expired(
+        return self._api.EndedRun(
             task_id=task_id,
             task_name=run.task_name,
             status=run.status,
@@ -436,7 +436,8 @@ class FakeLedger:
         reserve: timedelta,
         max_lost: int,
     ) -> str | None:
-        """The claim's condition, in the database ledger's order (``CLAIM_CHECKS``)."""
+        """The claim's condition, in the database ledger's order (the ``claim`` statement's
+        ``WHERE``, ``ledger/sql/runs.sql``)."""
         live = run.status == "RUNNING" and (run.lease_expires_at or now) > now
         # a lapsed lease is taken over only after the grace: its supervisor ends it first
         held = run.status == "RUNNING" and (
@@ -482,6 +483,7 @@ class FakeAttempt:
         #: as the ledger's attempt: told a cancel's deadline (nothing cancels in memory)
         self.pulled_in: Any = None
         self.cancelled = False
+        self.termination: Any = None
 
     @property
     def last_checkpoint(self) -> tuple[str, Any] | None:

@@ -26,6 +26,12 @@ so nothing here is on the path of a decision: a failing exporter never changes o
 * ``celery_deadlines_queue_wait_seconds``: histogram: claimable to claimed, by ``task``,
   on the ledger's clock
 * ``celery_deadlines_runs_held_total``: runs held as CLOCK_UNCERTAIN, by ``task``
+* ``celery_deadlines_cancels_total``: cancels made in this process (``celery_deadlines.cancel``,
+  ``manage.py deadlines cancel``, the admin), and ``celery_deadlines_runs_cancelled_total``:
+  the unended runs those cancels changed (``run_cancelled``); each such run ends
+  ``cancelled`` where it is found: a refusal at the claim (``refusals_total``,
+  ``reason="cancelled"``), or ``runs_expired_total`` (``reason="cancelled"``: the
+  sweeper's, or a running attempt's when its body ends)
 * ``celery_deadlines_clock_offset_seconds``: the ledger's clock minus this worker's, at
   the last reading
 * ``celery_deadlines_clock_uncertainty_seconds``: half the round trip of that reading
@@ -141,6 +147,8 @@ class Metrics:
     plan_resumes: Counter
     queue_wait: Histogram
     runs_held: Counter
+    cancels: Counter
+    runs_cancelled: Counter
     clock: ClockGauges
 
 
@@ -249,6 +257,16 @@ def install(registry: CollectorRegistry | None = None) -> Metrics:
             ["task"],
             registry=registry,
         ),
+        cancels=Counter(
+            "celery_deadlines_cancels",
+            "Runs cancelled with everything they started, in this process.",
+            registry=registry,
+        ),
+        runs_cancelled=Counter(
+            "celery_deadlines_runs_cancelled",
+            "Unended runs the cancels made in this process changed.",
+            registry=registry,
+        ),
         clock=ClockGauges(),
     )
     registry.register(made.clock)
@@ -283,6 +301,10 @@ def _connect(m: Metrics, key: int) -> None:
     def measured(reading: ClockReading | None, **_: Any) -> None:
         m.clock.record(reading)
 
+    def cancelled(runs: int, **_: Any) -> None:
+        m.cancels.inc()
+        m.runs_cancelled.inc(runs)
+
     for signal, receiver in (
         (signals.deadline_refused, refused),
         (signals.run_expired, expired),
@@ -292,6 +314,7 @@ def _connect(m: Metrics, key: int) -> None:
         (signals.run_claimed, claimed),
         (signals.run_held, held),
         (signals.clock_measured, measured),
+        (signals.run_cancelled, cancelled),
     ):
         signal.connect(
             receiver, weak=False, dispatch_uid=f"celery_deadlines.contrib.prometheus.{key}"

@@ -9,6 +9,11 @@ worker, and work whose worker is down, as Celery's ``revoke`` cannot.
 
 from __future__ import annotations
 
+import ctypes
+import logging
+import sys
+import threading
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -16,6 +21,10 @@ from celery import current_app
 
 from .. import ledger
 from ..errors import ConfigurationError
+from ..rules.gates import Reason
+from ..signals import run_expired
+
+logger = logging.getLogger("celery_deadlines")
 
 #: Who cancelled, when the caller does not say (each run's history keeps it).
 BY_DEFAULT = "celery_deadlines.cancel()"
@@ -40,18 +49,175 @@ def cancel(
     renewal fails, and it is refused a retry. Returns how many runs it changed: 0 for a
     run that had ended, or that the ledger does not hold.
 
-    The ledger is required (``"celery_deadlines"`` in ``INSTALLED_APPS``): without it
-    no run's descendants are known; :class:`~celery_deadlines.errors.ConfigurationError`.
+    Without the ledger (``"celery_deadlines"`` not in ``INSTALLED_APPS``) no run's
+    descendants are known, and a cancel does what Celery's revoke can: it sends
+    ``app.control.revoke(task_id)``, which discards that one message on the workers
+    that are up (a WARNING says so), and returns 1; ``at`` needs the ledger
+    (:class:`~celery_deadlines.errors.ConfigurationError`).
     """
     app = app or current_app
-    if not ledger.active() or not ledger.enabled_for(app):
-        raise ConfigurationError(
-            "cancel needs the run ledger (celery_deadlines in INSTALLED_APPS): without "
-            "it no run's descendants are known; Celery's revoke(task_id) stops one "
-            "message on the workers that are up"
-        )
     if at is not None and at.tzinfo is None:
         raise ValueError(f"cancel: at={at!r} is naive; give an aware datetime")
+    if not ledger.active() or not ledger.enabled_for(app):
+        return _revoke_alone(app, task_id, reason=reason, at=at)
     from ..ledger import api, operations
 
     return operations.cancel_run(api.store_for(app), task_id, reason=reason, by=by, at=at)
+
+
+def _revoke_alone(app: Any, task_id: str, *, reason: str, at: datetime | None) -> int:
+    """A cancel without the ledger: Celery's revoke of the one message ``task_id``."""
+    if at is not None:
+        raise ConfigurationError(
+            "cancel(at=...) needs the run ledger (celery_deadlines in INSTALLED_APPS): "
+            "without it a cancel is Celery's revoke, which takes effect when it arrives"
+        )
+    app.control.revoke(task_id)
+    logger.warning(
+        "run %s revoked (%s): without the run ledger a cancel is Celery's revoke of this "
+        "one message, on the workers that are up; what it started is not known, and a "
+        "body already running runs on",
+        task_id,
+        reason or "no reason given",
+    )
+    return 1
+
+
+class TerminatedByCancel(BaseException):
+    """Raised in the body of a task that declares ``cancel_terminates = True`` when its
+    attempt learns that its run was cancelled (Celery's ``terminate``, in the body's own
+    thread): a ``BaseException``, so that an ``except Exception`` in the body does not
+    swallow it (its ``finally`` blocks run). Never raised in the middle of an effect's
+    dispatch (it waits for the effect's outcome), and never told to a caller: the run
+    ends ``EXPIRED cancelled``, its caller told ``REVOKED``."""
+
+
+def _green() -> bool:
+    """Whether threads are greenlets here (gevent's or eventlet's patching): a thread id
+    names no thread an exception can be raised in."""
+    gevent = sys.modules.get("gevent.monkey")
+    if gevent is not None and gevent.is_module_patched("threading"):
+        return True
+    eventlet = sys.modules.get("eventlet.patcher")
+    return eventlet is not None and bool(eventlet.is_monkey_patched("thread"))
+
+
+class Termination:
+    """The body of one attempt, which a cancel learnt at a lease renewal terminates at
+    once (:class:`TerminatedByCancel`, raised in the body's thread where it next runs
+    Python code: a blocking call, a sleep, ends first), unless an effect is being
+    dispatched: then when its outcome is written. Made in the body's thread
+    (:func:`terminable`); told of the cancel from the heartbeat's thread."""
+
+    def __init__(self, thread: int) -> None:
+        self._thread = thread
+        self._lock = threading.Lock()
+        #: the body runs (between :meth:`body_started` and :meth:`body_ended`)
+        self._running = False
+        #: effects whose dispatch has begun and whose outcome is not written yet
+        self._dispatching = 0
+        #: a cancel came while one was: raised when the last one's outcome is written
+        self._due = False
+        #: raised once at most
+        self._sent = False
+
+    def cancel_learnt(self) -> None:
+        """The attempt's run was cancelled (the heartbeat's thread)."""
+        with self._lock:
+            if not self._running or self._sent:
+                return
+            if self._dispatching:
+                self._due = True
+                return
+            self._sent = True
+            _raise_in(self._thread, TerminatedByCancel)
+
+    def effect_begins(self) -> None:
+        with self._lock:
+            self._dispatching += 1
+
+    def effect_ended(self) -> None:
+        """An effect's outcome was written (the body's thread): a cancel that came
+        meanwhile terminates the body now."""
+        with self._lock:
+            self._dispatching -= 1
+            due = self._due and not self._dispatching and self._running and not self._sent
+            if due:
+                self._sent = True
+        if due:
+            raise TerminatedByCancel("cancelled: terminated after its effect's outcome")
+
+    def body_started(self) -> None:
+        with self._lock:
+            self._running = True
+
+    def body_ended(self) -> None:
+        """The body returned or raised: a termination not raised yet never will be."""
+        with self._lock:
+            self._running = False
+            if self._sent:
+                _raise_in(self._thread, None)  # one still pending is withdrawn
+
+
+def _raise_in(thread: int, exc: type[BaseException] | None) -> None:
+    """Raise ``exc`` in ``thread`` where it next runs Python code (``None``: withdraw one
+    not raised yet): CPython's ``PyThreadState_SetAsyncExc``."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread), ctypes.py_object(exc) if exc is not None else None
+    )
+
+
+def termination_for(task: Any, request: Any) -> Termination | None:
+    """The :class:`Termination` of the attempt about to run ``task``'s body on this
+    thread, if the task declares ``cancel_terminates`` and its body can be terminated
+    here: a worker's body on a thread of its own (prefork, threads, solo); not an eager
+    one (the caller's own thread), nor on a green pool (a greenlet's thread is the
+    worker's: there the body stops at ``remaining()``)."""
+    if not getattr(task, "cancel_terminates", False) or request.is_eager or _green():
+        return None
+    return Termination(threading.get_ident())
+
+
+def terminable(
+    termination: Termination | None, run: Callable[..., Any], *args: Any, **kwargs: Any
+) -> Any:
+    """``run(*args, **kwargs)``, the body, which ``termination`` may terminate meanwhile."""
+    if termination is None:
+        return run(*args, **kwargs)
+    termination.body_started()
+    try:
+        return run(*args, **kwargs)
+    finally:
+        termination.body_ended()
+
+
+def learnt(state: Any, deadline: datetime, monotonic: float) -> None:
+    """A lease renewal found the attempt's run cancelled (the heartbeat's thread): its
+    deadline is pulled in (:func:`~.propagation.pull_in`), its body's queries follow it
+    (:func:`~.database.pull_in`), and a body whose task declares ``cancel_terminates``
+    is terminated."""
+    from .propagation import pull_in, pulled_in
+
+    was = state.anchor
+    pulled = None if was is None else pulled_in(was, deadline, monotonic)
+    if pulled is not None:
+        from .database import pull_in as queries_follow  # where a ledger's body runs
+
+        # first: once remaining() reads 0, no query the body sends is given the old time
+        queries_follow(was, pulled)
+    pull_in(state, deadline, monotonic)
+    attempt = state.attempt
+    termination = attempt.termination if attempt is not None else None
+    if termination is not None:
+        termination.cancel_learnt()
+
+
+def announce_ended(task: Any, task_id: str, detail: str) -> None:
+    """A running attempt of a cancelled run ended it ``cancelled`` when its body ended:
+    logged and signalled as every run the ledger ends for its deadline away from a gate
+    (:data:`~celery_deadlines.signals.run_expired`, ``reason="cancelled"``)."""
+    reason = Reason.CANCELLED.value
+    logger.warning("%s[%s] EXPIRED (%s): %s", task.name, task_id, reason, detail)
+    run_expired.send(
+        sender=task, task_id=task_id, task_name=task.name, reason=reason, detail=detail
+    )

@@ -37,7 +37,7 @@ from .. import ledger
 from ..clock import get_clock
 from ..errors import DeadlineRefused, LedgerUnreachable, RunFailed
 from ..rules import gates, limits
-from ..rules.records import ClaimRefused, Expired, Held
+from ..rules.records import ClaimRefused, EndedRun, Held
 from ..rules.stamping import header_source
 from ..rules.states import Status
 from ..signals import run_claimed, run_held
@@ -363,7 +363,7 @@ def _tell_an_eager_caller(caller: Caller, task_id: str, now: datetime) -> Ended 
         return Ended(None, None)
 
 
-def _tell_a_success(caller: Caller, task_id: str, ended: Expired, told: str | None) -> None:
+def _tell_a_success(caller: Caller, task_id: str, ended: EndedRun, told: str | None) -> None:
     """A SUCCEEDED run whose caller has no result: store the return value its completion
     kept (:mod:`celery_deadlines.ledger.results`), or say why none can be told."""
     why = "the ledger kept no return value (an ignore_result task, or one over the limit)"
@@ -399,7 +399,7 @@ def _caller_state(caller: Caller, task_id: str) -> str | None:
     return state
 
 
-def _told_within_grace(caller: Caller, task_id: str, ended: Expired, now: datetime) -> bool:
+def _told_within_grace(caller: Caller, task_id: str, ended: EndedRun, now: datetime) -> bool:
     """Whether the caller is told before :data:`OUTCOME_GRACE` has passed since the run
     ended (``now`` and ``ended.ended_at``: the database clock), looking every
     :data:`OUTCOME_POLL` (a bounded number of looks: no clock is read in between, and
@@ -418,7 +418,7 @@ def _pause(span: timedelta) -> None:
     threading.Event().wait(span.total_seconds())
 
 
-def _ledgers_outcome(task_id: str, ended: Expired, now: datetime) -> Exception:
+def _ledgers_outcome(task_id: str, ended: EndedRun, now: datetime) -> Exception:
     """What the caller is told of a run the ledger ended FAILED or EXPIRED."""
     if ended.status == Status.EXPIRED:
         return ended.refusal(

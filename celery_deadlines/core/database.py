@@ -20,7 +20,7 @@ the time left (:func:`celery_deadlines.clock.monotonic`) and:
 * **SQLite**: a progress handler on the raw connection interrupts the statement at the
   deadline;
 * **any other database** (MySQL, MariaDB, Oracle): nothing is sent; a statement is not
-  started once the deadline has passed (docs/howto.md: not capped).
+  started once the deadline has passed (docs/howto/database-cap.md: not capped).
 
 A statement cut by the cap raises :class:`~celery_deadlines.errors.QueryCut` (the
 driver's error is its cause); one the deadline leaves no time for is not sent and
@@ -28,7 +28,9 @@ raises it too. The ledger's own statements on the application's connection (an o
 row the body's publish writes) are never cut (:data:`celery_deadlines.ledger.own_statements`).
 When the body ends, whatever it ended with, each connection is put back as it was: the
 settings reset and the progress handler removed, or, if that fails, the connection
-closed (the next statement reconnects, with the server's defaults).
+closed (the next statement reconnects, with the server's defaults; a pool discards it).
+A pooled connection (Django's ``OPTIONS["pool"]``) the body gave back itself with a
+session's setting in force is closed too: the pool is drained (:meth:`_Cap._gone_back`).
 
 A statement the body runs on a connection it opened itself, in another thread, or on
 the raw driver connection (``connection.connection``) is not capped.
@@ -92,6 +94,7 @@ class _Cap:
         "local_only",
         "local_sent",
         "local_until",
+        "pooled",
         "raw",
         "session",
         "session_sent",
@@ -116,6 +119,8 @@ class _Cap:
         self.session_sent = self.local_sent = False
         #: PgBouncer in transaction mode (Django's advice): the transaction's form only
         self.local_only = bool(connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"))
+        #: Django's connection pool (``OPTIONS["pool"]``): a connection closed goes back to it
+        self.pooled = bool((connection.settings_dict.get("OPTIONS") or {}).get("pool"))
         #: when the progress handler stops the running statement (SQLite), and whether it did
         self.cut_at = self.deadline
         self.interrupted = False
@@ -185,6 +190,7 @@ class _Cap:
         connection = self.connection
         raw = connection.connection
         if raw is not self.raw:  # a new connection: the server's defaults
+            self._gone_back()
             self._forget()
             self.raw = raw
             self.session_sent = self.local_sent = False
@@ -252,6 +258,21 @@ class _Cap:
         self._forget()
         self.session_sent = self.local_sent = False
 
+    def _gone_back(self) -> None:
+        """The connection a session's setting was sent on is no longer this alias's: the
+        body closed it. With Django's pool that gave it back with the setting in force
+        (``connection.close()``, ``close_old_connections()``): the pool is drained, so it
+        is closed rather than lent to the next borrower (one that borrowed it meanwhile,
+        another thread of the worker, closes it when it gives it back)."""
+        if self.raw is None or not self.session_sent:
+            return
+        self.session_sent = False
+        if self.pooled:
+            try:
+                self.connection.pool.drain()
+            except Exception:  # a pool already closed holds nothing to drain
+                logger.debug("database %s: its pool not drained", self.alias, exc_info=True)
+
     def _may_be_in_force(self) -> bool:
         """Whether a setting sent on this connection may still be in force: the session's,
         or the transaction's while that transaction is open (an aborted one's goes with
@@ -276,15 +297,35 @@ class _Cap:
                 # a transaction's still open: the caller's statements after the body's (an
                 # eager run in the caller's transaction) must not keep it
                 self._reset()
+            elif connection.connection is not self.raw:
+                self._gone_back()
         except Exception:  # a connection that cannot be reset is dropped
             logger.warning(
                 "database %s: the deadline's timeouts could not be reset; the connection is closed",
                 self.alias,
                 exc_info=True,
             )
+            raw = connection.connection
             with contextlib.suppress(Exception):
+                # closed before Django's close, which gives a pooled connection back:
+                # the pool discards a closed one instead of lending it with the timeouts
+                if raw is not None:
+                    raw.close()
                 connection.close()
         self.raw = None
+
+    def pull_in(self, anchor: Anchor) -> None:
+        """A cancel pulled the attempt's deadline in to ``anchor``'s (told from the
+        heartbeat's thread): the timeouts sent no longer hold, the next statement is
+        given what the new deadline leaves (nothing: cut before it is sent), and SQLite's
+        running one is stopped at it. A PostgreSQL statement already running keeps the
+        timeout it was sent with."""
+        deadline = anchor.deadline_monotonic()
+        if deadline >= self.deadline:
+            return  # a cancel never lengthens a deadline
+        self.anchor, self.deadline = anchor, deadline
+        self.session_until = self.local_until = _NEVER
+        self.cut_at = min(self.cut_at, deadline)
 
     def _cut(self, sql: Any, how: str) -> QueryCut:
         anchor = self.anchor
@@ -334,9 +375,11 @@ def _capped(app: Any, anchor: Anchor) -> Iterator[None]:
     ]
     for cap in caps:
         cap.connection.execute_wrappers.append(cap)
+    _caps_of[id(anchor)] = caps
     try:
         yield
     finally:
+        _caps_of.pop(id(anchor), None)
         for cap in caps:
             wrappers = cap.connection.execute_wrappers
             if cap in wrappers:
@@ -345,6 +388,17 @@ def _capped(app: Any, anchor: Anchor) -> Iterator[None]:
 
 
 _NOTHING: Final = contextlib.nullcontext()
+
+#: The caps of each body running now, by its attempt's anchor (its id): what a cancel
+#: learnt at a renewal pulls in (:func:`pull_in`).
+_caps_of: dict[int, list[_Cap]] = {}
+
+
+def pull_in(was: Anchor, anchor: Anchor) -> None:
+    """The attempt anchored by ``was`` had its deadline pulled in to ``anchor``'s (a
+    cancel, learnt at a lease renewal): its body's queries are cut by the new one."""
+    for cap in _caps_of.get(id(was), ()):
+        cap.pull_in(anchor)
 
 
 def capped(app: Any, anchor: Anchor | None) -> contextlib.AbstractContextManager[None]:

@@ -133,6 +133,18 @@ class EffectScope:
         self._dispatched = False
 
     def __enter__(self) -> EffectScope:
+        # a cancel's termination waits for the outcome of an effect being dispatched
+        termination = self.attempt.termination
+        if termination is None:
+            return self._guard()
+        termination.effect_begins()
+        try:
+            return self._guard()
+        except BaseException:
+            termination.effect_ended()
+            raise
+
+    def _guard(self) -> EffectScope:
         effects = self.attempt.effects
         lease = self.attempt.lease
         # the intent is one upsert: written again after a lost answer, it finds itself
@@ -268,6 +280,15 @@ class EffectScope:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
+        termination = self.attempt.termination
+        if termination is None:
+            return self._outcome(exc)
+        try:
+            return self._outcome(exc)
+        finally:
+            termination.effect_ended()  # a cancel learnt meanwhile terminates the body now
+
+    def _outcome(self, exc: BaseException | None) -> None:
         if not self._dispatched:
             return
         effects = self.attempt.effects

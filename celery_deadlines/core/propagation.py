@@ -143,16 +143,23 @@ def pull_in(state: AttemptState, deadline: datetime, monotonic: float) -> None:
     anchor = state.anchor
     if anchor is None:
         return  # no deadline kept: the ledger's own refuses every write past it
+    pulled = pulled_in(anchor, deadline, monotonic)
+    if pulled is None:
+        return  # a cancel never lengthens a deadline
+    state.anchor = pulled
+    state.carried = state.carried._replace(deadline=pulled.deadline)
+    if state.attempt is not None:
+        state.attempt.deadline_at = state.anchor.deadline_monotonic()
+
+
+def pulled_in(anchor: Anchor, deadline: datetime, monotonic: float) -> Anchor | None:
+    """:func:`pull_in`'s anchor: the attempt's deadline at ``deadline``, or at
+    ``monotonic`` if that is earlier; ``None`` when it would not be earlier than it was."""
     elapsed = timedelta(seconds=monotonic - anchor.started_monotonic)
     budget = min(deadline - anchor.started_at, elapsed)
     if budget >= anchor.budget_at_start:
-        return  # a cancel never lengthens a deadline
-    state.anchor = Anchor(
-        anchor.started_at + budget, anchor.started_at, anchor.started_monotonic, budget
-    )
-    state.carried = state.carried._replace(deadline=anchor.started_at + budget)
-    if state.attempt is not None:
-        state.attempt.deadline_at = state.anchor.deadline_monotonic()
+        return None
+    return Anchor(anchor.started_at + budget, anchor.started_at, anchor.started_monotonic, budget)
 
 
 #: What is handed over (:data:`HANDED`) for an attempt of which nothing is kept: no

@@ -15,7 +15,7 @@ deadline, the caller is told what Celery tells of a message whose ``expires`` pa
 ``expired=True``), so that an ``except TaskRevokedError`` written for Celery keeps
 catching it. The rule is :func:`~celery_deadlines.rules.outcomes.told_as_celery_expiry`;
 the ledger keeps the refusal's own reason either way, and tells the runs it ends itself
-the same way (:mod:`celery_deadlines.ledger.telling`).
+the same way (:mod:`celery_deadlines.ledger.celery_report`).
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, Final
 
+from celery.exceptions import Ignore
+from celery.signals import task_revoked
 from celery.worker.state import revoked
 
 from .. import conf, signals
@@ -219,3 +221,45 @@ def tell_refusal(
         backend.mark_as_revoked(task_id, revoked_as, **store)
     else:
         backend.mark_as_failure(task_id, refusal, **store)
+
+
+class ToldRevoked(Ignore):
+    """A delivery its pool process ended as Celery ends a revoked one: its caller was told
+    ``REVOKED`` (a cancelled run refused at its claim or ended after its body, or a
+    refusal for a deadline that was the message's ``expires``). ``args``: Celery's reason
+    (``revoked`` or ``expired``), the refusal's text, and whether the body was terminated
+    (a cancel's ``cancel_terminates``). The worker's main process announces it
+    (:func:`announce_told_revoked`)."""
+
+    @property
+    def why(self) -> str:
+        return str(self.args[0])
+
+    @property
+    def terminated(self) -> bool:
+        return len(self.args) > 2 and bool(self.args[2])
+
+
+def told_revoked_or_ignored(refusal: DeadlineRefused, source: str | None) -> ToldRevoked | Ignore:
+    """What ends a pool process's delivery whose refusal :func:`tell_refusal` stored:
+    :class:`ToldRevoked` when its caller was told ``REVOKED``, else ``Ignore``."""
+    revoked_as = outcomes.celery_revocation(refusal.reason, source)
+    if revoked_as is not None:
+        return ToldRevoked(revoked_as, str(refusal))
+    return Ignore(str(refusal))
+
+
+def announce_told_revoked(request: Any, told: ToldRevoked) -> None:
+    """A delivery its pool process ended :class:`ToldRevoked`, announced in the worker's
+    main process as Celery announces a revoked one (``Request._announce_revoked``, but
+    for the result, stored already): ``task-revoked``, so that Flower shows ``REVOKED``
+    and not ``STARTED`` for ever, and the ``task_revoked`` signal."""
+    expired, terminated = told.why == outcomes.CELERY_EXPIRED, told.terminated
+    request.send_event("task-revoked", terminated=terminated, signum=None, expired=expired)
+    task_revoked.send(
+        request.task,
+        request=request._context,
+        terminated=terminated,
+        signum=None,
+        expired=expired,
+    )

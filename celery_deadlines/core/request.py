@@ -48,7 +48,7 @@ from ..rules.states import UNKNOWN_EVENT, Status
 from . import options, pools, recording, seconds
 from .body import AttemptAPI, Unresolved
 from .claiming import answer_a_waiting_caller, caller_of
-from .refusals import announce_expiry, report_refused_message
+from .refusals import ToldRevoked, announce_expiry, announce_told_revoked, report_refused_message
 from .timelimits import HANDED, WORKER_LIMITS
 
 logger = logging.getLogger("celery_deadlines")
@@ -457,6 +457,8 @@ class DeadlineRequest(Request):
         elif isinstance(exc, Unresolved):
             # Celery only acknowledges an Ignore: Flower would show STARTED for ever
             self.send_event(UNKNOWN_EVENT, effects=exc.keys, detail=str(exc.args[0]))
+        elif isinstance(exc, ToldRevoked):
+            announce_told_revoked(self, exc)  # Celery only acknowledges an Ignore
         super().on_failure(exc_info, send_failed_event, return_ok)
 
     def _with_ledger(self) -> bool:

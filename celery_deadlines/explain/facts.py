@@ -10,9 +10,10 @@ from datetime import datetime, timedelta
 
 from ..models import Effect, Run, RunEvent, RunPlan
 from ..rules import limits
-from ..rules.outcomes import PERFORMED_PAST_DEADLINE
+from ..rules.outcomes import PERFORMED_PAST_DEADLINE, cancel_of
 from ..rules.states import TERMINAL, UNRESOLVED, EffectState, Status
 from .shape import (
+    Cancelled,
     Checkpoint,
     Child,
     EffectFacts,
@@ -81,13 +82,46 @@ def explanation_of(task_id: str, using: str = "default") -> Explanation | None:
     run = Run.objects.using(using).filter(task_id=task_id).first()
     if run is None:
         return None
+    events = list(run.events.using(using).order_by("id"))
+    cancel = last_cancel(events)
     return facts(
         run,
-        events=list(run.events.using(using).order_by("id")),
+        events=events,
         effects=list(run.effects.using(using).order_by("id")),
         plans=list(run.plans.using(using).order_by("id")),
         children=list(Run.objects.using(using).filter(parent_id=task_id).order_by("id")),
+        running_at_cancel=[] if cancel is None else running_at(cancel, run.root_id, using),
         database_now=Store(using).database_now(),  # read last: no row is younger
+    )
+
+
+#: How far apart the events of one cancel's statement are, at most (the time it takes).
+ONE_STATEMENT = timedelta(minutes=1)
+
+
+def last_cancel(events: Sequence[RunEvent]) -> RunEvent | None:
+    """The applied event of the last cancel that reached the run, if any."""
+    cancels = [e for e in events if e.kind == "cancel" and e.outcome == RunEvent.Outcome.APPLIED]
+    return cancels[-1] if cancels else None
+
+
+def running_at(cancel: RunEvent, root_id: str, using: str) -> list[str]:
+    """The runs of the tree under ``root_id`` that were RUNNING when ``cancel`` reached
+    them: the one statement of a cancel writes each run's event with the same words,
+    each at the database clock's reading as it went (within :data:`ONE_STATEMENT`)."""
+    if not root_id:  # a run recorded with no root: its own tree
+        return [cancel.run.task_id] if cancel.status == Status.RUNNING else []
+    return list(
+        RunEvent.objects.using(using)
+        .filter(
+            run__root_id=root_id,
+            kind="cancel",
+            at__range=(cancel.at - ONE_STATEMENT, cancel.at + ONE_STATEMENT),
+            detail=cancel.detail,
+            status=Status.RUNNING,
+        )
+        .order_by("id")
+        .values_list("run__task_id", flat=True)
     )
 
 
@@ -98,6 +132,7 @@ def facts(
     effects: Sequence[Effect] = (),
     plans: Sequence[RunPlan] = (),
     children: Sequence[Run] = (),
+    running_at_cancel: Sequence[str] = (),
     database_now: datetime,
 ) -> Explanation:
     """The checklist's answers for ``run`` as plain values (``events`` oldest first)."""
@@ -127,6 +162,7 @@ def facts(
         "delivery_task": run.delivery_task,
         "time_left_seconds": left,
         "ended": ended,
+        "cancelled": _cancelled(last_cancel(events), effects, running_at_cancel),
         "next_step": next_step(run, effects, live=live, time_left=left),
         "owner": run.owner if live else None,
         "last_owner": (claims[-1].owner or None) if claims else None,
@@ -315,6 +351,28 @@ def _ended(run: Run, applied: Sequence[RunEvent], runtime: timedelta | None) -> 
         ran_seconds=None if runtime is None else seconds(runtime),
         after_enqueue_seconds=seconds(at - run.created_at),
         before_deadline_seconds=None if run.deadline is None else seconds(run.deadline - at),
+    )
+
+
+def _cancelled(
+    cancel: RunEvent | None, effects: Sequence[Effect], running: Sequence[str]
+) -> Cancelled | None:
+    """What :class:`~.shape.Cancelled` says of ``cancel`` (``None``: never cancelled)."""
+    if cancel is None:
+        return None
+    by, reason = cancel_of(cancel.detail)
+    ran = cancel.status == Status.RUNNING
+    return Cancelled(
+        at=_at(cancel),
+        by=by,
+        reason=reason,
+        status_then=cancel.status,
+        owner_then=(cancel.owner or None) if ran else None,
+        token_then=cancel.lease_token if ran else None,
+        effects_dispatched_by_then=[
+            e.key for e in effects if e.dispatched_at is not None and e.dispatched_at <= cancel.at
+        ],
+        running_in_its_tree_then=list(running),
     )
 
 

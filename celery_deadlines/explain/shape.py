@@ -97,6 +97,23 @@ class Ended(TypedDict):
     before_deadline_seconds: float | None
 
 
+class Cancelled(TypedDict):
+    """The cancel that reached the run (``celery_deadlines.cancel``, ``manage.py deadlines
+    cancel``, the admin; the last, if more than one did): when (the database clock), who
+    and why (as its history keeps them), and what was running at that instant: the run's
+    own status then, the attempt that held it (its owner and token; ``null``: none ran),
+    the effects it had dispatched by then, and the runs of its tree that were running."""
+
+    at: str
+    by: str
+    reason: str
+    status_then: str
+    owner_then: str | None
+    token_then: int | None
+    effects_dispatched_by_then: list[str]
+    running_in_its_tree_then: list[str]
+
+
 class TimeLimits(TypedDict):
     """The time limits one attempt was given, as its claim recorded them (the worker's
     main process works them out when it hands the job to the pool, a few milliseconds
@@ -161,6 +178,8 @@ class Explanation(TypedDict):
     #: that has ended (see ``ended``) or has no deadline
     time_left_seconds: float | None
     ended: Ended | None
+    #: the cancel that reached it; ``null``: never cancelled
+    cancelled: Cancelled | None
     #: what moves the run next (for UNKNOWN: what resolves it)
     next_step: str
     #: the owner of a live lease; ``null``: nobody may act on the run now

@@ -26,6 +26,7 @@ def render_text(f: Explanation) -> list[str]:
     why = f" ({': '.join(filter(None, (f['reason'], f['detail'])))})" if f["reason"] else ""
     answers: list[tuple[str, str]] = [
         ("status", f"{f['status']}{why}"),
+        *_cancel(f),
         ("deadline", f["deadline"] or "none"),
         ("delivery deadline", f["delivery_deadline"] or "none"),
         _time(f),
@@ -318,6 +319,27 @@ def _why_refused(refused: Refused) -> str:
     """A refused write in a few words: its token, or the task a foreign message named."""
     why, _, named = refused["detail"].partition(":")
     return f"a message for {named}" if why == "task_mismatch" else f"token {refused['token']}"
+
+
+def _cancel(f: Explanation) -> list[tuple[str, str]]:
+    """When, who, why, and what was running at the cancel's instant (none: not cancelled)."""
+    c = f["cancelled"]
+    if c is None:
+        return []
+    why = f": {c['reason']}" if c["reason"] else ""
+    then = f"it was {c['status_then']}"
+    if c["token_then"] is not None:
+        then += f" (owner {c['owner_then'] or '-'}, token {c['token_then']})"
+    dispatched = ", ".join(c["effects_dispatched_by_then"]) or "none"
+    running = ", ".join(c["running_in_its_tree_then"]) or "none"
+    return [
+        ("cancelled", f"at {c['at']} by {c['by']}{why}"),
+        (
+            "at the cancel",
+            f"{then}; its effects dispatched by then: {dispatched}; "
+            f"running in its tree then: {running}",
+        ),
+    ]
 
 
 def _family(f: Explanation) -> str:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from ..rules.limits import AttemptLimits as _AttemptLimits
     from ..rules.records import ClaimRefused as _ClaimRefused
-    from ..rules.records import Expired as _Expired
+    from ..rules.records import EndedRun as _EndedRun
     from ..rules.records import Held as _Held
     from ..rules.records import KeptResult as _KeptResult
     from ..rules.records import NewRun as _NewRun
@@ -97,7 +97,7 @@ class LedgerAPI(Protocol):
         detail: str,
     ) -> str | None: ...
 
-    def ended_run(self, app: Any, task_id: str) -> _Expired | None: ...
+    def ended_run(self, app: Any, task_id: str) -> _EndedRun | None: ...
 
     def keep_result(self, app: Any, value: Any) -> _KeptResult | None: ...
 

@@ -21,7 +21,7 @@ from .. import clock, conf
 from ..conf import Settings, settings_for
 from ..errors import LedgerUnreachable
 from ..rules.limits import AttemptLimits, claim_detail
-from ..rules.records import ClaimRefused, Expired, Held, KeptResult, Lease, NewRun, Refusal
+from ..rules.records import ClaimRefused, EndedRun, Held, KeptResult, Lease, NewRun, Refusal
 from ..rules.skew import ClockReading, Readiness, describe, gate
 from ..rules.states import Status
 from . import operations, outbox
@@ -39,8 +39,8 @@ from .sql.rows import ExistingRun
 __all__ = [
     "Attempt",
     "ClaimRefused",
+    "EndedRun",
     "ExistingRun",
-    "Expired",
     "Held",
     "Lease",
     "NewRun",
@@ -428,7 +428,7 @@ def end_owned(
     )
 
 
-def ended_run(app: Any, task_id: str) -> Expired | None:
+def ended_run(app: Any, task_id: str) -> EndedRun | None:
     """How the run of ``task_id`` ended (its status, reason, detail and deadline), or
     ``None`` if it has not ended or is not recorded."""
     return _attempts_store(app).runs.ended(task_id)

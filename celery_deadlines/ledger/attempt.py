@@ -68,6 +68,9 @@ class Attempt:
     pulled_in: Callable[[datetime, float], None] | None = None
     #: a renewal found the run cancelled: its body's end is the cancel's, whatever it is
     cancelled: bool = False
+    #: the body's termination when a cancel is learnt (a task's ``cancel_terminates``:
+    #: the Celery tier's ``Termination``), told of each effect's dispatch and outcome
+    termination: Any = None
 
     @property
     def effects(self) -> Effects:

@@ -18,11 +18,11 @@ from ..errors import PerformedPastDeadline, RunFailed
 from ..rules import outcomes
 from ..rules.gates import Gate
 from ..rules.states import Status
-from ..signals import report_operator_needed, run_expired
-from . import outbox, telling
+from ..signals import report_operator_needed, run_cancelled, run_expired
+from . import celery_report, outbox
 from .sql.connection import Store
 from .sql.effects import Pending, Released
-from .sql.rows import Expired, NewRun, Unclaimed
+from .sql.rows import EndedRun, NewRun, Unclaimed
 
 logger = logging.getLogger("celery_deadlines")
 
@@ -103,7 +103,7 @@ def _announce_release(
         return
     if written.status != Status.EXPIRED:
         return
-    expired = Expired(
+    expired = EndedRun(
         task_id=task_id,
         task_name=task_name,
         status=Status.EXPIRED,
@@ -116,14 +116,14 @@ def _announce_release(
     refusal = expired.refusal(Gate.RELEASE.value, now, written.detail)
     if written.reason == outcomes.PERFORMED_PAST_DEADLINE:
         refusal = PerformedPastDeadline(*refusal.args)
-    telling.tell_failed(app, store, task_id, task_name, refusal)
+    celery_report.tell_failed(app, store, task_id, task_name, refusal)
 
 
 def tell_caller_unknown(app: Any, store: Store, run_id: int, task_id: str, error: str) -> None:
     """The caller's result shows the run as UNKNOWN (the Celery state ``UNKNOWN``, naming
     the effects whose outcome is unknown), and so does Flower (``task-unknown``), until
-    the settled outcome replaces it (:func:`.telling.tell_unknown`)."""
-    telling.tell_unknown(app, store, run_id, task_id, error)
+    the settled outcome replaces it (:func:`.celery_report.tell_unknown`)."""
+    celery_report.tell_unknown(app, store, run_id, task_id, error)
 
 
 def ask_for_operator(
@@ -163,7 +163,7 @@ def expire_run(app: Any, store: Store, run_id: int, *, operator: str) -> bool:
     ended = store.operator.expire_now(run_id, operator)
     if ended is None:
         return False
-    expired = Expired(
+    expired = EndedRun(
         task_id=ended.task_id,
         task_name=ended.task_name,
         status=Status.EXPIRED,
@@ -184,9 +184,10 @@ def cancel_run(
     Queued runs are refused at their claim (or ended by the sweeper) ``cancelled`` and
     their callers told ``REVOKED``; a running attempt learns it at its next renewal.
     Returns how many runs it changed: 0 for a run that had ended (or is not recorded)."""
-    detail = f"cancelled by {by}: {reason}" if reason else f"cancelled by {by}"
+    detail = outcomes.cancel_detail(by, reason)
     count = store.operator.cancel(task_id, detail, at)
     logger.warning("run %s cancelled with %d run(s) of its tree: %s", task_id, count, detail)
+    run_cancelled.send(sender=store, task_id=task_id, runs=count, by=by, reason=reason)
     return count
 
 
@@ -230,14 +231,14 @@ def tell_caller_failed(
     app: Any, store: Store, task_id: str, task_name: str, error: Exception
 ) -> None:
     """Store ``error`` as the run's failure for the caller waiting on its result, as a
-    worker stores one (:func:`.telling.tell_failed`: never over a final state)."""
-    telling.tell_failed(app, store, task_id, task_name, error)
+    worker stores one (:func:`.celery_report.tell_failed`: never over a final state)."""
+    celery_report.tell_failed(app, store, task_id, task_name, error)
 
 
 def store_refusal(
     app: Any,
     store: Store,
-    expired: Expired,
+    expired: EndedRun,
     now: datetime,
     detail: str = "",
     *,
@@ -249,7 +250,7 @@ def store_refusal(
     detail = detail or expired.detail or "the deadline passed before any worker claimed the run"
     announce_expiry(app, expired.task_id, expired.task_name, expired.reason, detail)
     refusal = expired.refusal(gate.value, now, detail)
-    telling.tell_failed(app, store, expired.task_id, expired.task_name, refusal)
+    celery_report.tell_failed(app, store, expired.task_id, expired.task_name, refusal)
 
 
 def announce_expiry(sender: Any, task_id: str, task_name: str, reason: str, detail: str) -> None:

@@ -42,7 +42,7 @@ from ..rules import outcomes
 from ..rules.gates import Gate, Reason, expiry_reason
 from ..rules.outcomes import Found, NotFound, PendingEffect, Settle
 from ..rules.states import Status
-from . import telling
+from . import celery_report
 from ._crashpoints import hit
 from .clockwatch import ClockWatch
 from .forks import no_fork_meanwhile
@@ -58,7 +58,7 @@ from .operations import (
 from .retention import PeriodicPurge
 from .sql.connection import Store
 from .sql.effects import Pending
-from .sql.rows import Expired, LapsedLease
+from .sql.rows import EndedRun, LapsedLease
 
 logger = logging.getLogger("celery_deadlines")
 
@@ -194,7 +194,7 @@ def _tell_the_left_waiting(app: Any, store: Store) -> None:
         while len(_looked_at) > _LOOKED_AT_LIMIT:
             del _looked_at[next(iter(_looked_at))]
     for run in fresh:
-        if telling.already_told(app, run.task_id) is not None:
+        if celery_report.already_told(app, run.task_id) is not None:
             continue
         logger.warning(
             "%s[%s] ended %s (%s) by the ledger, and its caller was not told (whoever ended "
@@ -204,10 +204,10 @@ def _tell_the_left_waiting(app: Any, store: Store) -> None:
             run.status,
             run.reason,
         )
-        telling.tell_failed(app, store, run.task_id, run.task_name, _ledgers_error(run, now))
+        celery_report.tell_failed(app, store, run.task_id, run.task_name, _ledgers_error(run, now))
 
 
-def _ledgers_error(run: Expired, now: Any) -> Exception:
+def _ledgers_error(run: EndedRun, now: Any) -> Exception:
     """What the caller of a run the ledger ended is told (as when it ended it)."""
     if run.status == Status.EXPIRED:
         return run.refusal(Gate.CLAIM.value, now, run.detail)
@@ -251,7 +251,7 @@ def _settle(app: Any, store: Store, lapsed: LapsedLease, max_lost: int, report: 
         )
         if store.sweeps.settle_lapsed(lapsed, Status.EXPIRED, reason, detail):
             report.expired.append(lapsed.task_id)
-            expired = Expired(
+            expired = EndedRun(
                 task_id=lapsed.task_id,
                 task_name=lapsed.task_name,
                 status=Status.EXPIRED,

@@ -17,7 +17,7 @@ from .. import conf
 from ..conf import settings_for
 from ..rules.contracts import is_deadline_task
 from ..rules.outcomes import ended_by_celery
-from . import telling
+from . import celery_report
 from .api import release_connections, store_for
 from .clockwatch import ClockWatch
 from .reconcile import Reconciler, running
@@ -62,7 +62,7 @@ def _start(sender: Any = None, **_: Any) -> None:
             "the clock is measured (and the ledger reconciled) every %s s",
             interval.total_seconds(),
         )
-    telling.attach(sender)  # what the ledger ends is told as this worker would tell it
+    celery_report.attach(sender)  # what the ledger ends is told as this worker would tell it
     Reconciler(app, store, interval, watch).start()
     logger.info(
         "run ledger reconciler started (every %s)%s",
@@ -75,7 +75,7 @@ def _stop(**_: Any) -> None:
     reconciler = running()
     if reconciler is not None:
         reconciler.stop()
-    telling.detach()
+    celery_report.detach()
 
 
 def _revoked(

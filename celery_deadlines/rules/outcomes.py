@@ -278,6 +278,22 @@ def told_as_celery_expiry(reason: str | None, source: str | None) -> bool:
     return source == "expires" and reason in _FOR_THE_DEADLINE
 
 
+#: What a cancel's history line says before who cancelled (``cancelled by <who>: <why>``).
+_CANCELLED_BY: Final = "cancelled by "
+
+
+def cancel_detail(by: str, reason: str) -> str:
+    """What each run a cancel changed keeps in its history: who cancelled it, and why."""
+    return f"{_CANCELLED_BY}{by}: {reason}" if reason else f"{_CANCELLED_BY}{by}"
+
+
+def cancel_of(detail: str) -> tuple[str, str]:
+    """Who cancelled and why, read back from :func:`cancel_detail`'s words (who: up to
+    the first ``": "``)."""
+    by, _, reason = detail.removeprefix(_CANCELLED_BY).partition(": ")
+    return by, reason
+
+
 #: The reason Celery stores with a task it revoked (``TaskRevokedError('revoked')``,
 #: state ``REVOKED``): what the caller of a cancelled run is told.
 CELERY_REVOKED: Final = "revoked"

@@ -1,7 +1,7 @@
 """What the ledger and the Celery tier hand each other: plain, frozen values.
 
 The Celery tier builds a :class:`NewRun` when it publishes and reads a :class:`Lease`,
-a :class:`ClaimRefused` or a :class:`Held` back from a claim, and an :class:`Expired`
+a :class:`ClaimRefused` or a :class:`Held` back from a claim, and an :class:`EndedRun`
 from a run that ended; the ledger's statements take and return them. Nothing here runs
 a statement or reads the clock.
 """
@@ -218,9 +218,10 @@ class KeptResult:
 
 
 @dataclass(frozen=True)
-class Expired:
-    """A run the ledger ended: expired or failed on its own (the reconciler reports
-    these), or read back as it ended (:meth:`~.runs.Runs.ended`)."""
+class EndedRun:
+    """A run as it ended, in whichever final state: one the ledger ended itself
+    (expired or failed: the reconciler reports these), or one read back as it ended,
+    SUCCEEDED included (:meth:`~.runs.Runs.ended`)."""
 
     task_id: str
     task_name: str

@@ -157,3 +157,92 @@ def test_a_retry_published_before_the_cancel_is_refused_at_its_claim_and_never_r
     operations.cancel_run(store, "checkout", reason="abandoned", by="shop")
     assert row(store, "pay").status == Status.RETRYING
     assert lost(claim(store, "pay", retries=1)).why == "cancelled"
+
+
+def test_each_cancel_and_the_runs_it_changed_are_counted_where_it_is_made(store: Store) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from celery_deadlines.contrib import prometheus
+
+    registry = CollectorRegistry()
+    prometheus.install(registry)
+    tree(store)
+    operations.cancel_run(store, "reserve", reason="bad deploy", by="ops")
+    operations.cancel_run(store, "checkout", reason="abandoned", by="shop")
+    assert registry.get_sample_value("celery_deadlines_cancels_total") == 2
+    # reserve's three, then checkout's two others (pay, itself): ship, notify and
+    # reserve were unended but already cancelled, and are changed again (never later)
+    assert registry.get_sample_value("celery_deadlines_runs_cancelled_total") == 3 + 5
+
+
+def test_explain_says_when_who_why_and_what_was_running_at_the_cancel(store: Store) -> None:
+    from celery_deadlines.explain import explanation_of, render_text, utc
+
+    tree(store)
+    shipping = won(claim(store, "ship", owner="celery@shop:7"))
+    store.effects.record_intent(shipping, "order-1:label", "label", "execution", "f")
+    assert store.effects.dispatch(shipping, "order-1:label") == 1
+    operations.cancel_run(store, "checkout", reason="customer left: twice", by="ops@example")
+
+    running = explanation_of("ship", using=store.using)
+    assert running is not None
+    cancelled = running["cancelled"]
+    assert cancelled is not None
+    cancel_event = RunEvent.objects.using(store.using).get(run__task_id="ship", kind="cancel")
+    assert cancelled == {
+        "at": cancelled["at"],
+        "by": "ops@example",
+        "reason": "customer left: twice",
+        "status_then": "RUNNING",
+        "owner_then": "celery@shop:7",
+        "token_then": shipping.token,
+        "effects_dispatched_by_then": ["order-1:label"],
+        "running_in_its_tree_then": ["ship"],
+    }
+    assert cancelled["at"] == utc(cancel_event.at)
+    answers = {
+        line.strip().split("  ", 1)[0]: line.strip().split("  ", 1)[1].strip()
+        for line in render_text(running)[1:]
+        if line.startswith("  ") and not line.startswith("    ") and "  " in line.strip()
+    }
+    assert answers["cancelled"] == f"at {cancelled['at']} by ops@example: customer left: twice"
+    assert answers["at the cancel"] == (
+        f"it was RUNNING (owner celery@shop:7, token {shipping.token}); its effects "
+        "dispatched by then: order-1:label; running in its tree then: ship"
+    )
+
+    queued = explanation_of("pay", using=store.using)
+    assert queued is not None
+    assert queued["cancelled"] is not None
+    assert (queued["cancelled"]["status_then"], queued["cancelled"]["owner_then"]) == (
+        "QUEUED",
+        None,
+    )
+    assert queued["cancelled"]["running_in_its_tree_then"] == ["ship"]
+    never = explanation_of("other-checkout", using=store.using)
+    assert never is not None
+    assert never["cancelled"] is None
+
+
+@pytest.mark.parametrize("alias", ["default", "postgres"])
+def test_a_bodys_queries_are_cut_once_a_cancel_pulls_its_deadline_in(alias: str) -> None:
+    from datetime import timedelta
+
+    from celery import Celery
+
+    from celery_deadlines import QueryCut
+    from celery_deadlines.clock import get_clock
+    from celery_deadlines.core import database
+    from celery_deadlines.rules.budgets import Anchor
+
+    app = Celery("cancelled-body", set_as_current=False)
+    app.conf.deadlines_database_cap = [alias]
+    clock = get_clock()
+    now, started = clock.now(), clock.monotonic()
+    anchor = Anchor.at(now + timedelta(seconds=600), now, started)
+    with database.capped(app, anchor), connections[alias].cursor() as cursor:
+        cursor.execute("SELECT 1")  # ten minutes left: in time
+        # the renewal learnt the cancel: the deadline is the cancel's instant
+        database.pull_in(anchor, Anchor.at(now, now, started))
+        with pytest.raises(QueryCut, match="the deadline had passed"):
+            cursor.execute("SELECT 2")

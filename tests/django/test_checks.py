@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from datetime import timedelta
@@ -279,6 +280,7 @@ def hints_of_every_check() -> dict[str, str]:
     import demo_project.shop.tasks as shop
     from celery_deadlines.checks import (
         _cannot_check,
+        check_database_cap,
         check_ingress,
         check_ledger_database,
         check_retention,
@@ -307,6 +309,16 @@ def hints_of_every_check() -> dict[str, str]:
         CELERY_DEADLINES_REQUEST_HEADERS={"grpc-timeout": "grpc-timeout"}, MIDDLEWARE=[]
     ):
         found += check_ingress(None)
+    pgbouncer = {
+        **connections.settings["default"],
+        "ENGINE": "django.db.backends.postgresql",
+        "PORT": 6432,
+    }
+    try:
+        with mock.patch.dict(connections.settings, {"pgbouncer": pgbouncer}):
+            found += check_database_cap()
+    finally:
+        del connections["pgbouncer"]
     return {f"{m.id}:{i}": m.hint or "" for i, m in enumerate(found)}
 
 
@@ -319,7 +331,7 @@ def test_every_check_hint_names_a_section_of_the_docs_not_a_repository_path() ->
     hints = hints_of_every_check()
     ids = {key.split(":")[0] for key in hints}
     every = ["E001", "E002", "E003", "E004", "E005", "E010"]
-    every += ["W001", "W002", "W003", "W004", "W005"]
+    every += ["W001", "W002", "W003", "W004", "W005", "W013"]
     assert ids == {f"celery_deadlines.{n}" for n in every}
     for key, hint in hints.items():
         assert "docs/" not in hint, (key, hint)
@@ -363,3 +375,44 @@ def test_a_database_cap_naming_an_alias_databases_does_not_have_is_a_warning() -
     assert found[0].level == django_checks.WARNING
     with override_settings(CELERY_DEADLINES_DATABASE_CAP=True):
         assert check_database_cap() == []
+
+
+@pytest.mark.parametrize(
+    ("port", "disable_cursors", "cap", "warned"),
+    [
+        (6432, False, True, True),  # PgBouncer's port, capped by default
+        ("6432", False, ["pgbouncer"], True),
+        (6432, True, True, False),  # the transaction's form only: nothing outlives it
+        (6432, False, False, False),  # not capped
+        (6432, False, ["default"], False),  # not this alias
+        (5432, False, True, False),  # PostgreSQL's own port
+    ],
+)
+def test_a_capped_postgresql_alias_on_pgbouncers_port_needs_disable_server_side_cursors(
+    port: Any, disable_cursors: bool, cap: Any, warned: bool
+) -> None:
+    from unittest import mock
+
+    from django.db import connections
+
+    from celery_deadlines.checks import check_database_cap
+
+    alias = {
+        **connections.settings["default"],
+        "ENGINE": "django.db.backends.postgresql",
+        "PORT": port,
+        "DISABLE_SERVER_SIDE_CURSORS": disable_cursors,
+    }
+    try:
+        with (
+            mock.patch.dict(connections.settings, {"pgbouncer": alias}),
+            override_settings(CELERY_DEADLINES_DATABASE_CAP=cap),
+        ):
+            found = [m for m in check_database_cap() if m.id == "celery_deadlines.W013"]
+    finally:
+        with contextlib.suppress(AttributeError):  # made only if the check looked at it
+            del connections["pgbouncer"]
+    assert len(found) == warned, found
+    if warned:
+        assert "Database 'pgbouncer' connects to port 6432, PgBouncer's" in found[0].msg
+        assert "DISABLE_SERVER_SIDE_CURSORS" in (found[0].hint or "")

@@ -14,8 +14,9 @@ import pytest
 from celery.exceptions import TaskRevokedError
 
 import celery_deadlines
-from celery_deadlines.models import Run, RunEvent, Status
+from celery_deadlines.models import Effect, Run, RunEvent, Status
 from tests.integration.conftest import LEDGER_DB, ended
+from tests.integration.test_celery_semantics import task_events
 from tests.support.processes import Transport, wait_for
 
 pytestmark = [
@@ -102,3 +103,177 @@ def test_a_cancelled_tree_ends_every_queued_run_revoked_and_the_running_one_sees
     with pytest.raises(TaskRevokedError):
         tasks.app.AsyncResult(watcher_id).get(timeout=30)
     assert celery_deadlines.cancel(root.id, reason="again", app=tasks.app) == 0
+
+
+def provider_calls(log: Path) -> list[dict[str, Any]]:
+    return lines(log)
+
+
+def ended_at(task_id: str) -> Any:
+    """The database clock's instant at which the run of ``task_id`` reached its end."""
+    return (
+        RunEvent.objects.using(LEDGER_DB)
+        .filter(run__task_id=task_id, outcome="applied", status__in=[Status.EXPIRED])
+        .order_by("id")
+        .values_list("at", flat=True)
+        .first()
+    )
+
+
+def revoked_events(events: list[dict[str, Any]], task_id: str) -> list[dict[str, Any]]:
+    return [e for e in events if e["uuid"] == task_id and e["type"] == "task-revoked"]
+
+
+#: the lease of the workers below: a renewal a third of the way into it
+TREE_LEASE = 3.0
+
+
+def test_a_cancelled_checkout_tree_ends_every_descendant_within_a_renewal_and_a_lease(
+    redis_broker: Transport,
+    ledger_client: Any,
+    ledger_worker: Any,
+    sink: Path,
+    provider: tuple[str, Path],
+) -> None:
+    """The issue's scenario: a root that paid (a provider call), then fanned out into a
+    long-running watcher, a chain and a 20-member group of provider calls queued behind
+    the watcher on a busy worker of one process (task events on), cancelled mid-way."""
+    url, calls = provider
+    tasks = ledger_client(redis_broker)
+    ledger_worker(
+        redis_broker,
+        concurrency=1,
+        worker_args=("-E",),
+        TEST_LEASE_TTL=str(TREE_LEASE),
+        TEST_SINK_URL=url,
+    )
+    with task_events(tasks.app) as events:
+        root = tasks.checkout_tree.apply_async(("shop", MEMBERS), budget=120)
+        started = root.get(timeout=30)
+        watcher_id, chain_ids, member_ids = started["watcher"], started["chain"], started["group"]
+        wait_for(lambda: "start" in kinds(sink, "shop-watch"), 30)
+        # the chain and the group wait behind the watcher: nothing of them has started
+        assert [line["key"] for line in lines(sink)] == ["shop-watch"]
+
+        cancelled_at = time.time()
+        changed = celery_deadlines.cancel(root.id, reason="customer left", app=tasks.app)
+        # the watcher, the chain's first link (its second is published by the first's
+        # end), the group; the root had ended
+        assert changed == 1 + 1 + MEMBERS
+        cancel = RunEvent.objects.using(LEDGER_DB).get(run__task_id=watcher_id, kind="cancel")
+
+        # the long-running body saw remaining() reach 0, had its query cut, was refused
+        # its provider call and its child
+        wait_for(lambda: "child-refused" in kinds(sink, "shop-watch"), 30)
+        assert kinds(sink, "shop-watch") == [
+            "start",
+            "remaining-zero",
+            "query-cut",
+            "pay-refused:DispatchRefused",
+            "child-refused",
+        ]
+        descendants = [watcher_id, chain_ids[0], *member_ids]
+        for task_id in descendants:
+            with pytest.raises(TaskRevokedError):
+                tasks.app.AsyncResult(task_id).get(timeout=30)
+            run = wait_for(lambda task_id=task_id: ended(task_id), 30)
+            assert (run.status, run.reason) == (Status.EXPIRED, "cancelled"), task_id
+            # within one renewal interval and the lease of the cancel, by the ledger's clock
+            assert (ended_at(task_id) - cancel.at).total_seconds() <= TREE_LEASE / 3 + TREE_LEASE
+        # every one announced as Celery announces a revoked task (Flower shows REVOKED)
+        wait_for(lambda: all(revoked_events(events, t) for t in descendants), 30)
+    for task_id in descendants:
+        assert [(e["expired"], e["terminated"]) for e in revoked_events(events, task_id)] == [
+            (False, False)
+        ], task_id
+    # the chain's second link was never published, nothing of the queued bodies ran, and
+    # the provider was called once, by the root, before the cancel: no effect after it
+    assert tasks.app.AsyncResult(chain_ids[1]).state == "PENDING"
+    assert not Run.objects.using(LEDGER_DB).filter(task_id=chain_ids[1]).exists()
+    assert [line["key"] for line in lines(sink)] == ["shop-watch"] * 5
+    assert [(c["key"], c["t"] < cancelled_at) for c in provider_calls(calls)] == [
+        ("shop-reserve", True)
+    ]
+    assert not Run.objects.using(LEDGER_DB).filter(task_id__contains="late-child").exists()
+    # the finished root is untouched
+    finished = Run.objects.using(LEDGER_DB).get(task_id=root.id)
+    assert (finished.status, finished.reason) == (Status.SUCCEEDED, "")
+
+
+@pytest.mark.parametrize(
+    ("pool", "acks_late"),
+    [("prefork", False), ("threads", False), ("solo", False), ("prefork", True)],
+)
+def test_a_cancel_terminates_the_body_of_a_task_that_declares_it_and_revokes_its_queue(
+    redis_broker: Transport, ledger_client: Any, ledger_worker: Any, sink: Path, provider: Any,
+    pool: str, acks_late: bool,
+) -> None:  # fmt: skip
+    """``cancel_terminates = True``: a body that never looks at ``remaining()`` stops at
+    the renewal that learns of the cancel; the runs queued behind it are refused at their
+    claims (the sweeper is off) and announced revoked. Late-acked, nothing is redelivered:
+    the terminated body's message is acknowledged as a refused one is."""
+    url, _ = provider
+    tasks = ledger_client(redis_broker)
+    ledger_worker(
+        redis_broker,
+        concurrency=1,
+        pool=pool,
+        worker_args=("-E",),
+        TEST_LEASE_TTL=str(LEASE),
+        TEST_RECONCILE_INTERVAL="600",
+        TEST_SINK_URL=url,
+        TEST_ACKS_LATE="1" if acks_late else "0",
+    )
+    with task_events(tasks.app) as events:
+        root = tasks.busy_tree.apply_async(("busy", 3), budget=120)
+        started = root.get(timeout=30)
+        busy_id, queued_ids = started["busy"], started["queued"]
+        wait_for(lambda: "start" in kinds(sink, "busy-busy"), 30)
+
+        cancelled_at = time.time()
+        assert celery_deadlines.cancel(root.id, reason="bad deploy", app=tasks.app) == 4
+
+        wait_for(lambda: len(kinds(sink, "busy-busy")) == 2, 30)
+        stopped = [line for line in lines(sink) if line["key"] == "busy-busy"]
+        assert [line["kind"] for line in stopped] == ["start", "terminated:TerminatedByCancel"]
+        assert stopped[1]["t"] - cancelled_at <= LEASE  # at the renewal: a third of a lease
+        run = wait_for(lambda: ended(busy_id), 30)
+        assert (run.status, run.reason) == (Status.EXPIRED, "cancelled")
+        for task_id in [busy_id, *queued_ids]:
+            with pytest.raises(TaskRevokedError):
+                tasks.app.AsyncResult(task_id).get(timeout=30)
+            queued = wait_for(lambda task_id=task_id: ended(task_id), 30)
+            assert (queued.status, queued.reason) == (Status.EXPIRED, "cancelled")
+        wait_for(lambda: all(revoked_events(events, t) for t in [busy_id, *queued_ids]), 30)
+    assert [e["terminated"] for e in revoked_events(events, busy_id)] == [True]
+    for task_id in queued_ids:
+        assert [e["terminated"] for e in revoked_events(events, task_id)] == [False]
+    assert [line["key"] for line in lines(sink)] == ["busy-busy"] * 2  # nothing queued ran
+
+
+def test_a_cancel_terminates_a_body_after_the_effect_it_is_dispatching_never_within(
+    redis_broker: Transport, ledger_client: Any, ledger_worker: Any, sink: Path, provider: Any
+) -> None:
+    url, calls = provider
+    tasks = ledger_client(redis_broker)
+    ledger_worker(redis_broker, concurrency=1, TEST_LEASE_TTL=str(LEASE), TEST_SINK_URL=url)
+    result = tasks.terminable_in_effect.apply_async(("in-effect",), budget=120)
+    wait_for(lambda: "dispatching" in kinds(sink, "in-effect"), 30)
+    assert celery_deadlines.cancel(result.id, reason="bad deploy", app=tasks.app) == 1
+
+    wait_for(lambda: any(k.startswith("terminated") for k in kinds(sink, "in-effect")), 30)
+    # the dispatch that had begun went through to its outcome; the body went no further
+    assert kinds(sink, "in-effect") == [
+        "start",
+        "dispatching",
+        "called",
+        "terminated:TerminatedByCancel",
+    ]
+    assert [c["key"] for c in provider_calls(calls)] == ["in-effect"]
+    with pytest.raises(TaskRevokedError):
+        result.get(timeout=30)
+    run = wait_for(lambda: ended(result.id), 30)
+    assert (run.status, run.reason) == (Status.EXPIRED, "cancelled")
+    assert [(e.key, e.state) for e in Effect.objects.using(LEDGER_DB).filter(run=run)] == [
+        ("in-effect", "SUCCEEDED")
+    ]

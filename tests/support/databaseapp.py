@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Any
 
 from django.db import connections, transaction
@@ -101,3 +102,34 @@ def settings(self: DeadlineTask) -> dict[str, Any]:
         cursor.execute("SHOW lock_timeout")
         lock = cursor.fetchone()[0]
     return {**_where("default"), "statement_timeout": statement, "lock_timeout": lock}
+
+
+@app.task(base=DeadlineTask, bind=True, name="db.effect_write")
+def effect_write(self: DeadlineTask, key: str, row: int, not_sent: bool = False) -> None:
+    """A side effect whose write waits for a row another transaction holds: the cap cuts
+    it inside the effect (``not_sent``: the effect declares a cut write not done, true
+    here: the write is one transaction, which the cut rolls back)."""
+    declared: tuple[type[BaseException], ...] = (QueryCut,) if not_sent else ()
+    with (
+        self.effect("db_write", key=key, fingerprint={"key": key}, not_sent=declared),
+        transaction.atomic(),
+        connections["default"].cursor() as cursor,
+    ):
+        cursor.execute("UPDATE cd_cap_probe SET n = n + 1 WHERE id = %s", [row])
+
+
+@app.task(base=DeadlineTask, bind=True, name="db.gives_back")
+def gives_back(self: DeadlineTask) -> dict[str, Any]:
+    """A short query (the cap sends its setting), then the body closes its connection
+    itself (with a pool: gives it back) and makes no other statement."""
+    seen = _where("default")
+    connections["default"].close()
+    return seen
+
+
+@app.task(base=DeadlineTask, bind=True, name="db.stuck")
+def stuck(self: DeadlineTask) -> None:
+    """A short query (the cap sends its setting), then a wait past the deadline that
+    only the hard time limit ends (gevent's: the wait yields to the hub)."""
+    _where("default")
+    time.sleep(60)

@@ -408,3 +408,120 @@ def watch_remaining(self: DeadlineTask, key: str, seconds: float = 30.0) -> str:
     else:
         sink("child-published", key, self)
     return "saw zero"
+
+
+@app.task(base=DeadlineTask, bind=True, name="l.checkout_tree")
+def checkout_tree(self: DeadlineTask, key: str, members: int) -> dict[str, Any]:
+    """A checkout's root: a provider call of its own (``<key>-reserve``), then a
+    long-running watcher (``l.watch_and_pay``), a chain of two provider calls and a
+    group of ``members`` provider calls (``l.provider_step``), queued behind the
+    watcher on a worker of one process. The ids it started."""
+    from celery import chain, group
+    from celery.result import GroupResult
+
+    _pay_once(self, "reserve", f"{key}-reserve")
+
+    watcher = watch_and_pay.delay(f"{key}-watch")
+    chained = chain(provider_step.si(f"{key}-chain-0"), provider_step.si(f"{key}-chain-1"))
+    last = chained.apply_async()
+    started = group(provider_step.si(f"{key}-{n}") for n in range(members)).apply_async()
+    assert isinstance(started, GroupResult)
+    return {
+        "watcher": watcher.id,
+        "chain": [last.parent.id, last.id],
+        "group": [result.id for result in started.results],
+    }
+
+
+@app.task(base=DeadlineTask, bind=True, name="l.provider_step")
+def provider_step(self: DeadlineTask, key: str) -> Any:
+    """One provider call for ``key`` under the effect ledger (the provider logs it)."""
+    sink("start", key, self)
+    return _pay_once(self, "step", key)
+
+
+@app.task(base=DeadlineTask, bind=True, name="l.watch_and_pay")
+def watch_and_pay(self: DeadlineTask, key: str, seconds: float = 30.0) -> str:
+    """Loop on ``remaining()`` until it reaches 0 (a sink line ``remaining-zero``) or
+    ``seconds`` pass (``gave-up``); then query the database (``query-cut`` when the
+    cap cuts it, ``query-ran`` when not), try a provider call (``paid``, or the name of
+    the error that refused it) and publish a child (``child-refused`` when the enqueue
+    gate refuses it, ``child-published`` when not)."""
+    from django.db import connection
+
+    from celery_deadlines import DeadlineRefused, DispatchRefused, QueryCut, StaleLease
+
+    sink("start", key, self)
+    until = time.monotonic() + seconds
+    while self.remaining() > 0 and time.monotonic() < until:
+        time.sleep(0.02)
+    sink("remaining-zero" if self.remaining() <= 0 else "gave-up", key, self)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        sink("query-ran", key, self)
+    except QueryCut:
+        sink("query-cut", key, self)
+    try:
+        _pay_once(self, "pay", f"{key}-after")
+        sink("paid", key, self)
+    except (DispatchRefused, StaleLease) as refused:
+        sink(f"pay-refused:{type(refused).__name__}", key, self)
+    try:
+        provider_step.delay(f"{key}-late-child")
+    except DeadlineRefused:
+        sink("child-refused", key, self)
+    else:
+        sink("child-published", key, self)
+    return "saw zero"
+
+
+@app.task(base=DeadlineTask, bind=True, name="l.terminable", cancel_terminates=True)
+def terminable(self: DeadlineTask, key: str, seconds: float = 30.0) -> str:
+    """A body that never looks at ``remaining()`` (it works in short steps for
+    ``seconds``: ``gave-up``), whose task declares that a cancel terminates it: its
+    ``finally`` writes ``terminated:<the exception's name>``."""
+    sink("start", key, self)
+    try:
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            time.sleep(0.02)
+        sink("gave-up", key, self)
+    except BaseException as stopped:
+        sink(f"terminated:{type(stopped).__name__}", key, self)
+        raise
+    return "ran to its end"
+
+
+@app.task(base=DeadlineTask, bind=True, name="l.terminable_in_effect", cancel_terminates=True)
+def terminable_in_effect(self: DeadlineTask, key: str, seconds: float = 30.0) -> str:
+    """A body cancelled in the middle of an effect's dispatch (its guard passed, then it
+    waits until ``remaining()`` reaches 0, the cancel learnt, before it calls the
+    provider), whose task declares that a cancel terminates it: ``dispatching``,
+    ``called``, then ``terminated:<name>`` after the effect's outcome, never
+    ``after-effect``."""
+    sink("start", key, self)
+    try:
+        with self.effect("pay", key=key, fingerprint={"key": key}) as fx:
+            sink("dispatching", key, self)
+            until = time.monotonic() + seconds
+            while self.remaining() > 0 and time.monotonic() < until:
+                time.sleep(0.02)
+            body = {"token": fx.token, "fence": fx.fence, "pid": os.getpid()}
+            _, answer = _provider("POST", key, body)
+            sink("called", key, self)
+            fx.succeed(answer)
+        sink("after-effect", key, self)
+    except BaseException as stopped:
+        sink(f"terminated:{type(stopped).__name__}", key, self)
+        raise
+    return "ran to its end"
+
+
+@app.task(base=DeadlineTask, bind=True, name="l.busy_tree")
+def busy_tree(self: DeadlineTask, key: str, members: int) -> dict[str, Any]:
+    """A root that starts a body a cancel terminates (``l.terminable``), then
+    ``members`` provider calls queued behind it on a worker of one process."""
+    busy = terminable.delay(f"{key}-busy")
+    queued = [provider_step.delay(f"{key}-{n}") for n in range(members)]
+    return {"busy": busy.id, "queued": [result.id for result in queued]}

@@ -134,9 +134,23 @@ class Raw:
     def __init__(self, server: Server) -> None:
         self.server = server
         self.info = Info(server)
+        self.closed = False
 
     def cursor(self) -> RawCursor:
         return RawCursor(self.server)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Pool:
+    """Django's connection pool (psycopg_pool), as the cap sees it: drained or not."""
+
+    def __init__(self) -> None:
+        self.drains = 0
+
+    def drain(self) -> None:
+        self.drains += 1
 
 
 class Nothing:
@@ -160,6 +174,9 @@ class Connection:
         self.execute_wrappers: list[Any] = []
         self.wrap_database_errors = Nothing()
         self.closed = False
+        self.pool = Pool()
+        #: the driver connections closed under Django's close (a pool takes them back)
+        self.given_back: list[Any] = []
 
     def run(self, sql: str) -> None:
         """A statement of the body, through the execute wrappers."""
@@ -176,6 +193,8 @@ class Connection:
 
     def close(self) -> None:
         self.closed = True
+        self.given_back.append(self.connection)
+        self.connection = None
 
 
 def _bind(wrapper: Any, inner: Any) -> Any:
@@ -326,9 +345,51 @@ def test_after_the_attempt_the_settings_are_reset_and_a_connection_that_cannot_b
     def broken() -> None:
         raise OSError("the server went away")
 
-    connection.connection.cursor = broken
+    raw = connection.connection
+    raw.cursor = broken
     cap.restore()
     assert connection.closed
+    # closed before Django's close: a pool discards it rather than lend it with the timeouts
+    assert connection.given_back == [raw]
+    assert raw.closed
+
+
+@pytest.mark.parametrize("next_statement", [False, True])
+def test_a_pooled_connection_the_body_gave_back_with_a_session_setting_is_drained_from_its_pool(
+    clock: FakeClock, next_statement: bool
+) -> None:
+    """``connection.close()`` in the body gives a connection of Django's pool back as it
+    is, the session's timeouts in force: the pool is drained (the connection closed) when
+    the cap next sees the alias, at the body's next statement or its end."""
+    connection = Connection(OPTIONS={"pool": True})
+    cap = cap_on(connection, clock, budget=30.0)
+    connection.run("SELECT 1")
+    connection.close()  # given back
+    if next_statement:
+        connection.connection = Raw(connection.server)  # borrowed again: another one
+        connection.run("SELECT 2")
+        assert connection.pool.drains == 1
+    cap.restore()
+    assert connection.pool.drains == 1
+
+
+def test_a_pool_is_left_alone_when_nothing_was_set_or_the_connection_given_back_was_not_pooled(
+    clock: FakeClock,
+) -> None:
+    pooled = Connection(OPTIONS={"pool": True})
+    cap = cap_on(pooled, clock, budget=30.0)
+    pooled.close()  # before any statement: nothing was set on it
+    cap.restore()
+    kept = Connection(OPTIONS={"pool": True})
+    cap = cap_on(kept, clock, budget=30.0)
+    kept.run("SELECT 1")
+    cap.restore()  # reset on the connection itself, which the body kept
+    unpooled = Connection()
+    cap = cap_on(unpooled, clock, budget=30.0)
+    unpooled.run("SELECT 1")
+    unpooled.close()  # really closed: the timeouts went with it
+    cap.restore()
+    assert (pooled.pool.drains, kept.pool.drains, unpooled.pool.drains) == (0, 0, 0)
 
 
 def test_a_transactions_setting_in_a_transaction_a_cut_aborted_is_left_to_its_rollback(

@@ -39,7 +39,7 @@ from .plans import Plans
 from .retention import Retention
 from .rows import required
 from .runs import Runs
-from .statements import Sql
+from .statements import queries
 from .supervision import Supervision
 from .sweeps import Sweeps
 
@@ -50,7 +50,7 @@ IDLE_PING: Final = 1.0
 #: costs more than its execution).
 PREPARE_THRESHOLD: Final = 1
 #: The database clock, read alone.
-DATABASE_NOW: Final = Sql("store.database_now", "SELECT {now}")
+DATABASE_NOW: Final = queries("store")["database_now"]
 #: The statements encoded once (:func:`_encoded`) are at most this many.
 ENCODED_STATEMENTS: Final = 256
 

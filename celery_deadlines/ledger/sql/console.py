@@ -7,55 +7,25 @@ smallest value, then the smallest above it, and so on), so listing twenty task n
 costs twenty probes whether the ledger holds ten thousand runs or ten million
 (migration 0010 made the indexes; ``tests/django/test_console_plans.py`` holds the
 plans). Read-only: the console writes only through :mod:`..operations`.
+
+Each statement's text is in ``console.sql``, under its name.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-from .statements import Sql, Statements
+from .statements import Sql, Statements, queries
 
 #: The most values a filter lists (each is one index probe); past it, the list says so.
 MOST_VALUES: Final = 500
 
-_LOOSE_SCAN = """
-    WITH RECURSIVE seen(value) AS (
-        SELECT MIN({column}) FROM {table} WHERE {listed}
-        UNION ALL
-        SELECT (SELECT MIN({column}) FROM {table} WHERE {column} > seen.value AND {listed})
-        FROM seen WHERE seen.value IS NOT NULL
-    )
-    SELECT value FROM seen WHERE value IS NOT NULL LIMIT %s
-"""
-#: The runs' task names (``cdl_run_task_name_idx``).
-TASK_NAMES: Final = Sql(
-    "console.task_names",
-    _LOOSE_SCAN,
-    table="{run}",
-    column="task_name",
-    listed="task_name IS NOT NULL",
-)
-#: The queues runs were routed to (``cdl_run_queue_idx``).
-QUEUES: Final = Sql(
-    "console.queues", _LOOSE_SCAN, table="{run}", column="queue", listed="queue IS NOT NULL"
-)
-#: Whether a run's queue is not recorded (runs from before migration 0008).
-QUEUE_UNRECORDED: Final = Sql(
-    "console.queue_unrecorded", "SELECT 1 FROM {run} WHERE queue IS NULL LIMIT 1"
-)
-#: The reasons runs ended or wait with (``cdl_run_reason_idx``, partial: its condition
-#: is in each probe, or the index could not serve the probe).
-REASONS: Final = Sql(
-    "console.reasons", _LOOSE_SCAN, table="{run}", column="reason", listed="reason <> ''"
-)
-#: The effects' names (``cdl_effect_name_idx``).
-EFFECT_NAMES: Final = Sql(
-    "console.effect_names",
-    _LOOSE_SCAN,
-    table="{effect}",
-    column="name",
-    listed="name IS NOT NULL",
-)
+_SQL: Final = queries("console")
+TASK_NAMES: Final = _SQL["task_names"]
+QUEUES: Final = _SQL["queues"]
+QUEUE_UNRECORDED: Final = _SQL["queue_unrecorded"]
+REASONS: Final = _SQL["reasons"]
+EFFECT_NAMES: Final = _SQL["effect_names"]
 
 
 class Console(Statements):

@@ -12,7 +12,8 @@ SQLite's ``?``), so a literal ``%`` is written ``%%``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -44,6 +45,9 @@ class Dialect:
     #: row from being deleted until the statement commits (PostgreSQL, which does not
     #: check an event's run: migration 0012); SQLite checks it, and serialises writers.
     key_share: str = ""
+    #: ``IN`` the values of one parameter (a list: :meth:`values`), as a condition's
+    #: right-hand side (PostgreSQL: ``= ANY`` an array).
+    in_values: str = "= ANY(%s)"
     #: The parameter :attr:`now_plus` takes for a duration (PostgreSQL: seconds, a
     #: float): a function of the dialect's own, not a method, as it runs at every claim.
     seconds: Callable[[timedelta], Any] = timedelta.total_seconds
@@ -64,6 +68,12 @@ class Dialect:
         if parsed is None:
             raise ValueError(f"not a timestamp: {value!r}")
         return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+    def values(self, values: Iterable[int | str]) -> Any:
+        """A list of values as :attr:`in_values` takes it (SQLite: a JSON array)."""
+        if self.vendor == "sqlite":
+            return json.dumps(list(values))
+        return list(values)
 
     def param(self, value: datetime | None) -> Any:
         """An aware datetime as this database stores it (SQLite: naive UTC text)."""
@@ -95,6 +105,7 @@ SQLITE = Dialect(
     now=_SQLITE_NOW,
     now_plus="strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)",
     least_template="MIN({first}, COALESCE({nullable}, '9999-12-31 23:59:59'))",
+    in_values="IN (SELECT value FROM json_each(%s))",
 )
 
 

@@ -6,6 +6,8 @@ INTENT_RECORDED (or NOT_DISPATCHED) -> DISPATCHED only if the caller's run is RU
 under the caller's token, its lease is alive and its deadline has not passed. Zero rows:
 the call must not be made. Every change of an effect appends a RunEvent through the
 audit trigger (kind ``effect_<state>``).
+
+Each statement's text is in ``effects.sql``, under its name.
 """
 
 from __future__ import annotations
@@ -16,9 +18,8 @@ from datetime import datetime
 from typing import Any, Final
 
 from ...rules import outcomes
-from ...rules.outcomes import PERFORMED_PAST_DEADLINE
 from .rows import Lease, from_json
-from .statements import Sql, Statements
+from .statements import Sql, Statements, queries
 
 
 @dataclass(frozen=True)
@@ -266,167 +267,22 @@ class Effects(Statements):
         return Released(str(status), str(reason), d.instant(deadline), str(detail))
 
 
-RECORD_INTENT: Final = Sql(
-    "effects.record_intent",
-    """
-    INSERT INTO {effect} (key, run_id, name, kind, state, lease_token, fingerprint,
-        dispatches, error, created_at, updated_at)
-    VALUES (%s, %s, %s, %s, 'INTENT_RECORDED', %s, %s, 0, '', {now}, {now})
-    ON CONFLICT (key) DO UPDATE SET asked_at = {now}
-    RETURNING state, fingerprint, result, lease_token
-    """,
-)
-
-_DISPATCH = """
-    UPDATE {effect} SET state = 'DISPATCHED', lease_token = %s, run_id = %s,
-        dispatches = dispatches + 1, dispatched_at = {now}, updated_at = {now},
-        settled_by = NULL
-    WHERE key = %s AND state IN ('INTENT_RECORDED', 'NOT_DISPATCHED')
-      AND EXISTS (
-        SELECT 1 FROM {run} r
-        WHERE r.id = %s AND r.lease_token = %s AND r.owner = %s AND r.status = 'RUNNING'
-          AND r.lease_expires_at > {now}
-          AND (r.deadline IS NULL OR r.deadline > {now})
-      )
-      {fresh}
-    RETURNING dispatches
-"""
-#: The dispatch guard.
-DISPATCH: Final = Sql("effects.dispatch", _DISPATCH, fresh="")
-#: The dispatch guard of an effect relying on evidence: the database clock has not
-#: reached the evidence's earliest expiry (the last parameter) either.
-DISPATCH_FRESH: Final = Sql("effects.dispatch_fresh", _DISPATCH, fresh="AND %s > {now}")
-
-_WHY_REFUSED = """
-    INSERT INTO {event} (run_id, at, kind, outcome, status, reason, version,
-        lease_token, owner, lease_expires_at, detail)
-    SELECT r.id, {now}, 'dispatch', 'rejected', r.status, r.reason, r.version, %s, %s,
-        r.lease_expires_at,
-        CASE
-            WHEN e.state IN {unresolved} THEN 'unresolved'
-            WHEN e.state IN ('SUCCEEDED', 'FAILED') THEN 'completed'
-            WHEN r.deadline IS NOT NULL AND r.deadline <= {now} THEN 'deadline_passed'
-            WHEN r.lease_token <> %s OR r.owner <> %s OR r.status <> 'RUNNING'
-                 OR r.lease_expires_at IS NULL OR r.lease_expires_at <= {now}
-                THEN 'stale_lease'
-            {stale}
-            ELSE 'changed'
-        END || ':' || e.key
-    FROM {run} r, {effect} e
-    WHERE r.id = %s AND e.key = %s
-      {run_kept:r}
-    RETURNING detail
-"""
-#: Why the guard refused (the first reason that holds), recorded as a rejected event.
-WHY_REFUSED: Final = Sql("effects.why_refused", _WHY_REFUSED, stale="")
-WHY_REFUSED_FRESH: Final = Sql(
-    "effects.why_refused_fresh", _WHY_REFUSED, stale="WHEN %s <= {now} THEN 'stale_evidence'"
-)
-
-# an outcome is fenced by the run *and* its token: tokens count per run, and a key may
-# pass from one run to another (reconciled as not sent, then dispatched by a duplicate run)
-_OUTCOME = """
-    UPDATE {effect} SET state = %s, {value}, updated_at = {now}
-    WHERE key = %s AND run_id = %s AND lease_token = %s AND state IN {unresolved}
-"""
-OUTCOME_RESULT: Final = Sql("effects.outcome_result", _OUTCOME, value="result = {json}")
-OUTCOME_ERROR: Final = Sql("effects.outcome_error", _OUTCOME, value="error = %s")
-
-STATE_OF: Final = Sql(
-    "effects.state_of", "SELECT state, lease_token, dispatches FROM {effect} WHERE key = %s"
-)
-UNRESOLVED: Final = Sql(
-    "effects.unresolved",
-    "SELECT 1 FROM {effect} WHERE run_id = %s AND state IN {unresolved} LIMIT 1",
-)
-UNRESOLVED_KEYS: Final = Sql(
-    "effects.unresolved_keys",
-    "SELECT key FROM {effect} WHERE run_id = %s AND state IN {unresolved} ORDER BY id",
-)
-UNRESOLVED_NAMES: Final = Sql(
-    "effects.unresolved_names",
-    "SELECT key, name FROM {effect} WHERE run_id = %s AND state IN {unresolved} ORDER BY id",
-)
-MARK_UNKNOWN: Final = Sql(
-    "effects.mark_unknown",
-    """
-    UPDATE {effect} SET state = 'UNKNOWN', updated_at = {now},
-        error = 'the attempt ended without recording an outcome'
-    WHERE run_id = %s AND lease_token = %s AND state = 'DISPATCHED'
-    """,
-)
-PENDING: Final = Sql(
-    "effects.pending",
-    """
-    SELECT e.key, e.name, e.fingerprint, e.lease_token, r.id, r.task_id, r.task_name,
-        e.state, e.dispatches
-    FROM {effect} e JOIN {run} r ON r.id = e.run_id
-    WHERE e.state IN {unresolved} AND r.status = 'UNKNOWN'
-    ORDER BY e.id
-    LIMIT %s
-    """,
-)
-#: A settlement: a compare-and-swap on the dispatch that was asked about; who settled it
-#: is recorded (the audit trigger makes it the event's owner; the next dispatch clears it).
-SETTLE: Final = Sql(
-    "effects.settle",
-    """
-    UPDATE {effect} SET state = %s, result = {json},
-        evidence = {json}, settled_by = %s, updated_at = {now}
-    WHERE key = %s AND state = %s AND dispatches = %s AND lease_token = %s
-      AND run_id = %s
-    """,
-)
-DESCRIBE: Final = Sql(
-    "effects.describe", "SELECT state, dispatches, run_id, lease_token FROM {effect} WHERE key = %s"
-)
-SETTLED_UNKNOWN: Final = Sql(
-    "effects.settled_unknown",
-    """
-    SELECT r.id, r.task_id, r.task_name FROM {run} r
-    WHERE r.status = 'UNKNOWN' AND NOT EXISTS (
-        SELECT 1 FROM {effect} e WHERE e.run_id = r.id AND e.state IN {unresolved}
-    )
-    ORDER BY r.id
-    LIMIT %s
-    """,
-)
-PERFORMED: Final = Sql(
-    "effects.performed",
-    "SELECT key, name FROM {effect} WHERE run_id = %s AND state = 'SUCCEEDED' ORDER BY id",
-)
-#: An UNKNOWN run whose effects are all resolved: queued again (token + 1; its message is
-#: published, its UNKNOWN detail no longer holds), or, past its deadline, EXPIRED (never
-#: resurrected, nothing published): ``performed_past_deadline`` with the first detail
-#: parameter when an effect of it was performed, else the expiry's reason with the
-#: second. The clock is read once for the four columns it decides (PostgreSQL's clock
-#: moves within a statement: read twice, a deadline passing between the readings would
-#: queue the run with an expiry's reason).
-RELEASE_RESOLVED: Final = Sql(
-    "effects.release_resolved",
-    """
-    UPDATE {run} SET
-        (status, reason, detail, published_at) = (
-            SELECT
-                CASE WHEN c.past THEN 'EXPIRED' ELSE 'QUEUED' END,
-                CASE WHEN NOT c.past THEN ''
-                     WHEN c.performed THEN '{performed_reason}'
-                     ELSE {expiry_reason} END,
-                CASE WHEN NOT c.past THEN '' WHEN c.performed THEN %s ELSE %s END,
-                CASE WHEN c.past THEN {run}.published_at ELSE {now} END
-            FROM (SELECT {past} AS past, {performed} AS performed) c
-        ),
-        lease_token = lease_token + 1, owner = '', lease_expires_at = NULL,
-        version = version + 1, op = 'reconciled', op_detail = %s, updated_at = {now}
-    WHERE id = %s AND status = 'UNKNOWN'
-      AND NOT EXISTS (
-        SELECT 1 FROM {effect} WHERE run_id = %s AND state IN {unresolved}
-      )
-    RETURNING status, reason, deadline, detail
-    """,
-    past="(deadline IS NOT NULL AND deadline <= {now})",
-    performed=(
-        "EXISTS (SELECT 1 FROM {effect} p WHERE p.run_id = {run}.id AND p.state = 'SUCCEEDED')"
-    ),
-    performed_reason=PERFORMED_PAST_DEADLINE,
-)
+_SQL: Final = queries("effects")
+RECORD_INTENT: Final = _SQL["record_intent"]
+DISPATCH: Final = _SQL["dispatch"]
+DISPATCH_FRESH: Final = _SQL["dispatch_fresh"]
+WHY_REFUSED: Final = _SQL["why_refused"]
+WHY_REFUSED_FRESH: Final = _SQL["why_refused_fresh"]
+OUTCOME_RESULT: Final = _SQL["outcome_result"]
+OUTCOME_ERROR: Final = _SQL["outcome_error"]
+STATE_OF: Final = _SQL["state_of"]
+UNRESOLVED: Final = _SQL["unresolved"]
+UNRESOLVED_KEYS: Final = _SQL["unresolved_keys"]
+UNRESOLVED_NAMES: Final = _SQL["unresolved_names"]
+MARK_UNKNOWN: Final = _SQL["mark_unknown"]
+PENDING: Final = _SQL["pending"]
+SETTLE: Final = _SQL["settle"]
+DESCRIBE: Final = _SQL["describe"]
+SETTLED_UNKNOWN: Final = _SQL["settled_unknown"]
+PERFORMED: Final = _SQL["performed"]
+RELEASE_RESOLVED: Final = _SQL["release_resolved"]

@@ -1,15 +1,15 @@
-"""The operator's actions on a run (the admin): each one compare-and-swap."""
+"""The operator's actions on a run (the admin): each one compare-and-swap.
+
+Each statement's text is in ``operator.sql``, under its name.
+"""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Final
 
-from ...rules.gates import Reason
-from .dialect import Dialect
-from .predicates import HAS_UNRESOLVED, REQUEUEABLE_SQL, RUN, TERMINAL_SQL
-from .rows import Expired
-from .statements import Sql, Statements
+from .rows import EndedRun
+from .statements import Statements, queries
 
 
 class OperatorActions(Statements):
@@ -28,7 +28,7 @@ class OperatorActions(Statements):
         )
         return count
 
-    def expire_now(self, run_id: int, operator: str) -> Expired | None:
+    def expire_now(self, run_id: int, operator: str) -> EndedRun | None:
         """End an unfinished run at once; its holder, if any, is fenced (token + 1).
         Returns the run as it ended, or ``None`` if it had ended already, or if one of
         its effects has no recorded outcome: it is resolved first (an EXPIRED run's
@@ -36,19 +36,13 @@ class OperatorActions(Statements):
         d = self.dialect
         detail = f"expired by {operator}"
         _, rows = self.execute(
-            f"""
-            UPDATE {RUN} SET status = 'EXPIRED', reason = 'expired_by_operator', detail = %s,
-                lease_token = lease_token + 1, lease_expires_at = NULL,
-                version = version + 1, op = 'expire_now', op_detail = %s, updated_at = {d.now}
-            WHERE id = %s AND status NOT IN {TERMINAL_SQL} AND NOT {HAS_UNRESOLVED}
-            RETURNING task_id, task_name, deadline
-            """,
+            EXPIRE_NOW.text[d.vendor],
             [detail, detail, run_id],
         )
         if not rows:
             return None
         task_id, task_name, deadline = rows[0]
-        return Expired(
+        return EndedRun(
             task_id=task_id,
             task_name=task_name,
             status="EXPIRED",
@@ -66,47 +60,13 @@ class OperatorActions(Statements):
         d = self.dialect
         detail = f"requeued by {operator}"
         count, _ = self.execute(
-            f"""
-            UPDATE {RUN} SET status = 'QUEUED', reason = '', detail = %s,
-                lease_token = lease_token + 1, owner = '', lease_expires_at = NULL,
-                available_at = NULL, published_at = {d.now}, version = version + 1,
-                op = 'requeue_now', op_detail = %s, updated_at = {d.now}
-            WHERE id = %s
-              AND (status IN {REQUEUEABLE_SQL}
-                   OR (status = 'RUNNING' AND lease_expires_at <= {d.now}))
-              AND (deadline IS NULL OR deadline > {d.now})
-              AND message_body IS NOT NULL
-              AND NOT {HAS_UNRESOLVED}
-            """,
+            REQUEUE_NOW.text[d.vendor],
             [detail, detail, run_id],
         )
         return count == 1
 
 
-#: The cancel's instant: the database clock, or the earlier ``at`` given (never later).
-def _cancel_instant(d: Dialect) -> str:
-    return d.least(d.now, "%(at)s")
-
-
-#: A run and its descendants (``parent_id`` is the parent's task id; ``UNION`` visits
-#: each once; the recursion inside the ``WHERE``, so that SQLite counts the rows an
-#: ``UPDATE`` changed), every unended one's deadline pulled in, never lengthened: the claim
-#: refuses it ``cancelled`` (``CLAIM_CHECKS``), a renewal past it fails, and whoever
-#: finds it past ends it ``cancelled`` (``EXPIRY_REASON_SQL``).
-CANCEL: Final = Sql(
-    "operator.cancel",
-    f"""
-    UPDATE {{run}} SET deadline = {{pulled_in}},
-        reason = '{Reason.CANCELLED.value}', detail = %(detail)s,
-        version = version + 1, op = 'cancel', op_detail = %(detail)s, updated_at = {{now}}
-    WHERE task_id IN (
-        WITH RECURSIVE tree (task_id) AS (
-            SELECT task_id FROM {{run}} WHERE task_id = %(task_id)s
-            UNION
-            SELECT child.task_id FROM {{run}} child JOIN tree ON child.parent_id = tree.task_id
-        )
-        SELECT task_id FROM tree
-    ) AND status NOT IN {{terminal}}
-    """,
-    pulled_in=lambda d: d.least(_cancel_instant(d), "deadline"),
-)
+_SQL: Final = queries("operator")
+CANCEL: Final = _SQL["cancel"]
+EXPIRE_NOW: Final = _SQL["expire_now"]
+REQUEUE_NOW: Final = _SQL["requeue_now"]

@@ -4,6 +4,8 @@ Every write is fenced like the run's own (the attempt's token, a live lease, by 
 database clock), so a stale attempt can neither store a plan nor retire one. A run has
 at most one ACTIVE plan (a partial unique index); storing a new one supersedes it, and
 a plan that fails its resume gate is INVALIDATED with the reason: both stay as history.
+
+Each statement's text is in ``plans.sql``, under its name.
 """
 
 from __future__ import annotations
@@ -11,11 +13,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
-from .predicates import PLAN, RUN
 from .rows import Lease
-from .statements import Statements
+from .statements import Statements, queries
+
+_SQL: Final = queries("plans")
+SUPERSEDE: Final = _SQL["supersede"]
+SAVE: Final = _SQL["save"]
+ACTIVE: Final = _SQL["active"]
+STATE_OF: Final = _SQL["state_of"]
+INVALIDATE: Final = _SQL["invalidate"]
 
 
 @dataclass(frozen=True)
@@ -31,15 +39,6 @@ class StoredPlan:
 class Plans(Statements):
     """The plan statements, on a :class:`Store`'s connection and dialect."""
 
-    def _alive(self) -> str:
-        """The fence: the run is RUNNING under the caller's token, its lease alive."""
-        d = self.store.dialect
-        return (
-            f"EXISTS (SELECT 1 FROM {RUN} WHERE {RUN}.id = %s AND {RUN}.lease_token = %s"
-            f" AND {RUN}.owner = %s AND {RUN}.status = 'RUNNING'"
-            f" AND {RUN}.lease_expires_at > {d.now})"
-        )
-
     def save(self, lease: Lease, owner: str, plan_id: str, document: dict[str, Any]) -> bool:
         """Make ``document`` the run's active plan (the previous one is superseded).
         ``False``: the attempt no longer owns the run; nothing was stored, and the refusal
@@ -50,22 +49,11 @@ class Plans(Statements):
         from fresh observations; a plan is never executed without passing the gate)."""
         d = self.store.dialect
         self.store.execute(
-            f"""
-            UPDATE {PLAN} SET state = 'SUPERSEDED', ended_at = {d.now},
-                detail = 'a newer plan was stored'
-            WHERE run_id = %s AND state = 'ACTIVE' AND {self._alive()}
-            """,
+            SUPERSEDE.text[d.vendor],
             [lease.run_id, lease.run_id, lease.token, lease.owner],
         )
         count, _ = self.store.execute(
-            f"""
-            INSERT INTO {PLAN} (run_id, plan_id, state, document, lease_token, reason, detail,
-                created_at)
-            SELECT {RUN}.id, %s, 'ACTIVE', {d.json_param}, {RUN}.lease_token, '', '', {d.now}
-            FROM {RUN}
-            WHERE {RUN}.id = %s AND {RUN}.lease_token = %s AND {RUN}.owner = %s
-              AND {RUN}.status = 'RUNNING' AND {RUN}.lease_expires_at > {d.now}{d.lock_rows}
-            """,
+            SAVE.text[d.vendor],
             [plan_id, json.dumps(document), lease.run_id, lease.token, lease.owner],
         )
         if count != 1:
@@ -76,10 +64,7 @@ class Plans(Statements):
         """The plan the run follows, if it has one."""
         d = self.store.dialect
         _, rows = self.store.execute(
-            f"""
-            SELECT id, document, lease_token, created_at FROM {PLAN}
-            WHERE run_id = %s AND state = 'ACTIVE'
-            """,
+            ACTIVE.text[d.vendor],
             [run_id],
         )
         if not rows:
@@ -93,7 +78,7 @@ class Plans(Statements):
 
     def state_of(self, row_id: int) -> str | None:
         """The state of plan ``row_id`` (``None``: no such plan)."""
-        _, rows = self.store.execute(f"SELECT state FROM {PLAN} WHERE id = %s", [row_id])
+        _, rows = self.store.execute(STATE_OF.text[self.store.dialect.vendor], [row_id])
         return str(rows[0][0]) if rows else None
 
     def invalidate(self, lease: Lease, owner: str, row_id: int, reason: str, detail: str) -> bool:
@@ -101,11 +86,7 @@ class Plans(Statements):
         ``False`` (recorded as a rejected event): the attempt no longer owns the run."""
         d = self.store.dialect
         count, _ = self.store.execute(
-            f"""
-            UPDATE {PLAN} SET state = 'INVALIDATED', reason = %s, detail = %s,
-                ended_at = {d.now}
-            WHERE id = %s AND state = 'ACTIVE' AND {self._alive()}
-            """,
+            INVALIDATE.text[d.vendor],
             [reason, detail, row_id, lease.run_id, lease.token, lease.owner],
         )
         if count != 1:

@@ -1,7 +1,7 @@
 """What the ledger's statements take and return: plain, frozen values.
 
 Nothing here runs a statement. What crosses to the Celery tier (:class:`NewRun`,
-:class:`Lease`, :class:`ClaimRefused`, :class:`Expired`) is defined with the pure rules
+:class:`Lease`, :class:`ClaimRefused`, :class:`EndedRun`) is defined with the pure rules
 (:mod:`celery_deadlines.rules.records`) and imported here by name; the values below
 stay between the ledger's modules.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ...rules.records import ENDED_IT, ClaimRefused, Expired, KeptResult, Lease, NewRun, Refusal
+from ...rules.records import ENDED_IT, ClaimRefused, EndedRun, KeptResult, Lease, NewRun, Refusal
 
 
 @dataclass(frozen=True)
@@ -89,8 +89,8 @@ def as_bytes(value: Any) -> bytes | None:
 __all__ = [
     "ENDED_IT",
     "ClaimRefused",
+    "EndedRun",
     "ExistingRun",
-    "Expired",
     "KeptResult",
     "LapsedLease",
     "Lease",

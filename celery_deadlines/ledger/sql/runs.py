@@ -7,9 +7,8 @@ compare-and-swap"):
   claim, zero is not (another worker won, the run changed, it is terminal, its deadline
   leaves too little, or the message is older than the run). Every claim increments the
   run's fencing token (``lease_token``) and sets the lease expiry to the database clock
-  plus the TTL, never later than the deadline. The claim's condition is written once
-  (:func:`~celery_deadlines.ledger.sql.predicates.claim_checks`): the ``WHERE`` and the
-  refusal's reason are made from it;
+  plus the TTL, never later than the deadline. The claim's condition is its ``WHERE``, a
+  check a line; a lost claim's reason is the first of them that does not hold;
 * **fenced writes** (renew, checkpoint, retry, finish): conditional on the token the
   attempt claimed with *and* on its lease being alive by the database clock. Zero rows
   means the writer is stale; a rejected :class:`RunEvent` is recorded and the caller
@@ -19,6 +18,7 @@ compare-and-swap"):
 
 Every applied write appends its :class:`RunEvent` through the audit trigger, in the same
 statement: one round trip per state transition. Nothing here reads the worker's clock.
+Each statement's text is in ``runs.sql``, under its name.
 """
 
 from __future__ import annotations
@@ -29,12 +29,10 @@ from datetime import datetime, timedelta
 from typing import Any, Final, NamedTuple
 
 from ...rules.states import TERMINAL, Status
-from .dialect import Dialect
-from .predicates import CLAIM_CHECKS
 from .rows import (
     ENDED_IT,
     ClaimRefused,
-    Expired,
+    EndedRun,
     KeptResult,
     Lease,
     NewRun,
@@ -42,145 +40,44 @@ from .rows import (
     from_json,
     required,
 )
-from .statements import Sql, Statements
+from .statements import Sql, Statements, queries
 
-#: What a won claim returns, after its leading ``true``.
-_LEASE_COLUMNS: Final = (
-    "id, lease_token, version, attempt, lease_expires_at, deadline, checkpoint_name, "
-    "checkpoint_data"
-)
-#: What a lost claim's rejected event returns.
-_REFUSAL_COLUMNS: Final = "detail, status, lease_token, lease_expires_at, at"
-#: A lost claim's row, in the won claim's columns: ``false``, the token, the lease's
-#: expiry, the event's detail where the checkpoint's name is, its instant, the status.
-_REFUSAL_ROW: Final = (
-    "false, NULL, lease_token, NULL, NULL, lease_expires_at, NULL, detail, NULL, at, NULL, status"
-)
-#: The run row as a lost claim's event explains it (PostgreSQL).
-_SEEN_COLUMNS: Final = (
-    "id, task_name, status, reason, version, lease_token, lease_expires_at, owner, "
-    "deadline, retries, lost_leases"
-)
-_CHECKS: Final = dict(CLAIM_CHECKS)
 #: The statuses a run ends in, as the ledger stores them.
 TERMINAL_STATES: Final = frozenset(state.value for state in TERMINAL)
-#: The last check's reason is also a lost claim's when every check holds (it raced).
-*_NAMED, (_OTHERWISE, _) = CLAIM_CHECKS
 
-#: The claim's own fragments (named parameters: those of :data:`CLAIM_CHECKS`,
-#: ``task_id``, ``owner``, ``ttl``; PostgreSQL's also ``alone`` and ``exclusive``).
-#: A lost claim's event detail is ``why:current owner``; a ``task_mismatch``'s is
-#: ``task_mismatch:the task the message named`` (the run's own is in its row).
-_CLAIM_FRAGMENTS: Final = {
-    "lease_columns": _LEASE_COLUMNS,
-    "refusal_columns": _REFUSAL_COLUMNS,
-    "refusal_row": _REFUSAL_ROW,
-    "seen_columns": _SEEN_COLUMNS,
-    "own_task": _CHECKS["task_mismatch"],
-    "held": _CHECKS["held"],
-    "changed": _CHECKS["changed"],
-    # the claim's WHERE: every check
-    "claim_condition": "\nAND ".join(check for _, check in CLAIM_CHECKS),
-    # a lost claim's reason: the first check that does not hold
-    "first_failed": "CASE\n"
-    + "".join(f"    WHEN NOT ({check}) THEN '{why}'\n" for why, check in _NAMED)
-    + f"    ELSE '{_OTHERWISE}'\nEND",
-    "refusal_detail": "{first_failed} || ':' || "
-    "CASE WHEN task_name = %(task_name)s THEN owner ELSE %(task_name)s END",
-    "claim_update": """
-        UPDATE {run} SET
-            status = 'RUNNING', owner = %(owner)s,
-            lease_token = lease_token + 1, version = version + 1, attempt = attempt + 1,
-            lost_leases = lost_leases + (CASE WHEN status = 'RUNNING' THEN 1 ELSE 0 END),
-            lease_expires_at = {lease_end:ttl},
-            op = 'claim', op_detail = %(detail)s, updated_at = {now}
-        WHERE task_id = %(task_id)s
-          AND {claim_condition}
-        RETURNING true AS won, {lease_columns}, {now} AS at,
-            CASE WHEN available_at IS NOT NULL AND available_at > published_at
-                 THEN available_at ELSE published_at END AS waiting_since
-    """,
-}
-
-#: SQLite's refusal, a statement of its own: the loser is named in the event's owner
-#: column, the detail names the first check that fails on the run row and its current
-#: owner (the row is aliased as the run table: the checks name its columns so).
-CLAIM_REFUSAL_SQLITE: Final = Sql(
-    "runs.claim_refusal",
-    """
-    INSERT INTO {event} ({event_columns})
-    SELECT id, {now}, 'claim', 'rejected', status, reason, version, lease_token,
-        %(owner)s, lease_expires_at,
-        {refusal_detail}
-    FROM (SELECT * FROM {run} WHERE task_id = %(task_id)s) AS {run}
-    RETURNING {refusal_row}
-    """,
-    vendors={"sqlite"},
-    **_CLAIM_FRAGMENTS,
-)
-
-# PostgreSQL's claim is one statement. A lost claim's event explains the row as the
-# claim found it: as this statement's snapshot shows it, unless that showed it a run of
-# the message's task, neither held nor in a state that no claim takes (then a concurrent
-# claim may have held its lock and won: the UPDATE waited, then found the committed row
-# changed), then as it was committed, read under a share lock (which waits for that
-# claim). A row refused for another reason (its deadline, say) is read so too: the same
-# reason, a lock more.
-# The row the event explains is kept to the commit (``{run_kept}``): a purge of the run
-# meanwhile waits for the claim, or the claim finds the run gone and records nothing.
-# A lost claim changed nothing but the audit trail: when the statement is its own
-# transaction (``alone``, as the worker's store runs it), its commit does not wait for
-# the WAL to reach the disk (``synchronous_commit`` off for it alone; a database crash
-# within ``3 x wal_writer_delay`` may lose the event, nothing else). A won claim commits
-# so too when its owner runs no other attempt meanwhile (``exclusive``: a prefork pool
-# process, a solo worker): a crash that loses it returns the run to the queue with its
-# old token, and the next claim issues the same token again, but every later write of
-# the first holder is fenced by its owner as well as its token, so it is refused; and
-# any write of its that did commit waited for the disk, which flushed the claim before
-# it (the WAL is written and replayed in order). An owner that runs several attempts at
-# once (a thread or greenlet pool) cannot be told apart from itself: its claim waits.
-_CLAIM_POSTGRESQL: Final = """
-    WITH claimed AS (
-        {claim_update}
-    ),
-    lost AS (
-        SELECT {seen_columns}, {own_task} AND {held} AND {changed} AS raced
-        FROM {run}
-        WHERE task_id = %(task_id)s AND NOT EXISTS (SELECT 1 FROM claimed)
-    ),
-    committed AS (
-        SELECT {seen_columns}, true
-        FROM {run}
-        WHERE task_id = %(task_id)s AND (SELECT raced FROM lost) FOR SHARE
-    ),
-    refused AS (
-        INSERT INTO {event} ({event_columns})
-        SELECT id, {now}, 'claim', 'rejected', status, reason, version, lease_token,
-            %(owner)s, lease_expires_at,
-            {refusal_detail}
-        FROM (
-            SELECT * FROM lost WHERE NOT raced
-              {run_kept:lost}
-            UNION ALL SELECT * FROM committed
-        ) AS {run}
-        RETURNING {refusal_columns}
-    )
-    SELECT *, NULL
-    FROM claimed WHERE CASE WHEN %(alone)s AND %(exclusive)s
-        THEN set_config('synchronous_commit', 'off', true) IS NOT NULL ELSE true END
-    UNION ALL
-    SELECT {refusal_row}
-    FROM refused WHERE CASE WHEN %(alone)s
-        THEN set_config('synchronous_commit', 'off', true) IS NOT NULL ELSE true END
-"""
+_SQL: Final = queries("runs")
 #: The claim: on SQLite the compare-and-swap alone (its refusal is
-#: :data:`CLAIM_REFUSAL_SQLITE`). Sent in fewer than 4096 characters: psycopg caches the
-#: parsing of a statement no longer.
-CLAIM: Final = Sql(
-    "runs.claim",
-    {"postgresql": _CLAIM_POSTGRESQL, "sqlite": "{claim_update}"},
-    **_CLAIM_FRAGMENTS,
-)
+#: :data:`CLAIM_REFUSAL_SQLITE`).
+CLAIM: Final = _SQL["claim"]
+CLAIM_REFUSAL_SQLITE: Final = _SQL["claim_refusal"]
+RENEW: Final = _SQL["renew"]
+CANCELLED_DEADLINE: Final = _SQL["cancelled_deadline"]
+CHECKPOINT: Final = _SQL["checkpoint"]
+FINISH: Final = _SQL["finish"]
+RETRY: Final = _SQL["retry"]
+RELEASE: Final = _SQL["release"]
+HOLD: Final = _SQL["hold"]
+LAST_WRITE: Final = _SQL["last_write"]
+ENDED: Final = _SQL["ended"]
+REJECTED_STALE: Final = _SQL["record_rejected"]
+REJECTED_BECAUSE: Final = _SQL["record_rejected_because"]
+REFUSE: Final = _SQL["refuse"]
+REFUSE_CONFIRMED: Final = _SQL["refuse_for_the_deadline"]
+REFUSE_MISMATCH: Final = _SQL["refuse_mismatch"]
+REFUSED_RUN: Final = _SQL["refused_run"]
+
+
+class _ClaimSql(NamedTuple):
+    claim: str
+    #: SQLite's refusal, a statement of its own (PostgreSQL's is part of ``claim``)
+    refuse: str | None
+
+
+#: The claim's texts per dialect (what a row of it says: ``runs.sql``, "claim").
+_CLAIMS: Final = {
+    "postgresql": _ClaimSql(CLAIM.text["postgresql"], None),
+    "sqlite": _ClaimSql(CLAIM.text["sqlite"], CLAIM_REFUSAL_SQLITE.text["sqlite"]),
+}
 
 
 class Runs(Statements):
@@ -211,7 +108,7 @@ class Runs(Statements):
         disk: it changed nothing else, and its event is worth less than the wait (a
         database crash just after may lose it). So does a won one when ``exclusive``:
         ``owner`` runs no other attempt until this one ends, and the owner fences every
-        later write (see ``_CLAIM_POSTGRESQL``). SQLite, in-process, runs the refusal as
+        later write (``runs.sql``, "claim"). SQLite, in-process, runs the refusal as
         a second statement.
 
         ``detail``: the won claim's event's (the message's retries, and the time limits
@@ -274,7 +171,8 @@ class Runs(Statements):
     # -- fenced writes ---------------------------------------------------------------------
 
     def _fenced(self, sql: Sql, params: list[Any], lease: Lease, kind: str, owner: str) -> bool:
-        """Run a fenced write (:func:`_fenced_write`): its own parameters, then the fence's."""
+        """Run a fenced write (``runs.sql``, "checkpoint"): its own parameters, then the
+        fence's."""
         count, _ = self.execute(
             sql.text[self.dialect.vendor], [*params, lease.run_id, lease.token, lease.owner]
         )
@@ -350,7 +248,7 @@ class Runs(Statements):
         status, token, owner, op = rows[0]
         return str(status), int(token), str(owner), str(op)
 
-    def ended(self, task_id: str) -> Expired | None:
+    def ended(self, task_id: str) -> EndedRun | None:
         """How the run of ``task_id`` ended (status, reason, detail, deadline, and when,
         by the database clock), or ``None`` if it has not ended or is not recorded: what
         a later delivery of its message tells a caller the ended attempt never told."""
@@ -361,7 +259,7 @@ class Runs(Statements):
         kept = None
         if body is not None and content_type is not None:
             kept = KeptResult(bytes(body), str(content_type), str(encoding or ""))
-        return Expired(
+        return EndedRun(
             task_id=task_id,
             task_name=str(name),
             status=str(status),
@@ -508,7 +406,7 @@ def _not_ended(
     confirm_within: timedelta | None,
 ) -> Refusal:
     """Why a refusal did not end the run, as the run is by the database clock ``now``:
-    what :data:`_REFUSE`'s condition found false, the same checks in its order."""
+    what the ``refuse`` statement's condition found false, the same checks in its order."""
     if status in TERMINAL_STATES:
         return Refusal(Refusal.ALREADY_ENDED, status, reason)
     if other_attempt:  # a message of an earlier attempt: the run moved on
@@ -518,167 +416,3 @@ def _not_ended(
     if confirm_within is not None and (deadline is None or deadline > now + confirm_within):
         return Refusal(Refusal.NOT_CONFIRMED, status, reason, deadline=deadline, database_now=now)
     return Refusal(Refusal.NOT_ENDED, status, reason)  # an effect's outcome not recorded
-
-
-class _ClaimSql(NamedTuple):
-    claim: str
-    #: SQLite's refusal, a statement of its own (PostgreSQL's is part of ``claim``)
-    refuse: str | None
-
-
-#: The claim's texts per dialect. A row whose first column is true is a won claim (the
-#: lease's columns, the database clock, when the run became claimable); false, a lost
-#: one, in the same twelve columns (:data:`_REFUSAL_ROW`: the run's token and lease
-#: expiry, the rejected event's detail ``why:current owner``, the database clock, the
-#: run's status); no row, no run.
-_CLAIMS: Final = {
-    "postgresql": _ClaimSql(CLAIM.text["postgresql"], None),
-    "sqlite": _ClaimSql(CLAIM.text["sqlite"], CLAIM_REFUSAL_SQLITE.text["sqlite"]),
-}
-
-
-def _claim_sql(d: Dialect) -> _ClaimSql:
-    """The claim (and, on SQLite, the refusal) for the dialect ``d``."""
-    return _CLAIMS[d.vendor]
-
-
-RENEW: Final = Sql(
-    "runs.renew",
-    """
-    UPDATE {run} SET lease_expires_at = {lease_end},
-        version = version + 1, op = 'renew', op_detail = '', updated_at = {now}
-    WHERE id = %s AND lease_token = %s AND owner = %s AND status = 'RUNNING'
-      AND lease_expires_at > {now}
-      AND (deadline IS NULL OR deadline > {now})
-    RETURNING lease_expires_at
-    """,
-)
-
-#: What a refused renewal asks: was the run cancelled, and to when.
-CANCELLED_DEADLINE: Final = Sql(
-    "runs.cancelled_deadline",
-    "SELECT deadline FROM {run} WHERE id = %s AND reason = 'cancelled'",
-)
-
-
-def _fenced_write(name: str, sets: str) -> Sql:
-    """A write under the attempt's token while its lease is alive by the database clock
-    (its own parameters, then the run's id, the token and the owner: a token alone could
-    be issued twice, when a database crash loses the won claim that issued it first)."""
-    return Sql(
-        name,
-        """
-        UPDATE {run} SET
-            {sets},
-            version = version + 1, updated_at = {now}
-        WHERE id = %s AND lease_token = %s AND owner = %s AND status = 'RUNNING'
-          AND lease_expires_at > {now}
-        """,
-        sets=sets,
-    )
-
-
-CHECKPOINT: Final = _fenced_write(
-    "runs.checkpoint",
-    """
-    checkpoint_name = %s, checkpoint_data = {json}, checkpoint_at = {now},
-    checkpoint_token = lease_token, op = 'checkpoint', op_detail = %s
-    """,
-)
-FINISH: Final = _fenced_write(
-    "runs.finish",
-    """
-    status = CASE WHEN {has_unresolved} THEN 'UNKNOWN' ELSE %s END,
-    reason = CASE WHEN {has_unresolved} THEN 'effect_unresolved' ELSE %s END,
-    detail = %s, lease_expires_at = NULL, op = %s, op_detail = %s,
-    result = %s, result_content_type = %s, result_encoding = %s, traceback = %s
-    """,
-)
-RETRY: Final = _fenced_write(
-    "runs.retry",
-    """
-    status = 'RETRYING', retries = %s, available_at = %s, message_body = %s,
-    lease_expires_at = NULL, published_at = {now}, op = 'retry', op_detail = %s
-    """,
-)
-RELEASE: Final = _fenced_write(
-    "runs.release",
-    """
-    status = 'QUEUED', lease_expires_at = NULL, published_at = {now},
-    op = 'release', op_detail = %s
-    """,
-)
-HOLD: Final = _fenced_write(
-    "runs.hold",
-    """
-    status = 'CLOCK_UNCERTAIN', reason = 'clock_uncertain', detail = %s,
-    owner = '', lease_expires_at = NULL, op = 'clock_hold', op_detail = %s
-    """,
-)
-
-LAST_WRITE: Final = Sql(
-    "runs.last_write", "SELECT status, lease_token, owner, op FROM {run} WHERE id = %s"
-)
-ENDED: Final = Sql(
-    "runs.ended",
-    """
-    SELECT task_name, status, reason, detail, deadline, updated_at,
-        result, result_content_type, result_encoding FROM {run}
-    WHERE task_id = %s AND status IN {terminal}
-    """,
-)
-
-_REJECTED = """
-    INSERT INTO {event} ({event_columns})
-    SELECT id, {now}, %s, 'rejected', status, reason, version, %s, %s,
-        lease_expires_at, {detail}
-    FROM {run} WHERE id = %s
-      {run_kept:celery_deadlines_run}
-"""
-#: A stale holder's rejected write: its token, and the current owner's.
-REJECTED_STALE: Final = Sql(
-    "runs.record_rejected",
-    _REJECTED,
-    detail="'stale token ' || %s || '; current token ' || lease_token || ' owned by ' || owner",
-)
-#: A rejected write with its reason given (``stale_evidence: ...``).
-REJECTED_BECAUSE: Final = Sql("runs.record_rejected_because", _REJECTED, detail="%s")
-
-_REFUSE = """
-    UPDATE {run} SET status = %s, reason = %s, detail = %s, owner = '',
-        lease_expires_at = NULL, version = version + 1, op = 'refuse',
-        op_detail = %s, updated_at = {now}
-    WHERE task_id = %s AND task_name = %s AND retries = %s
-      AND (status IN {claimable}
-           OR (status = 'RUNNING' AND lease_expires_at <= {now}))
-      AND NOT {has_unresolved}
-      {confirm}
-"""
-REFUSE: Final = Sql("runs.refuse", _REFUSE, confirm="")
-#: A gate's refusal of a message that names another task than the run of its id: the
-#: run is left as it is; the refusal is its rejected event (the task the message named).
-REFUSE_MISMATCH: Final = Sql(
-    "runs.refuse_mismatch",
-    """
-    INSERT INTO {event} ({event_columns})
-    SELECT id, {now}, 'refuse', 'rejected', status, reason, version, lease_token, '',
-        lease_expires_at, 'task_mismatch:' || %s
-    FROM {run} WHERE task_id = %s AND task_name <> %s
-      {run_kept:celery_deadlines_run}
-    """,
-)
-#: The run a refusal did not end, as it is now (why not: :func:`_not_ended`).
-REFUSED_RUN: Final = Sql(
-    "runs.refused_run",
-    """
-    SELECT task_name, status, reason, owner, lease_expires_at, deadline, retries, {now}
-    FROM {run} WHERE task_id = %s
-    """,
-)
-#: A refusal for the deadline: only a run whose deadline is within the reserve of the
-#: database clock's now ends (a worker whose clock runs ahead cannot expire it).
-REFUSE_CONFIRMED: Final = Sql(
-    "runs.refuse_for_the_deadline",
-    _REFUSE,
-    confirm="AND deadline IS NOT NULL AND deadline <= {now_plus}",
-)

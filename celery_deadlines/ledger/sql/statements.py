@@ -1,45 +1,57 @@
 """The base of every group of statements (the store's connection and dialect), and
-:class:`Sql`: one statement's text, written once as SQL and rendered for each dialect at
-import.
+:class:`Sql`: one statement's text, read from its group's file and rendered for each
+dialect at import.
 
-A template is SQL with named slots in braces, each one SQL text:
+Each group's statements are written whole in ``<group>.sql`` beside its module
+(``runs.sql`` for :mod:`.runs`), one after another, each under its name and what it does::
+
+    -- renew --
+    -- Extend the lease ...
+    UPDATE celery_deadlines_run SET lease_expires_at = {lease_end}, ...
+
+A statement that differs between databases is written once for each, under its name and
+the dialect's (``-- claim (postgresql) --``, ``-- claim (sqlite) --``); one that only one
+dialect runs is written for it alone. Its name in the package (and its golden file's,
+``tests/golden/sql/<group>.<name>.<dialect>.sql``) is ``<group>.<name>``.
+
+A statement names in braces what is written once elsewhere, each slot SQL text:
 
 * the dialect's: ``{now}`` (the database clock), ``{now_plus}`` (the clock plus a
   duration parameter, ``%s``; ``{now_plus:reserve}`` takes the named parameter
-  ``%(reserve)s``), ``{lease_end}`` / ``{lease_end:ttl}`` (the clock plus a duration,
-  never past the run's deadline), ``{json}`` (a JSON document given as text),
-  ``{lock_rows}`` and ``{run_kept:alias}`` (a condition on its own line: the run row
-  ``alias.id`` exists and is kept to the commit, for the event a statement writes with
-  that id read from its snapshot; nothing on SQLite);
-* the tables ``{run}``, ``{event}``, ``{effect}``, ``{plan}``;
+  ``%(reserve)s``), ``{now_less_grace}`` (the clock less the supervisor's grace),
+  ``{lease_end}`` / ``{lease_end:ttl}`` (the clock plus a duration, never past the run's
+  deadline), ``{in_values}`` / ``{in_values:ids}`` (in the list of values a parameter
+  holds, as :meth:`~.dialect.Dialect.values` gives it: ``WHERE run_id {in_values:ids}``),
+  ``{json}`` (a JSON document given as text), ``{lock_rows}`` and ``{run_kept:alias}`` (a
+  condition on its own line: the run row ``alias.id`` exists and is kept to the commit,
+  for the event a statement writes with that id read from its snapshot; nothing on
+  SQLite);
 * the sets of states, from :mod:`celery_deadlines.rules.states`: ``{terminal}``,
-  ``{claimable}``, ``{waiting}``, ``{requeueable}``, ``{unresolved}``; and
-  ``{has_unresolved}``, ``{expiry_reason}``, ``{event_columns}``, ``{message_columns}``
-  (:mod:`~celery_deadlines.ledger.sql.predicates`);
-* a statement's own fragments, given by name to :class:`Sql` (themselves templates).
+  ``{claimable}``, ``{waiting}``, ``{requeueable}``, ``{unresolved}``; and the rules'
+  conditions ``{has_unresolved}`` and ``{expiry_reason}``
+  (:mod:`~celery_deadlines.ledger.sql.predicates`).
 
-A fragment of several lines is indented as the line of its slot. What is sent is that
-layout on one line (:func:`one_line`); the layout is what ``tests/golden/sql/`` holds.
+A comment on a line of its own inside a statement is the reader's, and is not sent.
+Everything else is in the statement's text: values are parameters (``%s``, or named
+``%(name)s``; a literal ``%`` is written ``%%``), never pasted in. A slot of several lines
+is indented as the line of its slot. What is sent is that layout on one line
+(:func:`one_line`); the layout is what ``tests/golden/sql/`` holds.
 """
 
 from __future__ import annotations
 
 import re
 import textwrap
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from functools import cached_property
+from importlib import resources
 from typing import TYPE_CHECKING, Any, Final
 
 from .dialect import POSTGRESQL, SQLITE, Dialect
 from .predicates import (
     CLAIMABLE_SQL,
-    EFFECT,
-    EVENT,
-    EVENT_COLUMNS,
     EXPIRY_REASON_SQL,
     HAS_UNRESOLVED,
-    MESSAGE_COLUMNS,
-    PLAN,
     REQUEUEABLE_SQL,
     RUN,
     SUPERVISOR_GRACE,
@@ -57,10 +69,11 @@ DIALECTS: Final = (POSTGRESQL, SQLITE)
 #: A slot's value: SQL text, or SQL text made from the slot's parameter name (``None``:
 #: the positional ``%s``).
 Slot = str | Callable[[str | None], str]
-#: A statement's own fragment: a template, or one made for the dialect.
-Fragment = str | Callable[[Dialect], str]
 
 _SLOT: Final = re.compile(r"\{(\w+)(?::(\w+))?\}")
+#: A statement's heading in its group's file: ``-- name --`` or ``-- name (dialect) --``,
+#: then what it does, in comment lines.
+_HEADING: Final = re.compile(r"^-- (\w+)(?: \((\w+)\))? --\n(?:--.*\n)*", re.MULTILINE)
 
 #: Every statement made with :class:`Sql`, by name (the golden files' names).
 STATEMENTS: dict[str, Sql] = {}
@@ -99,13 +112,10 @@ def dialect_slots(d: Dialect) -> dict[str, Slot]:
         # statement (a parameter would cost every claim its own)
         "now_less_grace": d.now_plus.replace("%s", _literal(d.seconds(-SUPERVISOR_GRACE))),
         "lease_end": lambda name: d.least(now_plus(name), "deadline"),
+        "in_values": lambda name: d.in_values.replace("%s", _param(name)),
         "json": d.json_param,
         "lock_rows": d.lock_rows,
         "run_kept": run_kept,
-        "run": RUN,
-        "event": EVENT,
-        "effect": EFFECT,
-        "plan": PLAN,
         "terminal": TERMINAL_SQL,
         "claimable": CLAIMABLE_SQL,
         "waiting": WAITING_SQL,
@@ -113,22 +123,15 @@ def dialect_slots(d: Dialect) -> dict[str, Slot]:
         "unresolved": UNRESOLVED_SQL,
         "has_unresolved": HAS_UNRESOLVED,
         "expiry_reason": EXPIRY_REASON_SQL,
-        "event_columns": EVENT_COLUMNS,
-        "message_columns": MESSAGE_COLUMNS,
     }
 
 
-def render(template: str, d: Dialect, fragments: Mapping[str, Fragment] | None = None) -> str:
+def render(template: str, d: Dialect) -> str:
     """``template`` for the dialect ``d``, laid out as written (dedented); an unknown
     slot is a :class:`KeyError` (at import: a statement is rendered once)."""
     slots = dialect_slots(d)
-    own = fragments or {}
 
     def value(name: str, param: str | None) -> str:
-        if name in own:
-            fragment = own[name]
-            text = fragment(d) if callable(fragment) else fragment
-            return render(text, d, own)
         slot = slots[name]
         if callable(slot):
             return slot(param)
@@ -141,7 +144,7 @@ def render(template: str, d: Dialect, fragments: Mapping[str, Fragment] | None =
     lines = []
     for line in textwrap.dedent(template).strip("\n").splitlines():
         filled = fill(line)
-        if filled.strip() or not line.strip():  # a line of an empty fragment goes
+        if filled.strip() or not line.strip():  # a line of an empty slot goes
             lines.append(filled.rstrip())
     return "\n".join(lines)
 
@@ -153,33 +156,22 @@ def one_line(layout: str) -> str:
 
 
 class Sql:
-    """One statement: its layout per dialect (:attr:`layout`) and the text sent
-    (:attr:`text`, by ``Dialect.vendor``), both rendered once, when it is made. The
-    statements read :attr:`text` with their dialect's vendor: nothing is built per call.
+    """One statement: its text as written (:attr:`template`), its layout per dialect
+    (:attr:`layout`) and the text sent (:attr:`text`), each by ``Dialect.vendor``, both
+    rendered once, when it is made. The statements read :attr:`text` with their
+    dialect's vendor: nothing is built per call.
     """
 
-    __slots__ = ("layout", "name", "text")
+    __slots__ = ("layout", "name", "template", "text")
 
-    def __init__(
-        self,
-        name: str,
-        template: str | Mapping[str, str],
-        *,
-        vendors: Collection[str] = ("postgresql", "sqlite"),
-        **fragments: Fragment,
-    ) -> None:
-        """``template``: one for every dialect of ``vendors``, or one per vendor."""
+    def __init__(self, name: str, templates: Mapping[str, str]) -> None:
+        """``templates``: the statement's text for each dialect it runs on, by vendor."""
         if name in STATEMENTS:
             raise ValueError(f"two statements are named {name}")
-        # a fragment never hides a slot of the dialect's (it would, inside other fragments)
-        if hidden := sorted(set(fragments) & set(dialect_slots(POSTGRESQL))):
-            raise ValueError(f"statement {name}: fragments {hidden} are slots of the dialect's")
         self.name = name
-        templates = template if not isinstance(template, str) else dict.fromkeys(vendors, template)
+        self.template = dict(templates)
         self.layout = {
-            d.vendor: render(templates[d.vendor], d, fragments)
-            for d in DIALECTS
-            if d.vendor in templates
+            d.vendor: render(templates[d.vendor], d) for d in DIALECTS if d.vendor in templates
         }
         for vendor, layout in self.layout.items():
             # sent on one line, a comment would swallow the rest of the statement
@@ -187,6 +179,30 @@ class Sql:
                 raise ValueError(f"statement {name} ({vendor}) holds '--'")
         self.text = {vendor: one_line(layout) for vendor, layout in self.layout.items()}
         STATEMENTS[name] = self
+
+
+def parse(group: str, source: str) -> dict[str, Sql]:
+    """The statements of ``source``, a group's file (see above), by their name in it."""
+    parts = _HEADING.split(source)
+    templates: dict[str, dict[str, str]] = {}
+    # parts: what precedes the first heading, then (name, dialect, text) for each one
+    for name, vendor, text in zip(parts[1::3], parts[2::3], parts[3::3], strict=True):
+        vendors = [vendor] if vendor else [d.vendor for d in DIALECTS]
+        written = templates.setdefault(name, {})
+        for one in vendors:
+            if one not in {d.vendor for d in DIALECTS} or one in written:
+                raise ValueError(f"{group}.{name}: written twice, or for no dialect ({one})")
+            # a comment on a line of its own is the reader's, and is not sent
+            kept = (line for line in text.splitlines() if not line.lstrip().startswith("--"))
+            written[one] = "\n".join(kept).strip("\n")
+    return {name: Sql(f"{group}.{name}", written) for name, written in templates.items()}
+
+
+def queries(group: str) -> dict[str, Sql]:
+    """The statements of the group ``group``, written in ``<group>.sql`` beside this
+    module, by name."""
+    source = resources.files(__package__).joinpath(f"{group}.sql").read_text(encoding="utf-8")
+    return parse(group, source)
 
 
 class Statements:

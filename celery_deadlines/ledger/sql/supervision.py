@@ -3,6 +3,8 @@
 It supervises the pool process that holds a lease, so it may end that attempt when the
 process's hard time limit fires, or let the lease lapse at once when the process is lost
 (the reconciler then settles the run without waiting for the TTL).
+
+Each statement's text is in ``supervision.sql``, under its name.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from typing import Final
 
 from ...rules.states import Status
 from .predicates import SUPERVISOR_GRACE
-from .statements import Sql, Statements
+from .statements import Statements, queries
 
 
 class Supervision(Statements):
@@ -62,39 +64,8 @@ class Supervision(Statements):
         return bool(rows)
 
 
-#: The attempt of a pool process this worker supervises, ended (token + 1); UNKNOWN if
-#: one of its effects has no recorded outcome.
-END_OWNED: Final = Sql(
-    "supervision.end_owned",
-    """
-    UPDATE {run} SET
-        status = CASE WHEN {has_unresolved} THEN 'UNKNOWN' ELSE %s END,
-        reason = CASE WHEN {has_unresolved} THEN 'effect_unresolved' ELSE %s END,
-        detail = %s, lease_token = lease_token + 1, lease_expires_at = NULL,
-        version = version + 1, op = 'end_owned', op_detail = %s,
-        updated_at = {now}
-    WHERE task_id = %s AND status = 'RUNNING' AND owner = %s
-    RETURNING id, status
-    """,
-)
-#: Its effects dispatched without an outcome: UNKNOWN (in the same transaction).
-END_OWNED_EFFECTS: Final = Sql(
-    "supervision.end_owned_effects",
-    """
-    UPDATE {effect} SET state = 'UNKNOWN', updated_at = {now},
-        error = %s
-    WHERE run_id = %s AND state = 'DISPATCHED'
-    """,
-)
-#: The lease of a lost pool process, lapsed now (less the supervisor's grace).
-LAPSE_OWNED: Final = Sql(
-    "supervision.lapse_owned",
-    """
-    UPDATE {run} SET lease_expires_at = {now_plus}, version = version + 1,
-        op = 'worker_lost', op_detail = %s, updated_at = {now}
-    WHERE task_id = %s AND status = 'RUNNING' AND owner = %s
-    """,
-)
-UNFINISHED: Final = Sql(
-    "supervision.unfinished", "SELECT 1 FROM {run} WHERE task_id = %s AND status NOT IN {terminal}"
-)
+_SQL: Final = queries("supervision")
+END_OWNED: Final = _SQL["end_owned"]
+END_OWNED_EFFECTS: Final = _SQL["end_owned_effects"]
+LAPSE_OWNED: Final = _SQL["lapse_owned"]
+UNFINISHED: Final = _SQL["unfinished"]

@@ -2,6 +2,8 @@
 occurrences. Each is a compare-and-swap on the state it was decided from (the version
 read, the status), so any number of workers may sweep at once: one wins each run, the
 others change nothing.
+
+Each statement's text is in ``sweeps.sql``, under its name.
 """
 
 from __future__ import annotations
@@ -10,9 +12,9 @@ from datetime import datetime, timedelta
 from typing import Any, Final
 
 from ...rules.states import Status
-from .predicates import RUN, SUPERVISOR_GRACE
-from .rows import Expired, LapsedLease, NewRun, Recorded, Unclaimed, as_bytes
-from .statements import Sql, Statements
+from .predicates import SUPERVISOR_GRACE
+from .rows import EndedRun, LapsedLease, NewRun, Recorded, Unclaimed, as_bytes
+from .statements import Statements, queries
 
 
 class Sweeps(Statements):
@@ -22,8 +24,8 @@ class Sweeps(Statements):
         """Which of ``task_ids`` have a run (in any state): a scheduler's durable memory."""
         if not task_ids:
             return set()
-        marks = ", ".join(["%s"] * len(task_ids))
-        _, rows = self.execute(f"SELECT task_id FROM {RUN} WHERE task_id IN ({marks})", task_ids)
+        d = self.dialect
+        _, rows = self.execute(KNOWN.text[d.vendor], [d.values(task_ids)])
         return {row[0] for row in rows}
 
     def last_occurrence(self, schedule: str) -> datetime | None:
@@ -40,7 +42,7 @@ class Sweeps(Statements):
 
     # -- reconciliation ----------------------------------------------------------------------
 
-    def expire_unclaimed(self, limit: int = 500) -> list[Expired]:
+    def expire_unclaimed(self, limit: int = 500) -> list[EndedRun]:
         """End runs whose deadline passed while they waited: before any worker claimed
         them, or while they were paused. The reason is the one a worker's gate gives for
         the same deadline (``deadline_passed``; ``delivery_expired`` for a delivery
@@ -50,7 +52,7 @@ class Sweeps(Statements):
 
     def ended_by_the_ledger(
         self, since: datetime, until: datetime, limit: int = 100
-    ) -> list[Expired]:
+    ) -> list[EndedRun]:
         """Runs the sweeper or the reconciler ended FAILED or EXPIRED in ``(since,
         until]`` (by the database clock), oldest first: whose caller a reconciler that
         died between its commit and telling it left waiting
@@ -60,12 +62,12 @@ class Sweeps(Statements):
         _, rows = self.execute(ENDED_BY_THE_LEDGER.text[d.vendor], params)
         return self._ended(rows)
 
-    def _ended(self, rows: list[tuple[Any, ...]]) -> list[Expired]:
-        """:class:`Expired` from rows of ``task_id, task_name, status, reason, deadline,
+    def _ended(self, rows: list[tuple[Any, ...]]) -> list[EndedRun]:
+        """:class:`EndedRun` from rows of ``task_id, task_name, status, reason, deadline,
         detail``."""
         instant = self.dialect.instant
         return [
-            Expired(
+            EndedRun(
                 task_id=r[0],
                 task_name=r[1],
                 status=r[2],
@@ -188,7 +190,7 @@ class Sweeps(Statements):
         return count == 1
 
     def _message(self, row: tuple[Any, ...]) -> Unclaimed:
-        """An :class:`Unclaimed` from a row of :data:`MESSAGE_COLUMNS`."""
+        """An :class:`Unclaimed` from a row of ``unclaimed`` (``sweeps.sql``)."""
         run_id, task_id, name, version, retries, available_at, body, ctype, encoding = row
         return Unclaimed(
             run_id=run_id,
@@ -203,125 +205,18 @@ class Sweeps(Statements):
         )
 
 
-LAST_OCCURRENCE: Final = Sql(
-    "sweeps.last_occurrence", "SELECT MAX(not_before) FROM {run} WHERE schedule = %s"
-)
-#: The reason is the one a worker's gate gives for the same deadline.
-EXPIRE_UNCLAIMED: Final = Sql(
-    "sweeps.expire_unclaimed",
-    """
-    UPDATE {run} SET status = 'EXPIRED',
-        reason = {expiry_reason},
-        detail = CASE WHEN status = 'PAUSED'
-                      THEN 'the deadline passed while the run was paused'
-                      ELSE 'the deadline passed before any worker claimed the run'
-                 END,
-        version = version + 1, op = 'expire',
-        op_detail = {expiry_reason},
-        updated_at = {now}
-    WHERE id IN (
-        SELECT id FROM {run}
-        WHERE status IN {waiting} AND deadline <= {now}
-        LIMIT %s
-    ) AND status IN {waiting} AND deadline <= {now}
-    RETURNING task_id, task_name, status, reason, deadline, detail
-    """,
-)
-ENDED_BY_THE_LEDGER: Final = Sql(
-    "sweeps.ended_by_the_ledger",
-    """
-    SELECT task_id, task_name, status, reason, deadline, detail FROM {run}
-    WHERE status IN ('EXPIRED', 'FAILED') AND op IN ('expire', 'reconcile')
-      AND updated_at > %s AND updated_at <= %s
-    ORDER BY updated_at
-    LIMIT %s
-    """,
-)
-#: Leases lapsed for the supervisor's grace already (its negative is the parameter).
-LAPSED_LEASES: Final = Sql(
-    "sweeps.lapsed_leases",
-    """
-    SELECT id, task_id, task_name, version, lease_token, owner, lost_leases, deadline,
-        deadline IS NOT NULL AND deadline <= {now}, delivery_task, reason = 'cancelled'
-    FROM {run}
-    WHERE status = 'RUNNING' AND lease_expires_at <= {now_plus}
-    ORDER BY lease_expires_at
-    LIMIT %s
-    """,
-)
-_SETTLE_LAPSED = """
-    UPDATE {run} SET status = %s, reason = %s, detail = %s,
-        lease_token = lease_token + 1, lease_expires_at = NULL,
-        version = version + 1, op = 'reconcile', op_detail = %s,
-        updated_at = {now}
-    WHERE id = %s AND version = %s AND status = 'RUNNING'
-      AND lease_expires_at <= {now} AND {effects}
-"""
-#: A lapsed run ended as decided when none of its effects lacked an outcome, if that
-#: still holds ...
-SETTLE_LAPSED: Final = Sql("sweeps.settle_lapsed", _SETTLE_LAPSED, effects="NOT {has_unresolved}")
-#: ... or marked UNKNOWN as decided when one did, if that still holds.
-SETTLE_LAPSED_UNRESOLVED: Final = Sql(
-    "sweeps.settle_lapsed_unresolved", _SETTLE_LAPSED, effects="{has_unresolved}"
-)
-REQUEUE_LAPSED: Final = Sql(
-    "sweeps.requeue_lapsed",
-    """
-    UPDATE {run} SET status = 'QUEUED', lease_token = lease_token + 1, owner = '',
-        lease_expires_at = NULL, lost_leases = lost_leases + 1,
-        published_at = {now}, version = version + 1, op = 'requeue',
-        op_detail = %s, updated_at = {now}
-    WHERE id = %s AND version = %s AND status = 'RUNNING'
-      AND lease_expires_at <= {now}
-      AND (deadline IS NULL OR deadline > {now})
-      AND NOT {has_unresolved}
-    """,
-)
-#: Parameters: the negative republish delay twice, whether held runs go at once (1 or
-#: 0), the limit.
-UNCLAIMED: Final = Sql(
-    "sweeps.unclaimed",
-    """
-    SELECT {message_columns}
-    FROM {run}
-    WHERE status IN {claimable}
-      AND ((published_at <= {now_plus}
-            AND (available_at IS NULL OR available_at <= {now_plus}))
-           OR (status = 'CLOCK_UNCERTAIN' AND %s = 1))
-      AND (deadline IS NULL OR deadline > {now})
-    ORDER BY published_at
-    LIMIT %s
-    """,
-)
-MARK_REPUBLISHED: Final = Sql(
-    "sweeps.mark_republished",
-    """
-    UPDATE {run} SET published_at = {now}, version = version + 1,
-        status = CASE WHEN status = 'CLOCK_UNCERTAIN' THEN 'QUEUED' ELSE status END,
-        reason = CASE WHEN status = 'CLOCK_UNCERTAIN' THEN '' ELSE reason END,
-        op = 'republish', op_detail = '', updated_at = {now}
-    WHERE id = %s AND version = %s AND status IN {claimable}
-    """,
-)
-FAIL_UNREADABLE: Final = Sql(
-    "sweeps.fail_unreadable",
-    """
-    UPDATE {run} SET status = 'FAILED', reason = 'message_unreadable', detail = %s,
-        version = version + 1, op = 'message_unreadable', op_detail = %s,
-        updated_at = {now}
-    WHERE id = %s AND status IN {claimable}
-    """,
-)
-MESSAGE_OF: Final = Sql("sweeps.message_of", "SELECT {message_columns} FROM {run} WHERE id = %s")
-RECORDED: Final = Sql(
-    "sweeps.recorded", "SELECT {message_columns}, queue, root_id FROM {run} WHERE task_id = %s"
-)
-END_BY_CELERY: Final = Sql(
-    "sweeps.end_by_celery",
-    """
-    UPDATE {run} SET status = %s, reason = %s, detail = %s,
-        lease_token = lease_token + 1, owner = '', lease_expires_at = NULL,
-        version = version + 1, op = 'celery', op_detail = %s, updated_at = {now}
-    WHERE task_id = %s AND status NOT IN {terminal} AND NOT {has_unresolved}
-    """,
-)
+_SQL: Final = queries("sweeps")
+KNOWN: Final = _SQL["known"]
+LAST_OCCURRENCE: Final = _SQL["last_occurrence"]
+EXPIRE_UNCLAIMED: Final = _SQL["expire_unclaimed"]
+ENDED_BY_THE_LEDGER: Final = _SQL["ended_by_the_ledger"]
+LAPSED_LEASES: Final = _SQL["lapsed_leases"]
+SETTLE_LAPSED: Final = _SQL["settle_lapsed"]
+SETTLE_LAPSED_UNRESOLVED: Final = _SQL["settle_lapsed_unresolved"]
+REQUEUE_LAPSED: Final = _SQL["requeue_lapsed"]
+UNCLAIMED: Final = _SQL["unclaimed"]
+MARK_REPUBLISHED: Final = _SQL["mark_republished"]
+FAIL_UNREADABLE: Final = _SQL["fail_unreadable"]
+MESSAGE_OF: Final = _SQL["message_of"]
+RECORDED: Final = _SQL["recorded"]
+END_BY_CELERY: Final = _SQL["end_by_celery"]

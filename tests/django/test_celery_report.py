@@ -19,7 +19,7 @@ from celery.backends import cache as cache_backend
 from celery.exceptions import TaskRevokedError
 
 from celery_deadlines import DeadlineRefused, DeadlineTask, NotFound, operator_needed
-from celery_deadlines.ledger import api, outbox, telling
+from celery_deadlines.ledger import api, celery_report, outbox
 from celery_deadlines.ledger.reconcile import reconcile_once
 from celery_deadlines.ledger.sql.connection import Store
 from celery_deadlines.ledger.sql.rows import Lease, NewRun
@@ -41,7 +41,7 @@ def app() -> Iterator[Celery]:
     # Celery's in-memory cache backend is one dict for every app of the process: a
     # result another test stored under the same id would read as "already told"
     cache_backend._DUMMY_CLIENT_CACHE.clear()  # type: ignore[attr-defined]
-    app = Celery("telling-test", broker="memory://", backend="cache+memory://")
+    app = Celery("celery-report-test", broker="memory://", backend="cache+memory://")
     app.conf.update(result_extended=True, task_default_queue="q")
     drain(app, "q")
     yield app
@@ -94,7 +94,7 @@ def test_the_request_of_a_recorded_run_carries_what_django_celery_results_reads(
     store: Store, app: Celery
 ) -> None:
     record(store, "told", past_deadline=False, headers={"periodic_task_name": "nightly"})
-    request: Any = telling.request_for(app, store, "told")
+    request: Any = celery_report.request_for(app, store, "told")
     assert (request.task, request.root_id, request.periodic_task_name) == (
         "shop.ship",
         "root-1",
@@ -111,7 +111,7 @@ def test_a_run_with_no_readable_message_is_told_with_its_name_and_id_alone(
     Run.objects.using(store.using).filter(task_id="opaque").update(
         content_type="application/x-python-serialize", op="age"
     )  # pickle: a stored row is never decoded with a serializer the app does not accept
-    request: Any = telling.request_for(app, store, "opaque")
+    request: Any = celery_report.request_for(app, store, "opaque")
     assert (request.id, request.task, request.args) == ("opaque", "shop.ship", None)
 
 
@@ -166,9 +166,9 @@ def pages() -> Iterator[list[dict[str, Any]]]:
     def record_page(sender: Any = None, **fields: Any) -> None:
         sent.append(fields)
 
-    operator_needed.connect(record_page, weak=False, dispatch_uid="test_telling.pages")
+    operator_needed.connect(record_page, weak=False, dispatch_uid="test_celery_report.pages")
     yield sent
-    operator_needed.disconnect(dispatch_uid="test_telling.pages")
+    operator_needed.disconnect(dispatch_uid="test_celery_report.pages")
 
 
 def dispatched_and_lapsed(store: Store, task_id: str, key: str) -> None:
@@ -281,7 +281,9 @@ def task_events(app: Celery, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str,
     """Every task event the ledger sends of a run, as ``(kind, fields)``."""
     sent: list[tuple[str, dict[str, Any]]] = []
     monkeypatch.setattr(
-        telling, "send_event", lambda app, kind, task_id, **fields: sent.append((kind, fields))
+        celery_report,
+        "send_event",
+        lambda app, kind, task_id, **fields: sent.append((kind, fields)),
     )
     return sent
 

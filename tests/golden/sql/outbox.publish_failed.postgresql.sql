@@ -1,0 +1,4 @@
+UPDATE celery_deadlines_run SET status = 'FAILED', reason = 'publish_failed', detail = %s,
+    version = version + 1, op = 'publish_failed', op_detail = %s,
+    updated_at = clock_timestamp()
+WHERE task_id = %s AND status = 'QUEUED' AND attempt = 0

@@ -1,0 +1,1 @@
+SELECT id FROM celery_deadlines_run WHERE task_id = %s

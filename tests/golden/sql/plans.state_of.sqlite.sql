@@ -1,0 +1,1 @@
+SELECT state FROM celery_deadlines_runplan WHERE id = %s

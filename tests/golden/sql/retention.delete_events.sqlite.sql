@@ -1,0 +1,1 @@
+DELETE FROM celery_deadlines_runevent WHERE run_id IN (SELECT value FROM json_each(%(ids)s))
