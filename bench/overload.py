@@ -9,20 +9,21 @@ one loaded at a time):
 
 * ``plain``: a plain Celery task;
 * ``expires``: the same task published with Celery's ``expires=1``;
-* ``header``: a DeadlineTask (budget 1 s, reserve 60 ms) on the header tier;
-* ``ledger``: the same DeadlineTask recorded by the run ledger on PostgreSQL;
-* ``admitted`` (Redis only): the header tier's task behind a prototype of a refusal at
-  enqueue, made by the publisher (:class:`Admission`), not by the library;
-  ``admitted-pool`` the same with the rate of bodies the pool started (counted by the
-  worker's ``task_prerun`` in Redis) instead of the rate messages left the queue.
+* ``header-off``: a DeadlineTask (budget 1 s, reserve 60 ms) on the header tier,
+  published with ``deadlines_backlog_refusal = False`` (the library before issue 49:
+  no refusal at enqueue for the queue ahead);
+* ``header``: the same DeadlineTask with the defaults;
+* ``ledger-off`` and ``ledger``: the same two, recorded by the run ledger on PostgreSQL.
 
 Every message carries its publish instant; the result backend's ``date_done`` is
-when the worker ended it (a success stored, or a refusal told). A success is on time
-when it ended within the budget of its publish, late otherwise. Printed per variant:
-on-time successes over what was possible (the arrivals, at most capacity x duration),
-late successes, the worker-seconds their bodies took, the p50 and p99 latency of the
-on-time successes and the median wait of a refused caller (fractions of the budget),
-and what was still unanswered when the drain gave up.
+when the worker ended it (a success stored, or a refusal told); a publish refused at
+enqueue (``DeadlineRefused`` raised by ``apply_async``) is told when it returns (its
+WARNING line is not printed). A success is on time when it ended within the budget of
+its publish, late otherwise. Printed per variant: on-time successes over what was
+possible (the arrivals, at most capacity x duration), late successes, the worker-seconds
+their bodies took, the p50 and p99 latency of the on-time successes and the median wait
+of a refused caller (fractions of the budget), and what was still unanswered when the
+drain gave up.
 
 Usage: python bench/overload.py [--duration 10] [--burst 2] [--smoke]
 """
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -46,13 +48,16 @@ import psycopg
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from celery_deadlines import DeadlineRefused  # noqa: E402
+
 PREFIX = os.environ.get("BENCH_QUEUE", f"overload-{uuid.uuid4().hex[:6]}")
 DATABASE = os.environ.setdefault("BENCH_DATABASE_NAME", f"cd_overload_{uuid.uuid4().hex[:6]}")
 ADMIN_URL = os.environ.get("BENCH_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 os.environ["BENCH_DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{DATABASE}"
 
 CONCURRENCY = 4
-VARIANTS = ("plain", "expires", "header", "ledger", "admitted", "admitted-pool")
+VARIANTS = ("plain", "expires", "header-off", "header", "ledger-off", "ledger")
 #: load name -> [(seconds, multiple of the capacity)]: "burst", the burst's; None, the rest
 LOADS: dict[str, list[tuple[str | None, float]]] = {
     "0.5x": [(None, 0.5)],
@@ -77,6 +82,7 @@ class Outcome:
     unanswered: int = 0
     lag: float = 0.0  # the publisher's worst lag behind its schedule (s)
     at_enqueue: int = 0  # of the refused, those refused by the publisher
+    shed: int = 0  # of those, the ones refused for overload (a tenth of the budget)
 
     def row(self) -> str:
         on_time = len(self.on_time) / self.possible if self.possible else 0.0
@@ -88,7 +94,7 @@ class Outcome:
 
 
 HEADING = (
-    f"{'load':6} {'variant':8} {'arrive':>6} {'on-time':>8} {'late':>6} {'late-ws':>7} "
+    f"{'load':6} {'variant':10} {'arrive':>6} {'on-time':>8} {'late':>6} {'late-ws':>7} "
     f"{'p50':>6} {'p99':>6} {'refused':>6} {'told':>6} {'unans':>6}"
 )
 
@@ -126,57 +132,11 @@ def schedule(load: str, duration: float, burst: float, capacity: float) -> list[
     return offsets
 
 
-class Admission:
-    """A prototype of a refusal at enqueue, in the publisher (not the library): refuse a
-    message when the queue ahead of it, served at the rate the workers were seen to take
-    messages off it, cannot reach it while the reserve is still left:
-    ``depth / rate > budget - reserve``. The depth is the broker's (Redis ``LLEN``,
-    read every 20 ms); the rate, messages taken off the queue over the last second
-    (published minus the depth's growth), the capacity until one is seen."""
-
-    def __init__(
-        self, channel: Any, queue: str, allowed: float, capacity: float, started: Any = None
-    ) -> None:
-        self.client, self.queue, self.allowed = channel.client, queue, allowed
-        # ``started``: the bodies the pool started so far, read (``admitted-pool``): the
-        # rate is then the pool's, not the queue's (the gate's refusals leave it fast)
-        self.started = started
-        self.rate = capacity
-        self.published = 0
-        self.depth = 0
-        self.read_at = 0.0
-        self.window: list[tuple[float, int, int]] = []  # (instant, published, depth)
-
-    def admits(self) -> bool:
-        now = time.monotonic()
-        if now - self.read_at >= 0.02:
-            self.depth = int(self.client.llen(self.queue))
-            self.read_at = now
-            count = self.started() if self.started else self.published - self.depth
-            self.window.append((now, count, self.depth))
-            while now - self.window[0][0] > 1.0:
-                self.window.pop(0)
-            then, counted, _ = self.window[0]
-            taken = count - counted
-            if now - then >= 0.5 and self.depth and taken > 0:
-                self.rate = taken / (now - then)  # seen while a queue waited: service
-        if self.depth / self.rate > self.allowed:
-            return False
-        self.published += 1
-        return True
-
-
-def publish(
-    task: Any,
-    queue: str,
-    offsets: list[float],
-    options: dict[str, Any],
-    admission: Admission | None = None,
-) -> Any:
+def publish(task: Any, queue: str, offsets: list[float], options: dict[str, Any]) -> Any:
     """Publish on schedule: the task ids and their publish instants, the refusals at
     enqueue (the instant each caller was told), the worst lag."""
     sent: dict[str, float] = {}
-    refused: list[tuple[float, float]] = []
+    refused: list[tuple[float, float, bool]] = []
     lag = 0.0
     began = time.monotonic()
     for offset in offsets:
@@ -186,10 +146,12 @@ def publish(
         else:
             lag = max(lag, -wait)
         published = time.time()
-        if admission is not None and not admission.admits():
-            refused.append((published, time.time()))
+        try:
+            result = task.apply_async((published,), queue=queue, **options)
+        except DeadlineRefused as refusal:
+            # the rule's second part (under overload) says what was offered
+            refused.append((published, time.time(), "were offered" in refusal.detail))
             continue
-        result = task.apply_async((published,), queue=queue, **options)
         sent[result.id] = published
     return sent, refused, lag
 
@@ -222,22 +184,9 @@ def run_one(
 
     capacity = CONCURRENCY / WORK
     offsets = schedule(load, duration, burst, capacity)
-    from bench.overloadapp import RESERVE
 
     options = {"expires": BUDGET} if variant == "expires" else {}
-    admission = None
-    if variant.startswith("admitted"):
-        from bench.overloadapp import STARTED
-
-        client = task.backend.client
-        key = STARTED.format(queue=queue)
-        started = (lambda: int(client.get(key) or 0)) if variant == "admitted-pool" else None
-        with task.app.connection_for_write() as connection:
-            channel = connection.default_channel
-            admission = Admission(channel, queue, BUDGET - RESERVE, capacity, started)
-            sent, at_enqueue, lag = publish(task, queue, offsets, options, admission)
-    else:
-        sent, at_enqueue, lag = publish(task, queue, offsets, options)
+    sent, at_enqueue, lag = publish(task, queue, offsets, options)
     ids = list(sent)
     # drain: until every caller is answered, or as long as the backlog can take
     patience = time.monotonic() + max(5.0, 3 * duration)
@@ -253,8 +202,9 @@ def run_one(
         time.sleep(1.0)
     arrivals = len(ids) + len(at_enqueue)
     outcome = Outcome(arrivals, min(arrivals, capacity * duration), lag=lag)
-    outcome.refused.extend((told - published) / BUDGET for published, told in at_enqueue)
+    outcome.refused.extend((told - published) / BUDGET for published, told, _ in at_enqueue)
     outcome.at_enqueue = len(at_enqueue)
+    outcome.shed = sum(shed for _, _, shed in at_enqueue)
     for task_id, published in sent.items():
         meta = got.get(task_id)
         if meta is None:
@@ -279,15 +229,17 @@ def migrate() -> None:
 
 
 def main() -> None:
+    # one WARNING line per refusal at enqueue, in this process: thousands a run
+    logging.getLogger("celery_deadlines").setLevel(logging.ERROR)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=10.0, help="seconds of arrivals")
     parser.add_argument("--burst", type=float, default=2.0, help="seconds of the 10x burst")
     parser.add_argument("--loads", default=",".join(LOADS), help="comma-separated")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated")
-    parser.add_argument("--smoke", action="store_true", help="seconds: 1x and a burst")
+    parser.add_argument("--smoke", action="store_true", help="seconds: a short burst")
     args = parser.parse_args()
     if args.smoke:
-        args.duration, args.burst, args.loads = 0.5, 0.1, "1x,burst"
+        args.duration, args.burst, args.loads = 0.4, 0.1, "burst"
     loads = args.loads.split(",")
     variants = args.variants.split(",")
 
@@ -312,13 +264,11 @@ def main() -> None:
         tasks = {
             "plain": (overloadapp.plain, queues["app"]),
             "expires": (overloadapp.plain, queues["app"]),
+            "header-off": (overloadapp.header_before, queues["app"]),
             "header": (overloadapp.header, queues["app"]),
+            "ledger-off": (overloadledger.ledgered_before, queues["ledger"]),
             "ledger": (overloadledger.ledgered, queues["ledger"]),
-            "admitted": (overloadapp.header, queues["app"]),
-            "admitted-pool": (overloadapp.header, queues["app"]),
         }
-        if not overloadapp.app.conf.broker_url.startswith("redis"):
-            variants = [v for v in variants if not v.startswith("admitted")]  # LLEN
         print(
             f"prefork -c {CONCURRENCY}, tasks of {overloadapp.WORK * 1000:.0f} ms "
             f"({CONCURRENCY / overloadapp.WORK:.0f}/s), budget {overloadapp.BUDGET:g} s, "
@@ -334,8 +284,11 @@ def main() -> None:
                 outcome = run_one(variant, task, queue, load, args.duration, args.burst)
                 lag = f"  (publisher lag {outcome.lag:.2f} s)" if outcome.lag > 0.1 else ""
                 if outcome.at_enqueue:
-                    lag += f"  ({outcome.at_enqueue} refused at enqueue)"
-                print(f"{load:6} {variant:8} {outcome.row()}{lag}", flush=True)
+                    lag += (
+                        f"  ({outcome.at_enqueue} refused at enqueue, {outcome.shed} of them "
+                        "under overload)"
+                    )
+                print(f"{load:6} {variant:10} {outcome.row()}{lag}", flush=True)
     finally:
         for worker in workers:
             os.killpg(worker.pid, signal.SIGTERM)

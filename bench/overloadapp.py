@@ -3,7 +3,9 @@ prefork worker's job that waits on I/O, and returns the instant its body started
 
 Two apps, one per worker: ``app`` (no Django: plain Celery, Celery's ``expires`` and
 the header tier, ``deadlines_ledger`` off) and, in :mod:`bench.overloadledger`, the
-same DeadlineTask recorded by the run ledger on PostgreSQL.
+same DeadlineTask recorded by the run ledger on PostgreSQL. Each DeadlineTask is also
+declared in an app of its own with ``deadlines_backlog_refusal = False`` (the library
+without its refusal at enqueue), published to the same worker.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import time
 from typing import Any
 
 from celery import Celery, Task
-from celery.signals import task_prerun
 
 from celery_deadlines import DeadlineTask
 
@@ -47,27 +48,31 @@ configure(app)
 app.conf.deadlines_ledger = False  # the header tier, whatever the process has installed
 
 
-@app.task(base=Task, name="overload.plain")
+@app.task(base=Task, name="overload.plain", shared=False)
 def plain(published: float) -> Any:
     return body(published)
 
 
-@app.task(base=DeadlineTask, name="overload.header", budget=BUDGET, reserve=RESERVE)
+@app.task(base=DeadlineTask, name="overload.header", budget=BUDGET, reserve=RESERVE, shared=False)
 def header(published: float) -> Any:
     return body(published)
 
 
-@app.task(name="overload.sentinel")
+#: the same task published with the refusal at enqueue turned off (the library before
+#: issue 49): an app of its own, whose setting says so; the worker runs it as ``header``
+before = Celery("overload-before")
+configure(before)
+before.conf.deadlines_ledger = False
+before.conf.deadlines_backlog_refusal = False
+
+
+@before.task(
+    base=DeadlineTask, name="overload.header", budget=BUDGET, reserve=RESERVE, shared=False
+)
+def header_before(published: float) -> Any:
+    return body(published)
+
+
+@app.task(name="overload.sentinel", shared=False)
 def sentinel() -> str:
     return "ready"
-
-
-#: bodies started, per queue (the ``admitted-pool`` variant's service rate)
-STARTED = "overload:started:{queue}"
-
-
-@task_prerun.connect(weak=False)
-def count_started(sender: Any = None, **_: Any) -> None:
-    queue = (sender.request.delivery_info or {}).get("routing_key") if sender else None
-    if queue:
-        sender.backend.client.incr(STARTED.format(queue=queue))

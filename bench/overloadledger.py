@@ -21,11 +21,23 @@ app = Celery("overload-ledger")
 configure(app)
 
 
-@app.task(base=DeadlineTask, name="overload.ledgered", budget=BUDGET, reserve=RESERVE)
+@app.task(base=DeadlineTask, name="overload.ledgered", budget=BUDGET, reserve=RESERVE, shared=False)
 def ledgered(published: float) -> Any:
     return body(published)
 
 
-@app.task(name="overload.ledger_sentinel")
+before = Celery("overload-ledger-before")
+configure(before)
+before.conf.deadlines_backlog_refusal = False  # the library before issue 49
+
+
+@before.task(
+    base=DeadlineTask, name="overload.ledgered", budget=BUDGET, reserve=RESERVE, shared=False
+)
+def ledgered_before(published: float) -> Any:
+    return body(published)
+
+
+@app.task(name="overload.ledger_sentinel", shared=False)
 def sentinel() -> str:
     return "ready"

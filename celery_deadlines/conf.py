@@ -326,6 +326,16 @@ def _flag(value: object, name: str, settings: Settings) -> bool:
     return value
 
 
+BACKLOG_REFUSAL: Final = Setting(
+    "deadlines_backlog_refusal",
+    True,
+    _flag,
+    "Refuse at enqueue (reason 'queue_backlog') a publish that the queue ahead of it, "
+    "taken off at the rate it was seen served, cannot reach before its last start, and "
+    "under overload one that would wait more than a twentieth of its budget (a Redis "
+    "broker's queue, read by the publisher); False: the claim gate alone judges it.",
+)
+
 LEDGER: Final = Setting(
     "deadlines_ledger",
     True,
@@ -394,6 +404,7 @@ SETTINGS: Final[tuple[Setting[Any], ...]] = (
     CLOCK_SKEW_BUDGET,
     MAX_BUDGET,
     WORKFLOW_CHECK,
+    BACKLOG_REFUSAL,
     METRICS_PORT,
     METRICS_ADDRESS,
     REQUEST_BUDGET,

@@ -42,7 +42,7 @@ from ..rules import gates, stamping, wire
 from ..rules.budgets import Governed
 from ..rules.records import Recorded
 from ..rules.stamping import CALL_OPTIONS, NOTHING, Inherited
-from . import options, propagation, recording
+from . import backlog, options, propagation, recording
 from .refusals import report_refusal
 
 logger = logging.getLogger("celery_deadlines")
@@ -74,11 +74,14 @@ def publish(
         stamped = stamp_own_budget(task, call, task_id)
         if stamped is None:
             stamped = stamp_message(task, call, task_id, False)[0] is not None
+        if stamped:
+            judge_the_queue_ahead(task, call, task_id)
         return _send(
             celery_publish, stamped, args, kwargs, task_id, producer, link, link_error, shadow, call
         )
     stamp, starts_at = stamp_message(task, call, task_id, True)
     assert stamp is not None  # the ledger records every run it publishes
+    judge_the_queue_ahead(task, call, task_id)
     task_id = task_id or uuid()
 
     def send() -> Any:
@@ -88,6 +91,14 @@ def publish(
 
     links = {"link": link, "link_error": link_error, "shadow": shadow}
     return _record_and_send(task, args, kwargs, task_id, call, links, stamp, starts_at, send)
+
+
+def judge_the_queue_ahead(task: Any, call: dict[str, Any], task_id: str | None) -> None:
+    """The enqueue gate's second rule, for a stamped publish: refused (and nothing
+    published) when the queue ahead of it cannot reach it in time (rules/backlog.py)."""
+    refused = backlog.admit(task, call)
+    if refused is not None:
+        refuse_enqueue(task, refused, task_id, None)
 
 
 def _record_and_send(

@@ -8,7 +8,9 @@ a setting or a message, so every rule is testable with plain values. The Celery 
 gate       refuses when
 =========  ====================================================================
 enqueue    the deadline has passed, or less than ``reserve`` would be left when
-           the message may first start (``eta``/``countdown`` included)
+           the message may first start (``eta``/``countdown`` included); or the
+           queue ahead of it cannot reach it in time (``queue_backlog``:
+           :mod:`celery_deadlines.rules.backlog`)
 claim      same rule, when a worker actually takes the message (time spent in
            the queue and behind busy pool processes has been spent); a message
            whose envelope cannot be judged (``invalid_message``:
@@ -82,6 +84,10 @@ class Reason(enum.StrEnum):
     #: deadline was pulled in to the cancel's instant; refused at the claim, ended by
     #: whoever finds it past, told to its caller as Celery's revoke (``REVOKED``)
     CANCELLED = "cancelled"
+    #: a publish the queue ahead of it could not reach before its last start, at the
+    #: rate the queue was seen served (or, under overload, only after more than a
+    #: share of its budget): :mod:`celery_deadlines.rules.backlog`; nothing published
+    QUEUE_BACKLOG = "queue_backlog"
 
 
 class Decision(NamedTuple):

@@ -123,7 +123,9 @@ def test_an_unknown_setting_like_none_is_an_error_listing_the_known_ones() -> No
     with override_settings(CELERY_DEADLINES_COLOUR="blue"):
         [found] = errors()
     assert found.id == "celery_deadlines.E002"
-    assert "Known settings: CELERY_DEADLINES_BUDGETS, " in (found.hint or "")
+    assert "Known settings: CELERY_DEADLINES_BACKLOG_REFUSAL, CELERY_DEADLINES_BUDGETS, " in (
+        found.hint or ""
+    )
     assert "CELERY_DEADLINES_DEFAULT_BUDGET" in (found.hint or "")
 
 

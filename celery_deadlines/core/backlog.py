@@ -1,0 +1,195 @@
+"""The queue a publish joins, as the publishing process sees it on the broker: the
+samples :mod:`celery_deadlines.rules.backlog` judges a publish by.
+
+Each process watches each queue it publishes a deadline to. At most every
+:data:`INTERVAL` a publish reads the queue (one round trip through Celery's own
+producer pool, one ``MULTI`` of three commands on Redis): its length, its newest
+message, and where the newest message of the previous reading now is (``LPOS``).
+Kombu pushes on the left and workers pop on the right, so that position is how many
+were pushed since, and with the two lengths how many were taken off: every
+publisher's and every worker's, counted by the broker, not inferred from this
+process's own publishes. The publishes between two readings are judged by the last.
+
+Only Redis is read (a broker without ``LPOS``, with a ``global_keyprefix``, or a
+queue whose priority steps hold messages is not judged), and only a publish that
+starts now (no ``eta`` or ``countdown``), is no member of a group or chord (refusing
+one member would leave the others published), to a queue named by the call, or by
+the task's own when the app has no ``task_routes``. Everything else, a failed
+reading included, is admitted: the claim gate judges it as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from .. import clock, conf
+from ..conf import settings_for
+from ..rules import backlog, wire
+from ..rules.gates import Decision
+from . import options
+
+logger = logging.getLogger(__name__)
+
+#: How often (seconds) a process reads a queue it publishes to, at most.
+INTERVAL: Final = 0.05
+#: How long (seconds) a queue this module does not read is left before it is asked
+#: again (an app may be configured again: its broker, its transport options).
+UNREAD: Final = 5.0
+#: The samples kept per queue (more than WINDOW / INTERVAL).
+KEPT: Final = 40
+#: The app attributes each app's watches, and its tasks' own queues, are kept in.
+_WATCHES: Final = "_celery_deadlines_backlog"
+_DEFAULTS: Final = "_celery_deadlines_backlog_queues"
+
+
+class _Watch:
+    """One queue as this process sees it: the samples, the newest message last seen."""
+
+    __slots__ = ("judged", "lock", "marker", "queue", "read_at", "refused", "samples", "tried")
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        self.samples: list[backlog.Sample] = []
+        self.read_at = -INTERVAL
+        self.marker: bytes | None = None
+        self.tried = 0
+        self.refused = 0
+        self.lock = threading.Lock()
+        #: the backlog the last reading showed (None: nothing to judge by)
+        self.judged: backlog.Backlog | None = None
+
+    def read(self, app: Any, now: float) -> None:
+        """Read the queue (one round trip), add its sample, judge the samples."""
+        self.read_at = now
+        try:
+            with app.producer_or_acquire(None) as producer:
+                channel = producer.channel
+                others = _other_steps(channel, self.queue)
+                if others is None:
+                    raise _NotJudged
+                pipe = channel.client.pipeline(transaction=True)
+                if others:
+                    pipe.exists(*others)
+                else:
+                    pipe.echo(b"0")
+                pipe.llen(self.queue)
+                pipe.lindex(self.queue, 0)
+                if self.marker is not None:
+                    pipe.lpos(self.queue, self.marker)
+                replies = pipe.execute()
+            if int(replies[0]):
+                raise _NotJudged  # a message with a priority waits where it is not seen
+        # a reading never fails a publish: what it cannot read, it does not judge by
+        except Exception as exc:  # noqa: BLE001
+            if isinstance(exc, _NotJudged):
+                self.read_at = now + UNREAD  # not a queue this module reads: asked again later
+            else:
+                logger.debug("queue %s not read: %r", self.queue, exc)
+            self.samples.clear()
+            self.marker = None
+            self.judged = None
+            return
+        depth, newest = int(replies[1]), replies[2]
+        taken = pushed = None
+        if self.marker is not None and replies[3] is not None and self.samples:
+            pushed = int(replies[3])
+            taken = self.samples[-1].depth - depth + pushed
+        self.marker = newest if isinstance(newest, bytes) else None
+        self.samples.append(backlog.Sample(now, depth, taken, pushed, self.tried, self.refused))
+        del self.samples[:-KEPT]
+        self.judged = backlog.estimate(self.samples, now)
+
+
+class _NotJudged(Exception):
+    """A queue this module does not read."""
+
+
+def _other_steps(channel: Any, queue: str) -> list[str] | None:
+    """The lists a Redis channel keeps ``queue``'s messages with a priority in (a
+    message with one waits there, unseen by a reading of the queue's own list);
+    ``None``: not a channel this module reads (not Redis, or keys under a
+    ``global_keyprefix``, which kombu adds to some commands only)."""
+    steps = getattr(channel, "priority_steps", None)
+    q_for = getattr(channel, "_q_for_pri", None)
+    if steps is None or q_for is None or getattr(channel, "global_keyprefix", None):
+        return None
+    return [q_for(queue, step) for step in steps if step]
+
+
+def _queue_of(task: Any, call: dict[str, Any], now: float) -> str | None:
+    """The queue a publish goes to, when the call or the task names it (or the app
+    routes nothing): ``None``, not judged. A task's own (the call names none) is worked
+    out from the app's configuration at most every :data:`INTERVAL`, as the queue is
+    read: reading Celery's configuration costs a publish more than the rest of this."""
+    queue = call.get("queue")
+    if queue is None:
+        if call.get("routing_key") or call.get("exchange"):
+            return None
+        defaults: dict[str, tuple[float, str | None]] | None = getattr(task.app, _DEFAULTS, None)
+        if defaults is None:
+            defaults = {}
+            setattr(task.app, _DEFAULTS, defaults)
+        kept = defaults.get(task.name)
+        if kept is not None and now - kept[0] < INTERVAL:
+            return kept[1]
+        config = task.app.conf
+        queue = (
+            None
+            if config.task_routes
+            else (getattr(task, "queue", None) or config.task_default_queue)
+        )
+        name = queue if queue is None or type(queue) is str else getattr(queue, "name", None)
+        defaults[task.name] = (now, name)
+        return name
+    return queue if type(queue) is str else getattr(queue, "name", None)
+
+
+def admit(task: Any, call: dict[str, Any]) -> Decision | None:
+    """The enqueue gate's refusal of a stamped publish (``call``: its options, its
+    deadline header written) that the queue ahead of it cannot reach in time, by
+    :func:`celery_deadlines.rules.backlog.admit`; ``None``: admitted, or not judged."""
+    if call.get("eta") is not None or call.get("countdown") is not None:
+        return None  # it waits for its start elsewhere: the claim gate judges it then
+    if call.get("group_id") or call.get("chord"):
+        return None  # a member of a group or chord: refusing it would publish the rest
+    now = clock.monotonic()
+    queue = _queue_of(task, call, now)
+    if queue is None:
+        return None
+    app = task.app
+    watches: dict[str, _Watch] | None = getattr(app, _WATCHES, None)
+    if watches is None:
+        watches = {}
+        setattr(app, _WATCHES, watches)
+    watch = watches.get(queue)
+    if watch is None:
+        watch = watches.setdefault(queue, _Watch(queue))
+    watch.tried += 1
+    due = now - watch.read_at >= INTERVAL
+    if not due and watch.judged is None:
+        return None  # the last reading showed nothing to judge by: most publishes end here
+    settings = settings_for(app)
+    if not settings.get(conf.BACKLOG_REFUSAL):
+        watch.read_at, watch.judged = now, None  # asked again at the next reading's time
+        return None
+    if due and watch.lock.acquire(blocking=False):
+        try:
+            watch.read(app, now)
+        finally:
+            watch.lock.release()
+    judged = watch.judged
+    if judged is None:
+        return None
+    raw = (call.get("headers") or {}).get(wire.DEADLINE_HEADER)
+    if type(raw) is not float:
+        return None
+    reserve = options.times(task, settings).duration("reserve")
+    decision = backlog.admit(
+        judged, datetime.fromtimestamp(raw, UTC), clock.get_clock().now(), reserve
+    )
+    if decision is not None:
+        watch.refused += 1
+    return decision

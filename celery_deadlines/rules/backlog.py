@@ -1,0 +1,147 @@
+"""The enqueue gate's second rule: a message the queue ahead of it cannot reach in time.
+
+A publish is refused with ``queue_backlog`` when the messages waiting in its queue,
+taken off at the rate the queue was seen served, would keep it waiting past its last
+start (the deadline less the reserve): the claim gate would refuse it anyway, after a
+worker fetched it, and its caller would learn it near its deadline. Refused at the
+door, it costs no worker anything and its caller knows at once.
+
+Under sustained overload (:data:`OVERLOAD` times what is served offered, and more) the
+excess cannot finish whichever messages it is: the rule then also refuses a message
+that would wait more than :data:`SHED` of its budget, so that the queue stays short and
+the work that is admitted starts soon, while the pool is never left without work (the
+queue is kept, only shorter). Below that load nothing that would start in time is
+refused.
+
+What is observed (:class:`Sample`, one per reading of the broker's queue by the
+publishing process: :mod:`celery_deadlines.core.backlog`) is the broker's own list:
+its length, and how many messages were taken off it and pushed onto it since the
+previous reading. The rule refuses only on that evidence, and never when it is
+missing, stale, thin or says the queue is not served (:func:`estimate` returns
+``None``): a wrong or stale estimate makes the gate let a message through, to be
+judged by the claim gate as before, never refuse one that would have started.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Final, NamedTuple
+
+from .gates import Decision, Gate, Reason
+
+#: Samples older than this (seconds) say nothing about the queue now.
+STALE: Final = 0.5
+#: The rate is measured over at least this long (seconds) of samples, at most WINDOW.
+SPAN: Final = 0.25
+WINDOW: Final = 1.0
+#: Offered over served above this is overload, judged over at least OVERLOAD_SPAN
+#: seconds: a worker slowed for a moment by its machine lowers a second's rate by a
+#: fifth and more, and a load the pool serves must never be read as overload.
+OVERLOAD: Final = 1.5
+OVERLOAD_SPAN: Final = 0.75
+#: Under overload, the longest wait admitted, as a share of the message's budget.
+SHED: Final = 0.1
+
+
+class Sample(NamedTuple):
+    """One reading of a queue: at ``at`` (monotonic seconds), ``depth`` messages were
+    waiting; since the previous reading ``taken`` were taken off and ``pushed`` pushed
+    on (``None``: not known, the queue was empty or emptied past what was last seen);
+    the publishing process had tried ``tried`` publishes to it and had ``refused`` of
+    them (counts since it started watching)."""
+
+    at: float
+    depth: int
+    taken: int | None
+    pushed: int | None
+    tried: int
+    refused: int
+
+
+class Backlog(NamedTuple):
+    """What the samples say: ``depth`` messages waiting, taken off at ``rate`` per
+    second while the queue waited for ``span`` seconds, while ``offered`` per second
+    were published to it (those this rule refused included); ``wait``: how long a
+    message published now waits behind them, ``depth / rate`` seconds."""
+
+    depth: int
+    rate: float
+    offered: float
+    span: float
+
+    @property
+    def wait(self) -> float:
+        return self.depth / self.rate
+
+    @property
+    def overloaded(self) -> bool:
+        return self.span >= OVERLOAD_SPAN and self.offered > OVERLOAD * self.rate
+
+
+def estimate(samples: Sequence[Sample], now: float) -> Backlog | None:
+    """The backlog the newest samples show at monotonic instant ``now`` (the rate
+    measured over :data:`WINDOW` at most of the last two, while the queue waited), or
+    ``None`` when they cannot show one: the newest is stale or empty; less than
+    :data:`SPAN` was measured while the queue waited (it keeps up, or it just began to
+    wait); nothing was taken off (no worker serves it now: the claim gate decides)."""
+    if len(samples) < 2:
+        return None
+    newest = samples[-1]
+    if now - newest.at > STALE or newest.depth <= 0:
+        return None
+    taken = pushed = 0
+    span = 0.0
+    first = newest
+    for later, earlier in zip(reversed(samples), reversed(samples[:-1]), strict=False):
+        if newest.at - earlier.at > 2 * WINDOW:
+            break
+        first = earlier
+        # a pair whose earlier newest message was still queued at the later reading
+        # (``taken`` known): the queue never emptied between them, so what was taken
+        # off is what the workers served (a pair where it emptied says only that the
+        # workers kept up: it is left out)
+        if later.taken is None or later.pushed is None or earlier.depth <= 0:
+            continue
+        taken += later.taken
+        pushed += later.pushed
+        span += later.at - earlier.at
+        if span >= WINDOW:
+            break
+    if span < SPAN or taken <= 0:
+        return None
+    tried = newest.tried - first.tried
+    refused = newest.refused - first.refused
+    admitted_share = (tried - refused) / tried if tried > 0 else 1.0
+    offered = pushed / span / admitted_share if admitted_share > 0 else float("inf")
+    return Backlog(newest.depth, taken / span, offered, span)
+
+
+def admit(
+    backlog: Backlog | None, deadline: datetime, now: datetime, reserve: timedelta
+) -> Decision | None:
+    """The refusal of a message that must start by ``deadline - reserve`` published at
+    ``now`` behind ``backlog``, with its arithmetic; ``None``: admitted."""
+    if backlog is None:
+        return None
+    wait = backlog.wait
+    left = (deadline - reserve - now).total_seconds()
+    ahead = (
+        f"{backlog.depth} messages ahead in its queue, taken off at {backlog.rate:.1f}/s "
+        f"(measured over {backlog.span:.2f} s): a wait of {wait:.3f} s"
+    )
+    if wait > left:
+        detail = (
+            f"{ahead}, more than the {max(left, 0.0):.3f} s left before its last start "
+            f"(the deadline less the reserve of {reserve.total_seconds():.3f} s)"
+        )
+    elif backlog.overloaded and wait > SHED * (deadline - now).total_seconds():
+        detail = (
+            f"{ahead}, more than {SHED:.0%} of the {(deadline - now).total_seconds():.3f} s "
+            f"budget left, while {backlog.offered:.1f}/s were offered: more than "
+            f"{OVERLOAD:g} x what is served, so the excess cannot start in time and is "
+            "refused before it queues"
+        )
+    else:
+        return None
+    return Decision(Gate.ENQUEUE, Reason.QUEUE_BACKLOG, deadline, now, deadline - now, detail)

@@ -1,0 +1,224 @@
+"""The enqueue gate's rule for the queue ahead (rules/backlog.py): what the samples of a
+queue show, and which publishes it refuses, with the arithmetic."""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from celery import Celery
+from hypothesis import given
+from hypothesis import strategies as st
+
+from celery_deadlines import DEADLINE_HEADER, Gate, Reason, clock
+from celery_deadlines.core import backlog
+from celery_deadlines.rules.backlog import (
+    OVERLOAD,
+    SHED,
+    STALE,
+    Backlog,
+    Sample,
+    admit,
+    estimate,
+)
+from tests.support.unit_tasks import make_task
+
+NOW = datetime(2026, 12, 5, 8, 0, tzinfo=UTC)
+BUDGET = timedelta(seconds=1)
+RESERVE = timedelta(milliseconds=60)
+
+
+def served(
+    depth: int, taken: int, pushed: int, readings: int = 21, every: float = 0.0625
+) -> list[Sample]:
+    """A queue read every ``every`` s: ``taken`` and ``pushed`` per reading, ``depth``
+    waiting at the last one; the publisher refused nothing."""
+    return [
+        Sample(
+            i * every, depth - (readings - 1 - i) * (pushed - taken), taken, pushed, i * pushed, 0
+        )
+        for i in range(readings)
+    ]
+
+
+def test_the_rate_is_what_was_taken_off_while_the_queue_waited() -> None:
+    samples = served(depth=100, taken=5, pushed=5)
+    backlog = estimate(samples, samples[-1].at)
+    assert backlog == Backlog(depth=100, rate=80.0, offered=80.0, span=1.0)
+    assert backlog.wait == 1.25
+
+
+def test_a_publish_its_queue_cannot_reach_before_its_last_start_is_refused_with_arithmetic() -> (
+    None
+):
+    backlog = Backlog(depth=100, rate=80.0, offered=80.0, span=1.0)
+    decision = admit(backlog, NOW + BUDGET, NOW, RESERVE)
+    assert decision is not None
+    assert (decision.gate, decision.reason) == (Gate.ENQUEUE, Reason.QUEUE_BACKLOG)
+    assert decision.deadline == NOW + BUDGET  # the deadline judged, never moved
+    assert decision.detail == (
+        "100 messages ahead in its queue, taken off at 80.0/s (measured over 1.00 s): a "
+        "wait of 1.250 s, more than the 0.940 s left before its last start (the deadline "
+        "less the reserve of 0.060 s)"
+    )
+    refusal = decision.refusal()
+    assert refusal.reason == "queue_backlog"
+    assert refusal.gate == "enqueue"
+
+
+def test_a_queue_that_reaches_a_publish_in_time_admits_it_when_it_is_not_overloaded() -> None:
+    backlog = Backlog(depth=70, rate=80.0, offered=80.0 * OVERLOAD, span=1.0)
+    assert backlog.wait < 0.94
+    assert admit(backlog, NOW + BUDGET, NOW, RESERVE) is None
+
+
+def test_under_overload_a_publish_that_would_wait_more_than_a_share_of_its_budget_is_refused() -> (
+    None
+):
+    waits = 80.0 * SHED
+    backlog = Backlog(depth=int(waits) + 1, rate=80.0, offered=160.0, span=1.0)
+    decision = admit(backlog, NOW + BUDGET, NOW, RESERVE)
+    assert decision is not None
+    assert decision.reason is Reason.QUEUE_BACKLOG
+    assert "while 160.0/s were offered: more than 1.5 x what is served" in decision.detail
+    shorter = backlog._replace(depth=int(waits) - 1)
+    assert admit(shorter, NOW + BUDGET, NOW, RESERVE) is None
+
+
+def test_overload_is_judged_only_over_most_of_a_second() -> None:
+    brief = Backlog(depth=20, rate=80.0, offered=400.0, span=0.3)
+    assert not brief.overloaded
+    assert admit(brief, NOW + BUDGET, NOW, RESERVE) is None
+
+
+def test_the_publisher_s_own_refusals_count_in_what_was_offered() -> None:
+    samples = served(depth=10, taken=5, pushed=5)
+    # it tried three times what it published: two thirds refused
+    samples = [s._replace(tried=3 * s.tried, refused=2 * s.tried) for s in samples]
+    backlog = estimate(samples, samples[-1].at)
+    assert backlog is not None
+    assert round(backlog.offered) == 240
+
+
+def test_no_estimate_without_evidence() -> None:
+    samples = served(depth=100, taken=5, pushed=5)
+    last = samples[-1].at
+    assert estimate(samples[:1], last) is None  # one reading: nothing measured
+    assert estimate(samples, last + STALE + 0.01) is None  # stale
+    thin = samples[:4]
+    assert estimate(thin, thin[-1].at) is None  # 0.19 s measured: too thin
+    nothing_taken = [s._replace(taken=0) for s in samples]
+    assert estimate(nothing_taken, last) is None  # no worker serves it: the claim gate judges
+    emptied = [*samples[:-1], samples[-1]._replace(depth=0)]
+    assert estimate(emptied, last) is None  # nothing waits now
+
+
+def test_a_moment_the_queue_emptied_is_left_out_of_the_rate() -> None:
+    samples = served(depth=100, taken=5, pushed=5, readings=41)
+    # between readings 20 and 21 the queue emptied (the newest message last seen was
+    # taken): that interval says only that the workers kept up
+    samples[21] = samples[21]._replace(taken=None, pushed=None)
+    backlog = estimate(samples, samples[-1].at)
+    assert backlog is not None
+    assert backlog.rate == 80.0
+
+
+@given(
+    depth=st.integers(1, 10_000),
+    rate=st.floats(0.01, 1e6, allow_nan=False),
+    offered=st.floats(0, 1e7, allow_nan=False),
+    span=st.floats(0, 2),
+    budget=st.floats(0.001, 3600),
+)
+def test_a_publish_is_refused_only_past_its_last_start_or_past_a_share_under_overload(
+    depth: int, rate: float, offered: float, span: float, budget: float
+) -> None:
+    backlog = Backlog(depth, rate, offered, span)
+    deadline = NOW + timedelta(seconds=budget)
+    decision = admit(backlog, deadline, NOW, RESERVE)
+    left = (deadline - RESERVE - NOW).total_seconds()
+    if backlog.wait <= min(left, SHED * budget) or (
+        not backlog.overloaded and backlog.wait <= left
+    ):
+        assert decision is None
+    else:
+        assert decision is not None
+        assert decision.deadline == deadline
+        figures = re.match(r"(\d+) messages ahead", decision.detail)
+        assert figures is not None
+        assert int(figures[1]) == depth
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(0.001, 0.5),
+            st.integers(0, 10_000),
+            st.one_of(st.none(), st.integers(-1000, 1000)),
+            st.one_of(st.none(), st.integers(-1000, 1000)),
+        ),
+        max_size=50,
+    )
+)
+def test_whatever_a_queue_reads_the_estimate_is_finite_or_none(
+    readings: list[tuple[float, int, int | None, int | None]],
+) -> None:
+    at, samples = 0.0, []
+    for step, depth, taken, pushed in readings:
+        at += step
+        samples.append(Sample(at, depth, taken, pushed, 0, 0))
+    backlog = estimate(samples, at)
+    if backlog is not None:
+        assert backlog.rate > 0
+        assert backlog.depth > 0
+        assert backlog.span > 0
+        assert backlog.wait >= 0
+
+
+# -- the reading (core/backlog.py): what it never does to a publish ----------------------
+
+
+def deadline_task(app: Celery) -> Any:
+    return make_task(app, "unit.backlog", budget=1, reserve=0.06)
+
+
+def stamped(queue: str = "q", **options: Any) -> dict[str, Any]:
+    return {"queue": queue, "headers": {DEADLINE_HEADER: time.time() + 1.0}, **options}
+
+
+def test_a_reading_that_fails_never_fails_the_publish_nor_refuses_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    app = Celery("backlog-broken", broker="memory://", set_as_current=False)
+    task = deadline_task(app)
+
+    def unreachable(*_: Any, **__: Any) -> Any:
+        raise ConnectionError("broker down")
+
+    monkeypatch.setattr(app, "producer_or_acquire", unreachable)
+    assert backlog.admit(task, stamped()) is None
+    watch = vars(app)["_celery_deadlines_backlog"]["q"]
+    assert (watch.samples, watch.judged) == ([], None)
+
+
+def test_a_transport_it_does_not_read_is_asked_again_only_after_a_while() -> None:
+    app = Celery("backlog-memory", broker="memory://", set_as_current=False)
+    task = deadline_task(app)
+    assert backlog.admit(task, stamped()) is None
+    watch = vars(app)["_celery_deadlines_backlog"]["q"]
+    assert watch.read_at - clock.monotonic() > backlog.UNREAD - 1
+
+
+def test_a_publish_that_starts_later_is_one_of_many_or_goes_by_routes_is_not_judged() -> None:
+    app = Celery("backlog-later", broker="memory://", set_as_current=False)
+    task = deadline_task(app)
+    assert backlog.admit(task, stamped(countdown=5)) is None
+    assert backlog.admit(task, stamped(eta=datetime.now(UTC))) is None
+    assert backlog.admit(task, stamped(group_id="g-1")) is None  # the rest would be published
+    assert backlog.admit(task, stamped(chord={"task": "unit.body"})) is None
+    app.conf.task_routes = {"unit.*": {"queue": "elsewhere"}}
+    assert backlog.admit(task, {"headers": {DEADLINE_HEADER: time.time() + 1}}) is None
+    assert getattr(app, "_celery_deadlines_backlog", {}) == {}
