@@ -252,7 +252,7 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         settings = settings_for(self.app)
         times = options.times(self, settings)  # the task's durations, worked out once
         # inline, not a call, on this path of every publish: the same steps as
-        # canvas.publish_stamp(), which the workflow gate uses; tests/unit/test_canvas.py
+        # canvas.publish_stamp(), which the workflow gate uses; tests/unit/core/test_canvas.py
         # holds the two equal
         parent = propagation.inherited()
         if parent is stamping.NOTHING and not with_ledger and times.name_nothing(call):

@@ -299,7 +299,7 @@ def publish_stamp(
     ``call`` would carry (its own, combined with what it inherits), or ``None`` when the
     parent's deadline is unreadable (``apply_async`` refuses that). Takes this package's
     options out of ``call``; logs nothing. The same steps as ``DeadlineTask.apply_async``,
-    which keeps them inline for speed (tests/unit/test_canvas.py holds the two equal)."""
+    which keeps them inline for speed (tests/unit/core/test_canvas.py holds the two equal)."""
     parent = inherited()
     if task.deadline_kind == "delivery":
         parent = parent._replace(deadline=parent.delivery)

@@ -10,7 +10,7 @@ of :class:`~celery_deadlines.core.request.DeadlineRequest`, ``DeadlineTask``'s a
 and ``_stamp``) would decide for the same message, and answers ``None`` ("judge it in
 full") for any other: a deadline within :data:`EDGE` of the last start or the horizon,
 another clock as the judge (a clock-skew budget), the ledger, tracing, any option of
-the caller's. ``tests/unit/test_fast_paths.py`` holds each to the full rule.
+the caller's. ``tests/unit/core/test_seconds.py`` holds each to the full rule.
 """
 
 from __future__ import annotations
