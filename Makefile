@@ -24,17 +24,19 @@ test: $(INSTALLED)
 	$(BIN)/python -m pytest
 
 # The unit tests keep to one process (-n 0): they use the CPU, not waits, and take seconds.
+# The repository's own tests (tests/repository) go with the level their marks say.
+REPOSITORY_UNIT := tests/repository -m "not integration"
 test-unit: $(INSTALLED)
-	$(BIN)/python -m pytest -n 0 tests/unit
+	$(BIN)/python -m pytest -n 0 tests/unit $(REPOSITORY_UNIT)
 
 test-integration: $(INSTALLED)
-	$(BIN)/python -m pytest tests/integration
+	$(BIN)/python -m pytest tests/integration tests/repository -m integration
 
 ## The parsers' fuzz tier: DEADLINES_FUZZ_EXAMPLES per property (10,000 unless set; make
 ## test runs 250), one process, about 5 minutes. The last lines are the summary.
 DEADLINES_FUZZ_EXAMPLES ?= 10000
 fuzz: $(INSTALLED)
-	DEADLINES_FUZZ_EXAMPLES=$(DEADLINES_FUZZ_EXAMPLES) $(BIN)/python -m pytest -n 0 tests/unit/test_fuzz_parsers.py
+	DEADLINES_FUZZ_EXAMPLES=$(DEADLINES_FUZZ_EXAMPLES) $(BIN)/python -m pytest -n 0 tests/unit/rules/test_fuzz_parsers.py
 
 # Playwright's Python client only (it downloads no browser: Debian's chromium drives it).
 CHROMIUM := /usr/bin/chromium
@@ -107,8 +109,8 @@ bench-smoke: $(INSTALLED)
 ## Unit and Django tests on another interpreter, the newest Django, the oldest Celery.
 MATRIX_VENV := .venv-$(notdir $(PYTHON))
 #: The newest Django: django-celery-beat caps it (Django<6.1), so the other interpreters
-#: run without it (its tests, tests/django/test_beat_database.py, skip there; the main
-#: interpreter runs them).
+#: run without it (its tests, tests/django/contrib/test_django_celery_beat.py, skip
+#: there; the main interpreter runs them).
 define newest_django
 	$(MATRIX_VENV)/bin/python -m pip uninstall --quiet --yes django-celery-beat
 	$(MATRIX_VENV)/bin/python -m pip install --quiet --upgrade django
@@ -132,7 +134,7 @@ matrix-unit-env: $(MATRIX_VENV)/.matrix-unit
 
 matrix: $(MATRIX_VENV)/.matrix
 	$(MATRIX_VENV)/bin/python -c 'import celery, django; print("celery", celery.__version__, "django", django.__version__)'
-	$(MATRIX_VENV)/bin/python -m pytest tests/unit tests/django
+	$(MATRIX_VENV)/bin/python -m pytest tests/unit tests/django $(REPOSITORY_UNIT)
 
 ## Celery's own task, trace and canvas tests (from the installed release's sdist), run with
 ## celery.Task and with DeadlineTask as the default task class; fails on any difference.
@@ -155,7 +157,7 @@ celery-integration: $(INSTALLED)
 ## The unit tests on another interpreter (CI runs them on Python 3.12, so that every
 ## Python version the package claims is tested; the matrix above runs the newest).
 matrix-unit: $(MATRIX_VENV)/.matrix-unit
-	$(MATRIX_VENV)/bin/python -m pytest -n 0 tests/unit
+	$(MATRIX_VENV)/bin/python -m pytest -n 0 tests/unit $(REPOSITORY_UNIT)
 
 ## The configuration matrix (tests/matrix): one scenario on a real worker in each
 ## configuration projects run, and the pools' enforcement table of

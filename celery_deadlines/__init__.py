@@ -2,7 +2,7 @@
 
 What is imported from here is the public surface. Where everything else lives, tier by
 tier, and the life of a message through it: DEVELOPERS.md ("The tiers", which
-``tests/unit/test_architecture.py`` holds, and "The life of a message").
+``tests/repository/test_architecture.py`` holds, and "The life of a message").
 """
 
 from .core.cancelling import cancel

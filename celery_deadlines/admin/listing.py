@@ -16,7 +16,7 @@ list, with each query it sends given an index to read (migration 0010).
 * :class:`ConsoleChangeList`: Django's list, whose date hierarchy's numbers are
   checked before they make a query.
 
-``tests/django/test_console_plans.py`` holds every query of these pages to a plan
+``tests/django/admin/test_listing_query_plans.py`` holds every query of these pages to a plan
 without a sequential scan of the run, effect or event table, on PostgreSQL.
 """
 

@@ -91,7 +91,7 @@ class RunAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
     )
     list_display_links = ("short_task_id",)
     # Every query of the list reads an index, at any size (admin/listing.py; held by
-    # tests/django/test_console_plans.py): the statuses are the enum's, the other
+    # tests/django/admin/test_listing_query_plans.py): the statuses are the enum's, the other
     # filters' values a loose index scan, the periods of the date hierarchy one index
     # probe each, the count bounded; only the creation instant sorts (its index).
     date_hierarchy = "created_at"

@@ -260,7 +260,7 @@ def times(task: Any, settings: conf.Settings) -> Times:
 # cost of a gate, and building the datetimes the full rule compares costs more than the
 # rest of it. Each shortcut (the claim gate's, in core/request.py; the attempt gate's, in
 # core/starting.py; the stamp's, in core/publishing.py) sits beside the rule it
-# shortcuts and decides only what that rule would; tests/unit/test_fast_paths.py holds
+# shortcuts and decides only what that rule would; tests/unit/core/test_fast_paths.py holds
 # each to it.
 
 #: How clearly in time (seconds) a deadline header must be for a gate to admit it in

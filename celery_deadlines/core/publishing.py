@@ -314,7 +314,7 @@ def stamp_own_budget(task: Any, call: dict[str, Any], task_id: str | None) -> bo
     ``countdown``, its headers are written in epoch seconds, as the full rule would
     (``True``). ``None``, nothing written, for any other publish.
 
-    It decides only what the rule would (``tests/unit/test_fast_paths.py`` holds the two
+    It decides only what the rule would (``tests/unit/core/test_fast_paths.py`` holds the two
     equal). Kept for what it saves: a whole publish of a task with a budget (Celery's
     code included, ``bench/worker_instructions.py --side publish``, 2026-12-05) counted
     1,139,476 instructions with it and 1,184,100 without (plain Celery: 1,104,300), the

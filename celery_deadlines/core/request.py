@@ -103,7 +103,7 @@ def clearly_in_time(task: Any, deadline: float) -> bool:
     horizon, and before the last instant the gate admits, each by more than
     :data:`~celery_deadlines.core.options.EDGE`). ``False``: judge it in full
     (:meth:`DeadlineRequest._claim_refusal`), which decides the same for every message
-    this admits (tests/unit/test_fast_paths.py holds the two equal)."""
+    this admits (tests/unit/core/test_fast_paths.py holds the two equal)."""
     limits = options.in_seconds(task, settings_for(task.app))
     if not limits.local:
         return False  # a clock-skew budget: the ledger's clock decides
@@ -164,8 +164,8 @@ class DeadlineRequest(Request):
         if self._already_revoked:
             return True
         # the fields this package reads of every message, before anything is judged by
-        # them: envelope.fits, inline (every message; tests/unit/test_malformed_messages.py
-        # holds the two equal)
+        # them: envelope.fits, inline (every message;
+        # tests/unit/core/test_request_malformed_messages.py holds the two equal)
         task_id = self.id
         retries = self._request_dict.get("retries")
         if (
@@ -259,7 +259,7 @@ class DeadlineRequest(Request):
                 self._request_dict[HANDED] = (None, None, worker)  # no cap
                 return hard, soft
         # what Celery would apply: as rules.limits.celery_applies, inline (every message
-        # with a deadline; tests/unit/test_time_limits.py holds the two equal)
+        # with a deadline; tests/unit/rules/test_limits.py holds the two equal)
         task = self._task
         if worker is None:
             worker = _NO_WORKER_LIMITS

@@ -77,7 +77,7 @@ def start_in_seconds(task: Any, request: Any, headers: Any, deadline: float) -> 
     deadline header is ``deadline`` (epoch seconds): its state when it is clearly in
     time (the clocks' readings kept, the datetimes worked out if the body asks),
     ``None``: judge it in full (:func:`start_in_full`, which decides the same for every
-    message this admits: tests/unit/test_fast_paths.py; and with tracing loaded, which
+    message this admits: tests/unit/core/test_fast_paths.py; and with tracing loaded, which
     annotates the attempt's span)."""
     if telemetry.observed():
         return None

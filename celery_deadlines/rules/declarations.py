@@ -14,7 +14,7 @@ or are too wide to be meant are reviewed here too, without the tasks
 A task's durations are resolved with the precedence of
 :func:`celery_deadlines.core.options.resolve` (task option > contract > ``time_limit`` for the
 attempt > per-task setting > default), read here from plain values, since this module is
-pure: ``tests/unit/test_declarations.py`` holds the two equal. Nothing here reads the
+pure: ``tests/unit/rules/test_declarations.py`` holds the two equal. Nothing here reads the
 clock, Django or Celery; a task is anything with the attributes Celery gives one.
 """
 

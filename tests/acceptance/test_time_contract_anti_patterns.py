@@ -32,7 +32,7 @@ from celery_deadlines.ledger.sql.connection import Store
 from celery_deadlines.ledger.sql.rows import Lease
 from celery_deadlines.models import Run, RunEvent, Status
 from celery_deadlines.rules.observations import Observation
-from tests.django.test_effects import charge, record
+from tests.django.core.test_effects import charge, record
 from tests.support.memory_queue import drain
 from tests.support.signals import received
 from tests.support.trace import execute, execute_next

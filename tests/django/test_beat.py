@@ -1,7 +1,7 @@
 """Timezone-true schedules through Celery beat's own scheduler loop, on SQLite and
 PostgreSQL: each occurrence is published once as its run id, with its window; after a
 restart or an outage the ledger, not beat's state file, says what was done
-(django-celery-beat's rows: test_beat_database.py).
+(django-celery-beat's rows: tests/django/contrib/test_django_celery_beat.py).
 
 Beat's ``tick()`` runs for real; its clock is the library's (a :class:`FakeClock`), and
 the broker is kombu's in-memory transport.

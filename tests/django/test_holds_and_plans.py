@@ -34,7 +34,7 @@ from celery_deadlines.ledger.sql.rows import Lease
 from celery_deadlines.models import PlanState, Run, RunEvent, RunPlan, Status
 from celery_deadlines.rules.plans import steps_of
 from celery_deadlines.testing import FakeClock, use_clock
-from tests.django.test_effects import record
+from tests.django.core.test_effects import record
 from tests.support.memory_queue import drain
 from tests.support.signals import received
 from tests.support.trace import execute_next

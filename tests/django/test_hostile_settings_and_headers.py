@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from celery_deadlines import checks as ours
 from celery_deadlines.checks import check_settings
 from celery_deadlines.conf import SETTINGS
-from tests.unit.test_fuzz_parsers import BIG, LONGEST_MESSAGE, Unreadable, hostile, values
+from tests.unit.rules.test_fuzz_parsers import BIG, LONGEST_MESSAGE, Unreadable, hostile, values
 
 pytestmark = pytest.mark.usefixtures("clock", "json_support_known")
 

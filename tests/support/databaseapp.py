@@ -1,4 +1,5 @@
-"""The ledger app's worker with the database cap's tasks (tests/integration/test_database_cap.py).
+"""The ledger app's worker with the database cap's tasks
+(tests/integration/core/test_database_cap.py).
 
 Each task reports what it saw from the inside: the time it had left when it began and
 when its query came back (``self.remaining()``, the attempt's own reading), the error

@@ -1,4 +1,4 @@
-"""The demo runs that tests/integration/test_demo.py reads (``python -m demo_project.run_demo``).
+"""The demo runs that tests/repository/test_demo.py reads (``python -m demo_project.run_demo``).
 
 Each run is a subprocess of its own, on its own broker, database and folder, and spends
 its time waiting on its own workers, deadlines and retries: the selected runs are
@@ -32,7 +32,7 @@ from tests.support.processes import REPO, reachable
 #: How long one demo run may take.
 TIMEOUT = 180.0
 
-#: The demo each test of tests/integration/test_demo.py reads.
+#: The demo each test of tests/repository/test_demo.py reads.
 DEMO_OF = {
     "test_the_demo_explains_the_story_on_the_embedded_default": "embedded",
     "test_the_demo_runs_on_redis_and_postgresql": "redis-postgresql",

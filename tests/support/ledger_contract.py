@@ -10,7 +10,7 @@ What a test reads back (:class:`Seen`) is the run's row, or the fake's run.
 Time: the fake's clock is moved. The database's clock cannot be, so every instant
 stored for the ledger's runs and effects is moved into the past by as much, which is
 what the database clock moving on looks like to each comparison (the row's ``op`` says
-``age``, as in tests/django/test_ledger_store.py).
+``age``, as in tests/django/ledger/sql/test_ledger_store.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The worker app of the outbound retry tests (tests/integration/test_outbound_retries.py):
+"""The worker app of the outbound retry tests (tests/integration/contrib/test_outbound_retries.py):
 ``tests.support.workerapp``'s app, without the ledger, with tasks whose body calls a
 service through a client library that retries on its own (urllib3's ``Retry`` under
 requests, httpcore's connect retries under httpx, a gRPC retry policy), under the

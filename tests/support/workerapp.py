@@ -216,7 +216,7 @@ def watch_remaining(
     return {"samples": samples, **_seen(self)}
 
 
-# -- the reader's tasks the docs' examples call (tests/integration/test_doc_blocks_run.py) --
+# -- the reader's tasks the docs' examples call (tests/repository/test_doc_blocks_run.py) --
 
 
 @app.task(base=DeadlineTask, bind=True, name="docs.fetch")

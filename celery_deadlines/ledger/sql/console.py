@@ -5,7 +5,7 @@ runs, the names of the effects). ``SELECT DISTINCT`` reads every row for that; h
 each value is found by one probe of the column's index (a loose index scan: the
 smallest value, then the smallest above it, and so on), so listing twenty task names
 costs twenty probes whether the ledger holds ten thousand runs or ten million
-(migration 0010 made the indexes; ``tests/django/test_console_plans.py`` holds the
+(migration 0010 made the indexes; ``tests/django/admin/test_listing_query_plans.py`` holds the
 plans). Read-only: the console writes only through :mod:`..operations`.
 
 Each statement's text is in ``console.sql``, under its name.
