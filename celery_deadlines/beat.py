@@ -48,6 +48,7 @@ from .conf import settings_for
 from .errors import ConfigurationError, DeadlineRefused
 from .rules import skew, stamping, wire
 from .rules.budgets import parse_duration
+from .rules.contracts import is_deadline_task
 from .rules.periodic import LeftOut, Periodic
 from .rules.periodic import classify as periodic_classify
 from .rules.periodic import occurrences as periodic_occurrences
@@ -298,7 +299,6 @@ def catch_up(app: Any, entry: Any, producer: Any = None) -> list[str]:
     from django.db import transaction
 
     from .ledger.api import store_for
-    from .task import DeadlineTask
 
     schedule: OccurrenceSchedule = entry.schedule
     store = store_for(app)
@@ -344,7 +344,7 @@ def catch_up(app: Any, entry: Any, producer: Any = None) -> list[str]:
         _record_missed(app, store, entry, missed, why, deadline=missed.deadline)
     published = []
     task = app.tasks[entry.task]
-    if not isinstance(task, DeadlineTask):
+    if not is_deadline_task(task):
         raise ConfigurationError(
             f"beat entry {entry.name!r}: a {type(schedule).__name__} needs a DeadlineTask, and "
             f"{entry.task} is not one (base=DeadlineTask)"

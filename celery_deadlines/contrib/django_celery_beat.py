@@ -69,6 +69,7 @@ from ..beat import OccurrenceSchedule, PeriodicSchedule, ZonedSchedulerMixin, en
 from ..clock import get_clock
 from ..conf import settings_for
 from ..core import options
+from ..rules.contracts import is_deadline_task
 from ..rules.periodic import EPOCH, Cron, Every, Once, Periodic, Rule
 from ..rules.quoting import shown
 
@@ -301,7 +302,7 @@ class DatabaseDeadlineScheduler(ZonedSchedulerMixin, DatabaseScheduler):  # type
         """The occurrences of a DeadlineTask's row; ``None`` for a row published as
         django-celery-beat publishes it."""
         task = self.app.tasks.get(entry.task)
-        if task is None or not options.is_deadline_task(task):
+        if task is None or not is_deadline_task(task):
             return None
         model = entry.model
         window: timedelta | None

@@ -101,6 +101,7 @@ from ..clock import get_clock
 from ..conf import settings_for
 from ..rules import stamping, workflows
 from ..rules.budgets import capped_seconds
+from ..rules.contracts import is_deadline_task
 from . import options, publishing
 from .propagation import current_task, inherited
 from .refusals import report_refusal
@@ -243,7 +244,7 @@ def _step(
             raise _Ungoverned
     starts_at = options.start_of(given, now)
     countdown = max(starts_at - now, workflows.ZERO) if starts_at is not None else workflows.ZERO
-    if not options.is_deadline_task(task):
+    if not is_deadline_task(task):
         return workflows.Step(name, None, workflows.ZERO, countdown)
     built.any_deadline_task = True
     contract = settings.contract_of(name)
@@ -260,7 +261,7 @@ def _step(
 def _registers_deadline_task(app: Any) -> bool:
     """Does ``app`` register a DeadlineTask? Every step is looked up in its canvas's app:
     without one, no step of it is a DeadlineTask."""
-    return any(options.is_deadline_task(task) for task in app.tasks.values())
+    return any(is_deadline_task(task) for task in app.tasks.values())
 
 
 def _time_limit(given: Mapping[str, Any]) -> timedelta | None:
@@ -284,7 +285,7 @@ def _governing(
     parent's is unreadable: the step's own enqueue gate refuses that). Logs nothing."""
     call = dict(given)  # the stamp takes this package's options out of the call
     headers = dict(call.get("headers") or {})
-    if options.is_deadline_task(task):
+    if is_deadline_task(task):
         parent = publishing.inherited_by(task)
         if parent.unreadable is not None:
             return None

@@ -378,10 +378,3 @@ def start_of(call: Mapping[str, Any], now: datetime) -> datetime | None:
             raise InvalidDeadline(f"countdown must be a number of seconds, got {countdown}")
         return now + wait
     return None
-
-
-def is_deadline_task(task: object) -> bool:
-    """Whether ``task`` is a DeadlineTask (or a subclass): its class says which deadline
-    it lives by. Read without importing :mod:`celery_deadlines.task`, which sits above
-    the modules that ask (the workflow gate)."""
-    return isinstance(getattr(type(task), "deadline_kind", None), str)

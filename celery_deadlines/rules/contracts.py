@@ -192,8 +192,9 @@ _DEFAULT_VISIBILITY_TIMEOUTS: Final = {
 
 
 def is_deadline_task(task: object) -> bool:
-    """Whether ``task`` is a DeadlineTask: only one has a lease. (A pure rule cannot
-    import the task class; the system checks tell the tasks apart by this too.)"""
+    """Whether ``task`` is a DeadlineTask (or a subclass): only one has a lease, whatever
+    options it declares. Read without importing :mod:`celery_deadlines.task`, which
+    sits above every module that asks (a pure rule, the checks, the workflow gate, beat)."""
     return hasattr(task, "lease_duration")
 
 

@@ -25,7 +25,7 @@ from celery_deadlines import (
     deadline_scope,
 )
 from celery_deadlines.core import canvas as gate
-from celery_deadlines.core.options import is_deadline_task
+from celery_deadlines.rules.contracts import is_deadline_task
 from celery_deadlines.rules.wire import encode
 from celery_deadlines.testing import FakeClock
 from tests.support.unit_tasks import start_attempt
