@@ -29,7 +29,10 @@ BEHIND = Backlog(depth=100, rate=80.0, offered=80.0, span=1.0)
 @pytest.fixture
 def app() -> Iterator[Celery]:
     app = Celery("backlog", broker="memory://", backend="cache+memory://")
-    app.conf.update(deadlines_ledger=True, deadlines_database="default")
+    # the refusal at enqueue is opt-in
+    app.conf.update(
+        deadlines_ledger=True, deadlines_database="default", deadlines_backlog_refusal=True
+    )
     yield app
     app.close()
 
@@ -68,10 +71,16 @@ def test_a_publish_refused_for_the_queue_ahead_is_recorded_explained_and_counted
     assert registry.get_sample_value("celery_deadlines_refusals_total", labels) == 1
 
 
+@pytest.mark.parametrize("turned", ["off", "left at its default"])
 def test_with_the_setting_off_the_queue_ahead_refuses_nothing(
-    app: Celery, a_queue_behind: None
+    app: Celery, a_queue_behind: None, turned: str
 ) -> None:
-    app.conf.deadlines_backlog_refusal = False
+    if turned == "off":
+        app.conf.deadlines_backlog_refusal = False
+    else:
+        changes = app.conf.changes
+        assert changes is not None
+        changes.pop("deadlines_backlog_refusal")  # the default: off
     task = make_task(app, "shop.report", budget=1, reserve=0.06)
     task.apply_async(task_id="report-2", queue="reports")
     assert Run.objects.get(task_id="report-2").status == Status.QUEUED

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,6 +17,19 @@ from celery_deadlines.signals import deadline_refused
 from tests.support.processes import Transport
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def refusing_at_enqueue() -> Iterator[None]:
+    """The workers' app with the refusal at enqueue turned on (it is opt-in)."""
+    from tests.support.workerapp import app
+
+    app.conf.deadlines_backlog_refusal = True
+    try:
+        yield
+    finally:
+        app.conf.deadlines_backlog_refusal = False
+
 
 ARITHMETIC = re.compile(
     r"(?P<depth>\d+) messages ahead in its queue, taken off at (?P<rate>[\d.]+)/s "

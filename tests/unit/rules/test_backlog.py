@@ -182,6 +182,7 @@ def test_whatever_a_queue_reads_the_estimate_is_finite_or_none(
 
 
 def deadline_task(app: Celery) -> Any:
+    app.conf.deadlines_backlog_refusal = True  # opt-in
     return make_task(app, "unit.backlog", budget=1, reserve=0.06)
 
 
