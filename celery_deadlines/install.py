@@ -6,7 +6,7 @@ from __future__ import annotations
 from celery.signals import before_task_publish
 
 from .contrib import opentelemetry, prometheus, sentry
-from .core import canvas, pools, preflight, request, telemetry, timelimits
+from .core import cancelling, canvas, pools, preflight, request, telemetry, timelimits
 from .core.publishing import on_before_task_publish
 
 _DISPATCH_UID = "celery_deadlines.core.publishing.on_before_task_publish"
@@ -37,6 +37,7 @@ def install() -> None:
     canvas.patch()
     request.guard_consumers()
     timelimits.connect()
+    cancelling.connect()
     pools.connect()
     preflight.connect()
     telemetry.wire(opentelemetry)

@@ -21,6 +21,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from ..clock import get_clock
+from ..core.cancelling import tell_workers
 from ..explain import Explanation, explanation_of
 from ..explain import text as said
 from ..ledger import operations
@@ -457,6 +458,10 @@ class RunAdmin(ReadOnlyAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
             if count:
                 changed += count
                 self.log_change(request, run, f"Cancelled with {count} run(s) of its tree")
+        if changed:
+            from celery import current_app
+
+            tell_workers(current_app)
         self.message_user(
             request,
             f"{changed} run(s) cancelled (the selected and what they started); finished "

@@ -4,7 +4,9 @@ deadline pulled in, for the run and every descendant it recorded.
 A cancel is a deadline, not a message to a worker: it is one write to the ledger, read
 by whoever acts on a run next (the claim refuses it ``cancelled``, a renewal past it
 fails, the sweeper ends it ``cancelled``), so it reaches work queued behind a busy
-worker, and work whose worker is down, as Celery's ``revoke`` cannot.
+worker, and work whose worker is down, as Celery's ``revoke`` cannot. One broadcast then
+prompts the workers that are up to pull in the hard limits of the cancelled runs they
+are running (:func:`hard_limits_fall`), which asks the ledger which those are.
 """
 
 from __future__ import annotations
@@ -18,11 +20,16 @@ from datetime import datetime
 from typing import Any
 
 from celery import current_app
+from celery.signals import worker_init
 
 from .. import ledger
+from ..conf import settings_for
 from ..errors import ConfigurationError
 from ..rules.gates import Reason
 from ..signals import run_expired
+from . import timelimits
+from .body import AttemptAPI
+from .options import duration
 
 logger = logging.getLogger("celery_deadlines")
 
@@ -46,8 +53,10 @@ def cancel(
     Queued runs are refused at their claim (nothing of their bodies runs) or ended by
     the reconciler's sweeper, with the reason ``cancelled``, and their callers see
     ``REVOKED`` (``TaskRevokedError('revoked')``); a running attempt's next lease
-    renewal fails, and it is refused a retry. Returns how many runs it changed: 0 for a
-    run that had ended, or that the ledger does not hold.
+    renewal fails, and it is refused a retry, and the workers that are up are told
+    (:func:`tell_workers`): the hard limit of each cancelled run they are running falls
+    to one lease. Returns how many runs it changed: 0 for a run that had ended, or that
+    the ledger does not hold.
 
     Without the ledger (``"celery_deadlines"`` not in ``INSTALLED_APPS``) no run's
     descendants are known, and a cancel does what Celery's revoke can: it sends
@@ -62,7 +71,90 @@ def cancel(
         return _revoke_alone(app, task_id, reason=reason, at=at)
     from ..ledger import api, operations
 
-    return operations.cancel_run(api.store_for(app), task_id, reason=reason, by=by, at=at)
+    changed = operations.cancel_run(api.store_for(app), task_id, reason=reason, by=by, at=at)
+    if changed:
+        tell_workers(app)
+    return changed
+
+
+#: The workers' remote control command a cancel broadcasts (:func:`hard_limits_fall`).
+COMMAND = "deadlines_cancelled"
+
+
+def tell_workers(app: Any) -> None:
+    """Tell the workers that are up that runs were cancelled, so that the hard limits of
+    those they are running fall (:func:`hard_limits_fall`): one broadcast, no reply
+    awaited. A broker that cannot take it loses nothing: the cancel is written, each
+    attempt learns it at its renewal, and its hard limit stays where it was (a
+    WARNING says so)."""
+    try:
+        app.control.broadcast(COMMAND)
+    except Exception:
+        logger.warning(
+            "telling the workers of a cancel failed: the running attempts still learn it "
+            "at their next lease renewal, but their hard time limits stay as they were",
+            exc_info=True,
+        )
+
+
+def hard_limits_fall(state: Any, **_: Any) -> dict[str, int]:
+    """The worker's remote control command :data:`COMMAND`, in the process that
+    supervises its jobs: of the runs it is running, those the ledger says were
+    cancelled have their hard limits fall to one lease from now
+    (:func:`~.timelimits.fall`), the instant by which that lease, never renewed past a
+    cancel, has lapsed. Their bodies learn the cancel at their next renewal, a third of
+    a lease in (``remaining()`` 0, effects and calls refused), and have the rest of the
+    lease to return; a body still running then is ended as a hard time limit ends it
+    (:func:`~.supervision.time_limit_outcome`: ``EXPIRED cancelled``, its caller told
+    ``REVOKED``). The command's arguments, which anyone who can publish to the broker
+    may write, are ignored: which runs were cancelled is the ledger's word alone."""
+    from celery.worker.state import active_requests
+
+    from ..ledger import api
+
+    running = {
+        request.id: request
+        for request in list(active_requests)
+        if isinstance(request.task, AttemptAPI) and ledger.enabled_for(request.task.app)
+    }
+    if not running:
+        return {"fell": 0}
+    app = state.consumer.app
+    try:
+        cancelled = api.cancelled_running(app, list(running))
+    except Exception:
+        logger.exception("reading which of the runs of this worker were cancelled failed")
+        return {"fell": 0}
+    fell = 0
+    for task_id in sorted(cancelled):
+        request = running[task_id]
+        lease = duration(request.task, "lease_ttl", settings_for(request.task.app))
+        if timelimits.fall(state.consumer.pool, request, lease.total_seconds()):
+            setattr(request, FELL, True)
+            fell += 1
+            logger.warning(
+                "%s[%s] was cancelled: its hard time limit falls to %.3f s from now",
+                request.name,
+                task_id,
+                lease.total_seconds(),
+            )
+    return {"fell": fell}
+
+
+#: The attribute of a worker's request whose hard limit a cancel pulled in.
+FELL = "_celery_deadlines_limit_fell"
+
+
+def connect() -> None:
+    """Register :func:`hard_limits_fall` as a worker's remote control command when a
+    worker starts (idempotent; nothing in a process that is not a worker)."""
+    worker_init.connect(_register, dispatch_uid=COMMAND, weak=False)
+
+
+def _register(**_: Any) -> None:
+    from celery.worker.control import control_command
+
+    control_command(name=COMMAND)(hard_limits_fall)
 
 
 def _revoke_alone(app: Any, task_id: str, *, reason: str, at: datetime | None) -> int:

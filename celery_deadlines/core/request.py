@@ -42,7 +42,6 @@ from ..rules import envelope, gates, outcomes, stamping, wire
 from ..rules.envelope import LONGEST_ID, MOST_RETRIES, is_duration
 from ..rules.quoting import shown
 from ..rules.records import ENDED_IT, Refusal
-from ..rules.states import Status
 from . import options, recording, supervision
 from .body import AttemptAPI
 from .claiming import answer_a_waiting_caller, result_policy
@@ -433,9 +432,10 @@ class DeadlineRequest(Request):
     # -- the ledger, told by the supervisor about its pool processes -------------------
 
     def on_timeout(self, soft: bool, timeout: float) -> None:
-        if soft or supervision.time_limit_outcome(self, timeout) != Status.UNKNOWN:
+        if soft or not supervision.settled_here(supervision.time_limit_outcome(self, timeout)):
             super().on_timeout(soft, timeout)  # stores TimeLimitExceeded for the caller
-        # else: an effect's outcome is unknown, and the caller was told so (supervision)
+        # else: an effect's outcome is unknown, or the run was cancelled, and the caller
+        # was told so (supervision)
 
     def on_failure(
         self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False

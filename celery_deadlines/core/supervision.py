@@ -21,8 +21,9 @@ from celery.worker.state import task_ready
 from .. import ledger
 from ..clock import get_clock
 from ..rules import outcomes
+from ..rules.gates import Reason
 from ..rules.states import UNKNOWN_EVENT, Status
-from . import pools
+from . import cancelling, pools
 from .body import AttemptAPI, Unresolved
 from .claiming import result_policy
 from .refusals import ToldRevoked, announce_told_revoked
@@ -42,7 +43,7 @@ def failed(request: Any, exc_info: Any) -> bool:
         exc = exc.exc
     # billiard reports a hard time limit here first, then calls on_timeout
     if isinstance(exc, TimeLimitExceeded) and exc.args:
-        return time_limit_outcome(request, exc.args[0]) == Status.UNKNOWN
+        return settled_here(time_limit_outcome(request, exc.args[0]))
     if isinstance(exc, WorkerLostError):
         return lost_to_the_ledger(request, exc)
     if isinstance(exc, Unresolved):
@@ -51,6 +52,17 @@ def failed(request: Any, exc_info: Any) -> bool:
     elif isinstance(exc, ToldRevoked):
         announce_told_revoked(request, exc)  # Celery only acknowledges an Ignore
     return False
+
+
+#: A hard time limit's outcome when a cancel had pulled it in (:func:`time_limit_outcome`):
+#: the run ended ``EXPIRED cancelled`` and its caller was told ``REVOKED`` here.
+TOLD_REVOKED: Final = "REVOKED"
+
+
+def settled_here(outcome: str | None) -> bool:
+    """Whether a hard time limit's ``outcome`` was told its caller here, so that Celery's
+    own ``TimeLimitExceeded`` must not follow: an effect's unknown outcome, a cancel."""
+    return outcome in (Status.UNKNOWN, TOLD_REVOKED)
 
 
 def _with_ledger(request: Any) -> bool:
@@ -63,7 +75,9 @@ def time_limit_outcome(request: Any, timeout: float) -> str | None:
     (the attempt gate), FAILED ``time_limit`` when it was the task's own, UNKNOWN
     when an effect's outcome is unknown. UNKNOWN is what the caller is told then, and
     nothing else: Celery's ``TimeLimitExceeded`` would be a failure a waiting
-    ``get()`` raises for a run whose outcome is not known yet."""
+    ``get()`` raises for a run whose outcome is not known yet. A limit a cancel pulled
+    in (:func:`~.cancelling.hard_limits_fall`) ends the run EXPIRED ``cancelled``, its
+    caller told ``REVOKED`` as every run of a cancelled tree is (:data:`TOLD_REVOKED`)."""
     if request._time_limit_written is not UNDECIDED:
         decided: str | None = request._time_limit_written
         return decided
@@ -87,6 +101,13 @@ def time_limit_outcome(request: Any, timeout: float) -> str | None:
         delivery_task=getattr(request.task, "deadline_kind", None) == "delivery",
     )
     detail = f"hard time limit ({timeout} s) exceeded"
+    cancelled = getattr(request, cancelling.FELL, False)
+    if cancelled:
+        status, reason = Status.EXPIRED, Reason.CANCELLED.value
+        detail = (
+            "cancelled while it ran: its body had not returned one lease after the "
+            "cancel, when its hard time limit fell"
+        )
     api = ledger.api_for(request.task.app)
     try:
         written = api.end_owned(
@@ -100,6 +121,9 @@ def time_limit_outcome(request: Any, timeout: float) -> str | None:
         )
     except Exception:  # the reconciler settles the lapsed lease instead
         logger.exception("recording the time limit of %s in the ledger failed", request.id)
+    if cancelled and written == Status.EXPIRED:
+        written = TOLD_REVOKED
+        _tell_revoked(request, detail)
     request._time_limit_written = written
     if written == Status.UNKNOWN:
         # a WARNING: the ERROR that pages a person comes from tell_caller_unknown,
@@ -119,6 +143,24 @@ def time_limit_outcome(request: Any, timeout: float) -> str | None:
         # as Celery handles a timed-out message (the setting is not in the stubs)
         _end_message(request, requeue=not getattr(request.task, "acks_on_timeout", True))
     return written
+
+
+def _tell_revoked(request: Any, detail: str) -> None:
+    """A cancelled run whose body its fallen hard limit ended: logged and signalled as
+    a cancelled run's end, its caller told ``REVOKED`` and ``task-revoked`` sent
+    (``terminated``), and the message ended as a refused one is (never redelivered)."""
+    task = request.task
+    task_ready(request)
+    cancelling.announce_ended(task, request.id, detail)
+    if result_policy(task).stores_errors:
+        try:
+            task.backend.mark_as_revoked(
+                request.id, outcomes.CELERY_REVOKED, request=request._context
+            )
+        except Exception:  # the ledger holds the outcome
+            logger.exception("storing the REVOKED state of %s failed", request.id)
+    announce_told_revoked(request, ToldRevoked(outcomes.CELERY_REVOKED, detail, True))
+    _end_message(request, requeue=False)
 
 
 def lost_to_the_ledger(request: Any, exc: BaseException) -> bool:

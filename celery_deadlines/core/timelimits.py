@@ -28,6 +28,7 @@ pool process with the job (:data:`HANDED`, read by :func:`handed`).
 from __future__ import annotations
 
 import logging
+import math
 import sys
 from typing import Any, Final
 
@@ -51,6 +52,8 @@ class JobLimits:
         self.hub = hub
         #: job -> (when its limit comes, on the monotonic clock; soft; hard)
         self.due: dict[int, tuple[float, float | None, float | None]] = {}
+        #: job -> when its hard limit comes, pulled in by a cancel (:meth:`fall`)
+        self.fallen: dict[int, float] = {}
         #: the loop timer's entry and the instant it is set for, while it is set
         self._entry: Any = None
         self._armed_at: float | None = None
@@ -60,8 +63,8 @@ class JobLimits:
         if hub is not self.hub:
             self._disarm()
             self.hub = hub
-            if self.due:
-                self._arm(min(when for when, _, _ in self.due.values()))
+            if self.due or self.fallen:
+                self._arm(self._earliest())
 
     def on_timeout_set(self, result: Any, soft: float | None, hard: float | None) -> None:
         """A pool process started ``result``'s job: its first limit is the soft one if it
@@ -75,10 +78,19 @@ class JobLimits:
         if armed_at is None or when < armed_at:
             self._arm(when)
 
+    def fall(self, job: int, seconds: float) -> None:
+        """A cancel: ``job``'s hard limit falls to ``seconds`` from now (a limit of its
+        own that comes earlier still applies first)."""
+        when = clock.monotonic() + seconds
+        if when < self.fallen.get(job, when + 1):
+            self.fallen[job] = when
+            self._arm_for(when)
+
     def on_timeout_cancel(self, result: Any) -> None:
         """``result``'s job ended: its limits are off (the timer stays set for the
         earliest limit it was set for, and finds nothing due if that job has ended)."""
         job = result._job
+        self.fallen.pop(job, None)
         due = self.due.pop(job, None)
         if due is not None and not due[1]:
             return  # no soft limit was set: Celery set no hard timer after one
@@ -109,6 +121,13 @@ class JobLimits:
         self._entry = None
         self._armed_at = None
         now = clock.monotonic()
+        for job in [job for job, when in self.fallen.items() if when <= now]:
+            del self.fallen[job]
+            self.due.pop(job, None)
+            try:
+                self.pool._on_hard_timeout(job)
+            except Exception:  # one job's failure must not keep the others' limits off
+                logger.exception("applying the hard limit of cancelled job %s failed", job)
         for job in [job for job, (when, _, _) in self.due.items() if when <= now]:
             _, soft, hard = self.due.pop(job)
             try:
@@ -118,8 +137,64 @@ class JobLimits:
                     self.pool._on_hard_timeout(job)
             except Exception:  # one job's failure must not keep the others' limits off
                 logger.exception("applying the time limit of job %s failed", job)
-        if self.due:  # set again for the earliest (a handler may have set it for another)
-            self._arm_for(min(when for when, _, _ in self.due.values()))
+        if self.due or self.fallen:  # set again for the earliest (a handler may have set it)
+            self._arm_for(self._earliest())
+
+    def _earliest(self) -> float:
+        return min(
+            min((when for when, _, _ in self.due.values()), default=math.inf),
+            min(self.fallen.values(), default=math.inf),
+        )
+
+
+def fall(pool: Any, request: Any, seconds: float) -> bool:
+    """A cancel: the hard limit of ``request``'s running job falls to ``seconds`` from
+    now, on the pools that apply one: prefork's, on its main process's timer
+    (:meth:`JobLimits.fall`; Celery's ``_on_hard_timeout`` then, as at any hard limit);
+    gevent's and eventlet's, whose limit is the job's green thread told its ``Timeout``.
+    ``False`` where no limit can fall: a job that has ended, the threads and solo
+    pools (to which Celery applies no time limit), or an eventlet job not capped by a
+    deadline (Celery's eventlet pool applies none)."""
+    ref = getattr(request, "_apply_result", None)
+    job = ref() if callable(ref) else None
+    if job is None:
+        return False
+    limits = getattr(getattr(pool, "_pool", None), _MARK, None)
+    if isinstance(limits, JobLimits):
+        number = getattr(job, "_job", None)
+        if not isinstance(number, int):
+            return False
+        limits.fall(number, seconds)
+        return True
+    return _fall_green(job, seconds)
+
+
+def _fall_green(green: Any, seconds: float) -> bool:
+    """:func:`fall` on a green pool: ``green`` (the job's green thread) is told its
+    pool's ``Timeout`` in ``seconds``, which the pool's time limit handles as its own."""
+    gevent = sys.modules.get("gevent")
+    if gevent is not None and isinstance(green, gevent.Greenlet):
+        gevent.spawn_later(seconds, _time_out_gevent, green)
+        return True
+    eventlet = sys.modules.get("eventlet")
+    if eventlet is not None and getattr(green, _CAPPED, False):
+        eventlet.spawn_after(seconds, _time_out_eventlet, green)
+        return True
+    return False
+
+
+def _time_out_gevent(green: Any) -> None:
+    from gevent import Timeout
+
+    if not green.dead:
+        green.kill(Timeout(), block=False)
+
+
+def _time_out_eventlet(green: Any) -> None:
+    from eventlet import Timeout
+
+    if not green.dead:
+        green.kill(Timeout())
 
 
 def connect() -> None:
@@ -317,7 +392,8 @@ def patch_eventlet() -> None:
             on_timeout,
         )
         pool._add_to_pool_map(id(green), green)
-        return None
+        setattr(green, _CAPPED, True)  # its limit can fall to a cancel (:func:`fall`)
+        return green  # the request keeps a reference to it, as to a gevent job's
 
     on_apply.__wrapped__ = original  # type: ignore[attr-defined]
     setattr(on_apply, _MARK, True)

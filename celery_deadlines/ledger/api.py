@@ -10,7 +10,7 @@ outcomes into Celery's ``Ignore``/``Retry`` stays with the caller.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, Final, NamedTuple
@@ -440,6 +440,14 @@ def end_owned(
     return store.supervision.end_owned(
         task_id, owner_name_of(hostname, pid), status, reason, detail
     )
+
+
+def cancelled_running(app: Any, task_ids: Collection[str]) -> set[str]:
+    """Of ``task_ids``, the runs the worker's main process supervises, those whose
+    deadline a cancel pulled in (:func:`~celery_deadlines.core.cancelling.hard_limits_fall`)."""
+    if not task_ids:
+        return set()
+    return store_for(app, dedicated=True).supervision.cancelled_running(task_ids)
 
 
 def ended_run(app: Any, task_id: str) -> EndedRun | None:

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
+import celery_deadlines
 from celery_deadlines import DeadlineTask
 from celery_deadlines.beat import DeadlineScheduler, ZonedSchedule
 from celery_deadlines.explain import facts, render_text
@@ -131,6 +132,27 @@ def test_a_restarted_scheduler_reconciles_by_run_id_and_publishes_nothing_twice(
         run_beat(beat(app, tmp_path / "second", ("digest", DIGEST)), clock, 30)
     assert published(app) == []
     assert list(runs(app)) == [WEDNESDAY_ID]
+
+
+def test_a_cancelled_occurrence_does_not_cancel_its_schedule(app: Celery, tmp_path: Path) -> None:
+    """A cancel ends one run, the occurrence's: the next occurrence is published as
+    usual, and neither this beat nor a restarted one publishes the cancelled one again."""
+    with use_clock(FakeClock(WEDNESDAY_0900 - timedelta(seconds=1))) as clock:
+        scheduler = beat(app, tmp_path / "beat", ("digest", DIGEST))
+        run_beat(scheduler, clock, 3)
+        assert published(app) == [WEDNESDAY_ID]
+        assert celery_deadlines.cancel(WEDNESDAY_ID, reason="bad digest", app=app) == 1
+
+        clock.advance((timedelta(days=1) - timedelta(seconds=5)).total_seconds())  # 08:59:58
+        run_beat(scheduler, clock, 5)
+        run_beat(beat(app, tmp_path / "restarted", ("digest", DIGEST)), clock, 5)
+    thursday_id = "digest:Europe/Berlin@2026-08-20T09:00:00"
+    assert published(app) == [thursday_id]
+    cancelled, thursday = runs(app)[WEDNESDAY_ID], runs(app)[thursday_id]
+    assert cancelled.reason == "cancelled"
+    assert (thursday.status, thursday.reason, thursday.schedule) == (
+        Status.QUEUED, "", "digest",
+    )  # fmt: skip
 
 
 def test_a_scheduler_down_at_the_boundary_publishes_the_occurrence_late_in_its_window(

@@ -493,6 +493,24 @@ def terminable(self: DeadlineTask, key: str, seconds: float = 30.0) -> str:
     return "ran to its end"
 
 
+@app.task(base=DeadlineTask, bind=True, name="l.never_looks")
+def never_looks(self: DeadlineTask, key: str, seconds: float = 60.0) -> str:
+    """A body that never looks at ``remaining()`` (it works in short steps for
+    ``seconds``: ``gave-up``), whose task does not declare ``cancel_terminates``: a
+    cancel ends it only by its fallen hard limit (``stopped:<name>`` where the pool
+    raises one in it: a green pool's ``Timeout``; prefork's process is killed)."""
+    sink("start", key, self)
+    try:
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            time.sleep(0.02)
+        sink("gave-up", key, self)
+    except BaseException as stopped:
+        sink(f"stopped:{type(stopped).__name__}", key, self)
+        raise
+    return "ran to its end"
+
+
 @app.task(base=DeadlineTask, bind=True, name="l.terminable_in_effect", cancel_terminates=True)
 def terminable_in_effect(self: DeadlineTask, key: str, seconds: float = 30.0) -> str:
     """A body cancelled in the middle of an effect's dispatch (its guard passed, then it

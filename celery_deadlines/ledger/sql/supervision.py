@@ -9,6 +9,7 @@ Each statement's text is in ``supervision.sql``, under its name.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Final
 
 from ...rules.states import Status
@@ -63,9 +64,16 @@ class Supervision(Statements):
         _, rows = self.execute(UNFINISHED.text[d.vendor], [task_id])
         return bool(rows)
 
+    def cancelled_running(self, task_ids: Collection[str]) -> set[str]:
+        """Of ``task_ids`` (the runs this worker is running), those a cancel pulled in."""
+        d = self.dialect
+        _, rows = self.execute(CANCELLED_RUNNING.text[d.vendor], [d.values(task_ids)])
+        return {str(task_id) for (task_id,) in rows}
+
 
 _SQL: Final = queries("supervision")
 END_OWNED: Final = _SQL["end_owned"]
 END_OWNED_EFFECTS: Final = _SQL["end_owned_effects"]
 LAPSE_OWNED: Final = _SQL["lapse_owned"]
 UNFINISHED: Final = _SQL["unfinished"]
+CANCELLED_RUNNING: Final = _SQL["cancelled_running"]

@@ -28,3 +28,9 @@ WHERE task_id = %s AND status = 'RUNNING' AND owner = %s
 
 -- unfinished --
 SELECT 1 FROM celery_deadlines_run WHERE task_id = %s AND status NOT IN {terminal}
+
+-- cancelled_running --
+-- Of the runs this worker is running (their task ids), those a cancel pulled in: their
+-- attempts' hard limits fall (celery_deadlines.core.cancelling.hard_limits_fall).
+SELECT task_id FROM celery_deadlines_run
+WHERE task_id {in_values} AND status = 'RUNNING' AND reason = 'cancelled'

@@ -16,6 +16,7 @@ from django.db import connections
 
 from ...checks import from_django
 from ...conf import DATABASE
+from ...core.cancelling import tell_workers
 from ...errors import ConfigurationError
 from ...explain import explanation_of, render_text, task_ids_named, to_json, typed_id
 from ...explain.text import printable
@@ -80,6 +81,10 @@ class Command(BaseCommand):
             changed = cancel_run(
                 store, options["task_id"], reason=options["reason"], by=options["by"]
             )
+            if changed:
+                from celery import current_app
+
+                tell_workers(current_app)
             self.stdout.write(
                 f"{changed} run(s) cancelled: {printable(options['task_id'])} and what it started"
                 if changed

@@ -277,3 +277,50 @@ def test_a_cancel_terminates_a_body_after_the_effect_it_is_dispatching_never_wit
     assert [(e.key, e.state) for e in Effect.objects.using(LEDGER_DB).filter(run=run)] == [
         ("in-effect", "SUCCEEDED")
     ]
+
+
+#: how long the body below (l.never_looks) would work if nothing stopped it
+STUBBORN_SECONDS = 60.0
+
+
+@pytest.mark.parametrize(
+    ("pool", "acks_late"),
+    [("prefork", False), ("prefork", True), ("gevent", False), ("eventlet", False)],
+)
+def test_a_cancelled_body_that_never_returns_is_ended_when_its_hard_limit_falls_to_one_lease(
+    redis_broker: Transport, ledger_client: Any, ledger_worker: Any, sink: Path,
+    pool: str, acks_late: bool,
+) -> None:  # fmt: skip
+    """A body that never looks at ``remaining()``, of a task that does not declare
+    ``cancel_terminates``: its hard limit (the deadline's cap, 120 s) falls, at the
+    cancel, to one lease; the pool ends it then as at any hard limit, long before the
+    body's own end, and its run ends ``cancelled``, its caller told ``REVOKED``."""
+    tasks = ledger_client(redis_broker)
+    ledger_worker(
+        redis_broker,
+        concurrency=1,
+        pool=pool,
+        worker_args=("-E",),
+        TEST_LEASE_TTL=str(LEASE),
+        TEST_RECONCILE_INTERVAL="600",  # the run is ended by its worker, not the sweeper
+        TEST_ACKS_LATE="1" if acks_late else "0",
+    )
+    with task_events(tasks.app) as events:
+        result = tasks.never_looks.apply_async(("stubborn", STUBBORN_SECONDS), budget=120)
+        wait_for(lambda: "start" in kinds(sink, "stubborn"), 30)
+        assert celery_deadlines.cancel(result.id, reason="runaway", app=tasks.app) == 1
+
+        with pytest.raises(TaskRevokedError):
+            result.get(timeout=STUBBORN_SECONDS / 2)
+        run = wait_for(lambda: ended(result.id), 30)
+        assert (run.status, run.reason) == (Status.EXPIRED, "cancelled")
+        assert "its hard time limit fell" in run.detail
+        wait_for(lambda: revoked_events(events, result.id), 30)
+    assert [e["terminated"] for e in revoked_events(events, result.id)] == [True]
+    # ended within the issue's bound, a renewal and the lease it can no longer renew (and
+    # a second's slack), by the database's clock: not at its own minute's end
+    cancel_at = RunEvent.objects.using(LEDGER_DB).get(run=run, kind="cancel").at
+    assert (ended_at(result.id) - cancel_at).total_seconds() <= LEASE + LEASE / 3 + 1.0
+    assert "gave-up" not in kinds(sink, "stubborn")
+    if pool != "prefork":  # a green pool's Timeout is raised in the body
+        assert kinds(sink, "stubborn") == ["start", "stopped:Timeout"]

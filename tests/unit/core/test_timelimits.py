@@ -260,3 +260,71 @@ def test_jobs_that_end_before_their_limits_leave_nothing_behind_but_one_timer(
         limits.on_timeout_cancel(job(number))
     assert limits.due == {}
     assert len(hub.entries) == 1
+
+
+# -- a cancel's hard limit (JobLimits.fall) ------------------------------------------------
+
+
+def test_a_cancel_pulls_a_jobs_hard_limit_in_to_the_instant_it_names(hub: Hub, pool: Pool) -> None:
+    limits = JobLimits(pool, hub)
+    limits.on_timeout_set(job(1), None, 300.0)
+    hub.run_until(10)
+    limits.fall(1, 2.0)
+    hub.run_until(1.9)
+    assert pool.calls == []
+    hub.run_until(0.2)
+    assert pool.calls == [("hard", 1, 112.0)]
+    hub.run_until(300)
+    assert pool.calls == [("hard", 1, 112.0)]  # its own limit is not applied after
+
+
+def test_a_cancel_never_puts_a_limit_off(hub: Hub, pool: Pool) -> None:
+    limits = JobLimits(pool, hub)
+    limits.on_timeout_set(job(1), None, 3.0)
+    limits.fall(1, 2.0)
+    limits.fall(1, 20.0)  # a second, later one changes nothing
+    hub.run_until(60)
+    assert pool.calls == [("hard", 1, 102.0)]
+
+
+def test_a_jobs_own_soft_limit_before_the_fallen_hard_one_still_comes_first(
+    hub: Hub, pool: Pool
+) -> None:
+    limits = JobLimits(pool, hub)
+    limits.on_timeout_set(job(1), 1.0, 300.0)
+    limits.fall(1, 2.0)
+    hub.run_until(60)
+    assert pool.calls == [("soft", 1, 101.0), ("hard", 1, 102.0)]
+
+
+def test_a_cancelled_job_that_ended_before_its_fallen_limit_is_left_alone(
+    hub: Hub, pool: Pool
+) -> None:
+    limits = JobLimits(pool, hub)
+    limits.on_timeout_set(job(1), None, 300.0)
+    limits.on_timeout_set(job(2), None, 300.0)
+    limits.fall(1, 2.0)
+    limits.on_timeout_cancel(job(1))
+    hub.run_until(60)
+    assert pool.calls == []
+    assert limits.fallen == {}
+    assert list(limits.due) == [2]
+
+
+def test_only_a_running_job_of_a_pool_that_applies_hard_limits_has_its_limit_fall(
+    hub: Hub, pool: Pool
+) -> None:
+    """timelimits.fall: prefork's jobs by their number; a job that has ended (its
+    request's reference gone), and a job of a pool without hard limits (threads, solo:
+    an ``ApplyResult`` Celery keeps no timer for), have none to fall."""
+    limits = JobLimits(pool, hub)
+    setattr(pool, timelimits._MARK, limits)
+    prefork = SimpleNamespace(_pool=pool)
+    limits.on_timeout_set(job(7), None, 300.0)
+    running = SimpleNamespace(_apply_result=lambda: job(7))
+    assert timelimits.fall(prefork, running, 2.0)
+    assert limits.fallen == {7: 102.0}
+    assert not timelimits.fall(prefork, SimpleNamespace(_apply_result=lambda: None), 2.0)
+    assert not timelimits.fall(prefork, SimpleNamespace(_apply_result=None), 2.0)
+    threads = SimpleNamespace(_pool=SimpleNamespace())
+    assert not timelimits.fall(threads, SimpleNamespace(_apply_result=lambda: object()), 2.0)
