@@ -6,7 +6,16 @@ from __future__ import annotations
 from celery.signals import before_task_publish
 
 from .contrib import opentelemetry, prometheus, sentry
-from .core import cancelling, canvas, pools, preflight, request, telemetry, timelimits
+from .core import (
+    cancelling,
+    canvas,
+    pools,
+    preflight,
+    request,
+    resultpipes,
+    telemetry,
+    timelimits,
+)
 from .core.publishing import on_before_task_publish
 
 _DISPATCH_UID = "celery_deadlines.core.publishing.on_before_task_publish"
@@ -18,7 +27,9 @@ def install() -> None:
     (:mod:`celery_deadlines.core.canvas`), keep a message whose task name no task can
     have from stopping a worker's consumer (:class:`~celery_deadlines.core.request.Strategies`),
     and connect the worker signals: one event-loop
-    timer for every job's time limits (:mod:`celery_deadlines.core.timelimits`), whether
+    timer for every job's time limits (:mod:`celery_deadlines.core.timelimits`), a prefork
+    pool's result pipes that cannot stop the worker when a pool process dies in the middle
+    of a message (:mod:`celery_deadlines.core.resultpipes`), whether
     a process runs its attempts one at a time (:mod:`celery_deadlines.core.pools`), and
     the check that keeps a worker or beat from starting on a configuration the library's
     checks reject (:mod:`celery_deadlines.core.preflight`).
@@ -37,6 +48,7 @@ def install() -> None:
     canvas.patch()
     request.guard_consumers()
     timelimits.connect()
+    resultpipes.connect()
     cancelling.connect()
     pools.connect()
     preflight.connect()

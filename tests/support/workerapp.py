@@ -146,6 +146,17 @@ def sleeper(seconds: float) -> float:
     return seconds
 
 
+@app.task(name="t.tear_result_pipe")
+def tear_result_pipe() -> str:
+    """Write, on this prefork pool process's own result pipe, a message whose body is no
+    pickle: what the worker's main process reads from a pipe that lost a message's
+    boundary (a pool process killed while the main process was reading its message)."""
+    from billiard.process import current_process
+
+    current_process()._target.outq._writer.send_bytes(b"\x01(no pickle)")
+    return "torn"
+
+
 @app.task(base=DeadlineTask, bind=True, name="t.deadline_sleeper")
 def deadline_sleeper(self: DeadlineTask, seconds: float) -> dict[str, Any]:
     started = _seen(self)
