@@ -33,5 +33,5 @@ def test_a_message_that_cannot_be_unpickled_does_not_stop_the_worker(
     assert worker.process.poll() is None, worker.log()
     assert "Unrecoverable error" not in worker.log()
     # the job whose pipe was torn is lost with its process, as when one is killed
-    with pytest.raises(Exception, match="WorkerLostError|exited prematurely"):
+    with pytest.raises(Exception, match=r"WorkerLostError|exited prematurely"):
         torn.get(timeout=20)
