@@ -153,7 +153,8 @@ def tear_result_pipe() -> str:
     boundary (a pool process killed while the main process was reading its message)."""
     from billiard.process import current_process
 
-    current_process()._target.outq._writer.send_bytes(b"\x01(no pickle)")
+    process: Any = current_process()  # billiard's pool process: its Worker is its target
+    process._target.outq._writer.send_bytes(b"\x01(no pickle)")
     return "torn"
 
 

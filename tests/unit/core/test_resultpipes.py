@@ -16,7 +16,7 @@ from typing import Any
 from unittest import mock
 
 import pytest
-from billiard.queues import _SimpleQueue
+from billiard import queues
 from celery.concurrency.asynpool import ResultHandler
 
 from celery_deadlines.core import resultpipes
@@ -45,10 +45,10 @@ def patched() -> Any:
 
 
 def setup(alive: bool = False, pid: int = 0) -> tuple[Any, Any, Hub, list[Any]]:
-    queue = _SimpleQueue(rnonblock=True)
+    queue = queues._SimpleQueue(rnonblock=True)  # type: ignore[attr-defined]  # AsynPool's
     fd = queue._reader.fileno()
     hub = Hub()
-    handler = ResultHandler.__new__(ResultHandler)
+    handler: Any = ResultHandler.__new__(ResultHandler)
     handler._hub = hub
     handler.handle_event = mock.Mock(name="handle_event")
     proc = SimpleNamespace(outqR_fd=fd, outq=queue, pid=pid, _is_alive=lambda: alive)
