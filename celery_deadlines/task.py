@@ -163,18 +163,10 @@ class DeadlineTask(AttemptAPI, Task):  # type: ignore[type-arg]
         ...) and :class:`ConfigurationError` for a bad setting. Either way nothing is
         published.
         """
-        return publishing.publish(
-            self,
-            super().apply_async,
-            args,
-            kwargs,
-            task_id,
-            producer,
-            link,
-            link_error,
-            shadow,
-            call,
+        sent = publishing.CeleryCall(
+            args, kwargs, task_id, producer, link, link_error, shadow, call
         )
+        return publishing.publish(self, super().apply_async, sent)
 
     # -- attempt gate (runs in the pool process, right before the body) ------------------
 

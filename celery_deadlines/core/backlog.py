@@ -48,7 +48,17 @@ _DEFAULTS: Final = "_celery_deadlines_backlog_queues"
 class _Watch:
     """One queue as this process sees it: the samples, the newest message last seen."""
 
-    __slots__ = ("judged", "lock", "marker", "queue", "read_at", "refused", "samples", "tried")
+    __slots__ = (
+        "best",
+        "judged",
+        "lock",
+        "marker",
+        "queue",
+        "read_at",
+        "refused",
+        "samples",
+        "tried",
+    )
 
     def __init__(self, queue: str) -> None:
         self.queue = queue
@@ -60,6 +70,8 @@ class _Watch:
         self.lock = threading.Lock()
         #: the backlog the last reading showed (None: nothing to judge by)
         self.judged: backlog.Backlog | None = None
+        #: the best rate the queue was measured served at, lately (rules/backlog.py)
+        self.best: backlog.Best | None = None
 
     def read(self, app: Any, now: float) -> None:
         """Read the queue (one round trip), add its sample, judge the samples."""
@@ -100,7 +112,9 @@ class _Watch:
         self.marker = newest if isinstance(newest, bytes) else None
         self.samples.append(backlog.Sample(now, depth, taken, pushed, self.tried, self.refused))
         del self.samples[:-KEPT]
-        self.judged = backlog.estimate(self.samples, now)
+        measured = backlog.estimate(self.samples, now)
+        self.best = backlog.remember(self.best, measured, now)
+        self.judged = backlog.at_best(measured, self.best)
 
 
 class _NotJudged(Exception):

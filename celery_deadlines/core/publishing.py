@@ -28,7 +28,7 @@ import logging
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from datetime import datetime, timedelta
-from typing import Any, Final, NoReturn
+from typing import Any, Final, NamedTuple, NoReturn
 
 from celery import current_app
 from celery.utils import uuid
@@ -47,26 +47,34 @@ from .refusals import report_refusal
 
 logger = logging.getLogger("celery_deadlines")
 
-#: The send of a message as :func:`stamp_message` left it: Celery's own ``apply_async``
-#: (``DeadlineTask``'s parent class's, bound), with its arguments.
+#: Celery's own ``apply_async`` (``DeadlineTask``'s parent class's, bound), which sends
+#: a message as :func:`stamp_message` left it.
 CeleryPublish = Callable[..., Any]
 
 
-def publish(
-    task: Any,
-    celery_publish: CeleryPublish,
-    args: Any,
-    kwargs: Any,
-    task_id: str | None,
-    producer: Any,
-    link: Any,
-    link_error: Any,
-    shadow: str | None,
-    call: dict[str, Any],
-) -> Any:
+class CeleryCall(NamedTuple):
+    """One ``apply_async`` call as Celery's own takes it: its positional arguments, then
+    ``options``, the keyword options (stamped in place: the deadline header, ``expires``)."""
+
+    args: Any
+    kwargs: Any
+    task_id: str | None
+    producer: Any
+    link: Any
+    link_error: Any
+    shadow: str | None
+    options: dict[str, Any]
+
+    def links(self) -> dict[str, Any]:
+        """What is kept with the recorded message so that a republish is the same one."""
+        return {"link": self.link, "link_error": self.link_error, "shadow": self.shadow}
+
+
+def publish(task: Any, celery_publish: CeleryPublish, sent: CeleryCall) -> Any:
     """``DeadlineTask.apply_async``: the publish stamped (:func:`stamp_message`, the
     enqueue gate), recorded when the ledger is on, and sent through ``celery_publish``.
     Raises what :meth:`DeadlineTask.apply_async` says; nothing is published then."""
+    call, task_id = sent.options, sent.task_id
     given = call.get("headers")
     if given:
         refuse_reserved_headers(task.name, given)
@@ -76,21 +84,13 @@ def publish(
             stamped = stamp_message(task, call, task_id, False)[0] is not None
         if stamped:
             judge_the_queue_ahead(task, call, task_id)
-        return _send(
-            celery_publish, stamped, args, kwargs, task_id, producer, link, link_error, shadow, call
-        )
+        return _send(celery_publish, stamped, sent)
     stamp, starts_at = stamp_message(task, call, task_id, True)
     assert stamp is not None  # the ledger records every run it publishes
     judge_the_queue_ahead(task, call, task_id)
-    task_id = task_id or uuid()
-
-    def send() -> Any:
-        return _send(
-            celery_publish, True, args, kwargs, task_id, producer, link, link_error, shadow, call
-        )
-
-    links = {"link": link, "link_error": link_error, "shadow": shadow}
-    return _record_and_send(task, args, kwargs, task_id, call, links, stamp, starts_at, send)
+    if task_id is None:
+        sent = sent._replace(task_id=uuid())
+    return _record_and_send(task, celery_publish, sent, stamp, starts_at)
 
 
 def judge_the_queue_ahead(task: Any, call: dict[str, Any], task_id: str | None) -> None:
@@ -103,20 +103,24 @@ def judge_the_queue_ahead(task: Any, call: dict[str, Any], task_id: str | None) 
 
 def _record_and_send(
     task: Any,
-    args: Any,
-    kwargs: Any,
-    task_id: str,
-    call: dict[str, Any],
-    links: dict[str, Any],
+    celery_publish: CeleryPublish,
+    sent: CeleryCall,
     stamp: stamping.Stamp,
     available_at: datetime | None,
-    send: Callable[[], Any],
 ) -> Any:
     """Record the run (or hand the running attempt's run to its retry), then send its
     message when the ledger says (:class:`Recorded`). Returns what the send returned, or
     the run's ``AsyncResult`` when nothing is sent now."""
     api = ledger.api_for(task.app)
-    body, content_type, encoding, queue = recording.message_of(task, args, kwargs, call, links)
+    task_id, call = sent.task_id, sent.options
+    assert task_id is not None  # publish made it
+    body, content_type, encoding, queue = recording.message_of(
+        task, sent.args, sent.kwargs, call, sent.links()
+    )
+
+    def send() -> Any:
+        return _send(celery_publish, True, sent)
+
     retries = int(call.get("retries") or 0)
     retry_of = recording.retrying(task, task_id)
     if retry_of is not None:
@@ -371,22 +375,12 @@ def refuse_enqueue(
 STAMPED: Final[ContextVar[str | None]] = ContextVar("celery_deadlines_stamped", default=None)
 
 
-def _send(
-    celery_publish: CeleryPublish,
-    stamped: bool,
-    args: Any,
-    kwargs: Any,
-    task_id: str | None,
-    producer: Any,
-    link: Any,
-    link_error: Any,
-    shadow: str | None,
-    call: dict[str, Any],
-) -> Any:
+def _send(celery_publish: CeleryPublish, stamped: bool, sent: CeleryCall) -> Any:
     """Celery's own publish of the message as :func:`stamp_message` left it: the one way
     into Celery. A ``stamped`` message is published under :data:`STAMPED`, so the
     publish hook does not stamp it again (its id, Celery's to make otherwise, is made
     here); an unstamped one is judged by the hook like any message."""
+    args, kwargs, task_id, producer, link, link_error, shadow, call = sent
     if not stamped:
         return celery_publish(args, kwargs, task_id, producer, link, link_error, shadow, **call)
     task_id = task_id or uuid()

@@ -13,6 +13,11 @@ the work that is admitted starts soon, while the pool is never left without work
 queue is kept, only shorter). Below that load nothing that would start in time is
 refused.
 
+A queue is judged at the best rate it was measured served at within :data:`MEMORY`
+(:func:`at_best`), never at a moment's slower one: a worker paused or restarting for a
+while, or slowed by its machine, serves at that rate again once it is back, and what
+waits behind it then starts in time.
+
 What is observed (:class:`Sample`, one per reading of the broker's queue by the
 publishing process: :mod:`celery_deadlines.core.backlog`) is the broker's own list:
 its length, and how many messages were taken off it and pushed onto it since the
@@ -42,6 +47,12 @@ OVERLOAD: Final = 1.5
 OVERLOAD_SPAN: Final = 0.75
 #: Under overload, the longest wait admitted, as a share of the message's budget.
 SHED: Final = 0.1
+#: How long (seconds) the best rate a queue was measured served at is what it is judged
+#: by (:func:`at_best`): workers slowed for a moment (paused, restarting, on a busy
+#: machine) serve it at that rate again once they are back, and a moment's rate must not
+#: refuse what would then start in time. A lasting slowdown is the claim gate's to
+#: judge, as before this rule.
+MEMORY: Final = 30.0
 
 
 class Sample(NamedTuple):
@@ -63,12 +74,15 @@ class Backlog(NamedTuple):
     """What the samples say: ``depth`` messages waiting, taken off at ``rate`` per
     second while the queue waited for ``span`` seconds, while ``offered`` per second
     were published to it (those this rule refused included); ``wait``: how long a
-    message published now waits behind them, ``depth / rate`` seconds."""
+    message published now waits behind them, ``depth / rate`` seconds. ``measured``:
+    the rate the samples showed, when ``rate`` is a better one measured before
+    (:func:`at_best`)."""
 
     depth: int
     rate: float
     offered: float
     span: float
+    measured: float | None = None
 
     @property
     def wait(self) -> float:
@@ -117,6 +131,31 @@ def estimate(samples: Sequence[Sample], now: float) -> Backlog | None:
     return Backlog(newest.depth, taken / span, offered, span)
 
 
+class Best(NamedTuple):
+    """The best rate a queue was measured served at, and the monotonic instant."""
+
+    rate: float
+    at: float
+
+
+def remember(best: Best | None, backlog: Backlog | None, now: float) -> Best | None:
+    """The best rate kept after a reading at monotonic instant ``now`` that showed
+    ``backlog``: its rate if it is the best within :data:`MEMORY`, else the one kept."""
+    if best is not None and now - best.at > MEMORY:
+        best = None
+    if backlog is not None and (best is None or backlog.rate >= best.rate):
+        return Best(backlog.rate, now)
+    return best
+
+
+def at_best(backlog: Backlog | None, best: Best | None) -> Backlog | None:
+    """``backlog`` judged at the best rate measured within :data:`MEMORY` (``best``,
+    from :func:`remember`), when that is better than the rate it shows."""
+    if backlog is None or best is None or best.rate <= backlog.rate:
+        return backlog
+    return backlog._replace(rate=best.rate, measured=backlog.rate)
+
+
 def admit(
     backlog: Backlog | None, deadline: datetime, now: datetime, reserve: timedelta
 ) -> Decision | None:
@@ -126,9 +165,15 @@ def admit(
         return None
     wait = backlog.wait
     left = (deadline - reserve - now).total_seconds()
+    served = (
+        f"measured over {backlog.span:.2f} s"
+        if backlog.measured is None
+        else f"its best within {MEMORY:g} s; {backlog.measured:.1f}/s over the last "
+        f"{backlog.span:.2f} s"
+    )
     ahead = (
         f"{backlog.depth} messages ahead in its queue, taken off at {backlog.rate:.1f}/s "
-        f"(measured over {backlog.span:.2f} s): a wait of {wait:.3f} s"
+        f"({served}): a wait of {wait:.3f} s"
     )
     if wait > left:
         detail = (

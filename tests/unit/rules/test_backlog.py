@@ -16,13 +16,17 @@ from hypothesis import strategies as st
 from celery_deadlines import DEADLINE_HEADER, Gate, Reason, clock
 from celery_deadlines.core import backlog
 from celery_deadlines.rules.backlog import (
+    MEMORY,
     OVERLOAD,
     SHED,
     STALE,
     Backlog,
+    Best,
     Sample,
     admit,
+    at_best,
     estimate,
+    remember,
 )
 from tests.support.unit_tasks import make_task
 
@@ -223,3 +227,37 @@ def test_a_publish_that_starts_later_is_one_of_many_or_goes_by_routes_is_not_jud
     app.conf.task_routes = {"unit.*": {"queue": "elsewhere"}}
     assert backlog.admit(task, {"headers": {DEADLINE_HEADER: time.time() + 1}}) is None
     assert getattr(app, "_celery_deadlines_backlog", {}) == {}
+
+
+# -- the best rate within MEMORY --------------------------------------------------------
+
+
+def test_a_queue_is_judged_at_the_best_rate_measured_lately_not_at_a_slow_moment() -> None:
+    """A worker paused for a while serves at its rate again once it is back: a moment's
+    slower rate does not refuse what would then start in time."""
+    fast = Backlog(depth=40, rate=80.0, offered=80.0, span=1.0)
+    best = remember(None, fast, now=10.0)
+    slow = Backlog(depth=60, rate=10.0, offered=80.0, span=1.0)  # 6 s behind at 10/s
+    best = remember(best, slow, now=12.0)
+    judged = at_best(slow, best)
+    assert judged == Backlog(depth=60, rate=80.0, offered=80.0, span=1.0, measured=10.0)
+    assert admit(judged, NOW + BUDGET, NOW, RESERVE) is None  # 0.75 s behind at 80/s
+    refused = admit(at_best(slow._replace(depth=100), best), NOW + BUDGET, NOW, RESERVE)
+    assert refused is not None
+    assert refused.detail.startswith(
+        "100 messages ahead in its queue, taken off at 80.0/s (its best within 30 s; "
+        "10.0/s over the last 1.00 s): a wait of 1.250 s"
+    )
+
+
+def test_the_best_rate_is_forgotten_after_memory_and_a_better_one_replaces_it() -> None:
+    best = remember(None, Backlog(10, 80.0, 80.0, 1.0), now=0.0)
+    assert best == Best(80.0, 0.0)
+    assert remember(best, None, now=MEMORY) == best  # nothing measured: kept
+    assert remember(best, None, now=MEMORY + 0.1) is None
+    later = remember(best, Backlog(10, 50.0, 80.0, 1.0), now=MEMORY + 1)
+    assert later == Best(50.0, MEMORY + 1)  # the old best forgotten: what is measured now
+    assert remember(later, Backlog(10, 90.0, 90.0, 1.0), now=MEMORY + 2) == Best(90.0, MEMORY + 2)
+    assert at_best(None, later) is None
+    faster = Backlog(10, 120.0, 80.0, 1.0)
+    assert at_best(faster, later) is faster  # a better rate now is judged as measured
