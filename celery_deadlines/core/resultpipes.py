@@ -9,9 +9,12 @@ message of more than the pipe's atomic size is not written at once: on Python 3.
 attempt gate refuses) carries billiard's ``ExceptionInfo``, whose traceback holds the
 instruction positions of Celery's ``trace_task``, about 50 KB.
 
-When the pool process is killed while the main process has read only part of such a
-message (the hard time limit, which the deadline's cap sets for every job of a
-DeadlineTask, fires right as a refused or failed job sends its outcome), Celery drops
+billiard writes a message of more than 16 KB in two parts, its length and then its
+body, and the main process, woken by the first, often reads the length alone. When the
+pool process is killed while the main process has read only part of such a message
+(the hard time limit, which the deadline's cap sets for every job of a DeadlineTask, is
+due right as a job refused at the attempt gate, its deadline passed, sends its
+outcome, and a busy main process applies it before it reads on), Celery drops
 the partial read, reads the rest of the pipe from the middle of the message
 (``process_flush_queues``), and hands the same pipe to the replacement process, whose
 reader starts in the middle too. Its first "message" is a piece of the old one:
