@@ -35,6 +35,14 @@ of which acts on a pipe that reads as Celery expects:
 * a message that cannot be unpickled is logged and dropped, its pipe is unreadable from
   then on, and a process still alive on it is killed (a job it was running is lost, as
   when a pool process dies): never an exception out of the event loop.
+
+And one in the pool processes (patched before they fork): billiard's wait, in a pool
+process on its way out, until the main process has read every message it sent
+(``Worker._ensure_messages_consumed``) reads the main process's count of them without
+the count's lock. A process given SIGTERM at its hard time limit waits there, reading
+the count every 0.1 s, and Celery sends SIGKILL 0.1 s after SIGTERM: killed while it
+held the lock, it left the main process blocked on it for good at the next message it
+read (``on_ready``), a worker frozen, no error logged.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ import os
 import pickle
 import signal
 from inspect import isgenerator
+from types import SimpleNamespace
 from typing import IO, Any, Final
 
 from celery.signals import worker_init
@@ -73,6 +82,7 @@ def patch() -> None:
     process handlers (once per process; nothing where the prefork pool cannot be
     imported)."""
     try:
+        from billiard.pool import Worker
         from celery.concurrency.asynpool import AsynPool, ResultHandler
     except ImportError:  # pragma: no cover - a platform without the prefork pool
         return
@@ -80,11 +90,13 @@ def patch() -> None:
     _wrap(AsynPool, "process_flush_queues", _process_flush_queues)
     _wrap(AsynPool, "_process_cleanup_queues", _process_cleanup_queues)
     _wrap(AsynPool, "_create_process_handlers", _create_process_handlers)
+    _wrap(Worker, "_ensure_messages_consumed", _ensure_messages_consumed)
 
 
 def unpatch() -> None:
     """Give ``AsynPool`` and its ``ResultHandler`` Celery's own methods back."""
     try:
+        from billiard.pool import Worker
         from celery.concurrency.asynpool import AsynPool, ResultHandler
     except ImportError:  # pragma: no cover
         return
@@ -93,6 +105,7 @@ def unpatch() -> None:
         (AsynPool, "process_flush_queues"),
         (AsynPool, "_process_cleanup_queues"),
         (AsynPool, "_create_process_handlers"),
+        (Worker, "_ensure_messages_consumed"),
     ):
         current = owner.__dict__.get(name)
         if getattr(current, _MARK, False):
@@ -259,3 +272,30 @@ def _create_process_handlers(original: Any, pool: Any, hub: Any) -> Any:
 
     pool.on_process_down = on_process_down_then_close
     return result
+
+
+# -- a pool process on its way out ---------------------------------------------------------
+
+
+class _Unlocked:
+    """A shared count read without its lock (one word: a read sees a whole value)."""
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+
+    @property
+    def value(self) -> int:
+        return int(self._raw.value)
+
+
+def _ensure_messages_consumed(original: Any, worker: Any, completed: int) -> Any:
+    """billiard's wait until the main process has read this process's messages, the main
+    process's count read without taking its lock (which only the main process, which
+    writes the count, still takes)."""
+    counter = getattr(worker, "on_ready_counter", None)
+    get_obj = getattr(counter, "get_obj", None)
+    if get_obj is None:
+        return original(worker, completed)
+    return original(SimpleNamespace(on_ready_counter=_Unlocked(get_obj())), completed)

@@ -173,3 +173,37 @@ def test_celerys_own_reader_is_given_back() -> None:
     resultpipes.patch()  # once
     wrapped = ResultHandler.__dict__["_recv_message"]
     assert not getattr(wrapped.__wrapped__, resultpipes._MARK, False)
+
+
+def test_a_pool_process_waits_for_its_messages_without_the_counts_lock() -> None:
+    """A process killed while it held the count's lock (SIGKILL 0.1 s after the hard
+    time limit's SIGTERM, as this wait reads the count again) leaves the lock taken for
+    good: the wait no longer takes it, so that it cannot be killed holding it."""
+    import threading
+
+    import billiard
+    from billiard.pool import Worker
+
+    context: Any = billiard.get_context("fork")
+    counter = context.Value("i")
+    holder = context.Process(target=_hold, args=(counter,))
+    holder.start()
+    holder.join(5)  # it took the lock and was killed holding it
+    assert holder.exitcode == -9
+    assert not counter.get_lock().acquire(timeout=0.1)  # as the main process would find it
+
+    counter.get_obj().value = 3  # the main process read all three messages
+    ensure: Any = vars(Worker)["_ensure_messages_consumed"]
+    answers: list[Any] = []
+    waiting = threading.Thread(
+        target=lambda: answers.append(ensure(SimpleNamespace(on_ready_counter=counter), 3)),
+        daemon=True,  # Celery's own would wait on the lock for good
+    )
+    waiting.start()
+    waiting.join(5)
+    assert answers == [True]
+
+
+def _hold(counter: Any) -> None:
+    counter.get_lock().acquire()
+    os.kill(os.getpid(), 9)
