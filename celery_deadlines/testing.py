@@ -222,7 +222,11 @@ class FakeLedger:
         known = self.runs.get(run.task_id)
         if known is not None:  # a reused id: the same run again, or a conflict
             self._check_repeat(app, run, known)
-            return Recorded.ALREADY
+            refused = known.events[-1:] == [("refuse_publish", "applied", known.reason)]
+            if not (refused and known.status == "EXPIRED" and run.task_name == known.task_name):
+                return Recorded.ALREADY
+            # refused at its publish, never sent: the caller tries again, judged again
+            del self.runs[run.task_id]
         recorded = self._record(run.task_id, run.task_name, run.deadline, run.retries)
         if run.message_body is not None:
             recorded.message = (run.message_body, run.content_type, run.content_encoding)
@@ -339,7 +343,6 @@ class FakeLedger:
         detail: str,
         deadline: datetime | None,
         confirm_within: timedelta | None,
-        dedicated: bool = True,
     ) -> Refusal:
         run = self.runs.get(task_id)
         now = get_clock().now()
@@ -379,6 +382,23 @@ class FakeLedger:
         run.lease_expires_at = None
         run.events.append(("refuse", "applied", reason))
         return ENDED_IT
+
+    def refuse_publish(
+        self,
+        app: Any,
+        *,
+        task_id: str,
+        task_name: str,
+        reason: str,
+        detail: str,
+        deadline: datetime | None,
+    ) -> bool:
+        if task_id in self.runs:  # a run recorded under the id stands as it is
+            return False
+        run = self._record(task_id, task_name, deadline, 0)
+        run.status, run.reason, run.detail = "EXPIRED", reason, detail
+        run.events.append(("refuse_publish", "applied", reason))
+        return True
 
     def end_owned(self, app: Any, **_: Any) -> str | None:
         return None  # no pool processes here

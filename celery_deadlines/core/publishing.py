@@ -98,7 +98,7 @@ def judge_the_queue_ahead(task: Any, call: dict[str, Any], task_id: str | None) 
     published) when the queue ahead of it cannot reach it in time (rules/backlog.py)."""
     refused = backlog.admit(task, call)
     if refused is not None:
-        refuse_enqueue(task, refused, task_id, None)
+        refuse_enqueue(task, refused, task_id)
 
 
 def _record_and_send(
@@ -269,7 +269,7 @@ def stamp_message(
     headers = dict(given) if given else {}
     if parent.unreadable is not None:
         detail = "the parent task's deadline is unreadable"
-        refuse_enqueue(task, gates.invalid(gates.Gate.ENQUEUE, now, detail), task_id, None)
+        refuse_enqueue(task, gates.invalid(gates.Gate.ENQUEUE, now, detail), task_id)
     stamped = stamp(
         task,
         call,
@@ -292,7 +292,7 @@ def stamp_message(
             decision = gates.admit(
                 gates.Gate.ENQUEUE, governed.deadline, now, reserve, starts_at=starts_at
             )
-            refuse_enqueue(task, decision, task_id, reserve)
+            refuse_enqueue(task, decision, task_id)
     stamped = stamping.for_deadline_task(
         stamped, expires=call.get("expires", task.expires), starts_at=starts_at
     )
@@ -343,24 +343,17 @@ def stamp_own_budget(task: Any, call: dict[str, Any], task_id: str | None) -> bo
     return True
 
 
-def refuse_enqueue(
-    task: Any, decision: gates.Decision, task_id: str | None, reserve: timedelta | None
-) -> NoReturn:
-    """Refuse the publish (``reserve``: the task's, given with a refusal for the
-    deadline: see :func:`recording.record_refusal`)."""
+def refuse_enqueue(task: Any, decision: gates.Decision, task_id: str | None) -> NoReturn:
+    """Refuse the publish: nothing is sent. With the ledger the refused run is on record
+    too (under a fresh id if the caller gave none), never published, and a publish
+    under its id again is judged again; a run already recorded under the id (this one
+    repeats its publish) stands as it is (:func:`recording.record_refused_publish`)."""
     decision = task._kind_of(decision)
     report_refusal(task, task_id, task.name, decision)
     refusal = decision.refusal()
     if ledger.enabled_for(task.app):
-        # the refused run is on record too (under a fresh id if the caller gave none)
-        recording.record_refusal(
-            task.app,
-            decision,
-            task_name=task.name,
-            task_id=task_id or uuid(),
-            retries=0,
-            reserve=reserve,
-            dedicated=False,
+        recording.record_refused_publish(
+            task.app, decision, task_name=task.name, task_id=task_id or uuid()
         )
     raise refusal
 

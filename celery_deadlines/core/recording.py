@@ -189,7 +189,6 @@ def record_refusal(
     task_id: str,
     retries: int,
     reserve: timedelta | None,
-    dedicated: bool = True,
 ) -> Refusal:
     """Record a gate's refusal in the ledger: what it did to the run, true when it ended
     it (only then may the refusal be stored as the task's result). A refusal for the
@@ -206,7 +205,23 @@ def record_refusal(
         detail=str(refusal),
         deadline=decision.deadline,
         confirm_within=reserve if refusal.reason in _DEADLINE_REASONS else None,
-        dedicated=dedicated,
+    )
+
+
+def record_refused_publish(
+    app: Any, decision: gates.Decision, *, task_name: str, task_id: str
+) -> bool:
+    """Record the enqueue gate's refusal of a publish: its run ended, never published
+    (:func:`~celery_deadlines.ledger.api.refuse_publish`); ``False`` when a run is
+    recorded under the id already, which stands as it is."""
+    refusal = decision.refusal()
+    return ledger.api_for(app).refuse_publish(
+        app,
+        task_id=task_id,
+        task_name=task_name,
+        reason=refusal.reason,
+        detail=str(refusal),
+        deadline=decision.deadline,
     )
 
 

@@ -79,8 +79,18 @@ class LedgerAPI(Protocol):
         detail: str,
         deadline: datetime | None,
         confirm_within: timedelta | None,
-        dedicated: bool = True,
     ) -> _Refusal: ...
+
+    def refuse_publish(
+        self,
+        app: Any,
+        *,
+        task_id: str,
+        task_name: str,
+        reason: str,
+        detail: str,
+        deadline: datetime | None,
+    ) -> bool: ...
 
     def end_owned(
         self,

@@ -70,6 +70,7 @@ __all__ = [
     "readable_by_workers",
     "record_eager_run",
     "record_run",
+    "refuse_publish",
     "refuse_run",
     "release_connections",
     "send_at_commit",
@@ -400,7 +401,6 @@ def refuse_run(
     detail: str,
     deadline: datetime | None,
     confirm_within: timedelta | None,
-    dedicated: bool = True,
 ) -> Refusal:
     """A gate refused a message: end its run, unless it already ended or another worker
     owns it. Returns what this refusal did (:class:`~celery_deadlines.rules.records.Refusal`:
@@ -411,8 +411,7 @@ def refuse_run(
     run ends only if the database clock agrees (the deadline, less the reserve, has
     passed by it), so a worker whose own clock ran ahead cannot expire work still in time.
     """
-    store = _attempts_store(app) if dedicated else store_for(app)
-    return store.runs.refuse(
+    return _attempts_store(app).runs.refuse(
         task_id,
         task_name,
         retries,
@@ -421,6 +420,37 @@ def refuse_run(
         detail=detail,
         deadline=deadline,
         confirm_within=confirm_within,
+    )
+
+
+def refuse_publish(
+    app: Any,
+    *,
+    task_id: str,
+    task_name: str,
+    reason: str,
+    detail: str,
+    deadline: datetime | None,
+) -> bool:
+    """The enqueue gate refused a publish (nothing was sent): its run is recorded ended
+    ``EXPIRED`` ``reason``, never published, so that a publish under its id again is
+    judged again (:func:`~.outbox.record`). ``False``: the id is a run already recorded,
+    which stands as it is (a refused repeat of a publish never ends the run it repeats)."""
+    refused = NewRun(
+        task_id=task_id,
+        task_name=task_name,
+        deadline=deadline,
+        delivery_deadline=None,
+        root_id="",
+        parent_id="",
+        retries=0,
+        available_at=None,
+        message_body=None,
+        content_type="",
+        content_encoding="",
+    )
+    return store_for(app).outbox.record_ended(
+        refused, Status.EXPIRED, reason, detail, "refuse_publish", published=False
     )
 
 

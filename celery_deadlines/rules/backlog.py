@@ -124,10 +124,8 @@ def estimate(samples: Sequence[Sample], now: float) -> Backlog | None:
             break
     if span < SPAN or taken <= 0:
         return None
-    tried = newest.tried - first.tried
-    refused = newest.refused - first.refused
-    admitted_share = (tried - refused) / tried if tried > 0 else 1.0
-    offered = pushed / span / admitted_share if admitted_share > 0 else float("inf")
+    # offered: what every publisher pushed, and what this one was refused (not pushed)
+    offered = (pushed + newest.refused - first.refused) / span
     return Backlog(newest.depth, taken / span, offered, span)
 
 

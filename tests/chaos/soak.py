@@ -155,8 +155,10 @@ EXPIRES = frozenset(
 #: run's earlier moments store before its end (none, a retry, a start, an effect being
 #: reconciled).
 STILL_WAITING = ("PENDING", "RETRY", "STARTED", "UNKNOWN")
-#: A run whose every publish raised (the caller was told): it ended, nothing was sent.
-UNSENT = frozenset({("FAILED", "publish_failed")})
+#: A run whose every publish raised (the caller was told): it ended, nothing was sent
+#: (the broker or the database failed it, or, with ``TEST_BACKLOG_REFUSAL=1``, the
+#: enqueue gate refused it for the queue ahead).
+UNSENT = frozenset({("FAILED", "publish_failed"), ("EXPIRED", "queue_backlog")})
 
 
 def log(message: str) -> None:

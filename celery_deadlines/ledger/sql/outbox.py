@@ -66,9 +66,10 @@ class Outbox(Statements):
         return count == 1
 
     def reopen_unpublished(self, run: NewRun) -> bool:
-        """Record ``run`` again over a run of its id whose publish raised (the caller was
-        told nothing was sent, and tries again): QUEUED with the new message and
-        deadlines. ``False`` if the run is anything else (it stands as it is)."""
+        """Record ``run`` again over a run of its id that was never sent (its publish
+        raised, or the enqueue gate refused it: the caller was told, and tries again):
+        QUEUED with the new message and deadlines. ``False`` if the run is anything else
+        (it stands as it is)."""
         d = self.dialect
         count, _ = self.execute(
             REOPEN_UNPUBLISHED.text[d.vendor],

@@ -27,15 +27,17 @@ UPDATE celery_deadlines_run SET status = 'FAILED', reason = 'publish_failed', de
 WHERE task_id = %s AND status = 'QUEUED' AND attempt = 0
 
 -- reopen_unpublished --
--- Record a run again over a run of its id whose publish raised (the caller was told
--- nothing was sent, and tries again): QUEUED with the new message and deadlines.
+-- Record a run again over a run of its id that was never sent (the caller was told, and
+-- tries again): its publish raised, or the enqueue gate refused it (ended EXPIRED and
+-- never published: refuse_publish). QUEUED with the new message and deadlines.
 UPDATE celery_deadlines_run SET status = 'QUEUED', reason = '', detail = '',
     deadline = %s, delivery_deadline = %s, message_body = %s,
     content_type = %s, content_encoding = %s, available_at = %s,
     published_at = {now}, version = version + 1, op = 'enqueue',
-    op_detail = 'published again after a failed publish', updated_at = {now}
-WHERE task_id = %s AND task_name = %s AND status = 'FAILED'
-  AND reason = 'publish_failed' AND attempt = 0
+    op_detail = 'published again after a failed or refused publish', updated_at = {now}
+WHERE task_id = %s AND task_name = %s AND attempt = 0
+  AND ((status = 'FAILED' AND reason = 'publish_failed')
+       OR (status = 'EXPIRED' AND published_at IS NULL AND op = 'refuse_publish'))
 
 -- record_ended --
 -- Insert a run already ended (never claimed), published now if the parameter after the

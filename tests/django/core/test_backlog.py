@@ -78,3 +78,52 @@ def test_with_the_setting_off_the_queue_ahead_refuses_nothing(
     task = make_task(app, "shop.report", budget=1, reserve=0.06)
     task.apply_async(task_id="report-2", queue="reports")
     assert Run.objects.get(task_id="report-2").status == Status.QUEUED
+
+
+def test_a_repeated_publish_refused_for_the_queue_ahead_leaves_the_run_it_repeats_queued(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The caller publishes under its own id, is not sure it went through, and publishes
+    again while the queue is long: the refusal is told, and the run first published
+    stands, queued, to run in time (a refused repeat never ends the run it repeats)."""
+    app.conf.deadlines_backlog_refusal = True
+    task = make_task(app, "shop.report", budget=1, reserve=0.06)
+    task.apply_async(task_id="report-3", queue="reports")
+    reads(app, monkeypatch, _behind)
+    with pytest.raises(DeadlineRefused):
+        task.apply_async(task_id="report-3", queue="reports")
+    assert Run.objects.get(task_id="report-3").status == Status.QUEUED
+
+
+def test_a_publish_refused_for_the_queue_ahead_is_judged_again_when_its_caller_tries_again(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing was sent, and the caller was told: a publish under the same id later is
+    a new try, judged again, and published when the queue can reach it (it would
+    otherwise be the ended run's duplicate, answered never)."""
+    app.conf.deadlines_backlog_refusal = True
+    task = make_task(app, "shop.report", budget=1, reserve=0.06)
+    reads(app, monkeypatch, _behind)
+    with pytest.raises(DeadlineRefused):
+        task.apply_async(task_id="report-4", queue="reports")
+    assert Run.objects.get(task_id="report-4").status == Status.EXPIRED
+    reads(app, monkeypatch, _short)
+    task.apply_async(task_id="report-4", queue="reports")
+    run = Run.objects.get(task_id="report-4")
+    assert (run.status, run.reason) == (Status.QUEUED, "")
+    assert run.message_body is not None
+
+
+def reads(app: Celery, monkeypatch: pytest.MonkeyPatch, read: Any) -> None:
+    """From now on every reading of a queue is ``read``'s (the queues watched so far
+    forgotten: the next publish reads its queue at once)."""
+    monkeypatch.setattr(backlog._Watch, "read", read)
+    monkeypatch.setattr(app, backlog._WATCHES, {}, raising=False)
+
+
+def _behind(self: Any, app: Any, now: float) -> None:
+    self.read_at, self.judged = now, BEHIND
+
+
+def _short(self: Any, app: Any, now: float) -> None:
+    self.read_at, self.judged = now, BEHIND._replace(depth=1)

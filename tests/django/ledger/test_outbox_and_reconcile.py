@@ -144,6 +144,28 @@ def test_a_caller_that_tries_again_after_a_failed_publish_publishes_the_run(
     assert outbox.record(store, run, accept=JSON) is Recorded.ALREADY
 
 
+def test_a_caller_that_tries_again_after_its_publish_was_refused_publishes_the_run(
+    store: Store,
+) -> None:
+    """Refused at enqueue (recorded ended, never published): the caller was told, and a
+    publish under the id again is recorded again and sent. A run whose message was
+    sent, refused afterwards (at a claim), stands: its caller was told by its result."""
+    refused = undated_run("p-4")
+    assert store.outbox.record_ended(
+        refused, Status.EXPIRED, "queue_backlog", "refused", "refuse_publish", published=False
+    )
+    assert outbox.record(store, refused, accept=JSON) is Recorded.NOW
+    assert status(store, "p-4") == (Status.QUEUED, "")
+    assert outbox.record(store, refused, accept=JSON) is Recorded.ALREADY
+
+    claimed = undated_run("p-5")
+    assert store.outbox.record_ended(
+        claimed, Status.EXPIRED, "deadline_passed", "refused", "refuse", published=True
+    )
+    assert outbox.record(store, claimed, accept=JSON) is Recorded.ALREADY
+    assert status(store, "p-5") == (Status.EXPIRED, "deadline_passed")
+
+
 def test_a_run_recorded_in_a_transaction_is_sent_when_it_commits(store: Store) -> None:
     run = undated_run("p-2")
     calls: list[str] = []
