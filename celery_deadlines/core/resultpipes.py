@@ -113,7 +113,10 @@ def unpatch() -> None:
 
 
 def _wrap(owner: type, name: str, wrapper: Any) -> None:
-    original = owner.__dict__[name]
+    original = owner.__dict__.get(name)
+    if original is None:  # a Celery or billiard without it: its own behaviour stands
+        logger.debug("%s.%s not found: not patched", owner.__name__, name)
+        return
     if getattr(original, _MARK, False):
         return
 
