@@ -132,6 +132,8 @@ class FakeRun:
     result: Any = None
     #: a failed body's traceback, bounded, as the run's end wrote it
     traceback: str | None = None
+    #: refused at its publish, never sent: a publish under its id again is a new try
+    refused_unsent: bool = False
     #: ``(kind, outcome, detail)`` of every write asked of the run, applied or rejected
     events: list[tuple[str, str, str]] = field(default_factory=list)
 
@@ -222,11 +224,9 @@ class FakeLedger:
         known = self.runs.get(run.task_id)
         if known is not None:  # a reused id: the same run again, or a conflict
             self._check_repeat(app, run, known)
-            refused = known.events[-1:] == [("refuse_publish", "applied", known.reason)]
-            if not (refused and known.status == "EXPIRED" and run.task_name == known.task_name):
+            if not known.refused_unsent:
                 return Recorded.ALREADY
-            # refused at its publish, never sent: the caller tries again, judged again
-            del self.runs[run.task_id]
+            del self.runs[run.task_id]  # the caller tries again: recorded anew
         recorded = self._record(run.task_id, run.task_name, run.deadline, run.retries)
         if run.message_body is not None:
             recorded.message = (run.message_body, run.content_type, run.content_encoding)
@@ -397,6 +397,7 @@ class FakeLedger:
             return False
         run = self._record(task_id, task_name, deadline, 0)
         run.status, run.reason, run.detail = "EXPIRED", reason, detail
+        run.refused_unsent = True
         run.events.append(("refuse_publish", "applied", reason))
         return True
 

@@ -23,13 +23,13 @@ from celery import current_app
 from celery.signals import worker_init
 
 from .. import ledger
-from ..conf import settings_for
 from ..errors import ConfigurationError
 from ..rules.gates import Reason
+from ..rules.outcomes import CELERY_REVOKED
 from ..signals import run_expired
 from . import timelimits
 from .body import AttemptAPI
-from .options import duration
+from .claiming import result_policy
 
 logger = logging.getLogger("celery_deadlines")
 
@@ -112,10 +112,12 @@ def hard_limits_fall(state: Any, **_: Any) -> dict[str, int]:
 
     from ..ledger import api
 
-    running = {
+    running = {  # a request whose limit fell already keeps it: a later fall is later
         request.id: request
         for request in list(active_requests)
-        if isinstance(request.task, AttemptAPI) and ledger.enabled_for(request.task.app)
+        if isinstance(request.task, AttemptAPI)
+        and not getattr(request, FELL, False)
+        and ledger.enabled_for(request.task.app)
     }
     if not running:
         return {"fell": 0}
@@ -128,7 +130,7 @@ def hard_limits_fall(state: Any, **_: Any) -> dict[str, int]:
     fell = 0
     for task_id in sorted(cancelled):
         request = running[task_id]
-        lease = duration(request.task, "lease_ttl", settings_for(request.task.app))
+        lease = request.task.lease_duration()
         if timelimits.fall(state.consumer.pool, request, lease.total_seconds()):
             setattr(request, FELL, True)
             fell += 1
@@ -323,12 +325,19 @@ def learnt(state: Any, deadline: datetime, monotonic: float) -> None:
         termination.cancel_learnt()
 
 
-def announce_ended(task: Any, task_id: str, detail: str) -> None:
-    """A running attempt of a cancelled run ended it ``cancelled`` when its body ended:
-    logged and signalled as every run the ledger ends for its deadline away from a gate
-    (:data:`~celery_deadlines.signals.run_expired`, ``reason="cancelled"``)."""
+def announce_ended(task: Any, task_id: str, detail: str, context: Any) -> None:
+    """A running attempt of a cancelled run ended it ``cancelled`` (its body ended, or
+    its fallen hard limit ended the body): logged and signalled as every run the ledger
+    ends for its deadline away from a gate (:data:`~celery_deadlines.signals.run_expired`,
+    ``reason="cancelled"``), and its caller told Celery's revoke (``REVOKED``), as every
+    run of a cancelled tree is (``context``: the request Celery stores a result with)."""
     reason = Reason.CANCELLED.value
     logger.warning("%s[%s] EXPIRED (%s): %s", task.name, task_id, reason, detail)
     run_expired.send(
         sender=task, task_id=task_id, task_name=task.name, reason=reason, detail=detail
     )
+    if result_policy(task).stores_errors:
+        try:
+            task.backend.mark_as_revoked(task_id, CELERY_REVOKED, request=context)
+        except Exception:  # the ledger holds the outcome
+            logger.exception("storing the REVOKED state of %s failed", task_id)

@@ -23,7 +23,7 @@ from ..rules import gates, outcomes
 from ..rules.budgets import Anchor
 from ..rules.records import EndedRun
 from ..rules.states import Status
-from . import cancelling, claiming, pools
+from . import cancelling, pools
 from .body import Paused, Unresolved, end_unresolved
 from .propagation import AttemptState
 from .refusals import ToldRevoked
@@ -112,9 +112,7 @@ def end_cancelled(task: Any, attempt: Attempt, *, terminated: bool = False) -> N
         "; its body was terminated" if terminated else ""
     )
     attempt.end(Status.EXPIRED, gates.Reason.CANCELLED.value, detail)
-    cancelling.announce_ended(task, task.request.id, detail)
-    if claiming.result_policy(task).stores_errors:
-        task.backend.mark_as_revoked(task.request.id, outcomes.CELERY_REVOKED, request=task.request)
+    cancelling.announce_ended(task, task.request.id, detail, task.request)
     raise EndedCancelled(outcomes.CELERY_REVOKED, detail, terminated)
 
 

@@ -149,16 +149,8 @@ def _tell_revoked(request: Any, detail: str) -> None:
     """A cancelled run whose body its fallen hard limit ended: logged and signalled as
     a cancelled run's end, its caller told ``REVOKED`` and ``task-revoked`` sent
     (``terminated``), and the message ended as a refused one is (never redelivered)."""
-    task = request.task
     task_ready(request)
-    cancelling.announce_ended(task, request.id, detail)
-    if result_policy(task).stores_errors:
-        try:
-            task.backend.mark_as_revoked(
-                request.id, outcomes.CELERY_REVOKED, request=request._context
-            )
-        except Exception:  # the ledger holds the outcome
-            logger.exception("storing the REVOKED state of %s failed", request.id)
+    cancelling.announce_ended(request.task, request.id, detail, request._context)
     announce_told_revoked(request, ToldRevoked(outcomes.CELERY_REVOKED, detail, True))
     _end_message(request, requeue=False)
 

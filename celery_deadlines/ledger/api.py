@@ -436,19 +436,7 @@ def refuse_publish(
     ``EXPIRED`` ``reason``, never published, so that a publish under its id again is
     judged again (:func:`~.outbox.record`). ``False``: the id is a run already recorded,
     which stands as it is (a refused repeat of a publish never ends the run it repeats)."""
-    refused = NewRun(
-        task_id=task_id,
-        task_name=task_name,
-        deadline=deadline,
-        delivery_deadline=None,
-        root_id="",
-        parent_id="",
-        retries=0,
-        available_at=None,
-        message_body=None,
-        content_type="",
-        content_encoding="",
-    )
+    refused = NewRun(task_id=task_id, task_name=task_name, deadline=deadline)
     return store_for(app).outbox.record_ended(
         refused, Status.EXPIRED, reason, detail, "refuse_publish", published=False
     )
@@ -475,8 +463,6 @@ def end_owned(
 def cancelled_running(app: Any, task_ids: Collection[str]) -> set[str]:
     """Of ``task_ids``, the runs the worker's main process supervises, those whose
     deadline a cancel pulled in (:func:`~celery_deadlines.core.cancelling.hard_limits_fall`)."""
-    if not task_ids:
-        return set()
     return store_for(app, dedicated=True).supervision.cancelled_running(task_ids)
 
 

@@ -482,16 +482,7 @@ def terminable(self: DeadlineTask, key: str, seconds: float = 30.0) -> str:
     """A body that never looks at ``remaining()`` (it works in short steps for
     ``seconds``: ``gave-up``), whose task declares that a cancel terminates it: its
     ``finally`` writes ``terminated:<the exception's name>``."""
-    sink("start", key, self)
-    try:
-        until = time.monotonic() + seconds
-        while time.monotonic() < until:
-            time.sleep(0.02)
-        sink("gave-up", key, self)
-    except BaseException as stopped:
-        sink(f"terminated:{type(stopped).__name__}", key, self)
-        raise
-    return "ran to its end"
+    return _work_without_looking(self, key, seconds, stopped_as="terminated")
 
 
 @app.task(base=DeadlineTask, bind=True, name="l.never_looks")
@@ -500,14 +491,20 @@ def never_looks(self: DeadlineTask, key: str, seconds: float = 60.0) -> str:
     ``seconds``: ``gave-up``), whose task does not declare ``cancel_terminates``: a
     cancel ends it only by its fallen hard limit (``stopped:<name>`` where the pool
     raises one in it: a green pool's ``Timeout``; prefork's process is killed)."""
-    sink("start", key, self)
+    return _work_without_looking(self, key, seconds, stopped_as="stopped")
+
+
+def _work_without_looking(task: DeadlineTask, key: str, seconds: float, stopped_as: str) -> str:
+    """Work in short steps for ``seconds`` (``gave-up``) without looking at
+    ``remaining()``; an exception that stops it is noted ``<stopped_as>:<its name>``."""
+    sink("start", key, task)
     try:
         until = time.monotonic() + seconds
         while time.monotonic() < until:
             time.sleep(0.02)
-        sink("gave-up", key, self)
+        sink("gave-up", key, task)
     except BaseException as stopped:
-        sink(f"stopped:{type(stopped).__name__}", key, self)
+        sink(f"{stopped_as}:{type(stopped).__name__}", key, task)
         raise
     return "ran to its end"
 
