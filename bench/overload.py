@@ -106,12 +106,14 @@ def _q(values: list[float], q: float) -> str:
     return f"{ordered[min(len(ordered) - 1, int(q * len(ordered)))]:.3f}"
 
 
-def start_worker(app: str, queue: str, log: Path) -> subprocess.Popen[bytes]:
+def start_worker(app: str, queue: str, log: Path, prefetch: int | None) -> subprocess.Popen[bytes]:
     command = [
         sys.executable, "-m", "celery", "-A", app, "worker", "-P", "prefork",
         "-c", str(CONCURRENCY), "-Q", queue, "-l", "WARNING", "-n", f"{queue}@bench",
         "--without-gossip", "--without-mingle", "--without-heartbeat",
     ]  # fmt: skip
+    if prefetch is not None:
+        command += ["--prefetch-multiplier", str(prefetch)]
     with log.open("wb") as out:
         return subprocess.Popen(
             command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
@@ -237,6 +239,11 @@ def main() -> None:
     parser.add_argument("--loads", default=",".join(LOADS), help="comma-separated")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated")
     parser.add_argument("--smoke", action="store_true", help="seconds: a short burst")
+    parser.add_argument(
+        "--prefetch-multiplier",
+        type=int,
+        help="the workers' worker_prefetch_multiplier (Celery's default: 4)",
+    )
     args = parser.parse_args()
     if args.smoke:
         args.duration, args.burst, args.loads = 0.4, 0.1, "burst"
@@ -252,11 +259,19 @@ def main() -> None:
         migrate()
         queues = {"app": f"{PREFIX}-app", "ledger": f"{PREFIX}-ledger"}
         workers.append(
-            start_worker("bench.overloadapp", queues["app"], Path(f"/tmp/{PREFIX}-app.log"))
+            start_worker(
+                "bench.overloadapp",
+                queues["app"],
+                Path(f"/tmp/{PREFIX}-app.log"),
+                args.prefetch_multiplier,
+            )
         )
         workers.append(
             start_worker(
-                "bench.overloadledger", queues["ledger"], Path(f"/tmp/{PREFIX}-ledger.log")
+                "bench.overloadledger",
+                queues["ledger"],
+                Path(f"/tmp/{PREFIX}-ledger.log"),
+                args.prefetch_multiplier,
             )
         )
         overloadapp.sentinel.apply_async(queue=queues["app"]).get(timeout=60)
@@ -274,7 +289,8 @@ def main() -> None:
             f"({CONCURRENCY / overloadapp.WORK:.0f}/s), budget {overloadapp.BUDGET:g} s, "
             f"reserve {overloadapp.RESERVE * 1000:.0f} ms; arrivals for {args.duration:g} s "
             f"(burst: 10x for {args.burst:g} s, then 0.5x); broker "
-            f"{overloadapp.app.conf.broker_url}",
+            f"{overloadapp.app.conf.broker_url}; prefetch multiplier "
+            f"{args.prefetch_multiplier or 'default (4)'}",
             flush=True,
         )
         print(HEADING, flush=True)

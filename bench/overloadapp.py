@@ -46,7 +46,6 @@ def body(published: float) -> list[float]:
 app = Celery("overload")
 configure(app)
 app.conf.deadlines_ledger = False  # the header tier, whatever the process has installed
-app.conf.deadlines_backlog_refusal = True  # the refusal at enqueue (opt-in)
 
 
 @app.task(base=Task, name="overload.plain", shared=False)

@@ -19,7 +19,6 @@ from celery_deadlines import DeadlineTask  # noqa: E402
 
 app = Celery("overload-ledger")
 configure(app)
-app.conf.deadlines_backlog_refusal = True  # the refusal at enqueue (opt-in)
 
 
 @app.task(base=DeadlineTask, name="overload.ledgered", budget=BUDGET, reserve=RESERVE, shared=False)

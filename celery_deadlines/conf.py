@@ -326,17 +326,17 @@ def _flag(value: object, name: str, settings: Settings) -> bool:
     return value
 
 
-#: Off by default until it refuses nothing that would have finished: the nemesis soak
-#: (make chaos), whose paused and killed workers slow the queue's service, saw it refuse
-#: 17 of 320 publishes that its oracle holds would have succeeded.
+#: On by default: refusing at the door only what the claim gate would refuse after a
+#: worker fetched it (or, under overload, the excess that cannot start in time) spends
+#: no worker on it and tells its caller at once.
 BACKLOG_REFUSAL: Final = Setting(
     "deadlines_backlog_refusal",
-    False,
+    True,
     _flag,
     "True: refuse at enqueue (reason 'queue_backlog') a publish that the queue ahead of "
     "it, taken off at the rate it was seen served, cannot reach before its last start, "
     "and under overload one that would wait more than a tenth of its budget (a Redis "
-    "broker's queue, read by the publisher). False (default): the claim gate alone "
+    "broker's queue, read by the publisher; the default). False: the claim gate alone "
     "judges it.",
 )
 

@@ -12,7 +12,8 @@ process's own publishes. The publishes between two readings are judged by the la
 
 Only Redis is read (a broker without ``LPOS``, with a ``global_keyprefix``, or a
 queue whose priority steps hold messages is not judged), and only a publish that
-starts now (no ``eta`` or ``countdown``), is no member of a group or chord (refusing
+starts now (no ``eta`` or ``countdown``), is sent to a broker (no
+``task_always_eager``: the broker is never read then), is no member of a group or chord (refusing
 one member would leave the others published), to a queue named by the call, or by
 the task's own when the app has no ``task_routes``. Everything else, a failed
 reading included, is admitted: the claim gate judges it as before.
@@ -185,6 +186,8 @@ def admit(task: Any, call: dict[str, Any]) -> Decision | None:
     due = now - watch.read_at >= INTERVAL
     if not due and watch.judged is None:
         return None  # the last reading showed nothing to judge by: most publishes end here
+    if app.conf.task_always_eager:
+        return None  # it runs here, now: no queue is ahead of it, and none is read
     settings = settings_for(app)
     if not settings.get(conf.BACKLOG_REFUSAL):
         watch.read_at, watch.judged = now, None  # asked again at the next reading's time

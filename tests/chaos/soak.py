@@ -156,8 +156,8 @@ EXPIRES = frozenset(
 #: reconciled).
 STILL_WAITING = ("PENDING", "RETRY", "STARTED", "UNKNOWN")
 #: A run whose every publish raised (the caller was told): it ended, nothing was sent
-#: (the broker or the database failed it, or, with ``TEST_BACKLOG_REFUSAL=1``, the
-#: enqueue gate refused it for the queue ahead).
+#: (the broker or the database failed it, or the enqueue gate refused it for the queue
+#: ahead, on by default).
 UNSENT = frozenset({("FAILED", "publish_failed"), ("EXPIRED", "queue_backlog")})
 
 

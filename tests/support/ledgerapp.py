@@ -76,7 +76,8 @@ app.conf.update(
         _env_float("TEST_CLOCK_SKEW_BUDGET", 0) if "TEST_CLOCK_SKEW_BUDGET" in os.environ else None
     ),
     deadlines_metrics_port=_env_int("TEST_METRICS_PORT"),
-    deadlines_backlog_refusal=os.environ.get("TEST_BACKLOG_REFUSAL") == "1",
+    # the refusal for the queue ahead is on by default; TEST_BACKLOG_REFUSAL=0 turns it off
+    deadlines_backlog_refusal=os.environ.get("TEST_BACKLOG_REFUSAL") != "0",
     worker_max_tasks_per_child=_env_int("TEST_MAX_TASKS_PER_CHILD"),
     # the project's own app-wide limits (cookiecutter-django sets 300 and 60)
     task_time_limit=_env_seconds("TEST_TASK_TIME_LIMIT"),

@@ -48,7 +48,6 @@ def a_queue_behind(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_publish_refused_for_the_queue_ahead_is_recorded_explained_and_counted(
     app: Celery, a_queue_behind: None
 ) -> None:
-    app.conf.deadlines_backlog_refusal = True  # opt-in
     registry = CollectorRegistry()
     metrics.install(registry)
     task = make_task(app, "shop.report", budget=1, reserve=0.06)
@@ -69,12 +68,10 @@ def test_a_publish_refused_for_the_queue_ahead_is_recorded_explained_and_counted
     assert registry.get_sample_value("celery_deadlines_refusals_total", labels) == 1
 
 
-@pytest.mark.parametrize("turned", ["off", "left at its default"])
 def test_with_the_setting_off_the_queue_ahead_refuses_nothing(
-    app: Celery, a_queue_behind: None, turned: str
+    app: Celery, a_queue_behind: None
 ) -> None:
-    if turned == "off":
-        app.conf.deadlines_backlog_refusal = False
+    app.conf.deadlines_backlog_refusal = False
     task = make_task(app, "shop.report", budget=1, reserve=0.06)
     task.apply_async(task_id="report-2", queue="reports")
     assert Run.objects.get(task_id="report-2").status == Status.QUEUED
@@ -86,7 +83,6 @@ def test_a_repeated_publish_refused_for_the_queue_ahead_leaves_the_run_it_repeat
     """The caller publishes under its own id, is not sure it went through, and publishes
     again while the queue is long: the refusal is told, and the run first published
     stands, queued, to run in time (a refused repeat never ends the run it repeats)."""
-    app.conf.deadlines_backlog_refusal = True
     task = make_task(app, "shop.report", budget=1, reserve=0.06)
     task.apply_async(task_id="report-3", queue="reports")
     reads(app, monkeypatch, _behind)
@@ -101,7 +97,6 @@ def test_a_publish_refused_for_the_queue_ahead_is_judged_again_when_its_caller_t
     """Nothing was sent, and the caller was told: a publish under the same id later is
     a new try, judged again, and published when the queue can reach it (it would
     otherwise be the ended run's duplicate, answered never)."""
-    app.conf.deadlines_backlog_refusal = True
     task = make_task(app, "shop.report", budget=1, reserve=0.06)
     reads(app, monkeypatch, _behind)
     with pytest.raises(DeadlineRefused):

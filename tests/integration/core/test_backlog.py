@@ -19,18 +19,6 @@ from tests.support.processes import Transport
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(autouse=True)
-def refusing_at_enqueue() -> Iterator[None]:
-    """The workers' app with the refusal at enqueue turned on (it is opt-in)."""
-    from tests.support.workerapp import app
-
-    app.conf.deadlines_backlog_refusal = True
-    try:
-        yield
-    finally:
-        app.conf.deadlines_backlog_refusal = False
-
-
 ARITHMETIC = re.compile(
     r"(?P<depth>\d+) messages ahead in its queue, taken off at (?P<rate>[\d.]+)/s "
     r"\(measured over (?P<span>[\d.]+) s\): a wait of (?P<wait>[\d.]+) s, more than the "

@@ -186,7 +186,6 @@ def test_whatever_a_queue_reads_the_estimate_is_finite_or_none(
 
 
 def deadline_task(app: Celery) -> Any:
-    app.conf.deadlines_backlog_refusal = True  # opt-in
     return make_task(app, "unit.backlog", budget=1, reserve=0.06)
 
 
@@ -227,6 +226,19 @@ def test_a_publish_that_starts_later_is_one_of_many_or_goes_by_routes_is_not_jud
     app.conf.task_routes = {"unit.*": {"queue": "elsewhere"}}
     assert backlog.admit(task, {"headers": {DEADLINE_HEADER: time.time() + 1}}) is None
     assert getattr(app, "_celery_deadlines_backlog", {}) == {}
+
+
+def test_an_eager_publish_reads_no_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``task_always_eager`` (a project's local settings) runs the task in the call: no
+    queue is ahead of it, and a broker that is not there is never asked."""
+    app = Celery("backlog-eager", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    app.conf.update(task_always_eager=True, deadlines_ledger=False)
+    task = deadline_task(app)
+    asked: list[float] = []
+    monkeypatch.setattr(backlog._Watch, "read", lambda _, __, now: asked.append(now))
+    assert backlog.admit(task, stamped()) is None
+    assert 0 < task.apply_async(queue="q").get() <= 1  # its remaining(): it ran
+    assert asked == []
 
 
 # -- the best rate within MEMORY --------------------------------------------------------
