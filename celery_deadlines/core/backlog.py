@@ -16,7 +16,9 @@ starts now (no ``eta`` or ``countdown``), is sent to a broker (no
 ``task_always_eager``: the broker is never read then), is no member of a group or chord (refusing
 one member would leave the others published), to a queue named by the call, or by
 the task's own when the app has no ``task_routes``. Everything else, a failed
-reading included, is admitted: the claim gate judges it as before.
+reading included, is admitted: the claim gate judges it as before. A reading never
+connects to the broker: a producer whose connection is not made (or was lost) is
+not read from until a publish, under Celery's retry policy, connects it.
 """
 
 from __future__ import annotations
@@ -79,6 +81,10 @@ class _Watch:
         self.read_at = now
         try:
             with app.producer_or_acquire(None) as producer:
+                if not producer.connection.connected:
+                    # connecting is the publish's to do, under its own retry policy: a
+                    # reading that connected would add its retries to a broker that is down
+                    raise _NotConnected
                 channel = producer.channel
                 others = _other_steps(channel, self.queue)
                 if others is None:
@@ -120,6 +126,10 @@ class _Watch:
 
 class _NotJudged(Exception):
     """A queue this module does not read."""
+
+
+class _NotConnected(Exception):
+    """The producer's connection is not made yet, or was lost."""
 
 
 def _other_steps(channel: Any, queue: str) -> list[str] | None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from kombu import Connection
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -206,6 +207,21 @@ def test_a_reading_that_fails_never_fails_the_publish_nor_refuses_it(
     assert backlog.admit(task, stamped()) is None
     watch = vars(app)["_celery_deadlines_backlog"]["q"]
     assert (watch.samples, watch.judged) == ([], None)
+
+
+def test_a_reading_never_connects_to_the_broker_the_publish_connects_under_its_policy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A broker that is down fails the publish after Celery's retry policy; a reading
+    that connected first would add kombu's connection retries (seconds) to every one."""
+    app = Celery("backlog-down", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    task = deadline_task(app)
+    connecting: list[object] = []
+    monkeypatch.setattr(
+        Connection, "_ensure_connection", lambda self, **_: connecting.append(self)
+    )
+    assert backlog.admit(task, stamped()) is None
+    assert connecting == []
 
 
 def test_a_transport_it_does_not_read_is_asked_again_only_after_a_while() -> None:
