@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from typing import Any
 
 from tests.support.oracle import Ledgered, Planned, Verdict, check
@@ -121,6 +123,20 @@ def test_a_caller_told_otherwise_than_the_ledger_disagrees() -> None:
     assert check(planned, {"run-1": expired}, [], [], ALLOWED, callers={"run-1": "FAILURE"}) == (
         Verdict()
     )
+
+
+@pytest.mark.parametrize("ended", [("FAILED", "publish_failed"), ("EXPIRED", "queue_backlog")])
+def test_a_run_whose_every_publish_raised_leaves_its_caller_pending(ended: tuple[str, str]) -> None:
+    """``apply_async`` raised (the broker failed it, or the enqueue gate refused it for
+    the queue ahead): nothing was sent or stored, and the caller that was told sees
+    ``PENDING``; anything stored for it would be a disagreement."""
+    unsent = Ledgered(*ended, True)
+    planned = [Planned("run-1", "key-1", allowed=frozenset({ended}))]
+    assert check(planned, {"run-1": unsent}, [], [], ALLOWED, callers={"run-1": "PENDING"}) == (
+        Verdict()
+    )
+    told = check(planned, {"run-1": unsent}, [], [], ALLOWED, callers={"run-1": "FAILURE"})
+    assert list(told.violations()) == ["disagreeing"]
 
 
 def test_a_runs_own_allowed_ends_win_and_an_allowed_unknown_is_not_stuck() -> None:

@@ -145,10 +145,11 @@ def check(
 
 
 #: What a caller's ``AsyncResult.state`` must be for each state the ledger ends a run in.
-#: (``publish_failed``: ``apply_async`` raised, nothing was stored: ``PENDING``.)
+#: (``publish_failed``, ``queue_backlog``: ``apply_async`` raised, nothing was sent or
+#: stored: ``PENDING``.)
 CALLER_SEES = {
     "SUCCEEDED": "SUCCESS", "FAILED": "FAILURE", "EXPIRED": "FAILURE",
-    "publish_failed": "PENDING",
+    "publish_failed": "PENDING", "queue_backlog": "PENDING",
 }  # fmt: skip
 
 

@@ -217,9 +217,7 @@ def test_a_reading_never_connects_to_the_broker_the_publish_connects_under_its_p
     app = Celery("backlog-down", broker="redis://127.0.0.1:1/0", set_as_current=False)
     task = deadline_task(app)
     connecting: list[object] = []
-    monkeypatch.setattr(
-        Connection, "_ensure_connection", lambda self, **_: connecting.append(self)
-    )
+    monkeypatch.setattr(Connection, "_ensure_connection", lambda self, **_: connecting.append(self))
     assert backlog.admit(task, stamped()) is None
     assert connecting == []
 
