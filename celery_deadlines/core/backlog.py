@@ -13,9 +13,10 @@ process's own publishes. The publishes between two readings are judged by the la
 Only Redis is read (a broker without ``LPOS``, with a ``global_keyprefix``, or a
 queue whose priority steps hold messages is not judged), and only a publish that
 starts now (no ``eta`` or ``countdown``), is sent to a broker (no
-``task_always_eager``: the broker is never read then), is no member of a group or chord (refusing
-one member would leave the others published), to a queue named by the call, or by
-the task's own when the app has no ``task_routes``. Everything else, a failed
+``task_always_eager``: the broker is never read then), is no member of a group or
+chord (refusing one member would leave the others published), to a queue named by
+the call, by the task, or by the app's ``task_routes`` when they are mappings (a
+router function may read the arguments: its queue is not worked out here). Everything else, a failed
 reading included, is admitted: the claim gate judges it as before. A reading never
 connects to the broker: a producer whose connection is not made (or was lost) is
 not read from until a publish, under Celery's retry policy, connects it.
@@ -27,6 +28,8 @@ import logging
 import threading
 from datetime import UTC, datetime
 from typing import Any, Final
+
+from celery.app.routes import MapRoute
 
 from .. import clock, conf
 from ..conf import settings_for
@@ -81,7 +84,10 @@ class _Watch:
         self.read_at = now
         try:
             with app.producer_or_acquire(None) as producer:
-                if not producer.connection.connected:
+                connection = producer.connection
+                if not connection.connected:
+                    if not hasattr(connection.transport.Channel, "_q_for_pri"):
+                        raise _NotJudged  # not Redis: known without connecting
                     # connecting is the publish's to do, under its own retry policy: a
                     # reading that connected would add its retries to a broker that is down
                     raise _NotConnected
@@ -145,8 +151,9 @@ def _other_steps(channel: Any, queue: str) -> list[str] | None:
 
 
 def _queue_of(task: Any, call: dict[str, Any], now: float) -> str | None:
-    """The queue a publish goes to, when the call or the task names it (or the app
-    routes nothing): ``None``, not judged. A task's own (the call names none) is worked
+    """The queue a publish goes to, when the call names it, or the task, or the app's
+    routes by the task's name alone, or none of them (the default queue): ``None``,
+    not judged (a router that may read the arguments). A task's own (the call names none) is worked
     out from the app's configuration at most every :data:`INTERVAL`, as the queue is
     read: reading Celery's configuration costs a publish more than the rest of this."""
     queue = call.get("queue")
@@ -161,15 +168,27 @@ def _queue_of(task: Any, call: dict[str, Any], now: float) -> str | None:
         if kept is not None and now - kept[0] < INTERVAL:
             return kept[1]
         config = task.app.conf
-        queue = (
-            None
-            if config.task_routes
-            else (getattr(task, "queue", None) or config.task_default_queue)
-        )
+        # Celery's order: the task's own queue, then the routes, then the default
+        queue = getattr(task, "queue", None)
+        if queue is None:
+            queue = _routed(task) if config.task_routes else config.task_default_queue
         name = queue if queue is None or type(queue) is str else getattr(queue, "name", None)
         defaults[task.name] = (now, name)
         return name
     return queue if type(queue) is str else getattr(queue, "name", None)
+
+
+def _routed(task: Any) -> Any:
+    """The queue the app's ``task_routes`` send ``task`` to, when they are mappings
+    (Celery's ``MapRoute``: by the task's name alone); ``None`` when a router may read
+    the arguments, or the route cannot be worked out (Celery will say so at the send)."""
+    amqp = task.app.amqp
+    if not all(isinstance(route, MapRoute) for route in amqp.routes):
+        return None
+    try:
+        return amqp.router.route({}, task.name).get("queue")
+    except Exception:  # noqa: BLE001  (a route to a queue missing from task_queues)
+        return None
 
 
 def admit(task: Any, call: dict[str, Any]) -> Decision | None:

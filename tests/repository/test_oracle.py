@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
-
 from typing import Any
+
+import pytest
 
 from tests.support.oracle import Ledgered, Planned, Verdict, check
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from kombu import Connection
 from hypothesis import given
 from hypothesis import strategies as st
+from kombu import Connection
 
 from celery_deadlines import DEADLINE_HEADER, Gate, Reason, clock
 from celery_deadlines.core import backlog
@@ -237,9 +237,31 @@ def test_a_publish_that_starts_later_is_one_of_many_or_goes_by_routes_is_not_jud
     assert backlog.admit(task, stamped(eta=datetime.now(UTC))) is None
     assert backlog.admit(task, stamped(group_id="g-1")) is None  # the rest would be published
     assert backlog.admit(task, stamped(chord={"task": "unit.body"})) is None
-    app.conf.task_routes = {"unit.*": {"queue": "elsewhere"}}
-    assert backlog.admit(task, {"headers": {DEADLINE_HEADER: time.time() + 1}}) is None
     assert getattr(app, "_celery_deadlines_backlog", {}) == {}
+
+
+def route_by_argument(name: str, args: Any, kwargs: Any, options: Any, **_: Any) -> Any:
+    return {"queue": "big" if args and args[0] > 100 else "small"}
+
+
+@pytest.mark.parametrize(
+    ("routes", "judged_on"),
+    [
+        ({"unit.*": {"queue": "elsewhere"}}, "elsewhere"),  # by the name alone
+        ([{"unit.backlog": "named"}], "named"),
+        ({"other.*": {"queue": "elsewhere"}}, "celery"),  # no route: the default queue
+        ([route_by_argument], None),  # may read the arguments: not worked out
+    ],
+)
+def test_a_queue_chosen_by_the_apps_routes_is_judged_when_the_name_alone_chooses_it(
+    routes: Any, judged_on: str | None
+) -> None:
+    app = Celery("backlog-routes", broker="memory://", set_as_current=False)
+    app.conf.task_routes = routes
+    task = deadline_task(app)
+    assert backlog.admit(task, {"headers": {DEADLINE_HEADER: time.time() + 1}}) is None
+    watched = list(getattr(app, "_celery_deadlines_backlog", {}))
+    assert watched == ([] if judged_on is None else [judged_on])
 
 
 def test_an_eager_publish_reads_no_queue(monkeypatch: pytest.MonkeyPatch) -> None:
