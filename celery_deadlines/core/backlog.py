@@ -16,10 +16,11 @@ starts now (no ``eta`` or ``countdown``), is sent to a broker (no
 ``task_always_eager``: the broker is never read then), is no member of a group or
 chord (refusing one member would leave the others published), to a queue named by
 the call, by the task, or by the app's ``task_routes`` when they are mappings (a
-router function may read the arguments: its queue is not worked out here). Everything else, a failed
-reading included, is admitted: the claim gate judges it as before. A reading never
-connects to the broker: a producer whose connection is not made (or was lost) is
-not read from until a publish, under Celery's retry policy, connects it.
+router function may read the arguments: its queue is not worked out here).
+Everything else, a failed reading included, is admitted: the claim gate judges it
+as before. A reading never connects to the broker: a producer whose connection is
+not made (or was lost) is not read from until a publish, under Celery's retry
+policy, connects it.
 """
 
 from __future__ import annotations
@@ -152,10 +153,11 @@ def _other_steps(channel: Any, queue: str) -> list[str] | None:
 
 def _queue_of(task: Any, call: dict[str, Any], now: float) -> str | None:
     """The queue a publish goes to, when the call names it, or the task, or the app's
-    routes by the task's name alone, or none of them (the default queue): ``None``,
-    not judged (a router that may read the arguments). A task's own (the call names none) is worked
-    out from the app's configuration at most every :data:`INTERVAL`, as the queue is
-    read: reading Celery's configuration costs a publish more than the rest of this."""
+    routes by the task's name alone, or none of them (the default queue); ``None``:
+    not judged (a router that may read the arguments). A task's own (the call names
+    none) is worked out from the app's configuration at most every :data:`INTERVAL`,
+    as the queue is read: reading Celery's configuration costs a publish more than the
+    rest of this."""
     queue = call.get("queue")
     if queue is None:
         if call.get("routing_key") or call.get("exchange"):
