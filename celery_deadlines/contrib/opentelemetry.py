@@ -208,6 +208,11 @@ def _refusal_span(
     # but the propagation API, which the instrumentation has loaded too.
     from opentelemetry import propagate, trace
 
+    # no tracer provider is set: a span would record nothing (and a refusal under
+    # overload is one of many, each made by the worker's main process)
+    no_provider = trace.ProxyTracerProvider | trace.NoOpTracerProvider
+    if isinstance(trace.get_tracer_provider(), no_provider):
+        return
     parent = propagate.extract(dict(carrier))
     span_attributes = {key: value for key, value in attributes.items() if key != DETAIL}
     source = carrier.get(wire.SOURCE_HEADER)

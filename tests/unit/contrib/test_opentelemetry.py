@@ -219,6 +219,20 @@ def test_a_claim_gate_refusal_without_a_trace_context_starts_a_new_trace(
     assert refusal_event(refused)["celery_deadlines.reason"] == "invalid_deadline"
 
 
+def test_with_no_tracer_provider_set_the_claim_gate_builds_no_span(
+    traced: Celery, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OpenTelemetry's API is loaded (a library imported it) but nothing set a tracer
+    provider: a span would record nothing, and the main process makes none."""
+    work, _ = tasks(traced)
+    monkeypatch.setattr(trace, "get_tracer_provider", trace.ProxyTracerProvider)
+    asked: list[str] = []
+    monkeypatch.setattr(trace, "get_tracer", lambda name, *_, **__: asked.append(name))
+    request, _ = claim(traced, work, {DEADLINE_HEADER: "garbage"})
+    assert request.revoked() is True
+    assert asked == []
+
+
 def test_a_ledger_attempt_span_carries_its_lease_token(
     clock: FakeClock, spans: InMemorySpanExporter
 ) -> None:
