@@ -87,8 +87,8 @@ class _Watch:
             with app.producer_or_acquire(None) as producer:
                 connection = producer.connection
                 if not connection.connected:
-                    if not hasattr(connection.transport.Channel, "_q_for_pri"):
-                        raise _NotJudged  # not Redis: known without connecting
+                    if not _redis_like(connection.transport.Channel):
+                        raise _NotJudged  # known without connecting
                     # connecting is the publish's to do, under its own retry policy: a
                     # reading that connected would add its retries to a broker that is down
                     raise _NotConnected
@@ -144,11 +144,18 @@ def _other_steps(channel: Any, queue: str) -> list[str] | None:
     message with one waits there, unseen by a reading of the queue's own list);
     ``None``: not a channel this module reads (not Redis, or keys under a
     ``global_keyprefix``, which kombu adds to some commands only)."""
-    steps = getattr(channel, "priority_steps", None)
-    q_for = getattr(channel, "_q_for_pri", None)
-    if steps is None or q_for is None or getattr(channel, "global_keyprefix", None):
+    if not _redis_like(channel) or getattr(channel, "global_keyprefix", None):
         return None
-    return [q_for(queue, step) for step in steps if step]
+    return [channel._q_for_pri(queue, step) for step in channel.priority_steps if step]
+
+
+def _redis_like(channel: Any) -> bool:
+    """Whether a channel (or its class) keeps a queue as Redis's lists do, with its
+    priority steps beside it: the channels this module reads."""
+    return (
+        getattr(channel, "priority_steps", None) is not None
+        and getattr(channel, "_q_for_pri", None) is not None
+    )
 
 
 def _queue_of(task: Any, call: dict[str, Any], now: float) -> str | None:
