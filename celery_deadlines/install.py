@@ -15,6 +15,7 @@ from .core import (
     resultpipes,
     telemetry,
     timelimits,
+    workload,
 )
 from .core.publishing import on_before_task_publish
 
@@ -32,7 +33,9 @@ def install() -> None:
     of a message (:mod:`celery_deadlines.core.resultpipes`), whether
     a process runs its attempts one at a time (:mod:`celery_deadlines.core.pools`), and
     the check that keeps a worker or beat from starting on a configuration the library's
-    checks reject (:mod:`celery_deadlines.core.preflight`).
+    checks reject (:mod:`celery_deadlines.core.preflight`), and the report of the work a
+    worker holds per queue, by which a publish is judged against the queue ahead
+    (:mod:`celery_deadlines.core.workload`).
 
     And wire in the integrations, none of which the Celery tier imports: deadlines and
     refusals on OpenTelemetry's spans (:mod:`celery_deadlines.contrib.opentelemetry`; it
@@ -52,6 +55,7 @@ def install() -> None:
     cancelling.connect()
     pools.connect()
     preflight.connect()
+    workload.connect()
     telemetry.wire(opentelemetry)
     prometheus.connect()
     sentry.connect()

@@ -3,12 +3,14 @@ samples :mod:`celery_deadlines.rules.backlog` judges a publish by.
 
 Each process watches each queue it publishes a deadline to. At most every
 :data:`INTERVAL` a publish reads the queue (one round trip through Celery's own
-producer pool, one ``MULTI`` of three commands on Redis): its length, its newest
+producer pool, one ``MULTI`` on Redis): its length, its newest
 message, and where the newest message of the previous reading now is (``LPOS``).
 Kombu pushes on the left and workers pop on the right, so that position is how many
 were pushed since, and with the two lengths how many were taken off: every
 publisher's and every worker's, counted by the broker, not inferred from this
-process's own publishes. The publishes between two readings are judged by the last.
+process's own publishes. The same ``MULTI`` reads the queue's workers' reports
+(:mod:`celery_deadlines.core.workload`): what they hold not started, received and
+started. The publishes between two readings are judged by the last.
 
 Only Redis is read (a broker without ``LPOS``, with a ``global_keyprefix``, or a
 queue whose priority steps hold messages is not judged), and only a publish that
@@ -36,7 +38,7 @@ from .. import clock, conf
 from ..conf import settings_for
 from ..rules import backlog, wire
 from ..rules.gates import Decision
-from . import options
+from . import options, workload
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +66,7 @@ class _Watch:
         "read_at",
         "refused",
         "samples",
+        "seen",
         "tried",
     )
 
@@ -79,6 +82,8 @@ class _Watch:
         self.judged: backlog.Backlog | None = None
         #: the best rate the queue was measured served at, lately (rules/backlog.py)
         self.best: backlog.Best | None = None
+        #: the workers' reports as the last reading saw them (core/workload.py)
+        self.seen: dict[bytes, backlog.Seen] = {}
 
     def read(self, app: Any, now: float) -> None:
         """Read the queue (one round trip), add its sample, judge the samples."""
@@ -103,6 +108,7 @@ class _Watch:
                     pipe.echo(b"0")
                 pipe.llen(self.queue)
                 pipe.lindex(self.queue, 0)
+                pipe.hgetall(workload.key(self.queue))
                 if self.marker is not None:
                     pipe.lpos(self.queue, self.marker)
                 replies = pipe.execute()
@@ -117,14 +123,21 @@ class _Watch:
             self.samples.clear()
             self.marker = None
             self.judged = None
+            self.seen = {}
             return
         depth, newest = int(replies[1]), replies[2]
         taken = pushed = None
-        if self.marker is not None and replies[3] is not None and self.samples:
-            pushed = int(replies[3])
+        if self.marker is not None and replies[4] is not None and self.samples:
+            pushed = int(replies[4])
             taken = self.samples[-1].depth - depth + pushed
         self.marker = newest if isinstance(newest, bytes) else None
-        self.samples.append(backlog.Sample(now, depth, taken, pushed, self.tried, self.refused))
+        reports, self.seen = backlog.read_reports(replies[3], self.seen, now)
+        sample = backlog.Sample(now, depth, taken, pushed, self.tried, self.refused)
+        if reports is not None:
+            sample = sample._replace(
+                held=reports.held, received=reports.received, started=reports.started
+            )
+        self.samples.append(sample)
         del self.samples[:-KEPT]
         measured = backlog.estimate(self.samples, now)
         self.best = backlog.remember(self.best, measured, now)
@@ -142,11 +155,16 @@ class _NotConnected(Exception):
 def _other_steps(channel: Any, queue: str) -> list[str] | None:
     """The lists a Redis channel keeps ``queue``'s messages with a priority in (a
     message with one waits there, unseen by a reading of the queue's own list);
-    ``None``: not a channel this module reads (not Redis, or keys under a
-    ``global_keyprefix``, which kombu adds to some commands only)."""
-    if not _redis_like(channel) or getattr(channel, "global_keyprefix", None):
+    ``None``: not a channel this module reads."""
+    if not reads(channel):
         return None
     return [channel._q_for_pri(queue, step) for step in channel.priority_steps if step]
+
+
+def reads(channel: Any) -> bool:
+    """Whether this module reads a channel's queues: Redis, with no keys under a
+    ``global_keyprefix`` (which kombu adds to some commands only)."""
+    return _redis_like(channel) and not getattr(channel, "global_keyprefix", None)
 
 
 def _redis_like(channel: Any) -> bool:

@@ -10,8 +10,10 @@ import time
 from typing import Any
 
 import pytest
+import redis as redis_py
 
 from celery_deadlines import DeadlineRefused
+from celery_deadlines.core import workload
 from celery_deadlines.signals import deadline_refused
 from tests.support.processes import Transport
 
@@ -19,7 +21,8 @@ pytestmark = pytest.mark.integration
 
 
 ARITHMETIC = re.compile(
-    r"(?P<depth>\d+) messages ahead in its queue, taken off at (?P<rate>[\d.]+)/s "
+    r"(?P<depth>\d+) messages ahead \((?P<queued>\d+) in its queue, (?P<held>\d+) held by "
+    r"its workers\), started at (?P<rate>[\d.]+)/s "
     r"\(measured over (?P<span>[\d.]+) s\): a wait of (?P<wait>[\d.]+) s, more than the "
     r"(?P<left>[\d.]+) s left before its last start \(the deadline less the reserve of "
     r"(?P<reserve>[\d.]+) s\)"
@@ -66,15 +69,17 @@ def test_a_publish_its_queue_cannot_reach_in_time_is_refused_at_enqueue_with_the
     assert float(figures["left"]) <= 2.0
     assert float(figures["span"]) >= 0.25
     assert depth > 20  # most of the 40 still wait: the pool takes five a second
+    assert int(figures["queued"]) + int(figures["held"]) == depth
     assert [(d.gate, d.reason) for d in signalled] == [("enqueue", "queue_backlog")]
 
 
+@pytest.mark.parametrize("prefetch", ["1", "4"])  # 4: Celery's default
 def test_publishing_at_the_worker_s_capacity_refuses_nothing(
-    redis: Transport, redis_client: Any, queue: str, start_worker: Any
+    redis: Transport, redis_client: Any, queue: str, start_worker: Any, prefetch: str
 ) -> None:
     from tests.support.workerapp import deadline_sleeper
 
-    start_worker(redis, concurrency=2)
+    start_worker(redis, concurrency=2, extra_args=("--prefetch-multiplier", prefetch))
     # two pool processes and bodies of 0.1 s: 20 a second, published at 20 a second
     # for 4 s, each with a budget of 2 s
     results = []
@@ -86,3 +91,99 @@ def test_publishing_at_the_worker_s_capacity_refuses_nothing(
         results.append(deadline_sleeper.apply_async((0.1,), budget=2))  # never raises
     outcomes = [result.get(timeout=30) for result in results]
     assert [outcome["slept"] for outcome in outcomes] == [0.1] * 80
+
+
+def reports(transport: Transport, queue: str) -> dict[bytes, list[int]]:
+    """The queue's workers' reports: seq, held, received, started."""
+    client = redis_py.Redis.from_url(transport.broker_url)
+    try:
+        raw: dict[bytes, bytes] = client.hgetall(workload.key(queue))  # type: ignore[assignment]
+    finally:
+        client.close()
+    return {field: [int(n) for n in value.split()] for field, value in raw.items()}
+
+
+def wait_for(condition: Any, timeout: float = 15.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        seen = condition()
+        if seen:
+            return seen
+        time.sleep(0.05)
+    raise AssertionError(f"not seen in {timeout} s")
+
+
+@pytest.mark.parametrize(
+    ("pool", "holds"),
+    [
+        ("prefork", 6),
+        ("threads", 6),
+        # a green pool's spawn waits for a free greenlet: the consumer holds the one
+        # message it is handing over, and takes no other off the queue meanwhile
+        ("gevent", 1),
+    ],
+)
+def test_a_worker_reports_what_it_holds_not_started_and_what_it_received_and_started(
+    redis: Transport, redis_client: Any, queue: str, start_worker: Any, pool: str, holds: int
+) -> None:
+    from tests.support.workerapp import deadline_sleeper
+
+    worker = start_worker(
+        redis, pool=pool, concurrency=2, extra_args=("--prefetch-multiplier", "4")
+    )
+    for _ in range(20):
+        deadline_sleeper.apply_async((0.5,), budget=60)
+    # two in the pool and eight messages prefetched: six held, not started
+    (field,) = wait_for(
+        lambda: [f for f, (_, held, *_) in reports(redis, queue).items() if held == holds]
+    )
+    seq, held, received, started = reports(redis, queue)[field]
+    assert received >= started + held
+    later = wait_for(lambda: (r := reports(redis, queue)[field])[3] >= started + 2 and r)
+    assert later[0] > seq  # the sequence grows with every report
+    worker.stop()
+    assert field not in reports(redis, queue)  # a worker that stops removes its report
+
+
+def test_a_publish_is_refused_for_the_messages_a_worker_holds_where_the_broker_shows_none(
+    redis: Transport, redis_client: Any, queue: str, start_worker: Any
+) -> None:
+    from tests.support.workerapp import deadline_sleeper
+
+    # one pool process that prefetches 40: the queue's list is empty, the work is held
+    start_worker(redis, extra_args=("--prefetch-multiplier", "40"))
+    for _ in range(40):
+        deadline_sleeper.apply_async((0.2,), budget=120)
+    wait_for(lambda: any(held > 30 for _, held, *_ in reports(redis, queue).values()))
+    refused = None
+    for _ in range(100):
+        try:
+            deadline_sleeper.apply_async((0.2,), budget=2)
+        except DeadlineRefused as exc:
+            refused = exc
+            break
+        time.sleep(0.05)
+    assert refused is not None, "never refused with 8 s of work held ahead of a 2 s budget"
+    figures = ARITHMETIC.fullmatch(refused.detail)
+    assert figures is not None, refused.detail
+    assert int(figures["queued"]) < 10 < 20 < int(figures["held"])
+    assert float(figures["wait"]) > float(figures["left"])
+
+
+def test_a_report_that_stopped_changing_is_swept_away_by_a_live_worker(
+    redis: Transport, queue: str
+) -> None:
+    client = redis_py.Redis.from_url(redis.broker_url)
+    hash_key = workload.key(queue)
+    counts = workload._Counts({}, queue)
+    reporter = workload._Reporter(None, counts, [queue], b"celery@live:1")
+    try:
+        client.hset(hash_key, mapping={b"celery@gone:9": b"5 0 9 9", b"celery@busy:2": b"1 0 0 0"})
+        client.hset(hash_key, b"celery@live:1", b"1 0 0 0")
+        reporter.sweep(client)  # the first sweep only looks
+        client.hset(hash_key, b"celery@busy:2", b"2 0 1 1")  # still reporting
+        reporter.sweep(client)
+        assert set(client.hgetall(hash_key)) == {b"celery@busy:2", b"celery@live:1"}
+    finally:
+        client.delete(hash_key)
+        client.close()

@@ -18,15 +18,18 @@ from celery_deadlines import DEADLINE_HEADER, Gate, Reason, clock
 from celery_deadlines.core import backlog
 from celery_deadlines.rules.backlog import (
     MEMORY,
+    MOST_REPORTS,
     OVERLOAD,
     SHED,
     STALE,
     Backlog,
     Best,
+    Reports,
     Sample,
     admit,
     at_best,
     estimate,
+    read_reports,
     remember,
 )
 from tests.support.unit_tasks import make_task
@@ -164,23 +167,131 @@ def test_a_publish_is_refused_only_past_its_last_start_or_past_a_share_under_ove
             st.integers(0, 10_000),
             st.one_of(st.none(), st.integers(-1000, 1000)),
             st.one_of(st.none(), st.integers(-1000, 1000)),
+            st.one_of(st.none(), st.tuples(*[st.integers(0, 10**15)] * 3)),
         ),
         max_size=50,
     )
 )
 def test_whatever_a_queue_reads_the_estimate_is_finite_or_none(
-    readings: list[tuple[float, int, int | None, int | None]],
+    readings: list[tuple[float, int, int | None, int | None, tuple[int, int, int] | None]],
 ) -> None:
     at, samples = 0.0, []
-    for step, depth, taken, pushed in readings:
+    for step, depth, taken, pushed, reports in readings:
         at += step
-        samples.append(Sample(at, depth, taken, pushed, 0, 0))
+        sample = Sample(at, depth, taken, pushed, 0, 0)
+        if reports is not None:
+            sample = sample._replace(held=reports[0], received=reports[1], started=reports[2])
+        samples.append(sample)
     backlog = estimate(samples, at)
     if backlog is not None:
         assert backlog.rate > 0
         assert backlog.depth > 0
         assert backlog.span > 0
         assert backlog.wait >= 0
+
+
+# -- the workers' reports (core/workload.py): what they hold, received and started -------
+
+
+def with_reports(samples: list[Sample], held: int, received: int, started: int) -> list[Sample]:
+    """The same readings with the workers reporting ``held`` at each, and ``received``
+    and ``started`` between each two."""
+    return [s._replace(held=held, received=received, started=started) for s in samples]
+
+
+def test_with_reports_a_message_waits_behind_the_queue_and_what_the_workers_hold() -> None:
+    samples = with_reports(served(depth=40, taken=5, pushed=5), held=16, received=5, started=5)
+    backlog = estimate(samples, samples[-1].at)
+    assert backlog == Backlog(depth=56, rate=80.0, offered=80.0, span=1.0, held=16)
+    decision = admit(backlog._replace(depth=90), NOW + BUDGET, NOW, RESERVE)
+    assert decision is not None
+    assert decision.detail.startswith(
+        "90 messages ahead (74 in its queue, 16 held by its workers), started at 80.0/s "
+        "(measured over 1.00 s): a wait of 1.125 s"
+    )
+
+
+def test_a_message_the_claim_gate_refused_was_taken_off_but_is_not_counted_as_service() -> None:
+    # the broker saw 5 taken off each reading; the workers started 2 and refused 3
+    samples = with_reports(served(depth=40, taken=5, pushed=5), held=16, received=5, started=2)
+    backlog = estimate(samples, samples[-1].at)
+    assert backlog is not None
+    assert backlog.rate == 32.0
+    assert backlog.offered == 80.0
+
+
+def test_work_the_workers_hold_is_judged_where_the_broker_shows_an_empty_queue() -> None:
+    # the workers prefetch everything: the list is empty, its pushes and takes unknown
+    samples = [
+        Sample(i * 0.0625, 0, None, None, 0, 0, held=12, received=10, started=5) for i in range(21)
+    ]
+    backlog = estimate(samples, samples[-1].at)
+    assert backlog == Backlog(depth=12, rate=80.0, offered=160.0, span=1.0, held=12)
+    assert backlog.overloaded
+
+
+def test_a_moment_nothing_waited_is_left_out_of_the_reported_rate() -> None:
+    samples = with_reports(served(depth=40, taken=5, pushed=5), held=4, received=5, started=5)
+    # at reading 10 nothing waited: the workers may have waited for work around it
+    samples[10] = samples[10]._replace(depth=0, held=0, started=1)
+    samples[11] = samples[11]._replace(started=1)
+    backlog = estimate(samples, samples[-1].at)
+    assert backlog is not None
+    assert backlog.rate == 80.0
+
+
+def test_reports_that_miss_a_consumer_of_the_queue_are_not_judged_by() -> None:
+    # the broker saw 5 taken off each reading, the reporting workers received 2:
+    # another consumer, which does not report, took the rest
+    samples = with_reports(served(depth=40, taken=5, pushed=5), held=16, received=2, started=2)
+    backlog = estimate(samples, samples[-1].at)
+    assert backlog == Backlog(depth=40, rate=80.0, offered=80.0, span=1.0)
+
+
+def test_a_report_counts_once_its_sequence_grows_and_until_it_stops_growing() -> None:
+    worker = b"celery@a:1"
+    reports, seen = read_reports({worker: b"1 6 10 4"}, {}, now=0.0)
+    assert reports is None  # seen once: a report of a worker perhaps gone
+    reports, seen = read_reports({worker: b"2 5 13 6"}, seen, now=0.1)
+    assert reports == Reports(held=5, received=3, started=2)
+    reports, seen = read_reports({worker: b"2 5 13 6"}, seen, now=0.1 + STALE)
+    assert reports == Reports(held=5, received=0, started=0)
+    reports, seen = read_reports({worker: b"2 5 13 6"}, seen, now=0.11 + STALE)
+    assert reports is None  # it stopped reporting: stopped, or gone
+
+
+def test_a_worker_started_again_under_its_name_counts_from_its_new_counts() -> None:
+    worker = b"celery@a:1"
+    _, seen = read_reports({worker: b"7 6 100 90"}, {}, now=0.0)
+    reports, seen = read_reports({worker: b"1 2 3 1"}, seen, now=0.1)
+    assert reports is None  # its counts fell: a new worker, seen once
+    reports, seen = read_reports({worker: b"2 2 5 2"}, seen, now=0.2)
+    assert reports == Reports(held=2, received=2, started=1)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"2 5 13",
+        b"2 5 13 6 1",
+        b"-2 5 13 6",
+        b"2 5 x 6",
+        b"2 5 13 1234567890123456",
+        b"2 8 13 6",  # holds more than it received and did not start
+        "2 5 13 6",
+        7,
+    ],
+)
+def test_a_report_that_is_not_four_counts_is_not_read(value: Any) -> None:
+    worker, other = b"celery@a:1", b"celery@b:1"
+    _, seen = read_reports({worker: b"1 1 2 1", other: b"1 1 2 1"}, {}, now=0.0)
+    reports, _ = read_reports({worker: value, other: b"2 1 3 2"}, seen, now=0.1)
+    assert reports == Reports(held=1, received=1, started=1)
+
+
+def test_a_queue_with_more_reports_than_workers_run_is_not_judged_by_them() -> None:
+    raw = {f"celery@{i}:1".encode(): b"1 1 1 1" for i in range(MOST_REPORTS + 1)}
+    assert read_reports(raw, {}, now=0.0) == (None, {})
 
 
 # -- the reading (core/backlog.py): what it never does to a publish ----------------------
