@@ -8,7 +8,7 @@ on a Redis broker, with ``deadlines_backlog_refusal`` on, reports every
 :data:`EVERY` seconds, for each queue it consumes, the messages it holds not started
 (Celery's reserved requests less its active ones), and how many it received from the
 queue and started since it began: one hash per queue (:func:`key`), a field per worker
-process (``hostname:pid``), the value ``seq held received started``. A publisher reads
+process (``hostname:pid:random``), the value ``seq held received started``. A publisher reads
 the hash with the queue (:mod:`celery_deadlines.core.backlog`), and judges a report
 fresh by its ``seq`` growing, on its own clock.
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import threading
 from typing import Any, Final
 
@@ -225,7 +226,9 @@ def _start(sender: Any = None, **_: Any) -> None:
     _counts = counts
     celery.worker.request.task_accepted = _accepted  # type: ignore[attr-defined]
     task_received.connect(_received, dispatch_uid=_RECEIVED, weak=False)
-    field = f"{getattr(sender, 'hostname', None) or 'worker'}:{os.getpid()}".encode()
+    # a worker's own field, even where two share a name and a pid (containers)
+    hostname = getattr(sender, "hostname", None) or "worker"
+    field = f"{hostname}:{os.getpid()}:{secrets.token_hex(4)}".encode()
     _reporter = _Reporter(app, counts, queues, field)
     _reporter.start()
 
