@@ -12,8 +12,12 @@ process's own publishes. The same ``MULTI`` reads the queue's workers' reports
 (:mod:`celery_deadlines.core.workload`): what they hold not started, received and
 started. The publishes between two readings are judged by the last.
 
-Only Redis is read (a broker without ``LPOS``, with a ``global_keyprefix``, or a
-queue whose priority steps hold messages is not judged), and only a publish that
+On RabbitMQ (its result backend Redis, where the workers report then), a passive
+declare on a channel of its own gives the queue's ready messages and its consumers,
+and the reports are read from the result backend: the queue is judged when every
+consumer reports. Only those two are read (a Redis broker without ``LPOS``, with a
+``global_keyprefix``, or a queue whose priority steps hold messages; RabbitMQ with
+another result backend; any other broker: not judged), and only a publish that
 starts now (no ``eta`` or ``countdown``), is sent to a broker (no
 ``task_always_eager``: the broker is never read then), is no member of a group or
 chord (refusing one member would leave the others published), to a queue named by
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from contextlib import suppress
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -52,6 +57,8 @@ KEPT: Final = 40
 #: The app attributes each app's watches, and its tasks' own queues, are kept in.
 _WATCHES: Final = "_celery_deadlines_backlog"
 _DEFAULTS: Final = "_celery_deadlines_backlog_queues"
+#: The attribute a RabbitMQ connection keeps its channel for readings in.
+_DECLARING: Final = "_celery_deadlines_backlog_channel"
 
 
 class _Watch:
@@ -88,32 +95,23 @@ class _Watch:
     def read(self, app: Any, now: float) -> None:
         """Read the queue (one round trip), add its sample, judge the samples."""
         self.read_at = now
+        consumers = None
         try:
             with app.producer_or_acquire(None) as producer:
                 connection = producer.connection
+                rabbitmq = workload.reports_in_backend(app, connection.transport)
                 if not connection.connected:
-                    if not _redis_like(connection.transport.Channel):
+                    if not (rabbitmq or _redis_like(connection.transport.Channel)):
                         raise _NotJudged  # known without connecting
                     # connecting is the publish's to do, under its own retry policy: a
                     # reading that connected would add its retries to a broker that is down
                     raise _NotConnected
-                channel = producer.channel
-                others = _other_steps(channel, self.queue)
-                if others is None:
-                    raise _NotJudged
-                pipe = channel.client.pipeline(transaction=True)
-                if others:
-                    pipe.exists(*others)
+                if rabbitmq:
+                    depth, consumers = _declared(connection, self.queue)
+                    taken = pushed = None
+                    raw = app.backend.client.hgetall(workload.key(self.queue))
                 else:
-                    pipe.echo(b"0")
-                pipe.llen(self.queue)
-                pipe.lindex(self.queue, 0)
-                pipe.hgetall(workload.key(self.queue))
-                if self.marker is not None:
-                    pipe.lpos(self.queue, self.marker)
-                replies = pipe.execute()
-            if int(replies[0]):
-                raise _NotJudged  # a message with a priority waits where it is not seen
+                    depth, taken, pushed, raw = self._listed(producer.channel)
         # a reading never fails a publish: what it cannot read, it does not judge by
         except Exception as exc:  # noqa: BLE001
             if isinstance(exc, _NotJudged):
@@ -125,13 +123,9 @@ class _Watch:
             self.judged = None
             self.seen = {}
             return
-        depth, newest = int(replies[1]), replies[2]
-        taken = pushed = None
-        if self.marker is not None and replies[4] is not None and self.samples:
-            pushed = int(replies[4])
-            taken = self.samples[-1].depth - depth + pushed
-        self.marker = newest if isinstance(newest, bytes) else None
-        reports, self.seen = backlog.read_reports(replies[3], self.seen, now)
+        reports, self.seen = backlog.read_reports(raw, self.seen, now)
+        if reports is not None and consumers is not None and reports.workers < consumers:
+            reports = None  # a consumer that does not report: its share is not known
         sample = backlog.Sample(now, depth, taken, pushed, self.tried, self.refused)
         if reports is not None:
             sample = sample._replace(
@@ -142,6 +136,53 @@ class _Watch:
         measured = backlog.estimate(self.samples, now)
         self.best = backlog.remember(self.best, measured, now)
         self.judged = backlog.at_best(measured, self.best)
+
+    def _listed(self, channel: Any) -> tuple[int, int | None, int | None, Any]:
+        """A Redis queue's length, and what was taken off it and pushed onto it since
+        the last reading (``None``: not known), and its workers' reports: one
+        ``MULTI``."""
+        others = _other_steps(channel, self.queue)
+        if others is None:
+            raise _NotJudged
+        pipe = channel.client.pipeline(transaction=True)
+        if others:
+            pipe.exists(*others)
+        else:
+            pipe.echo(b"0")
+        pipe.llen(self.queue)
+        pipe.lindex(self.queue, 0)
+        pipe.hgetall(workload.key(self.queue))
+        if self.marker is not None:
+            pipe.lpos(self.queue, self.marker)
+        replies = pipe.execute()
+        if int(replies[0]):
+            raise _NotJudged  # a message with a priority waits where it is not seen
+        depth, newest = int(replies[1]), replies[2]
+        taken = pushed = None
+        if self.marker is not None and replies[4] is not None and self.samples:
+            pushed = int(replies[4])
+            taken = self.samples[-1].depth - depth + pushed
+        self.marker = newest if isinstance(newest, bytes) else None
+        return depth, taken, pushed, replies[3]
+
+
+def _declared(connection: Any, queue: str) -> tuple[int, int]:
+    """A RabbitMQ queue's ready messages and consumers, by a passive declare on a channel
+    of its own (a queue that does not exist closes the channel it is asked on), kept
+    with the connection for its next reading (a channel opened for each reading, 20 a
+    second a queue and a process, is the churn RabbitMQ warns of)."""
+    channel = getattr(connection, _DECLARING, None)
+    if channel is None or not getattr(channel, "is_open", False):
+        channel = connection.channel()
+        setattr(connection, _DECLARING, channel)
+    try:
+        declared = channel.queue_declare(queue=queue, passive=True)
+    except Exception:
+        setattr(connection, _DECLARING, None)
+        with suppress(Exception):
+            channel.close()
+        raise
+    return int(declared.message_count), int(declared.consumer_count)
 
 
 class _NotJudged(Exception):

@@ -4,7 +4,8 @@ queue ahead (:mod:`celery_deadlines.rules.backlog`).
 A worker prefetches: the messages it took off a queue and has not started wait in it,
 where the broker does not see them, and a message the claim gate refuses was taken off
 the queue but served nothing. So each ``celery worker`` whose app has DeadlineTasks,
-on a Redis broker, with ``deadlines_backlog_refusal`` on, reports every
+on Redis (or on RabbitMQ with a Redis result backend: the reports are kept there),
+with ``deadlines_backlog_refusal`` on, reports every
 :data:`EVERY` seconds, for each queue it consumes, the messages it holds not started
 (Celery's reserved requests less its active ones), and how many it received from the
 queue and started since it began: one hash per queue (:func:`key`), a field per worker
@@ -24,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import sys
 import threading
 from typing import Any, Final
 
@@ -50,6 +52,18 @@ PREFIX: Final = "celery-deadlines.workload."
 def key(queue: str) -> str:
     """The hash a queue's workers report in."""
     return PREFIX + queue
+
+
+def reports_in_backend(app: Any, transport: Any) -> bool:
+    """Whether a queue's reports are kept in the app's result backend: its broker is
+    RabbitMQ (which keeps none) and its result backend Redis. On a Redis broker they
+    are kept in the broker, read with the queue."""
+    if getattr(transport, "driver_type", None) != "amqp":
+        return False
+    # looked up, not imported: a Redis backend in use has imported it, and importing it
+    # imports redis-py (and, with it, OpenTelemetry where that is installed)
+    redis_backends = sys.modules.get("celery.backends.redis")
+    return redis_backends is not None and isinstance(app.backend, redis_backends.RedisBackend)
 
 
 def bindings(queues: Any) -> dict[tuple[Any, Any], str]:
@@ -130,17 +144,13 @@ class _Reporter(threading.Thread):
         self.swept: dict[str, dict[bytes, bytes]] = {}
 
     def run(self) -> None:
-        from .backlog import reads
-
         sweep_at = 0
         with self.app.connection_for_write() as connection:
             while not self.stopping.wait(EVERY):
                 try:
-                    connection.ensure_connection(max_retries=1)  # one try a report
-                    channel = connection.default_channel
-                    if not reads(channel):
+                    client = self.client(connection)
+                    if client is None:
                         return  # not a broker the publishers read
-                    client = channel.client
                     self.report(client)
                     sweep_at += 1
                     if sweep_at * EVERY >= SWEEP_EVERY:
@@ -150,16 +160,27 @@ class _Reporter(threading.Thread):
                 except Exception as exc:  # noqa: BLE001
                     logger.debug("workload not reported: %r", exc)
                     connection.collect()
-            if not connection.connected:
+            if not (connection.connected or reports_in_backend(self.app, connection.transport)):
                 return
             try:
-                client = connection.default_channel.client
+                client = self.client(connection)
                 pipe = client.pipeline(transaction=False)
                 for queue in self.queues:
                     pipe.hdel(key(queue), self.field)
                 pipe.execute()
             except Exception as exc:  # noqa: BLE001
                 logger.debug("workload report not removed: %r", exc)
+
+    def client(self, connection: Any) -> Any:
+        """The Redis client the reports are written with: the result backend's, beside
+        RabbitMQ; the broker's (one try to connect a report); ``None``: neither."""
+        from .backlog import reads
+
+        if reports_in_backend(self.app, connection.transport):
+            return self.app.backend.client
+        connection.ensure_connection(max_retries=1)
+        channel = connection.default_channel
+        return channel.client if reads(channel) else None
 
     def held(self) -> dict[str, int] | None:
         """The requests held not started, per queue (``None``: the sets changed under

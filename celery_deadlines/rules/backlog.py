@@ -288,11 +288,13 @@ class Seen(NamedTuple):
 
 class Reports(NamedTuple):
     """What the fresh reports of a queue's workers say at one reading: ``held`` in all,
-    and ``received`` and ``started`` since the previous reading."""
+    and ``received`` and ``started`` since the previous reading, by ``workers``
+    workers."""
 
     held: int
     received: int
     started: int
+    workers: int = 1
 
 
 def read_reports(
@@ -309,8 +311,7 @@ def read_reports(
     if len(raw) > MOST_REPORTS:
         return None, {}
     now_seen: dict[bytes, Seen] = {}
-    held = received = started = 0
-    counted = False
+    held = received = started = workers = 0
     for field, value in raw.items():
         match = _REPORT.fullmatch(value) if isinstance(value, bytes) else None
         if match is None or not isinstance(field, bytes):
@@ -335,5 +336,5 @@ def read_reports(
         current = now_seen[field]
         if current.alive and now - current.changed_at <= STALE:
             held += counts[1]
-            counted = True
-    return (Reports(held, received, started) if counted else None), now_seen
+            workers += 1
+    return (Reports(held, received, started, workers) if workers else None), now_seen

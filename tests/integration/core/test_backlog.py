@@ -15,6 +15,7 @@ import redis as redis_py
 from celery_deadlines import DeadlineRefused
 from celery_deadlines.core import workload
 from celery_deadlines.signals import deadline_refused
+from tests.integration.conftest import client_for, rabbitmq_transport, require
 from tests.support.processes import Transport
 
 pytestmark = pytest.mark.integration
@@ -187,3 +188,62 @@ def test_a_report_that_stopped_changing_is_swept_away_by_a_live_worker(
     finally:
         client.delete(hash_key)
         client.close()
+
+
+@pytest.fixture
+def rabbitmq() -> Transport:
+    chosen = rabbitmq_transport()
+    require(chosen)
+    return chosen
+
+
+def refused_within(task: Any, budget: float, tries: int = 100) -> DeadlineRefused | None:
+    """Publish ``task`` every 50 ms until a publish is refused, or ``tries`` were not."""
+    for _ in range(tries):
+        try:
+            task.apply_async((0.2,), budget=budget)
+        except DeadlineRefused as exc:
+            return exc
+        time.sleep(0.05)
+    return None
+
+
+@pytest.mark.parametrize("prefetch", ["1", "40"])
+def test_on_rabbitmq_with_a_redis_result_backend_the_queue_and_what_its_workers_hold_refuse(
+    rabbitmq: Transport, queue: str, start_worker: Any, prefetch: str
+) -> None:
+    from tests.support.workerapp import app, deadline_sleeper
+
+    with client_for(rabbitmq, queue, app):
+        # one pool process: with a prefetch of 1 the 40 wait in RabbitMQ's queue, with 40
+        # in the worker, where RabbitMQ counts them as delivered, not ready
+        start_worker(rabbitmq, extra_args=("--prefetch-multiplier", prefetch))
+        for _ in range(40):
+            deadline_sleeper.apply_async((0.2,), budget=120)
+        refused = refused_within(deadline_sleeper, budget=2)
+    assert refused is not None, "never refused with 8 s of work ahead of a 2 s budget"
+    assert (refused.gate, refused.reason) == ("enqueue", "queue_backlog")
+    figures = ARITHMETIC.fullmatch(refused.detail)
+    assert figures is not None, refused.detail
+    queued, held = int(figures["queued"]), int(figures["held"])
+    assert queued + held > 20
+    assert (queued if prefetch == "1" else held) > 20
+    assert float(figures["wait"]) > float(figures["left"])
+
+
+def test_on_rabbitmq_publishing_at_the_worker_s_capacity_refuses_nothing(
+    rabbitmq: Transport, queue: str, start_worker: Any
+) -> None:
+    from tests.support.workerapp import app, deadline_sleeper
+
+    with client_for(rabbitmq, queue, app):
+        start_worker(rabbitmq, concurrency=2, extra_args=("--prefetch-multiplier", "4"))
+        results = []
+        began = time.monotonic()
+        for k in range(80):
+            pause = began + k / 20 - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            results.append(deadline_sleeper.apply_async((0.1,), budget=2))  # never raises
+        outcomes = [result.get(timeout=30) for result in results]
+    assert [outcome["slept"] for outcome in outcomes] == [0.1] * 80
