@@ -93,7 +93,8 @@ class _Watch:
         self.seen: dict[bytes, backlog.Seen] = {}
 
     def read(self, app: Any, now: float) -> None:
-        """Read the queue (one round trip), add its sample, judge the samples."""
+        """Read the queue (one round trip on Redis; on RabbitMQ, one to the broker and
+        one to the result backend), add its sample, judge the samples."""
         self.read_at = now
         consumers = None
         try:

@@ -9,9 +9,9 @@ with ``deadlines_backlog_refusal`` on, reports every
 :data:`EVERY` seconds, for each queue it consumes, the messages it holds not started
 (Celery's reserved requests less its active ones), and how many it received from the
 queue and started since it began: one hash per queue (:func:`key`), a field per worker
-process (``hostname:pid:random``), the value ``seq held received started``. A publisher reads
-the hash with the queue (:mod:`celery_deadlines.core.backlog`), and judges a report
-fresh by its ``seq`` growing, on its own clock.
+process (``hostname:pid:random``), the value ``seq held received started``. A
+publisher reads the hash with the queue (:mod:`celery_deadlines.core.backlog`), and
+judges a report fresh by its ``seq`` growing, on its own clock.
 
 The reports are written by a thread of the worker's main process, on a connection of
 its own: a broker that is slow or down delays the reports, never the worker. A worker
