@@ -127,6 +127,9 @@ class Observed:
     child: Probe | None
     explain: str
     log: str
+    #: the row's worker's reports of what it holds on its queue (core/workload.py),
+    #: read while it runs: field, ``seq held received started``
+    workload: dict[bytes, bytes] = field(default_factory=dict)
 
     def told(self) -> str:
         """What every probe's caller and the ledger saw, for a failure's message."""
@@ -854,7 +857,23 @@ def _observe(app: Any, flight: Flight, serializer: str) -> None:
         flight.worker.log() if flight.worker is not None else "",
     )
     _gather(app, observed, flight.notes, provider_log(), eager=flight.eager)
+    observed.workload = _workload(flight)
     flight.observed[serializer] = observed
+
+
+def _workload(flight: Flight) -> dict[bytes, bytes]:
+    """The reports of what the row's worker holds on its queue, while it runs: in the
+    Redis broker, or beside RabbitMQ in the Redis result backend (both
+    ``rows.redis_url()``); none for the eager row, which has no worker."""
+    import redis as redis_py
+
+    from celery_deadlines.core import workload
+
+    if flight.eager or flight.worker is None:
+        return {}
+    with redis_py.Redis.from_url(rows.redis_url()) as client:
+        reports: dict[bytes, bytes] = client.hgetall(workload.key(flight.queue))
+    return reports
 
 
 def _gather(app: Any, observed: Observed, notes: Path, calls: Path, *, eager: bool) -> None:

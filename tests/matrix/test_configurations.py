@@ -62,6 +62,22 @@ def _told(probe: Probe) -> str:
     return f"{probe.state} {probe.error or probe.raised}: {probe.error_text[:300]}"
 
 
+@pytest.mark.parametrize(("row", "serializer"), cases("order", eager=False))
+def test_the_worker_reports_what_it_holds_and_started_on_its_queue(
+    row: Row, serializer: str, observe: Observe
+) -> None:
+    """The enqueue gate judges a publish by the workers' reports (core/workload.py): in
+    each configuration, the row's worker wrote one for its queue while it ran, and its
+    counts add up."""
+    observed = observe(row, serializer)
+    reports = [[int(n) for n in value.split()] for value in observed.workload.values()]
+    assert reports, f"no report for the queue: {observed.workload}"
+    seq, held, received, started = max(reports, key=lambda counts: counts[3])
+    assert seq > 0
+    assert started >= 1  # the order at least
+    assert received >= started + held
+
+
 @pytest.mark.parametrize(("row", "serializer"), cases("order"))
 def test_an_order_placed_with_a_budget_hands_its_deadline_to_its_child(
     row: Row, serializer: str, observe: Observe
