@@ -99,7 +99,11 @@ def test_a_prefork_worker_serves_its_pool_processes_counts_and_drops_exited_ones
     # a pool process's live gauge is served while it lives, and gone once it exited
     release = tmp_path / "release"
     held = redis_client.send_task("m.hold_gauge", (str(release),))
-    live = wait_for(lambda: samples(scrape(port) or "", "test_pool_process_up"), timeout=20)
+    # (the gauge is served at 0 from its creation to its first set: waited past)
+    live = wait_for(
+        lambda: [s for s in samples(scrape(port) or "", "test_pool_process_up") if s.value],
+        timeout=20,
+    )
     assert [s.value for s in live] == [1.0]
     pid = live[0].labels["pid"]
     assert pid != str(worker.process.pid)  # a pool process's, not the main process's
