@@ -102,7 +102,7 @@ class _Watch:
                 connection = producer.connection
                 rabbitmq = workload.reports_in_backend(app, connection.transport)
                 if not connection.connected:
-                    if not (rabbitmq or _redis_like(connection.transport.Channel)):
+                    if not (rabbitmq or workload.redis_like(connection.transport.Channel)):
                         raise _NotJudged  # known without connecting
                     # connecting is the publish's to do, under its own retry policy: a
                     # reading that connected would add its retries to a broker that is down
@@ -198,24 +198,9 @@ def _other_steps(channel: Any, queue: str) -> list[str] | None:
     """The lists a Redis channel keeps ``queue``'s messages with a priority in (a
     message with one waits there, unseen by a reading of the queue's own list);
     ``None``: not a channel this module reads."""
-    if not reads(channel):
+    if not workload.lists_read(channel):
         return None
     return [channel._q_for_pri(queue, step) for step in channel.priority_steps if step]
-
-
-def reads(channel: Any) -> bool:
-    """Whether this module reads a channel's queues: Redis, with no keys under a
-    ``global_keyprefix`` (which kombu adds to some commands only)."""
-    return _redis_like(channel) and not getattr(channel, "global_keyprefix", None)
-
-
-def _redis_like(channel: Any) -> bool:
-    """Whether a channel (or its class) keeps a queue as Redis's lists do, with its
-    priority steps beside it: the channels this module reads."""
-    return (
-        getattr(channel, "priority_steps", None) is not None
-        and getattr(channel, "_q_for_pri", None) is not None
-    )
 
 
 def _queue_of(task: Any, call: dict[str, Any], now: float) -> str | None:

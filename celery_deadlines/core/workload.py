@@ -54,6 +54,22 @@ def key(queue: str) -> str:
     return PREFIX + queue
 
 
+def lists_read(channel: Any) -> bool:
+    """Whether the publishers read a channel's queues as lists, with the reports beside
+    them: Redis, with no keys under a ``global_keyprefix`` (which kombu adds to some
+    commands only)."""
+    return redis_like(channel) and not getattr(channel, "global_keyprefix", None)
+
+
+def redis_like(channel: Any) -> bool:
+    """Whether a channel (or its class) keeps a queue as Redis's lists do, with its
+    priority steps beside it."""
+    return (
+        getattr(channel, "priority_steps", None) is not None
+        and getattr(channel, "_q_for_pri", None) is not None
+    )
+
+
 def reports_in_backend(app: Any, transport: Any) -> bool:
     """Whether a queue's reports are kept in the app's result backend: its broker is
     RabbitMQ (which keeps none) and its result backend Redis. On a Redis broker they
@@ -174,13 +190,11 @@ class _Reporter(threading.Thread):
     def client(self, connection: Any) -> Any:
         """The Redis client the reports are written with: the result backend's, beside
         RabbitMQ; the broker's (one try to connect a report); ``None``: neither."""
-        from .backlog import reads
-
         if reports_in_backend(self.app, connection.transport):
             return self.app.backend.client
         connection.ensure_connection(max_retries=1)
         channel = connection.default_channel
-        return channel.client if reads(channel) else None
+        return channel.client if lists_read(channel) else None
 
     def held(self) -> dict[str, int] | None:
         """The requests held not started, per queue (``None``: the sets changed under

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ import redis as redis_py
 from celery_deadlines import DeadlineRefused
 from celery_deadlines.core import workload
 from celery_deadlines.signals import deadline_refused
-from tests.integration.conftest import client_for, rabbitmq_transport, require
+from tests.integration.conftest import client_for, rabbitmq_transport, require, transport_named
 from tests.support.processes import Transport
 
 pytestmark = pytest.mark.integration
@@ -28,6 +29,17 @@ ARITHMETIC = re.compile(
     r"(?P<left>[\d.]+) s left before its last start \(the deadline less the reserve of "
     r"(?P<reserve>[\d.]+) s\)"
 )
+
+
+def refused_within(task: Any, budget: float, tries: int = 100) -> DeadlineRefused | None:
+    """Publish ``task`` every 50 ms until a publish is refused, or ``tries`` were not."""
+    for _ in range(tries):
+        try:
+            task.apply_async((0.2,), budget=budget)
+        except DeadlineRefused as exc:
+            return exc
+        time.sleep(0.05)
+    return None
 
 
 def test_a_publish_its_queue_cannot_reach_in_time_is_refused_at_enqueue_with_the_arithmetic(
@@ -48,14 +60,7 @@ def test_a_publish_its_queue_cannot_reach_in_time_is_refused_at_enqueue_with_the
     try:
         # each publish reads the queue (every 50 ms at most); the gate judges once it
         # has seen the queue served for a quarter of a second
-        refused = None
-        for _ in range(100):
-            try:
-                deadline_sleeper.apply_async((0.2,), budget=2)
-            except DeadlineRefused as exc:
-                refused = exc
-                break
-            time.sleep(0.05)
+        refused = refused_within(deadline_sleeper, budget=2)
     finally:
         deadline_refused.disconnect(heard)
     assert refused is not None, "never refused with 8 s of work ahead of a 2 s budget"
@@ -74,23 +79,28 @@ def test_a_publish_its_queue_cannot_reach_in_time_is_refused_at_enqueue_with_the
     assert [(d.gate, d.reason) for d in signalled] == [("enqueue", "queue_backlog")]
 
 
-@pytest.mark.parametrize("prefetch", ["1", "4"])  # 4: Celery's default
+@pytest.mark.parametrize(
+    ("broker", "prefetch"), [("redis", "1"), ("redis", "4"), ("rabbitmq", "4")]
+)  # 4: Celery's default
 def test_publishing_at_the_worker_s_capacity_refuses_nothing(
-    redis: Transport, redis_client: Any, queue: str, start_worker: Any, prefetch: str
+    queue: str, start_worker: Any, tmp_path: Path, broker: str, prefetch: str
 ) -> None:
-    from tests.support.workerapp import deadline_sleeper
+    from tests.support.workerapp import app, deadline_sleeper
 
-    start_worker(redis, concurrency=2, extra_args=("--prefetch-multiplier", prefetch))
-    # two pool processes and bodies of 0.1 s: 20 a second, published at 20 a second
-    # for 4 s, each with a budget of 2 s
-    results = []
-    began = time.monotonic()
-    for k in range(80):
-        pause = began + k / 20 - time.monotonic()
-        if pause > 0:
-            time.sleep(pause)
-        results.append(deadline_sleeper.apply_async((0.1,), budget=2))  # never raises
-    outcomes = [result.get(timeout=30) for result in results]
+    transport = transport_named(broker, tmp_path)
+    require(transport)
+    with client_for(transport, queue, app):
+        start_worker(transport, concurrency=2, extra_args=("--prefetch-multiplier", prefetch))
+        # two pool processes and bodies of 0.1 s: 20 a second, published at 20 a second
+        # for 4 s, each with a budget of 2 s
+        results = []
+        began = time.monotonic()
+        for k in range(80):
+            pause = began + k / 20 - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            results.append(deadline_sleeper.apply_async((0.1,), budget=2))  # never raises
+        outcomes = [result.get(timeout=30) for result in results]
     assert [outcome["slept"] for outcome in outcomes] == [0.1] * 80
 
 
@@ -156,14 +166,7 @@ def test_a_publish_is_refused_for_the_messages_a_worker_holds_where_the_broker_s
     for _ in range(40):
         deadline_sleeper.apply_async((0.2,), budget=120)
     wait_for(lambda: any(held > 30 for _, held, *_ in reports(redis, queue).values()))
-    refused = None
-    for _ in range(100):
-        try:
-            deadline_sleeper.apply_async((0.2,), budget=2)
-        except DeadlineRefused as exc:
-            refused = exc
-            break
-        time.sleep(0.05)
+    refused = refused_within(deadline_sleeper, budget=2)
     assert refused is not None, "never refused with 8 s of work held ahead of a 2 s budget"
     figures = ARITHMETIC.fullmatch(refused.detail)
     assert figures is not None, refused.detail
@@ -197,17 +200,6 @@ def rabbitmq() -> Transport:
     return chosen
 
 
-def refused_within(task: Any, budget: float, tries: int = 100) -> DeadlineRefused | None:
-    """Publish ``task`` every 50 ms until a publish is refused, or ``tries`` were not."""
-    for _ in range(tries):
-        try:
-            task.apply_async((0.2,), budget=budget)
-        except DeadlineRefused as exc:
-            return exc
-        time.sleep(0.05)
-    return None
-
-
 @pytest.mark.parametrize("prefetch", ["1", "40"])
 def test_on_rabbitmq_with_a_redis_result_backend_the_queue_and_what_its_workers_hold_refuse(
     rabbitmq: Transport, queue: str, start_worker: Any, prefetch: str
@@ -229,21 +221,3 @@ def test_on_rabbitmq_with_a_redis_result_backend_the_queue_and_what_its_workers_
     assert queued + held > 20
     assert (queued if prefetch == "1" else held) > 20
     assert float(figures["wait"]) > float(figures["left"])
-
-
-def test_on_rabbitmq_publishing_at_the_worker_s_capacity_refuses_nothing(
-    rabbitmq: Transport, queue: str, start_worker: Any
-) -> None:
-    from tests.support.workerapp import app, deadline_sleeper
-
-    with client_for(rabbitmq, queue, app):
-        start_worker(rabbitmq, concurrency=2, extra_args=("--prefetch-multiplier", "4"))
-        results = []
-        began = time.monotonic()
-        for k in range(80):
-            pause = began + k / 20 - time.monotonic()
-            if pause > 0:
-                time.sleep(pause)
-            results.append(deadline_sleeper.apply_async((0.1,), budget=2))  # never raises
-        outcomes = [result.get(timeout=30) for result in results]
-    assert [outcome["slept"] for outcome in outcomes] == [0.1] * 80
