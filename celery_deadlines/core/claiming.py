@@ -35,7 +35,7 @@ from celery import states as celery_states
 
 from .. import ledger
 from ..clock import get_clock
-from ..errors import DeadlineRefused, LedgerUnreachable, RunFailed
+from ..errors import DeadlineRefused, LedgerUnreachable
 from ..rules import gates, limits
 from ..rules.records import ClaimRefused, EndedRun, Held
 from ..rules.stamping import header_source
@@ -305,7 +305,7 @@ def answer_a_waiting_caller(
             if not caller.ignores_result:
                 _tell_a_success(caller, task_id, ended, told)
             return
-        error = _ledgers_outcome(task_id, ended, now)
+        error = ended.told_as(now)
         logger.warning(
             "%s[%s]: the run ended %s (%s) but its caller was not told (the worker that "
             "ended it died or stalled before storing it); stored now: %r",
@@ -342,7 +342,7 @@ def _tell_an_eager_caller(caller: ResultPolicy, task_id: str, now: datetime) -> 
         ended.status,
     )
     if ended.status != Status.SUCCEEDED:
-        return Ended(None, _ledgers_outcome(task_id, ended, now))
+        return Ended(None, ended.told_as(now))
     if ended.result is None:
         if not caller.ignores_result:
             logger.warning(
@@ -417,19 +417,6 @@ def _told_within_grace(caller: ResultPolicy, task_id: str, ended: EndedRun, now:
 
 def _pause(span: timedelta) -> None:
     threading.Event().wait(span.total_seconds())
-
-
-def _ledgers_outcome(task_id: str, ended: EndedRun, now: datetime) -> Exception:
-    """What the caller is told of a run the ledger ended FAILED or EXPIRED."""
-    if ended.status == Status.EXPIRED:
-        return ended.refusal(
-            gates.Gate.CLAIM.value, now, ended.detail or "the run had ended EXPIRED"
-        )
-    if ended.reason == "worker_lost":
-        from billiard.exceptions import WorkerLostError
-
-        return WorkerLostError(ended.detail)
-    return RunFailed(task_id, ended.reason, ended.detail)
 
 
 def _lost_too_many_leases(delivery: Claim) -> NotRun:

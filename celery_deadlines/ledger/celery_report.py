@@ -6,15 +6,16 @@ also reads ``argsrepr``, ``kwargsrepr`` and ``periodic_task_name``), fails the c
 chord and the errbacks that wait on it, and sends a task event: Flower and
 django-celery-results show what those say. The ledger ends runs no worker is running
 (the sweeper, the reconciler, an operator), so it does the same: :func:`request_for`
-rebuilds the request from the run's recorded message, and :func:`tell_failed` and
-:func:`tell_unknown` store and announce with it.
+rebuilds the request from the run's recorded message, and :func:`tell_failed`,
+:func:`tell_unknown` and :func:`tell_succeeded` store and announce with it.
 
 Two rules hold every telling:
 
 * a final state the result backend already holds (``SUCCESS``, ``FAILURE``,
   ``REVOKED``: a worker's, or Celery's own revoke or expiry) is never replaced: it is
   what the caller was told, and the ledger records that end instead of another;
-* the event is the one a worker would send: ``task-failed`` for a run ended failed or
+* the event is the one a worker would send: ``task-succeeded`` for a success,
+  ``task-failed`` for a run ended failed or
   expired (``task-revoked`` for one told as Celery's own expiry: its deadline was its
   ``expires``), ``task-unknown`` for a run that waits for an effect's outcome (Flower shows
   the state ``UNKNOWN``, as the result backend does, until a later event replaces it).
@@ -39,9 +40,9 @@ from ..errors import DeadlineRefused
 from ..rules.outcomes import CELERY_EXPIRED, celery_revocation, unknown_meta
 from ..rules.stamping import header_source
 from ..rules.states import CALLER_UNKNOWN, UNKNOWN_EVENT
-from . import outbox
+from . import outbox, results
 from .sql.connection import Store
-from .sql.rows import Recorded
+from .sql.rows import EndedRun, Recorded
 
 logger = logging.getLogger("celery_deadlines")
 
@@ -220,6 +221,39 @@ def tell_failed(app: Any, store: Store, task_id: str, task_name: str, error: Exc
         )
     else:
         send_event(app, "task-failed", task_id, exception=repr(error), traceback="")
+    return True
+
+
+def tell_succeeded(app: Any, store: Store, run: EndedRun) -> bool:
+    """Store the return value a SUCCEEDED run's completion kept as its result, with the
+    request a worker would have had, and send ``task-succeeded``; ``False`` (nothing
+    stored or sent) when the result already holds a final state, or when no value was
+    kept or the kept one is not read here (the log says why).
+
+    The request carries no chord: only the worker that ran a chord's part counts it, as
+    a part counted twice (a worker that stalled past the grace, then stored it too)
+    would run the chord's callback before its last part."""
+    if run.result is None or already_told(app, run.task_id) is not None:
+        return False
+    try:
+        value = results.read(app, run.result)
+    except outbox.UnreadableMessage as unreadable:
+        logger.warning(
+            "%s[%s]: the run SUCCEEDED and its caller has no result; its kept return value "
+            "is not read here: %s",
+            run.task_name,
+            run.task_id,
+            unreadable,
+        )
+        return False
+    request = request_for(app, store, run.task_id, run.task_name)
+    request.chord = None
+    try:
+        app.backend.mark_as_done(run.task_id, value, request=request)
+    except Exception:  # the ledger holds the outcome
+        logger.exception("storing the success of run %s in the result backend failed", run.task_id)
+        return False
+    send_event(app, "task-succeeded", run.task_id, result=saferepr(value), runtime=None)
     return True
 
 

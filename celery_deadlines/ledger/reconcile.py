@@ -16,10 +16,12 @@ On worker start and every ``deadlines_reconcile_interval``, each worker's main p
    fenced at once) and publishes its message again: the next claim resumes from the
    last durable checkpoint;
 
-and republishes runs still unclaimed ``deadlines_republish_after`` after their last
-publish. Every step is a compare-and-swap on the version read in step 2, so any number
-of workers may reconcile at once: one wins each run, the others change nothing. After
-a pass, at most hourly, the reconciler purges ended runs older than
+republishes runs still unclaimed ``deadlines_republish_after`` after their last
+publish, and tells the callers whoever ended a run left waiting (the failures and
+expiries the ledger recorded, the return values successes kept:
+:func:`_tell_the_left_waiting`). Every step is a compare-and-swap on the version read
+in step 2, so any number of workers may reconcile at once: one wins each run, the others
+change nothing. After a pass, at most hourly, the reconciler purges ended runs older than
 ``deadlines_retention`` in bounded batches (:mod:`.retention`).
 """
 
@@ -28,7 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field, fields
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Final
 
 from billiard.exceptions import WorkerLostError
@@ -37,9 +39,8 @@ from django.db import DatabaseError, connections
 from .. import conf
 from ..clock import get_clock
 from ..conf import settings_for
-from ..errors import RunFailed
 from ..rules import outcomes
-from ..rules.gates import Gate, Reason, expiry_reason
+from ..rules.gates import Reason, expiry_reason
 from ..rules.outcomes import Found, NotFound, PendingEffect, Settle
 from ..rules.states import Status
 from . import celery_report
@@ -164,56 +165,78 @@ def reconcile_once(app: Any, store: Store, *, clock_certain: bool = True) -> Rep
     return report
 
 
-#: How far back a pass looks for runs the ledger ended whose caller may not have been
-#: told, and how long it leaves a just-ended run to the process that ended it.
+#: How far back a pass looks for runs whose caller may not have been told, and how long
+#: it leaves a just-ended run to the process that ended it.
 RETELL_WINDOW: Final = timedelta(minutes=10)
 RETELL_GRACE: Final = timedelta(seconds=2)
-#: The runs this process has looked at (a bounded memory: each is asked about once).
-_looked_at: dict[str, None] = {}
-_looked_at_lock = threading.Lock()
-_LOOKED_AT_LIMIT: Final = 10_000
+#: A pass reads at most this many pages of this many runs (the rest: the next pass).
+RETELL_PAGE: Final = 200
+RETELL_PAGES: Final = 25
+#: Where this process's passes have looked up to: the last run looked at, as its
+#: (``updated_at``, id) by the database clock (each run is looked at once per process).
+_looked_up_to: tuple[datetime, int] | None = None
+_looked_up_to_lock = threading.Lock()
 
 
 def _tell_the_left_waiting(app: Any, store: Store) -> None:
-    """A reconciler (or sweeper) that ended a run and died before telling its caller
-    left the caller waiting for good when no message comes back (an early-acked one, or
-    one a broker lost): the nemesis soak, seed 452933, a worker SIGKILLed 37 ms after its
-    reconciler committed an expiry, the broker's data lost a second later. Each pass
-    looks at the runs the ledger ended within :data:`RETELL_WINDOW` (past
-    :data:`RETELL_GRACE`), each once per process, and tells a caller whose result holds
-    no final state what the ledger recorded (never over one that does)."""
+    """Whoever ended a run and died before telling its caller left the caller waiting
+    for good when no message comes back (an early-acked one, or one a broker lost): a
+    reconciler that ended it FAILED or EXPIRED (the nemesis soak, seed 452933: a worker
+    SIGKILLed 37 ms after its reconciler committed an expiry, the broker's data lost a
+    second later), or a worker SIGKILLed between the completion's commit and Celery's
+    store of the result (the chaos soak, seed 778971). Each pass looks at the runs ended
+    within :data:`RETELL_WINDOW` (past :data:`RETELL_GRACE`) that it has not looked at,
+    oldest first, and tells a caller whose result holds no final state what the ledger
+    recorded (never over one that does): the failure, or the return value the
+    completion kept."""
+    global _looked_up_to
     try:
         now = store.database_now()
-        ended = store.sweeps.ended_by_the_ledger(now - RETELL_WINDOW, now - RETELL_GRACE)
     except DatabaseError:
         return  # the next pass looks again
-    with _looked_at_lock:
-        fresh = [run for run in ended if run.task_id not in _looked_at]
-        for run in fresh:
-            _looked_at[run.task_id] = None
-        while len(_looked_at) > _LOOKED_AT_LIMIT:
-            del _looked_at[next(iter(_looked_at))]
-    for run in fresh:
-        if celery_report.already_told(app, run.task_id) is not None:
-            continue
-        logger.warning(
-            "%s[%s] ended %s (%s) by the ledger, and its caller was not told (whoever ended "
-            "it stopped before telling it); told now",
-            run.task_name,
-            run.task_id,
-            run.status,
-            run.reason,
-        )
-        celery_report.tell_failed(app, store, run.task_id, run.task_name, _ledgers_error(run, now))
+    until = now - RETELL_GRACE
+    for _ in range(RETELL_PAGES):
+        with _looked_up_to_lock:
+            oldest = (now - RETELL_WINDOW, 0)
+            after = max(_looked_up_to or oldest, oldest)
+        try:
+            page = store.sweeps.ended_maybe_untold(after, until, RETELL_PAGE)
+        except DatabaseError:
+            return
+        if not page:
+            return
+        with _looked_up_to_lock:
+            last = page[-1][0]
+            if _looked_up_to is None or last > _looked_up_to:
+                _looked_up_to = last
+        for _, run in page:
+            _tell_if_untold(app, store, run, now)
+        if len(page) < RETELL_PAGE:
+            return
 
 
-def _ledgers_error(run: EndedRun, now: Any) -> Exception:
-    """What the caller of a run the ledger ended is told (as when it ended it)."""
-    if run.status == Status.EXPIRED:
-        return run.refusal(Gate.CLAIM.value, now, run.detail)
-    if run.reason == "worker_lost":
-        return WorkerLostError(run.detail)
-    return RunFailed(run.task_id, run.reason, run.detail)
+def _tell_if_untold(app: Any, store: Store, run: EndedRun, now: datetime) -> None:
+    if run.status == Status.SUCCEEDED:
+        if celery_report.tell_succeeded(app, store, run):
+            logger.warning(
+                "%s[%s] SUCCEEDED and its caller was not told (its worker stopped between "
+                "the ledger's commit and the result's store); told now: the return value "
+                "the ledger kept",
+                run.task_name,
+                run.task_id,
+            )
+        return
+    if celery_report.already_told(app, run.task_id) is not None:
+        return
+    logger.warning(
+        "%s[%s] ended %s (%s) by the ledger, and its caller was not told (whoever ended "
+        "it stopped before telling it); told now",
+        run.task_name,
+        run.task_id,
+        run.status,
+        run.reason,
+    )
+    celery_report.tell_failed(app, store, run.task_id, run.task_name, run.told_as(now))
 
 
 def _settle(app: Any, store: Store, lapsed: LapsedLease, max_lost: int, report: Report) -> None:

@@ -14,8 +14,10 @@ from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any, ClassVar, Final
 
-from ..errors import DeadlineRefused
+from ..errors import DeadlineRefused, RunFailed
+from .gates import Gate
 from .skew import ClockReading, describe
+from .states import Status
 
 #: Makes an instance without its ``__init__`` (:meth:`Lease.claimed`).
 _new: Final = object.__new__
@@ -256,6 +258,19 @@ class EndedRun:
         """What the caller is told of this expiry: ``gate``'s refusal at ``now``."""
         deadline = self.deadline.isoformat() if self.deadline else None
         return DeadlineRefused(gate, self.reason, deadline, now.isoformat(), detail)
+
+    def told_as(self, now: datetime) -> Exception:
+        """What a caller that was not told this FAILED or EXPIRED end is told at ``now``
+        (by whoever finds it untold): the claim gate's refusal for an expiry, Celery's
+        ``WorkerLostError`` for a run that lost its workers, else :class:`RunFailed`
+        (the body's exception's class is not kept: ``detail`` is its repr)."""
+        if self.status == Status.EXPIRED:
+            return self.refusal(Gate.CLAIM, now, self.detail or "the run had ended EXPIRED")
+        if self.reason == "worker_lost":
+            from billiard.exceptions import WorkerLostError
+
+            return WorkerLostError(self.detail)
+        return RunFailed(self.task_id, self.reason, self.detail)
 
 
 @dataclass(frozen=True)

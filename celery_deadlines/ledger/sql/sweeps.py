@@ -13,7 +13,16 @@ from typing import Any, Final
 
 from ...rules.states import Status
 from .predicates import SUPERVISOR_GRACE
-from .rows import EndedRun, LapsedLease, NewRun, Recorded, Unclaimed, as_bytes
+from .rows import (
+    EndedRun,
+    LapsedLease,
+    NewRun,
+    Recorded,
+    Unclaimed,
+    as_bytes,
+    kept_result,
+    required,
+)
 from .statements import Statements, queries
 
 
@@ -50,17 +59,34 @@ class Sweeps(Statements):
         _, rows = self.execute(EXPIRE_UNCLAIMED.text[self.dialect.vendor], [limit])
         return self._ended(rows)
 
-    def ended_by_the_ledger(
-        self, since: datetime, until: datetime, limit: int = 100
-    ) -> list[EndedRun]:
-        """Runs the sweeper or the reconciler ended FAILED or EXPIRED in ``(since,
-        until]`` (by the database clock), oldest first: whose caller a reconciler that
-        died between its commit and telling it left waiting
-        (:func:`~..reconcile.reconcile_once`)."""
+    def ended_maybe_untold(
+        self, after: tuple[datetime, int], until: datetime, limit: int = 200
+    ) -> list[tuple[tuple[datetime, int], EndedRun]]:
+        """The runs ended after the position ``after`` (``updated_at``, id) and no later
+        than ``until`` (by the database clock) whose caller whoever ended them may have
+        left waiting, in that order, each with its position: the ones the sweeper or the
+        reconciler ended FAILED or EXPIRED, and the successes whose completion kept a
+        return value (:func:`~..reconcile.reconcile_once`)."""
         d = self.dialect
-        params = [d.param(since), d.param(until), limit]
-        _, rows = self.execute(ENDED_BY_THE_LEDGER.text[d.vendor], params)
-        return self._ended(rows)
+        at, run_id = d.param(after[0]), after[1]
+        params = [at, d.param(until), at, run_id, limit]
+        _, rows = self.execute(ENDED_MAYBE_UNTOLD.text[d.vendor], params)
+        instant = d.instant
+        positioned = []
+        for run_id, updated_at, task_id, name, status, reason, deadline, detail, *kept in rows:
+            ended_at = required(instant(updated_at))
+            run = EndedRun(
+                task_id=task_id,
+                task_name=name,
+                status=status,
+                reason=reason,
+                deadline=instant(deadline),
+                detail=detail,
+                ended_at=ended_at,
+                result=kept_result(*kept),
+            )
+            positioned.append(((ended_at, int(run_id)), run))
+        return positioned
 
     def _ended(self, rows: list[tuple[Any, ...]]) -> list[EndedRun]:
         """:class:`EndedRun` from rows of ``task_id, task_name, status, reason, deadline,
@@ -209,7 +235,7 @@ _SQL: Final = queries("sweeps")
 KNOWN: Final = _SQL["known"]
 LAST_OCCURRENCE: Final = _SQL["last_occurrence"]
 EXPIRE_UNCLAIMED: Final = _SQL["expire_unclaimed"]
-ENDED_BY_THE_LEDGER: Final = _SQL["ended_by_the_ledger"]
+ENDED_MAYBE_UNTOLD: Final = _SQL["ended_maybe_untold"]
 LAPSED_LEASES: Final = _SQL["lapsed_leases"]
 SETTLE_LAPSED: Final = _SQL["settle_lapsed"]
 SETTLE_LAPSED_UNRESOLVED: Final = _SQL["settle_lapsed_unresolved"]

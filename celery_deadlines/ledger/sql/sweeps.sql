@@ -30,13 +30,22 @@ WHERE id IN (
 ) AND status IN {waiting} AND deadline <= {now}
 RETURNING task_id, task_name, status, reason, deadline, detail
 
--- ended_by_the_ledger --
--- Runs the sweeper or the reconciler ended in (since, until], oldest first: whose caller a
--- reconciler that died before telling it left waiting.
-SELECT task_id, task_name, status, reason, deadline, detail FROM celery_deadlines_run
-WHERE status IN ('EXPIRED', 'FAILED') AND op IN ('expire', 'reconcile')
-  AND updated_at > %s AND updated_at <= %s
-ORDER BY updated_at
+-- ended_maybe_untold --
+-- Runs whose caller may not have been told their end, in the order (updated_at, id), after
+-- a position in it (the first and third parameters, the fourth) and ended no later than
+-- the second (the bounds on updated_at alone let the ended runs' index be read): the ones
+-- the sweeper or the reconciler ended FAILED or EXPIRED (it may have died between its
+-- commit and telling the caller), and the successes whose completion kept a return value
+-- (their worker may have died between that commit and Celery's store of the result).
+SELECT id, updated_at, task_id, task_name, status, reason, deadline, detail,
+    result, result_content_type, result_encoding
+FROM celery_deadlines_run
+WHERE status IN {terminal}
+  AND (op IN ('expire', 'reconcile')
+       OR (status = 'SUCCEEDED' AND op = 'succeeded' AND result IS NOT NULL))
+  AND updated_at >= %s AND updated_at <= %s
+  AND (updated_at > %s OR id > %s)
+ORDER BY updated_at, id
 LIMIT %s
 
 -- lapsed_leases --

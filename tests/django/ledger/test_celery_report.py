@@ -9,6 +9,7 @@ is tests/integration/ledger/test_celery_report_flower_and_results.py; here each 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -231,7 +232,7 @@ def test_a_caller_left_waiting_by_a_reconciler_that_died_after_its_expiry_is_tol
     committed an expiry, before it told the caller, and the broker lost the message."""
     from celery_deadlines.ledger import reconcile
 
-    monkeypatch.setattr(reconcile, "_looked_at", {})
+    monkeypatch.setattr(reconcile, "_looked_up_to", None)
     record(store, "died")
     with monkeypatch.context() as dying:
         dying.setattr(reconcile, "store_refusal", lambda *args, **kwargs: None)
@@ -253,7 +254,7 @@ def test_a_run_the_ledger_ended_whose_caller_was_told_is_not_told_again(
 ) -> None:
     from celery_deadlines.ledger import reconcile
 
-    monkeypatch.setattr(reconcile, "_looked_at", {})
+    monkeypatch.setattr(reconcile, "_looked_up_to", None)
     record(store, "told-once")
     reconcile_once(app, store)
     first = meta(app, "told-once")
@@ -267,6 +268,87 @@ def test_a_run_the_ledger_ended_whose_caller_was_told_is_not_told_again(
     reconcile_once(app, store)
     assert stored == []  # looked at, found told: nothing stored over it
     assert repr(meta(app, "told-once")["result"]) == repr(first["result"])
+
+
+def succeeded(store: Store, task_id: str, value: Any, *, ago: timedelta) -> None:
+    """A run recorded (``record``) and ended SUCCEEDED ``ago``, as a worker's completion
+    ends it, keeping ``value`` (JSON) unless it is ``None``."""
+    record(store, task_id, past_deadline=False)
+    kept = (
+        (None, None, None)
+        if value is None
+        else (json.dumps(value).encode(), "application/json", "utf-8")
+    )
+    Run.objects.using(store.using).filter(task_id=task_id).update(
+        status=Status.SUCCEEDED,
+        op="succeeded",
+        result=kept[0],
+        result_content_type=kept[1],
+        result_encoding=kept[2],
+        updated_at=store.database_now() - ago,
+    )
+
+
+def test_a_caller_left_waiting_by_a_worker_killed_after_its_run_succeeded_is_told_its_value(
+    store: Store, app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chaos soak, seed 778971: the whole worker was SIGKILLed between the completion's
+    commit and Celery's store of the result; its message was acknowledged on receipt, so
+    no delivery comes back to tell the caller."""
+    from celery_deadlines.ledger import reconcile
+
+    monkeypatch.setattr(reconcile, "_looked_up_to", None)
+    app.backend.mark_as_retry("killed", RuntimeError("first try"))
+    succeeded(store, "killed", {"shipped": 7}, ago=timedelta(0))
+    reconcile_once(app, store)  # within the grace: left to the worker that ended it
+    assert app.AsyncResult("killed").state == states.RETRY
+    succeeded(store, "killed", {"shipped": 7}, ago=reconcile.RETELL_GRACE * 2)
+    reconcile_once(app, store)
+    assert app.AsyncResult("killed").get(timeout=1) == {"shipped": 7}
+    assert (meta(app, "killed")["name"], meta(app, "killed")["args"]) == ("shop.ship", [7])
+
+
+def test_a_success_whose_caller_was_told_or_that_kept_no_value_is_not_told_again(
+    store: Store, app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from celery_deadlines.ledger import reconcile
+
+    monkeypatch.setattr(reconcile, "_looked_up_to", None)
+    app.backend.mark_as_done("told", {"by": "its worker"})
+    succeeded(store, "told", {"by": "the ledger"}, ago=reconcile.RETELL_GRACE * 2)
+    succeeded(store, "nothing-kept", None, ago=reconcile.RETELL_GRACE * 2)
+    reconcile_once(app, store)
+    assert app.AsyncResult("told").get(timeout=1) == {"by": "its worker"}
+    assert app.AsyncResult("nothing-kept").state == states.PENDING
+
+
+def test_runs_ended_at_one_instant_beyond_a_page_are_each_told_once(
+    store: Store, app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The expiry sweep ends a batch in one statement, at one ``updated_at``: the pass
+    pages by (``updated_at``, id), so a page boundary inside the batch loses none."""
+    from celery_deadlines.ledger import reconcile
+
+    monkeypatch.setattr(reconcile, "_looked_up_to", None)
+    monkeypatch.setattr(reconcile, "RETELL_PAGE", 2)
+    for n in range(5):
+        succeeded(store, f"batch-{n}", n, ago=timedelta(0))
+    Run.objects.using(store.using).update(
+        updated_at=store.database_now() - reconcile.RETELL_GRACE * 2
+    )
+    stored: list[str] = []
+    store_done = app.backend.mark_as_done
+
+    def counted(task_id: str, *args: Any, **kwargs: Any) -> Any:
+        stored.append(task_id)
+        return store_done(task_id, *args, **kwargs)
+
+    monkeypatch.setattr(app.backend, "mark_as_done", counted)
+    reconcile_once(app, store)
+    app.backend.forget("batch-0")  # a later pass looks at none of them again
+    reconcile_once(app, store)
+    assert sorted(stored) == [f"batch-{n}" for n in range(5)]
+    assert [app.AsyncResult(f"batch-{n}").get(timeout=1) for n in range(1, 5)] == [1, 2, 3, 4]
 
 
 # -- a run whose deadline was Celery's own ``expires`` ------------------------------------

@@ -1,0 +1,10 @@
+SELECT id, updated_at, task_id, task_name, status, reason, deadline, detail,
+    result, result_content_type, result_encoding
+FROM celery_deadlines_run
+WHERE status IN ('SUCCEEDED', 'FAILED', 'EXPIRED')
+  AND (op IN ('expire', 'reconcile')
+       OR (status = 'SUCCEEDED' AND op = 'succeeded' AND result IS NOT NULL))
+  AND updated_at >= %s AND updated_at <= %s
+  AND (updated_at > %s OR id > %s)
+ORDER BY updated_at, id
+LIMIT %s
