@@ -31,6 +31,7 @@ import threading
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from billiard.exceptions import WorkerLostError
 from celery import states as celery_states
 
 from .. import ledger
@@ -305,7 +306,7 @@ def answer_a_waiting_caller(
             if not caller.ignores_result:
                 _tell_a_success(caller, task_id, ended, told)
             return
-        error = ended.told_as(now)
+        error = ended.told_as(now, WorkerLostError)
         logger.warning(
             "%s[%s]: the run ended %s (%s) but its caller was not told (the worker that "
             "ended it died or stalled before storing it); stored now: %r",
@@ -342,7 +343,7 @@ def _tell_an_eager_caller(caller: ResultPolicy, task_id: str, now: datetime) -> 
         ended.status,
     )
     if ended.status != Status.SUCCEEDED:
-        return Ended(None, ended.told_as(now))
+        return Ended(None, ended.told_as(now, WorkerLostError))
     if ended.result is None:
         if not caller.ignores_result:
             logger.warning(
@@ -422,8 +423,6 @@ def _pause(span: timedelta) -> None:
 def _lost_too_many_leases(delivery: Claim) -> NotRun:
     """The run lost its lease too many times: it ends FAILED ``worker_lost`` (told to
     the caller as Celery's ``WorkerLostError``, when this delivery's refusal ended it)."""
-    from billiard.exceptions import WorkerLostError
-
     caller = delivery.policy
     task_id = delivery.task_id
     detail = "the run lost its lease too many times (deadlines_max_lost_leases)"

@@ -236,7 +236,9 @@ def _tell_if_untold(app: Any, store: Store, run: EndedRun, now: datetime) -> Non
         run.status,
         run.reason,
     )
-    celery_report.tell_failed(app, store, run.task_id, run.task_name, run.told_as(now))
+    celery_report.tell_failed(
+        app, store, run.task_id, run.task_name, run.told_as(now, WorkerLostError)
+    )
 
 
 def _settle(app: Any, store: Store, lapsed: LapsedLease, max_lost: int, report: Report) -> None:

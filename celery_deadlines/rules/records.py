@@ -9,6 +9,7 @@ a statement or reads the clock.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum
@@ -259,17 +260,16 @@ class EndedRun:
         deadline = self.deadline.isoformat() if self.deadline else None
         return DeadlineRefused(gate, self.reason, deadline, now.isoformat(), detail)
 
-    def told_as(self, now: datetime) -> Exception:
+    def told_as(self, now: datetime, worker_lost: Callable[[str], Exception]) -> Exception:
         """What a caller that was not told this FAILED or EXPIRED end is told at ``now``
-        (by whoever finds it untold): the claim gate's refusal for an expiry, Celery's
-        ``WorkerLostError`` for a run that lost its workers, else :class:`RunFailed`
-        (the body's exception's class is not kept: ``detail`` is its repr)."""
+        (by whoever finds it untold): the claim gate's refusal for an expiry,
+        ``worker_lost`` (Celery's ``WorkerLostError``, given by the edge) of the detail
+        for a run that lost its workers, else :class:`RunFailed` (the body's exception's
+        class is not kept: ``detail`` is its repr)."""
         if self.status == Status.EXPIRED:
             return self.refusal(Gate.CLAIM, now, self.detail or "the run had ended EXPIRED")
         if self.reason == "worker_lost":
-            from billiard.exceptions import WorkerLostError
-
-            return WorkerLostError(self.detail)
+            return worker_lost(self.detail)
         return RunFailed(self.task_id, self.reason, self.detail)
 
 
