@@ -174,6 +174,11 @@ class Beside:
         assert own.worker, f"Celery's own store named no worker: {own}"
         return str(own.worker)
 
+    def stored_final(self, task_id: str) -> Stored | None:
+        """The result as stored, once it holds a final state."""
+        stored = self.stored(task_id)
+        return stored if stored is not None and stored.status in states.READY_STATES else None
+
     def occupy_both_processes(self, seconds: float) -> list[str]:
         """Two plain tasks that sleep ``seconds``, once Flower shows both STARTED."""
         naps = [self.tasks.nap.apply_async((seconds,)) for _ in range(2)]
@@ -434,21 +439,23 @@ ENDINGS = {
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("ended_by", list(ENDINGS))
 def test_a_run_ended_while_it_waits_in_the_worker_keeps_its_first_outcome_in_every_tool(
-    beside: Callable[[str], Beside], ended_by: str, backend: str
+    beside: Callable[[str], Beside], backend: str
 ) -> None:
-    ending = ENDINGS[ended_by]
+    """Each ending's run waits behind both busy pool processes at once (one wait for
+    the sweeper to pass their budget, for all three)."""
     tools = beside(backend)
     tools.warm_up()
     tools.occupy_both_processes(ENDED_BUSY)
-    task_id = f"{ended_by}-{uuid.uuid4().hex[:10]}"
-    result = tools.tasks.step.apply_async((3,), task_id=task_id, **ending.options)
-    if ending.revoke:
-        tools.tasks.app.control.revoke(task_id)  # flagged now, discarded at the hand-off
+    results = {}
+    for ended_by, ending in ENDINGS.items():
+        task_id = f"{ended_by}-{uuid.uuid4().hex[:10]}"
+        results[ended_by] = tools.tasks.step.apply_async((3,), task_id=task_id, **ending.options)
+        if ending.revoke:
+            tools.tasks.app.control.revoke(task_id)  # flagged now, discarded at the hand-off
     # A canary no worker consumes, whose deadline comes two reconcile intervals after
-    # the run's budget: once the sweeper has expired it and told its caller, the sweeper
-    # has passed the run's budget (a pass expires every run past its deadline at once).
+    # the runs' budget: once the sweeper has expired it and told its caller, the sweeper
+    # has passed the runs' budget (a pass expires every run past its deadline at once).
     canary_queue = isolation.queue_name(f"canary-{uuid.uuid4().hex[:10]}")
     canary_id = f"canary-{uuid.uuid4().hex[:10]}"
     tools.tasks.step.apply_async(
@@ -456,32 +463,38 @@ def test_a_run_ended_while_it_waits_in_the_worker_keeps_its_first_outcome_in_eve
     )
     try:
         if backend == "redis":
-            with pytest.raises(ending.error):
-                result.get(timeout=ENDED_BUSY + SLACK)
-        first = wait_for(
-            lambda: (s := tools.stored(task_id)) is not None and s.status in states.READY_STATES
-            and s,
-            ENDED_BUSY + SLACK,
-        )  # fmt: skip
-        assert first.status == ending.stored, first
+            for ended_by, result in results.items():
+                with pytest.raises(ENDINGS[ended_by].error):
+                    result.get(timeout=ENDED_BUSY + SLACK)
+        first = {
+            ended_by: wait_for(
+                lambda task_id=result.id: tools.stored_final(task_id), ENDED_BUSY + SLACK
+            )
+            for ended_by, result in results.items()
+        }
+        assert {e: s.status for e, s in first.items()} == {e: n.stored for e, n in ENDINGS.items()}
 
-        # watch the stored outcome until the sweeper has passed the run's budget (the
-        # canary's end), and two intervals more: it never changes
-        outcomes = {(first.status, json.dumps(first.result, sort_keys=True))}
+        # watch the stored outcomes until the sweeper has passed the runs' budget (the
+        # canary's end), and two intervals more: none ever changes
+        outcomes = {
+            result.id: {(first[e].status, json.dumps(first[e].result, sort_keys=True))}
+            for e, result in results.items()
+        }
         give_up = time.monotonic() + ENDED_BUDGET + 2 * RECONCILE_INTERVAL + SLACK
         watch_until: float | None = None
         while watch_until is None or time.monotonic() < watch_until:
-            now = tools.stored(task_id)
-            assert now is not None
-            outcomes.add((now.status, json.dumps(now.result, sort_keys=True)))
-            assert len(outcomes) == 1, f"the stored final state was replaced: {outcomes}"
+            for task_id, seen in outcomes.items():
+                now = tools.stored(task_id)
+                assert now is not None
+                seen.add((now.status, json.dumps(now.result, sort_keys=True)))
+                assert len(seen) == 1, f"the stored final state was replaced: {seen}"
             if watch_until is None and tools.stored(canary_id) is not None:
                 watch_until = time.monotonic() + 2 * RECONCILE_INTERVAL
             assert time.monotonic() < give_up, "the sweeper never expired the canary"
             time.sleep(0.1)
         canary = run_of(canary_id)
         assert canary is not None
-        # the premise: the sweeper did pass the run's budget
+        # the premise: the sweeper did pass the runs' budget
         assert (canary.status, canary.reason) == (Status.EXPIRED, "deadline_passed")
     finally:
         import redis as redis_py
@@ -489,9 +502,11 @@ def test_a_run_ended_while_it_waits_in_the_worker_keeps_its_first_outcome_in_eve
         with redis_py.Redis.from_url(redis_transport().broker_url) as client:
             client.delete(canary_queue)  # the canary's message, never consumed
 
-    assert tools.flower_state(task_id) == ending.stored  # Flower says what the result says
-    run = run_of(task_id)
-    assert run is not None
-    assert run.status in TERMINAL, f"the ledger still says {run.status} ({run.reason})"
-    assert (run.status, run.reason) == ending.ledger
-    assert run.attempt == 0  # never claimed: Celery discarded the message
+    for ended_by, result in results.items():
+        ending = ENDINGS[ended_by]
+        assert tools.flower_state(result.id) == ending.stored  # as the result says
+        run = run_of(result.id)
+        assert run is not None
+        assert run.status in TERMINAL, f"{ended_by}: the ledger says {run.status} ({run.reason})"
+        assert (run.status, run.reason) == ending.ledger
+        assert run.attempt == 0  # never claimed: Celery discarded the message
