@@ -25,7 +25,12 @@ their bodies took, the p50 and p99 latency of the on-time successes and the medi
 of a refused caller (fractions of the budget), and what was still unanswered when the
 drain gave up.
 
-Usage: python bench/overload.py [--duration 10] [--burst 2] [--smoke]
+The load ``capacity`` measures each variant's worker alone: capacity x duration messages
+published at once, with a budget none of them can miss (``expires`` the same), and the
+rate their bodies started at, from the first to the last, over the nominal 80/s: what
+the variant's worker serves when it is never idle, the ceiling of its on-time ratio.
+
+Usage: python bench/overload.py [--duration 10] [--burst 2] [--loads 2x,capacity] [--smoke]
 """
 
 from __future__ import annotations
@@ -94,7 +99,7 @@ class Outcome:
 
 
 HEADING = (
-    f"{'load':6} {'variant':10} {'arrive':>6} {'on-time':>8} {'late':>6} {'late-ws':>7} "
+    f"{'load':8} {'variant':10} {'arrive':>6} {'on-time':>8} {'late':>6} {'late-ws':>7} "
     f"{'p50':>6} {'p99':>6} {'refused':>6} {'told':>6} {'unans':>6}"
 )
 
@@ -179,18 +184,13 @@ def instant(meta: dict[str, Any]) -> float:
     return done.timestamp()
 
 
-def run_one(
-    variant: str, task: Any, queue: str, load: str, duration: float, burst: float
-) -> Outcome:
-    from bench.overloadapp import BUDGET, WORK
+#: The load that measures a variant's worker alone (:func:`run_capacity`).
+CAPACITY = "capacity"
 
-    capacity = CONCURRENCY / WORK
-    offsets = schedule(load, duration, burst, capacity)
 
-    options = {"expires": BUDGET} if variant == "expires" else {}
-    sent, at_enqueue, lag = publish(task, queue, offsets, options)
-    ids = list(sent)
-    # drain: until every caller is answered, or as long as the backlog can take
+def drain(task: Any, queue: str, ids: list[str], duration: float) -> dict[str, dict[str, Any]]:
+    """Wait until every caller of ``ids`` is answered, or as long as the backlog can
+    take: the stored results there are."""
     patience = time.monotonic() + max(5.0, 3 * duration)
     got: dict[str, dict[str, Any]] = {}
     while time.monotonic() < patience:
@@ -202,6 +202,49 @@ def run_one(
         with task.app.connection_for_write() as connection:
             connection.default_channel.queue_purge(queue)
         time.sleep(1.0)
+    return got
+
+
+def run_capacity(variant: str, task: Any, queue: str, duration: float) -> str:
+    """Capacity x ``duration`` messages published at once, with a budget none can
+    miss: the rate their bodies started at, and its ratio to the nominal capacity."""
+    from bench.overloadapp import WORK
+
+    capacity = CONCURRENCY / WORK
+    count = round(capacity * duration)
+    # a wait of all of them is less than a tenth of it: never refused as overload
+    generous = 20 * duration + 60
+    options: dict[str, Any] = {}
+    if variant == "expires":
+        options = {"expires": generous}
+    elif variant != "plain":
+        options = {"budget": generous}
+    sent, at_enqueue, _ = publish(task, queue, [0.0] * count, options)
+    got = drain(task, queue, list(sent), duration)
+    starts = sorted(meta["result"][1] for meta in got.values() if meta["status"] == "SUCCESS")
+    if len(starts) <= CONCURRENCY:
+        return f"{count:6d} nothing served ({len(at_enqueue)} refused at enqueue)"
+    # the first of each process's bodies start together: the rate is that of the rest
+    rate = (len(starts) - CONCURRENCY) / (starts[-1] - starts[0])
+    return (
+        f"{count:6d} started at {rate:.1f}/s, {rate / capacity:.3f} of the nominal "
+        f"{capacity:.0f}/s ({len(at_enqueue)} refused at enqueue, "
+        f"{len(sent) - len(starts)} not served)"
+    )
+
+
+def run_one(
+    variant: str, task: Any, queue: str, load: str, duration: float, burst: float
+) -> Outcome:
+    from bench.overloadapp import BUDGET, WORK
+
+    capacity = CONCURRENCY / WORK
+    offsets = schedule(load, duration, burst, capacity)
+
+    options = {"expires": BUDGET} if variant == "expires" else {}
+    sent, at_enqueue, lag = publish(task, queue, offsets, options)
+    ids = list(sent)
+    got = drain(task, queue, ids, duration)
     arrivals = len(ids) + len(at_enqueue)
     outcome = Outcome(arrivals, min(arrivals, capacity * duration), lag=lag)
     outcome.refused.extend((told - published) / BUDGET for published, told, _ in at_enqueue)
@@ -236,7 +279,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=10.0, help="seconds of arrivals")
     parser.add_argument("--burst", type=float, default=2.0, help="seconds of the 10x burst")
-    parser.add_argument("--loads", default=",".join(LOADS), help="comma-separated")
+    parser.add_argument("--loads", default=",".join([*LOADS, CAPACITY]), help="comma-separated")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated")
     parser.add_argument("--smoke", action="store_true", help="seconds: a short burst")
     parser.add_argument(
@@ -246,7 +289,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.smoke:
-        args.duration, args.burst, args.loads = 0.4, 0.1, "burst"
+        args.duration, args.burst, args.loads = 0.4, 0.1, f"burst,{CAPACITY}"
     loads = args.loads.split(",")
     variants = args.variants.split(",")
 
@@ -297,6 +340,10 @@ def main() -> None:
         for load in loads:
             for variant in variants:
                 task, queue = tasks[variant]
+                if load == CAPACITY:
+                    served = run_capacity(variant, task, queue, args.duration)
+                    print(f"{load:8} {variant:10} {served}", flush=True)
+                    continue
                 outcome = run_one(variant, task, queue, load, args.duration, args.burst)
                 lag = f"  (publisher lag {outcome.lag:.2f} s)" if outcome.lag > 0.1 else ""
                 if outcome.at_enqueue:
@@ -304,7 +351,7 @@ def main() -> None:
                         f"  ({outcome.at_enqueue} refused at enqueue, {outcome.shed} of them "
                         "under overload)"
                     )
-                print(f"{load:6} {variant:10} {outcome.row()}{lag}", flush=True)
+                print(f"{load:8} {variant:10} {outcome.row()}{lag}", flush=True)
     finally:
         for worker in workers:
             os.killpg(worker.pid, signal.SIGTERM)
