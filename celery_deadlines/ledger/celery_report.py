@@ -34,6 +34,7 @@ from typing import Any, Final
 
 from celery import states as celery_states
 from celery.app.task import Context
+from celery.backends.base import BaseKeyValueStoreBackend
 from celery.utils.saferepr import saferepr
 
 from ..errors import DeadlineRefused
@@ -45,6 +46,9 @@ from .sql.connection import Store
 from .sql.rows import EndedRun, Recorded
 
 logger = logging.getLogger("celery_deadlines")
+
+#: The states of a result that has told its caller how the run ended.
+READY: Final = celery_states.READY_STATES
 
 #: The recorded options a worker's request carries as these fields.
 _REQUEST_OPTIONS: Final = {
@@ -166,6 +170,32 @@ def _name(queue: object) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
+def untold(app: Any, task_ids: list[str]) -> list[str]:
+    """Those of ``task_ids`` whose result holds no final state (as :func:`already_told`
+    says of each), read in one round trip where the result backend is a key-value store
+    (Redis, memcached: ``mget``), one by one elsewhere."""
+    final = _states_at_once(app.backend, task_ids)
+    if final is None:
+        return [task_id for task_id in task_ids if already_told(app, task_id) is None]
+    return [t for t, state in zip(task_ids, final, strict=True) if state not in READY]
+
+
+def _states_at_once(backend: Any, task_ids: list[str]) -> list[str | None] | None:
+    """The state each of ``task_ids``'s results holds (``None``: none stored), by one
+    ``mget``; ``None`` where the backend has none, or its answer does not read."""
+    if not isinstance(backend, BaseKeyValueStoreBackend) or not task_ids:
+        return None
+    keys = [backend.get_key_for_task(task_id) for task_id in task_ids]
+    try:
+        values = backend.mget(keys)
+        if isinstance(values, dict):  # memcached's answer, by key
+            values = [values.get(key) for key in keys]
+        return [None if v is None else backend.decode_result(v).get("status") for v in values]
+    except Exception:  # asked one by one instead
+        logger.debug("reading %d results at once failed", len(task_ids), exc_info=True)
+        return None
+
+
 def already_told(app: Any, task_id: str) -> str | None:
     """The final state the run's result already holds, if any (``None`` when it holds
     none, or the backend cannot say: then the ledger's outcome is stored)."""
@@ -173,7 +203,7 @@ def already_told(app: Any, task_id: str) -> str | None:
         state = app.backend.get_task_meta(task_id, cache=False).get("status")
     except Exception:  # noqa: BLE001 - a disabled or unreachable backend stores nothing anyway
         return None
-    return state if state in celery_states.READY_STATES else None
+    return state if state in READY else None
 
 
 def tell_failed(app: Any, store: Store, task_id: str, task_name: str, error: Exception) -> bool:

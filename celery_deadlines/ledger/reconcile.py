@@ -209,15 +209,21 @@ def _tell_the_left_waiting(app: Any, store: Store) -> None:
             last = page[-1][0]
             if _looked_up_to is None or last > _looked_up_to:
                 _looked_up_to = last
-        for _, run in page:
-            _tell_if_untold(app, store, run, now)
+        runs = [run for _, run in page]
+        waiting = set(celery_report.untold(app, [run.task_id for run in runs]))
+        for run in runs:
+            if run.task_id in waiting:
+                _tell(app, store, run, now)
         if len(page) < RETELL_PAGE:
             return
 
 
-def _tell_if_untold(app: Any, store: Store, run: EndedRun, now: datetime) -> None:
+def _tell(app: Any, store: Store, run: EndedRun, now: datetime) -> None:
+    """Tell the caller whose result holds no final state how ``run`` ended: the return
+    value a success kept (read now), or the failure or expiry the ledger recorded."""
     if run.status == Status.SUCCEEDED:
-        if celery_report.tell_succeeded(app, store, run):
+        ended = store.runs.ended(run.task_id)  # with the value its completion kept
+        if ended is not None and celery_report.tell_succeeded(app, store, ended):
             logger.warning(
                 "%s[%s] SUCCEEDED and its caller was not told (its worker stopped between "
                 "the ledger's commit and the result's store); told now: the return value "
@@ -225,8 +231,6 @@ def _tell_if_untold(app: Any, store: Store, run: EndedRun, now: datetime) -> Non
                 run.task_name,
                 run.task_id,
             )
-        return
-    if celery_report.already_told(app, run.task_id) is not None:
         return
     logger.warning(
         "%s[%s] ended %s (%s) by the ledger, and its caller was not told (whoever ended "
@@ -236,9 +240,8 @@ def _tell_if_untold(app: Any, store: Store, run: EndedRun, now: datetime) -> Non
         run.status,
         run.reason,
     )
-    celery_report.tell_failed(
-        app, store, run.task_id, run.task_name, run.told_as(now, WorkerLostError)
-    )
+    error = run.told_as(now, WorkerLostError)
+    celery_report.tell_failed(app, store, run.task_id, run.task_name, error)
 
 
 def _settle(app: Any, store: Store, lapsed: LapsedLease, max_lost: int, report: Report) -> None:

@@ -86,13 +86,6 @@ def as_bytes(value: Any) -> bytes | None:
     return bytes(value)
 
 
-def kept_result(body: Any, content_type: Any, encoding: Any) -> KeptResult | None:
-    """A run row's kept return value (its three columns), or ``None``: none kept."""
-    if body is None or content_type is None:
-        return None
-    return KeptResult(bytes(body), str(content_type), str(encoding or ""))
-
-
 __all__ = [
     "ENDED_IT",
     "ClaimRefused",
@@ -107,6 +100,5 @@ __all__ = [
     "Unclaimed",
     "as_bytes",
     "from_json",
-    "kept_result",
     "required",
 ]

@@ -38,7 +38,6 @@ from .rows import (
     NewRun,
     Refusal,
     from_json,
-    kept_result,
     required,
 )
 from .statements import Sql, Statements, queries
@@ -257,6 +256,9 @@ class Runs(Statements):
         if not rows:
             return None
         name, status, reason, detail, deadline, ended_at, body, content_type, encoding = rows[0]
+        kept = None
+        if body is not None and content_type is not None:
+            kept = KeptResult(bytes(body), str(content_type), str(encoding or ""))
         return EndedRun(
             task_id=task_id,
             task_name=str(name),
@@ -265,7 +267,7 @@ class Runs(Statements):
             deadline=self.dialect.instant(deadline),
             detail=str(detail),
             ended_at=self.dialect.instant(ended_at),
-            result=kept_result(body, content_type, encoding),
+            result=kept,
         )
 
     def retry(

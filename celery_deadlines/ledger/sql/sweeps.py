@@ -20,7 +20,6 @@ from .rows import (
     Recorded,
     Unclaimed,
     as_bytes,
-    kept_result,
     required,
 )
 from .statements import Statements, queries
@@ -66,14 +65,14 @@ class Sweeps(Statements):
         than ``until`` (by the database clock) whose caller whoever ended them may have
         left waiting, in that order, each with its position: the ones the sweeper or the
         reconciler ended FAILED or EXPIRED, and the successes whose completion kept a
-        return value (:func:`~..reconcile.reconcile_once`)."""
+        return value, not read here (:func:`~..reconcile.reconcile_once`)."""
         d = self.dialect
         at, run_id = d.param(after[0]), after[1]
         params = [at, d.param(until), at, run_id, limit]
         _, rows = self.execute(ENDED_MAYBE_UNTOLD.text[d.vendor], params)
         instant = d.instant
         positioned = []
-        for run_id, updated_at, task_id, name, status, reason, deadline, detail, *kept in rows:
+        for run_id, updated_at, task_id, name, status, reason, deadline, detail in rows:
             ended_at = required(instant(updated_at))
             run = EndedRun(
                 task_id=task_id,
@@ -83,7 +82,6 @@ class Sweeps(Statements):
                 deadline=instant(deadline),
                 detail=detail,
                 ended_at=ended_at,
-                result=kept_result(*kept),
             )
             positioned.append(((ended_at, int(run_id)), run))
         return positioned

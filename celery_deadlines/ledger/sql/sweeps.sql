@@ -36,9 +36,9 @@ RETURNING task_id, task_name, status, reason, deadline, detail
 -- the second (the bounds on updated_at alone let the ended runs' index be read): the ones
 -- the sweeper or the reconciler ended FAILED or EXPIRED (it may have died between its
 -- commit and telling the caller), and the successes whose completion kept a return value
--- (their worker may have died between that commit and Celery's store of the result).
-SELECT id, updated_at, task_id, task_name, status, reason, deadline, detail,
-    result, result_content_type, result_encoding
+-- (their worker may have died between that commit and Celery's store of the result; the
+-- value is read for the few whose caller was not told: runs.ended).
+SELECT id, updated_at, task_id, task_name, status, reason, deadline, detail
 FROM celery_deadlines_run
 WHERE status IN {terminal}
   AND (op IN ('expire', 'reconcile')

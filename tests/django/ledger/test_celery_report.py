@@ -322,6 +322,30 @@ def test_a_success_whose_caller_was_told_or_that_kept_no_value_is_not_told_again
     assert app.AsyncResult("nothing-kept").state == states.PENDING
 
 
+def test_which_callers_wait_is_read_at_once_where_the_backend_can_and_one_by_one_where_not(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app.backend.mark_as_done("told", 1)
+    app.backend.mark_as_retry("retrying", RuntimeError("again"))
+    ids = ["told", "retrying", "never-stored"]
+    asked: list[list[Any]] = []
+    mget = app.backend.mget  # type: ignore[attr-defined]  # a key-value store's
+
+    def counted(keys: list[Any]) -> Any:
+        asked.append(keys)
+        return mget(keys)
+
+    monkeypatch.setattr(app.backend, "mget", counted)
+    assert celery_report.untold(app, ids) == ["retrying", "never-stored"]
+    assert len(asked) == 1  # one round trip for the page
+
+    def unsupported(keys: list[Any]) -> Any:
+        raise NotImplementedError("Does not support get_many")
+
+    monkeypatch.setattr(app.backend, "mget", unsupported)
+    assert celery_report.untold(app, ids) == ["retrying", "never-stored"]
+
+
 def test_runs_ended_at_one_instant_beyond_a_page_are_each_told_once(
     store: Store, app: Celery, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,5 +1,4 @@
-SELECT id, updated_at, task_id, task_name, status, reason, deadline, detail,
-    result, result_content_type, result_encoding
+SELECT id, updated_at, task_id, task_name, status, reason, deadline, detail
 FROM celery_deadlines_run
 WHERE status IN ('SUCCEEDED', 'FAILED', 'EXPIRED')
   AND (op IN ('expire', 'reconcile')
