@@ -188,7 +188,8 @@ def _tell_the_left_waiting(app: Any, store: Store) -> None:
     within :data:`RETELL_WINDOW` (past :data:`RETELL_GRACE`) that it has not looked at,
     oldest first, and tells a caller whose result holds no final state what the ledger
     recorded (never over one that does): the failure, or the return value the
-    completion kept."""
+    completion kept. Where results expire sooner than the window, it looks back as
+    far as they last (:func:`_looked_back`)."""
     global _looked_up_to
     try:
         now = store.database_now()
@@ -197,7 +198,7 @@ def _tell_the_left_waiting(app: Any, store: Store) -> None:
     until = now - RETELL_GRACE
     for _ in range(RETELL_PAGES):
         with _looked_up_to_lock:
-            oldest = (now - RETELL_WINDOW, 0)
+            oldest = (now - _looked_back(app), 0)
             after = max(_looked_up_to or oldest, oldest)
         try:
             page = store.sweeps.ended_maybe_untold(after, until, RETELL_PAGE)
@@ -216,6 +217,18 @@ def _tell_the_left_waiting(app: Any, store: Store) -> None:
                 _tell(app, store, run, now)
         if len(page) < RETELL_PAGE:
             return
+
+
+def _looked_back(app: Any) -> timedelta:
+    """How far back a pass looks: :data:`RETELL_WINDOW`, or less where the results
+    expire sooner (``result_expires``): a result gone by its expiry would read as one
+    never stored, and its caller be told again."""
+    expires = app.conf.result_expires
+    if isinstance(expires, int | float) and not isinstance(expires, bool):
+        expires = timedelta(seconds=expires)
+    if isinstance(expires, timedelta) and expires > timedelta(0):
+        return min(RETELL_WINDOW, expires - RETELL_GRACE)
+    return RETELL_WINDOW
 
 
 def _tell(app: Any, store: Store, run: EndedRun, now: datetime) -> None:

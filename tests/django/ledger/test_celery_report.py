@@ -322,6 +322,22 @@ def test_a_success_whose_caller_was_told_or_that_kept_no_value_is_not_told_again
     assert app.AsyncResult("nothing-kept").state == states.PENDING
 
 
+def test_a_success_older_than_its_results_last_is_not_told_again(
+    store: Store, app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker started later looks back over the window: a result the backend let
+    expire (``result_expires``) reads as never stored, and is not stored again."""
+    from celery_deadlines.ledger import reconcile
+
+    monkeypatch.setattr(reconcile, "_looked_up_to", None)
+    app.conf.result_expires = 30  # a pass looks back 28 s
+    succeeded(store, "expired-result", "old", ago=timedelta(seconds=40))
+    succeeded(store, "left-waiting", "recent", ago=timedelta(seconds=10))
+    reconcile_once(app, store)
+    assert app.AsyncResult("expired-result").state == states.PENDING
+    assert app.AsyncResult("left-waiting").get(timeout=1) == "recent"
+
+
 def test_which_callers_wait_is_read_at_once_where_the_backend_can_and_one_by_one_where_not(
     app: Celery, monkeypatch: pytest.MonkeyPatch
 ) -> None:
