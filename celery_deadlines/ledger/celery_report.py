@@ -206,6 +206,13 @@ def already_told(app: Any, task_id: str) -> str | None:
     return state if state in READY else None
 
 
+def stores_errors(app: Any, task_name: str) -> bool:
+    """Celery's rule: a task's errors are stored unless it ignores its results, and then
+    only with ``store_errors_even_if_ignored`` (an unknown task's are)."""
+    task = app.tasks.get(task_name)
+    return task is None or bool(task.store_errors_even_if_ignored or not task.ignore_result)
+
+
 def tell_failed(app: Any, store: Store, task_id: str, task_name: str, error: Exception) -> bool:
     """Store ``error`` as the run's failure with the request a worker would have had
     (its chain, chord and errbacks are failed as a worker fails them) and send
@@ -226,8 +233,7 @@ def tell_failed(app: Any, store: Store, task_id: str, task_name: str, error: Exc
         )
         return False
     request = request_for(app, store, task_id, task_name)
-    task = app.tasks.get(task_name)
-    stores = task is None or bool(task.store_errors_even_if_ignored or not task.ignore_result)
+    stores = stores_errors(app, task_name)
     revoked_as = (
         celery_revocation(error.reason, header_source(request.headers or {}))
         if isinstance(error, DeadlineRefused)

@@ -210,7 +210,13 @@ def _tell_the_left_waiting(app: Any, store: Store) -> None:
             last = page[-1][0]
             if _looked_up_to is None or last > _looked_up_to:
                 _looked_up_to = last
-        runs = [run for _, run in page]
+        # a task that stores no errors has no result that would say it was told: its
+        # end was told (errbacks called) by whoever ended it, or never
+        runs = [
+            run
+            for _, run in page
+            if run.status == Status.SUCCEEDED or celery_report.stores_errors(app, run.task_name)
+        ]
         waiting = set(celery_report.untold(app, [run.task_id for run in runs]))
         for run in runs:
             if run.task_id in waiting:

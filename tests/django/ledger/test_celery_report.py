@@ -322,6 +322,30 @@ def test_a_success_whose_caller_was_told_or_that_kept_no_value_is_not_told_again
     assert app.AsyncResult("nothing-kept").state == states.PENDING
 
 
+def test_the_end_of_a_task_that_stores_no_errors_is_told_once_not_once_per_worker(
+    store: Store, app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ``ignore_result`` task's result never says its caller was told: a later pass
+    (every worker's) would call its errbacks again."""
+    from celery_deadlines.ledger import reconcile
+
+    monkeypatch.setattr(reconcile, "_looked_up_to", None)
+    app.task(base=DeadlineTask, name="shop.ship", shared=False, ignore_result=True)(ship)
+    told: list[str] = []
+    monkeypatch.setattr(
+        app.backend, "mark_as_failure", lambda task_id, *a, **k: told.append(task_id)
+    )
+    record(store, "quiet")
+    assert reconcile_once(app, store).expired == ["quiet"]
+    assert told == ["quiet"]  # the sweeper's own telling: errbacks called once
+    Run.objects.using(store.using).filter(task_id="quiet").update(
+        updated_at=store.database_now() - reconcile.RETELL_GRACE * 2
+    )
+    monkeypatch.setattr(reconcile, "_looked_up_to", None)  # another worker's pass
+    reconcile_once(app, store)
+    assert told == ["quiet"]
+
+
 def test_a_success_older_than_its_results_last_is_not_told_again(
     store: Store, app: Celery, monkeypatch: pytest.MonkeyPatch
 ) -> None:
