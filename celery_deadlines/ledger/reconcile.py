@@ -206,10 +206,6 @@ def _tell_the_left_waiting(app: Any, store: Store) -> None:
             return
         if not page:
             return
-        with _looked_up_to_lock:
-            last = page[-1][0]
-            if _looked_up_to is None or last > _looked_up_to:
-                _looked_up_to = last
         # a task that stores no errors has no result that would say it was told: its
         # end was told (errbacks called) by whoever ended it, or never
         runs = [
@@ -218,9 +214,16 @@ def _tell_the_left_waiting(app: Any, store: Store) -> None:
             if run.status == Status.SUCCEEDED or celery_report.stores_errors(app, run.task_name)
         ]
         waiting = set(celery_report.untold(app, [run.task_id for run in runs]))
-        for run in runs:
-            if run.task_id in waiting:
-                _tell(app, store, run, now)
+        try:
+            for run in runs:
+                if run.task_id in waiting:
+                    _tell(app, store, run, now)
+        except DatabaseError:
+            return  # the next pass reads the page again (its told runs say so then)
+        with _looked_up_to_lock:
+            last = page[-1][0]
+            if _looked_up_to is None or last > _looked_up_to:
+                _looked_up_to = last
         if len(page) < RETELL_PAGE:
             return
 

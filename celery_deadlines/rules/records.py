@@ -267,7 +267,7 @@ class EndedRun:
         for a run that lost its workers, else :class:`RunFailed` (the body's exception's
         class is not kept: ``detail`` is its repr)."""
         if self.status == Status.EXPIRED:
-            return self.refusal(Gate.CLAIM, now, self.detail or "the run had ended EXPIRED")
+            return self.refusal(Gate.CLAIM.value, now, self.detail or "the run had ended EXPIRED")
         if self.reason == "worker_lost":
             return worker_lost(self.detail)
         return RunFailed(self.task_id, self.reason, self.detail)
