@@ -347,14 +347,14 @@ def claim_run(
             return outcome
     budget = claiming.clock_skew_budget
     if budget is None:  # not measured: no skew budget to hold the run to
-        return Attempt(store, outcome, owner, ttl)
+        return Attempt(store, outcome, owner, ttl, eager=eager)
     sent, answered = store.last_round_trip()  # the claim statement's own round trip
     reading = ClockReading.between(sent, outcome.database_now, answered)
     if gate(answered, reading, budget) is Readiness.CLOCK_UNCERTAIN:
         held = Held(reading, budget, recorded=False)
         recorded = store.runs.hold(outcome, owner, held.explain())
         return Held(reading, budget, recorded)
-    return Attempt(store, outcome, owner, ttl, reading=reading)
+    return Attempt(store, outcome, owner, ttl, reading=reading, eager=eager)
 
 
 def _claim_patiently(

@@ -26,6 +26,7 @@ from .sql.connection import Store
 from .sql.effects import Effects
 from .sql.plans import StoredPlan
 from .sql.rows import KeptResult, Lease
+from .sql.runs import EAGER_RUN
 
 #: How many lease TTLs an attempt keeps writing its end while the database is away.
 FINISH_PATIENCE = 4
@@ -53,6 +54,9 @@ class Attempt:
     lost: bool = field(default=False)
     #: the claim's round trip as a clock reading (the ledger's clock against this one)
     reading: ClockReading | None = None
+    #: an eager run's (``apply()``): its caller was told in its own process, and Celery
+    #: stores no result of it unless ``task_store_eager_result``
+    eager: bool = False
     #: keys this attempt dispatched whose outcome is not recorded (or is UNKNOWN)
     unresolved: set[str] = field(default_factory=set)
     #: the effect name of each key this attempt dispatched (who can reconcile it)
@@ -218,10 +222,14 @@ class Attempt:
         result: KeptResult | None = None,
         traceback: str | None = None,
     ) -> bool:
-        """Write the run's end (:meth:`_last_write`)."""
+        """Write the run's end (:meth:`_last_write`); an eager run's says so in its last
+        write's detail (:data:`~.sql.runs.EAGER_RUN`)."""
         runs = self.store.runs
+        said = EAGER_RUN if self.eager else None
         return self._last_write(
-            lambda: runs.finish(self.lease, self.owner, status, reason, detail, result, traceback),
+            lambda: runs.finish(
+                self.lease, self.owner, status, reason, detail, result, traceback, said
+            ),
             status.value.lower(),
         )
 

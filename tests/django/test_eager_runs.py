@@ -127,6 +127,27 @@ def test_a_view_that_delays_an_eager_task_gets_its_result_and_the_run_is_recorde
     assert local is None or local.connection is None
 
 
+def test_an_eager_runs_success_is_left_out_of_the_reconcilers_look_for_callers_waiting(
+    site: dict[str, Any],
+) -> None:
+    """Its caller was told in its own process; Celery stores no result of it, which a
+    worker's reconciler would otherwise read as a caller left waiting."""
+    from celery_deadlines.ledger.sql.connection import Store
+
+    alias, order = site["alias"], new_id("o")
+    answer = site["client"].get(f"/order/{order}").json()
+    run = run_of(alias, answer["task_id"])
+    assert (run.status, run.op_detail) == ("SUCCEEDED", "eager run")
+    assert run.result is not None  # kept: a second call with its id is told it
+    store = Store(alias)
+    try:
+        now = store.database_now()
+        looked = store.sweeps.ended_maybe_untold((now - timedelta(minutes=10), 0), now)
+    finally:
+        store.close()
+    assert answer["task_id"] not in [ended.task_id for _, ended in looked]
+
+
 def test_a_second_call_with_the_same_task_id_replays_the_run_and_performs_nothing(
     site: dict[str, Any],
 ) -> None:

@@ -42,6 +42,11 @@ from .rows import (
 )
 from .statements import Sql, Statements, queries
 
+#: What an eager run's end says of itself (its ``op_detail``): a run whose caller was
+#: told in its own process, never through the result backend (sweeps.sql,
+#: ended_maybe_untold, leaves it out).
+EAGER_RUN: Final = "eager run"
+
 #: The statuses a run ends in, as the ledger stores them.
 TERMINAL_STATES: Final = frozenset(state.value for state in TERMINAL)
 
@@ -221,10 +226,13 @@ class Runs(Statements):
         detail: str = "",
         result: KeptResult | None = None,
         traceback: str | None = None,
+        op_detail: str | None = None,
     ) -> bool:
         """End the run (SUCCEEDED, FAILED, EXPIRED, UNKNOWN) under the attempt's token,
         keeping ``result`` (a success's return value; ``None``: none kept) and
         ``traceback`` (a failed body's, bounded by the caller) in the same statement.
+        ``op_detail``: what the last write says of itself (``detail`` by default;
+        :data:`EAGER_RUN` for an eager run's end).
 
         If one of the run's effects is dispatched without an outcome, the run ends UNKNOWN
         whatever ``status`` says: the attempt may not know of it (another attempt's
@@ -233,7 +241,15 @@ class Runs(Statements):
         kept = (None, None, None) if result is None else astuple(result)
         return self._fenced(
             FINISH,
-            [status.value, reason, detail, status.value.lower(), detail, *kept, traceback],
+            [
+                status.value,
+                reason,
+                detail,
+                status.value.lower(),
+                detail if op_detail is None else op_detail,
+                *kept,
+                traceback,
+            ],
             lease,
             status.value.lower(),
             owner,

@@ -270,9 +270,12 @@ def test_a_run_the_ledger_ended_whose_caller_was_told_is_not_told_again(
     assert repr(meta(app, "told-once")["result"]) == repr(first["result"])
 
 
-def succeeded(store: Store, task_id: str, value: Any, *, ago: timedelta) -> None:
+def succeeded(
+    store: Store, task_id: str, value: Any, *, ago: timedelta, op_detail: str = ""
+) -> None:
     """A run recorded (``record``) and ended SUCCEEDED ``ago``, as a worker's completion
-    ends it, keeping ``value`` (JSON) unless it is ``None``."""
+    ends it (an eager run's: ``op_detail`` "eager run"), keeping ``value`` (JSON) unless
+    it is ``None``."""
     record(store, task_id, past_deadline=False)
     kept = (
         (None, None, None)
@@ -282,6 +285,7 @@ def succeeded(store: Store, task_id: str, value: Any, *, ago: timedelta) -> None
     Run.objects.using(store.using).filter(task_id=task_id).update(
         status=Status.SUCCEEDED,
         op="succeeded",
+        op_detail=op_detail,
         result=kept[0],
         result_content_type=kept[1],
         result_encoding=kept[2],
@@ -308,7 +312,7 @@ def test_a_caller_left_waiting_by_a_worker_killed_after_its_run_succeeded_is_tol
     assert (meta(app, "killed")["name"], meta(app, "killed")["args"]) == ("shop.ship", [7])
 
 
-def test_a_success_whose_caller_was_told_or_that_kept_no_value_is_not_told_again(
+def test_a_success_whose_caller_was_told_that_kept_no_value_or_ran_eagerly_is_not_told_again(
     store: Store, app: Celery, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from celery_deadlines.ledger import reconcile
@@ -317,9 +321,11 @@ def test_a_success_whose_caller_was_told_or_that_kept_no_value_is_not_told_again
     app.backend.mark_as_done("told", {"by": "its worker"})
     succeeded(store, "told", {"by": "the ledger"}, ago=reconcile.RETELL_GRACE * 2)
     succeeded(store, "nothing-kept", None, ago=reconcile.RETELL_GRACE * 2)
+    succeeded(store, "eager", 1, ago=reconcile.RETELL_GRACE * 2, op_detail="eager run")
     reconcile_once(app, store)
     assert app.AsyncResult("told").get(timeout=1) == {"by": "its worker"}
     assert app.AsyncResult("nothing-kept").state == states.PENDING
+    assert app.AsyncResult("eager").state == states.PENDING  # told in its own process
 
 
 def test_the_end_of_a_task_that_stores_no_errors_is_told_once_not_once_per_worker(

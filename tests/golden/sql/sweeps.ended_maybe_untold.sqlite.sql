@@ -2,7 +2,8 @@ SELECT id, updated_at, task_id, task_name, status, reason, deadline, detail
 FROM celery_deadlines_run
 WHERE status IN ('SUCCEEDED', 'FAILED', 'EXPIRED')
   AND (op IN ('expire', 'reconcile')
-       OR (status = 'SUCCEEDED' AND op = 'succeeded' AND result IS NOT NULL))
+       OR (status = 'SUCCEEDED' AND op = 'succeeded' AND result IS NOT NULL
+           AND op_detail <> 'eager run'))
   AND updated_at >= %s AND updated_at <= %s
   AND (updated_at > %s OR id > %s)
 ORDER BY updated_at, id
