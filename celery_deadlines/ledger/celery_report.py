@@ -173,7 +173,8 @@ def _name(queue: object) -> str | None:
 def untold(app: Any, task_ids: list[str]) -> list[str]:
     """Those of ``task_ids`` whose result holds no final state (as :func:`already_told`
     says of each), read in one round trip where the result backend is a key-value store
-    (Redis, memcached: ``mget``), one by one elsewhere."""
+    (Redis, memcached: ``mget``) or keeps its results as rows of a model
+    (django-celery-results), one by one elsewhere."""
     final = _states_at_once(app.backend, task_ids)
     if final is None:
         return [task_id for task_id in task_ids if already_told(app, task_id) is None]
@@ -182,8 +183,20 @@ def untold(app: Any, task_ids: list[str]) -> list[str]:
 
 def _states_at_once(backend: Any, task_ids: list[str]) -> list[str | None] | None:
     """The state each of ``task_ids``'s results holds (``None``: none stored), by one
-    ``mget``; ``None`` where the backend has none, or its answer does not read."""
-    if not isinstance(backend, BaseKeyValueStoreBackend) or not task_ids:
+    ``mget`` or one query; ``None`` where the backend has neither, or its answer does not
+    read."""
+    if not task_ids:
+        return None
+    rows = getattr(backend, "TaskModel", None)  # django-celery-results' results
+    if rows is not None:
+        try:
+            found = rows._default_manager.filter(task_id__in=task_ids)
+            states = dict(found.values_list("task_id", "status"))
+        except Exception:  # asked one by one instead
+            logger.debug("reading %d results at once failed", len(task_ids), exc_info=True)
+            return None
+        return [states.get(task_id) for task_id in task_ids]
+    if not isinstance(backend, BaseKeyValueStoreBackend):
         return None
     keys = [backend.get_key_for_task(task_id) for task_id in task_ids]
     try:

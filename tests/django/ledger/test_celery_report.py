@@ -392,6 +392,24 @@ def test_which_callers_wait_is_read_at_once_where_the_backend_can_and_one_by_one
     assert celery_report.untold(app, ids) == ["retrying", "never-stored"]
 
 
+def test_which_callers_wait_is_read_in_one_query_from_django_celery_results() -> None:
+    """django-celery-results keeps results as rows (``django-db``): a page's states are
+    read in one query, not one each."""
+    from django.db import connections
+    from django.test.utils import CaptureQueriesContext
+
+    app = Celery("dcr", broker="memory://", backend="django-db")
+    try:
+        app.backend.mark_as_done("told", 1)
+        app.backend.store_result("started", None, states.STARTED)
+        ids = ["told", "started", "never-stored"]
+        with CaptureQueriesContext(connections["default"]) as queries:
+            assert celery_report.untold(app, ids) == ["started", "never-stored"]
+        assert len(queries) == 1
+    finally:
+        app.close()
+
+
 def test_runs_ended_at_one_instant_beyond_a_page_are_each_told_once(
     store: Store, app: Celery, monkeypatch: pytest.MonkeyPatch
 ) -> None:
