@@ -25,8 +25,8 @@ from .patience import CONNECTION_ERRORS, Patience
 from .sql.connection import Store
 from .sql.effects import Effects
 from .sql.plans import StoredPlan
+from .sql.predicates import EAGER_RUN
 from .sql.rows import KeptResult, Lease
-from .sql.runs import EAGER_RUN
 
 #: How many lease TTLs an attempt keeps writing its end while the database is away.
 FINISH_PATIENCE = 4
@@ -223,7 +223,7 @@ class Attempt:
         traceback: str | None = None,
     ) -> bool:
         """Write the run's end (:meth:`_last_write`); an eager run's says so in its last
-        write's detail (:data:`~.sql.runs.EAGER_RUN`)."""
+        write's detail (:data:`~.sql.predicates.EAGER_RUN`)."""
         runs = self.store.runs
         said = EAGER_RUN if self.eager else None
         return self._last_write(

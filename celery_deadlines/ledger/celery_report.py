@@ -47,9 +47,6 @@ from .sql.rows import EndedRun, Recorded
 
 logger = logging.getLogger("celery_deadlines")
 
-#: The states of a result that has told its caller how the run ended.
-READY: Final = celery_states.READY_STATES
-
 #: The recorded options a worker's request carries as these fields.
 _REQUEST_OPTIONS: Final = {
     "group_id": "group",
@@ -178,7 +175,11 @@ def untold(app: Any, task_ids: list[str]) -> list[str]:
     final = _states_at_once(app.backend, task_ids)
     if final is None:
         return [task_id for task_id in task_ids if already_told(app, task_id) is None]
-    return [t for t, state in zip(task_ids, final, strict=True) if state not in READY]
+    return [
+        t
+        for t, state in zip(task_ids, final, strict=True)
+        if state not in celery_states.READY_STATES
+    ]
 
 
 def _states_at_once(backend: Any, task_ids: list[str]) -> list[str | None] | None:
@@ -216,7 +217,7 @@ def already_told(app: Any, task_id: str) -> str | None:
         state = app.backend.get_task_meta(task_id, cache=False).get("status")
     except Exception:  # noqa: BLE001 - a disabled or unreachable backend stores nothing anyway
         return None
-    return state if state in READY else None
+    return state if state in celery_states.READY_STATES else None
 
 
 def stores_errors(app: Any, task_name: str) -> bool:

@@ -196,9 +196,9 @@ def _tell_the_left_waiting(app: Any, store: Store) -> None:
     except DatabaseError:
         return  # the next pass looks again
     until = now - RETELL_GRACE
+    oldest = (now - _looked_back(app), 0)
     for _ in range(RETELL_PAGES):
         with _looked_up_to_lock:
-            oldest = (now - _looked_back(app), 0)
             after = max(_looked_up_to or oldest, oldest)
         try:
             page = store.sweeps.ended_maybe_untold(after, until, RETELL_PAGE)

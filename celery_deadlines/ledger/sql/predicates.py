@@ -46,6 +46,11 @@ EXPIRY_REASON_SQL: Final = (
     f"ELSE '{Reason.DEADLINE_PASSED.value}' END)"
 )
 
+#: What an eager run's end says of itself (its ``op_detail``): a run whose caller was
+#: told in its own process, never through the result backend.
+EAGER_RUN: Final = "eager run"
+EAGER_RUN_SQL: Final = f"'{EAGER_RUN}'"
+
 #: True for the run row being written when one of its effects has no recorded outcome.
 HAS_UNRESOLVED: Final = (
     f"EXISTS (SELECT 1 FROM {EFFECT} u WHERE u.run_id = {RUN}.id AND u.state IN {UNRESOLVED_SQL})"

@@ -42,11 +42,6 @@ from .rows import (
 )
 from .statements import Sql, Statements, queries
 
-#: What an eager run's end says of itself (its ``op_detail``): a run whose caller was
-#: told in its own process, never through the result backend (sweeps.sql,
-#: ended_maybe_untold, leaves it out).
-EAGER_RUN: Final = "eager run"
-
 #: The statuses a run ends in, as the ledger stores them.
 TERMINAL_STATES: Final = frozenset(state.value for state in TERMINAL)
 
@@ -232,7 +227,7 @@ class Runs(Statements):
         keeping ``result`` (a success's return value; ``None``: none kept) and
         ``traceback`` (a failed body's, bounded by the caller) in the same statement.
         ``op_detail``: what the last write says of itself (``detail`` by default;
-        :data:`EAGER_RUN` for an eager run's end).
+        :data:`~.predicates.EAGER_RUN` for an eager run's end).
 
         If one of the run's effects is dispatched without an outcome, the run ends UNKNOWN
         whatever ``status`` says: the attempt may not know of it (another attempt's

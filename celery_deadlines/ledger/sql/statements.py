@@ -27,8 +27,9 @@ A statement names in braces what is written once elsewhere, each slot SQL text:
   for the event a statement writes with that id read from its snapshot; nothing on
   SQLite);
 * the sets of states, from :mod:`celery_deadlines.rules.states`: ``{terminal}``,
-  ``{claimable}``, ``{waiting}``, ``{requeueable}``, ``{unresolved}``; and the rules'
-  conditions ``{has_unresolved}`` and ``{expiry_reason}``
+  ``{claimable}``, ``{waiting}``, ``{requeueable}``, ``{unresolved}``; the rules'
+  conditions ``{has_unresolved}`` and ``{expiry_reason}``; ``{eager_run}``, what an eager
+  run's end says of itself
   (:mod:`~celery_deadlines.ledger.sql.predicates`).
 
 A comment on a line of its own inside a statement is the reader's, and is not sent.
@@ -50,6 +51,7 @@ from typing import TYPE_CHECKING, Any, Final
 from .dialect import POSTGRESQL, SQLITE, Dialect
 from .predicates import (
     CLAIMABLE_SQL,
+    EAGER_RUN_SQL,
     EXPIRY_REASON_SQL,
     HAS_UNRESOLVED,
     REQUEUEABLE_SQL,
@@ -123,6 +125,7 @@ def dialect_slots(d: Dialect) -> dict[str, Slot]:
         "unresolved": UNRESOLVED_SQL,
         "has_unresolved": HAS_UNRESOLVED,
         "expiry_reason": EXPIRY_REASON_SQL,
+        "eager_run": EAGER_RUN_SQL,
     }
 
 

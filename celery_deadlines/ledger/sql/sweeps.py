@@ -70,25 +70,15 @@ class Sweeps(Statements):
         at, run_id = d.param(after[0]), after[1]
         params = [at, d.param(until), at, run_id, limit]
         _, rows = self.execute(ENDED_MAYBE_UNTOLD.text[d.vendor], params)
-        instant = d.instant
-        positioned = []
-        for run_id, updated_at, task_id, name, status, reason, deadline, detail in rows:
-            ended_at = required(instant(updated_at))
-            run = EndedRun(
-                task_id=task_id,
-                task_name=name,
-                status=status,
-                reason=reason,
-                deadline=instant(deadline),
-                detail=detail,
-                ended_at=ended_at,
-            )
-            positioned.append(((ended_at, int(run_id)), run))
-        return positioned
+        # each row ends with its position: updated_at (the run's end), then the id
+        return [
+            ((required(run.ended_at), int(row[7])), run)
+            for run, row in zip(self._ended(rows), rows, strict=True)
+        ]
 
     def _ended(self, rows: list[tuple[Any, ...]]) -> list[EndedRun]:
         """:class:`EndedRun` from rows of ``task_id, task_name, status, reason, deadline,
-        detail``."""
+        detail``, and ``updated_at`` (its end) where a row goes on."""
         instant = self.dialect.instant
         return [
             EndedRun(
@@ -98,6 +88,7 @@ class Sweeps(Statements):
                 reason=r[3],
                 deadline=instant(r[4]),
                 detail=r[5],
+                ended_at=instant(r[6]) if len(r) > 6 else None,
             )
             for r in rows
         ]

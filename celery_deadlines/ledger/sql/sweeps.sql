@@ -38,13 +38,13 @@ RETURNING task_id, task_name, status, reason, deadline, detail
 -- commit and telling the caller), and the successes whose completion kept a return value
 -- (their worker may have died between that commit and Celery's store of the result; the
 -- value is read for the few whose caller was not told: runs.ended), not an eager run's
--- (runs.EAGER_RUN: its caller was told in its own process).
-SELECT id, updated_at, task_id, task_name, status, reason, deadline, detail
+-- (its caller was told in its own process).
+SELECT task_id, task_name, status, reason, deadline, detail, updated_at, id
 FROM celery_deadlines_run
 WHERE status IN {terminal}
   AND (op IN ('expire', 'reconcile')
        OR (status = 'SUCCEEDED' AND op = 'succeeded' AND result IS NOT NULL
-           AND op_detail <> 'eager run'))
+           AND op_detail <> {eager_run}))
   AND updated_at >= %s AND updated_at <= %s
   AND (updated_at > %s OR id > %s)
 ORDER BY updated_at, id

@@ -1,4 +1,4 @@
-SELECT id, updated_at, task_id, task_name, status, reason, deadline, detail
+SELECT task_id, task_name, status, reason, deadline, detail, updated_at, id
 FROM celery_deadlines_run
 WHERE status IN ('SUCCEEDED', 'FAILED', 'EXPIRED')
   AND (op IN ('expire', 'reconcile')
